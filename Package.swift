@@ -1,0 +1,163 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Tether: a persistent connection between an app and its server that is as simple to use
+// as an HTTP request. The targets follow the layers of the design:
+//
+//   TetherCore     sans-IO protocol: frames, codec, handshake, state machines (no sockets)
+//   TetherNIO      SwiftNIO channel handlers (framing) and the client transport abstraction
+//   Tether         the client library (requests, pushes, heartbeat, reconnect)
+//   TetherGateway  the gateway (server) library
+//   TetherProtobuf typed swift-protobuf conveniences for client and gateway
+//   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
+//   tether         the command-line tool (serve, call, chat, demo)
+
+let strictSwift6: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "tether",
+    platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
+    products: [
+        .library(name: "TetherCore", targets: ["TetherCore"]),
+        .library(name: "TetherNIO", targets: ["TetherNIO"]),
+        .library(name: "Tether", targets: ["Tether"]),
+        .library(name: "TetherGateway", targets: ["TetherGateway"]),
+        .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
+        .library(name: "TetherTesting", targets: ["TetherTesting"]),
+        .executable(name: "tether", targets: ["TetherCLI"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-atomics.git", from: "1.3.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.39.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    ],
+    targets: [
+        .target(
+            name: "TetherCore",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio")
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherNIO",
+            dependencies: [
+                "TetherCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "Tether",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherGateway",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherProtobuf",
+            dependencies: [
+                "Tether",
+                "TetherGateway",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherTesting",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "Tether",
+                "TetherGateway",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .executableTarget(
+            name: "TetherCLI",
+            dependencies: [
+                "Tether",
+                "TetherGateway",
+                "TetherTesting",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherCoreTests",
+            dependencies: [
+                "TetherCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherNIOTests",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOTestUtils", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherTests",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "Tether",
+                "TetherGateway",
+                "TetherProtobuf",
+                "TetherTesting",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+    ]
+)

@@ -1,0 +1,105 @@
+public import TetherCore
+
+/// A change in the client's connection, published on ``TetherClient/events``.
+///
+/// ```swift
+/// for await event in client.events {
+///     if case .disconnected(let reason) = event { banner.show("Reconnecting… (\(reason))") }
+///     if case .connected = event { banner.hide() }
+/// }
+/// ```
+public enum ConnectionEvent: Sendable, CustomStringConvertible {
+    /// A connection attempt starts. `attempt` counts the failed attempts since the last
+    /// stable connection, plus one.
+    case connecting(Endpoint, attempt: Int)
+    /// The handshake completed; requests flow.
+    case connected(Endpoint, version: UInt8, connectionID: UInt64)
+    /// An attempt failed before the connection was established.
+    case connectFailed(Endpoint, TetherError)
+    /// The established connection closed.
+    case disconnected(DisconnectReason)
+    /// The client waits this long before its next attempt.
+    case backingOff(Duration, next: Endpoint)
+    /// The client gave up (attempt limit reached); it no longer connects.
+    case failed(TetherError)
+
+    public var description: String {
+        switch self {
+        case .connecting(let endpoint, let attempt): "connecting to \(endpoint) (attempt \(attempt))"
+        case .connected(let endpoint, let version, let id): "connected to \(endpoint) (protocol v\(version), connection \(id))"
+        case .connectFailed(let endpoint, let error): "could not connect to \(endpoint): \(error)"
+        case .disconnected(let reason): "disconnected: \(reason)"
+        case .backingOff(let delay, let next): "retrying \(next) in \(delay.shortDescription)"
+        case .failed(let error): "failed: \(error)"
+        }
+    }
+}
+
+/// Why an established connection closed.
+public enum DisconnectReason: Sendable, CustomStringConvertible {
+    /// The gateway or the network closed the connection.
+    case closedByPeer
+    /// Nothing arrived within the heartbeat timeout: the link is dead or half-open.
+    case heartbeatTimeout(silentFor: Duration)
+    /// The gateway sent GOAWAY and the connection drained.
+    case goingAway(Frame.GoAway)
+    /// The gateway broke the protocol; the client sent ERROR and closed.
+    case protocolViolation(ProtocolError)
+    /// The gateway sent ERROR.
+    case gatewayError(code: StatusCode, message: String)
+    /// The transport failed (reset, unreachable, …).
+    case transportError(String)
+    /// The client is shutting down.
+    case shutdown
+
+    public var description: String {
+        switch self {
+        case .closedByPeer: "closed by the gateway or the network"
+        case .heartbeatTimeout(let silence): "no sign of life for \(silence.shortDescription) (heartbeat timeout)"
+        case .goingAway(let goAway):
+            "gateway going away (\(goAway.reason)\(goAway.message.isEmpty ? "" : ": \(goAway.message)"))"
+        case .protocolViolation(let error): "protocol violation by the gateway: \(error)"
+        case .gatewayError(let code, let message): "gateway error \(code): \(message)"
+        case .transportError(let message): "transport error: \(message)"
+        case .shutdown: "client shut down"
+        }
+    }
+}
+
+/// A snapshot of the client's connection state (see ``TetherClient/connectionState``).
+public enum ConnectionState: Hashable, Sendable, CustomStringConvertible {
+    /// ``TetherClient/run()`` has not started yet.
+    case idle
+    case connecting(Endpoint)
+    case connected(Endpoint)
+    /// The gateway sent GOAWAY; requests in flight finish, new ones wait for the next connection.
+    case draining(Endpoint)
+    case backingOff(next: Endpoint)
+    /// The client gave up after too many failed attempts.
+    case failed
+    case shutDown
+
+    init(_ state: ConnectivityStateMachine.State) {
+        switch state {
+        case .idle: self = .idle
+        case .connecting(let endpoint, _): self = .connecting(endpoint)
+        case .connected(let endpoint): self = .connected(endpoint)
+        case .draining(let endpoint): self = .draining(endpoint)
+        case .backingOff(_, let next): self = .backingOff(next: next)
+        case .failed: self = .failed
+        case .shutDown: self = .shutDown
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .idle: "idle"
+        case .connecting(let endpoint): "connecting to \(endpoint)"
+        case .connected(let endpoint): "connected to \(endpoint)"
+        case .draining(let endpoint): "draining \(endpoint)"
+        case .backingOff(let next): "backing off before \(next)"
+        case .failed: "failed"
+        case .shutDown: "shut down"
+        }
+    }
+}

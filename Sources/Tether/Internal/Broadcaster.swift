@@ -1,0 +1,64 @@
+import NIOConcurrencyHelpers
+
+/// Fans elements out to any number of `AsyncStream` subscribers.
+final class Broadcaster<Element: Sendable>: Sendable {
+    private struct State {
+        var nextID = 0
+        var subscribers: [Int: AsyncStream<Element>.Continuation] = [:]
+        var finished = false
+    }
+
+    private let state = NIOLockedValueBox(State())
+    private let bufferSize: Int
+
+    /// - Parameter bufferSize: How many elements a slow subscriber may fall behind before its
+    ///   oldest ones are dropped.
+    init(bufferSize: Int) {
+        self.bufferSize = bufferSize
+    }
+
+    /// A stream of the elements published from now on; finished when the broadcaster is.
+    func subscribe() -> AsyncStream<Element> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Element.self, bufferingPolicy: .bufferingNewest(self.bufferSize))
+        let id: Int? = self.state.withLockedValue { state in
+            guard !state.finished else { return nil }
+            let id = state.nextID
+            state.nextID += 1
+            state.subscribers[id] = continuation
+            return id
+        }
+        guard let id else {
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            self?.state.withLockedValue { _ = $0.subscribers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    /// Publishes an element to every subscriber.
+    /// - Returns: How many subscribers had to drop an element because they fell behind.
+    @discardableResult
+    func yield(_ element: Element) -> Int {
+        let subscribers = self.state.withLockedValue { Array($0.subscribers.values) }
+        var dropped = 0
+        for subscriber in subscribers {
+            if case .dropped = subscriber.yield(element) { dropped += 1 }
+        }
+        return dropped
+    }
+
+    /// Whether anyone is subscribed.
+    var hasSubscribers: Bool { self.state.withLockedValue { !$0.subscribers.isEmpty } }
+
+    /// Ends every stream; later subscriptions end at once.
+    func finish() {
+        let subscribers = self.state.withLockedValue { state in
+            state.finished = true
+            defer { state.subscribers.removeAll() }
+            return Array(state.subscribers.values)
+        }
+        for subscriber in subscribers { subscriber.finish() }
+    }
+}

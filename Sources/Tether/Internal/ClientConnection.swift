@@ -1,0 +1,57 @@
+import NIOCore
+import TetherCore
+
+/// One established connection, as the client's request path sees it.
+///
+/// Every operation hops onto the channel's event loop, where the handler lives.
+final class ClientConnection: Sendable {
+    let channel: any Channel
+    let endpoint: Endpoint
+    let negotiated: Handshake.Negotiated
+    /// Completes when the channel has closed, with the reason.
+    let closeFuture: EventLoopFuture<ConnectionClosure>
+    private let handler: NIOLoopBound<ClientConnectionHandler>
+
+    init(
+        channel: any Channel,
+        handler: NIOLoopBound<ClientConnectionHandler>,
+        endpoint: Endpoint,
+        negotiated: Handshake.Negotiated,
+        closeFuture: EventLoopFuture<ConnectionClosure>
+    ) {
+        self.channel = channel
+        self.handler = handler
+        self.endpoint = endpoint
+        self.negotiated = negotiated
+        self.closeFuture = closeFuture
+    }
+
+    /// Sends `request` and waits for its response; task cancellation cancels it at once.
+    func execute(_ request: Frame.Request, timeout: TimeAmount) async throws -> ByteBuffer {
+        let eventLoop = self.channel.eventLoop
+        let promise = eventLoop.makePromise(of: ByteBuffer.self)
+        let handler = self.handler
+        if eventLoop.inEventLoop {
+            handler.value.sendRequest(request, timeout: timeout, promise: promise)
+        } else {
+            eventLoop.execute { handler.value.sendRequest(request, timeout: timeout, promise: promise) }
+        }
+        let id = request.id
+        return try await withTaskCancellationHandler {
+            try await promise.futureResult.get()
+        } onCancel: {
+            eventLoop.execute { handler.value.cancelRequest(id: id) }
+        }
+    }
+
+    /// Stops new requests and closes once those in flight are answered.
+    func drain() {
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.drain() }
+    }
+
+    /// Closes at once.
+    func close() {
+        self.channel.close(promise: nil)
+    }
+}

@@ -1,0 +1,356 @@
+import Logging
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// How an established connection ended.
+struct ConnectionClosure: Sendable {
+    var reason: DisconnectReason
+    /// How long the connection was established; zero if the handshake never completed.
+    var uptime: Duration
+}
+
+/// The client's protocol handler for one connection: handshake, request correlation and
+/// timeouts, heartbeat, pushes, GOAWAY and protocol errors.
+///
+/// It sits on top of the transport's framing and lives on the channel's event loop. The
+/// protocol rules are in ``ClientSessionStateMachine`` and ``HeartbeatStateMachine``; this
+/// handler performs their actions. The client calls ``sendRequest(_:timeout:promise:)``,
+/// ``cancelRequest(id:)`` and ``drain()`` on the event loop.
+final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Frame
+    typealias OutboundOut = Frame
+
+    struct Configuration: Sendable {
+        var hello: Frame.Hello
+        var handshakeTimeout: TimeAmount
+        /// The application's heartbeat interval; `nil` uses the gateway's.
+        var heartbeatInterval: TimeAmount?
+        var heartbeatTimeout: TimeAmount
+        var maxInboundBodySize: Int
+    }
+
+    struct Callbacks: Sendable {
+        var push: @Sendable (Frame.Push) -> Void
+        var goAway: @Sendable (Frame.GoAway) -> Void
+    }
+
+    private struct PendingRequest {
+        var method: String
+        var promise: EventLoopPromise<ByteBuffer>
+        var timer: Scheduled<Void>
+    }
+
+    private let configuration: Configuration
+    private let callbacks: Callbacks
+    private let logger: Logger
+    /// Succeeds with the negotiated parameters when WELCOME arrives; fails if the handshake does not complete.
+    private let established: EventLoopPromise<Handshake.Negotiated>
+    /// Succeeds once the channel is closed.
+    private let closed: EventLoopPromise<ConnectionClosure>
+
+    private var session: ClientSessionStateMachine
+    private var heartbeat: HeartbeatStateMachine?
+    private var heartbeatTimer: Scheduled<Void>?
+    private var handshakeTimer: Scheduled<Void>?
+    private var pending: [UInt64: PendingRequest] = [:]
+    private var context: ChannelHandlerContext?
+    private var helloSent = false
+    private var closeReason: DisconnectReason?
+    private var establishedAt: NIODeadline?
+
+    init(
+        configuration: Configuration,
+        callbacks: Callbacks,
+        established: EventLoopPromise<Handshake.Negotiated>,
+        closed: EventLoopPromise<ConnectionClosure>,
+        logger: Logger
+    ) {
+        self.configuration = configuration
+        self.callbacks = callbacks
+        self.established = established
+        self.closed = closed
+        self.logger = logger
+        self.session = ClientSessionStateMachine(hello: configuration.hello)
+    }
+
+    // MARK: Channel events
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        if context.channel.isActive {
+            self.sendHello(context: context)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.finish(context: context)
+        self.context = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        self.sendHello(context: context)
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.finish(context: context)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? ProtocolError {
+            self.logger.warning("gateway sent an invalid frame", metadata: ["error": "\(error)"])
+            self.sendErrorAndClose(error, context: context)
+        } else {
+            self.close(reason: .transportError("\(error)"), context: context)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = Self.unwrapInboundIn(data)
+        self.heartbeat?.frameReceived(at: .now())
+
+        switch self.session.received(frame) {
+        case .established(let negotiated):
+            self.handshakeCompleted(negotiated, context: context)
+
+        case .response(let response):
+            self.complete(response, context: context)
+
+        case .push(let push):
+            self.callbacks.push(push)
+
+        case .replyPong(let ping):
+            self.send(.pong(ping), context: context)
+
+        case .pong(let ping):
+            self.heartbeat?.pongReceived(id: ping.id, at: .now())
+
+        case .goAway(let goAway):
+            self.logger.info("gateway is going away", metadata: ["reason": "\(goAway.reason)", "message": "\(goAway.message)"])
+            self.closeReason = self.closeReason ?? .goingAway(goAway)
+            if self.establishedAt == nil {
+                self.established.fail(
+                    TetherError(code: .handshakeFailed, message: "the gateway is going away (\(goAway.reason)): \(goAway.message)")
+                )
+                self.close(reason: .goingAway(goAway), context: context)
+            } else {
+                self.callbacks.goAway(goAway)
+                self.closeIfDrained(context: context)
+            }
+
+        case .peerError(let report):
+            self.logger.warning("gateway reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
+            if self.establishedAt == nil {
+                self.established.fail(
+                    TetherError(
+                        code: .handshakeFailed,
+                        message: "the gateway refused the connection: \(report.message)",
+                        status: report.code
+                    )
+                )
+            }
+            self.close(reason: .gatewayError(code: report.code, message: report.message), context: context)
+
+        case .violation(let error):
+            self.logger.warning("gateway broke the protocol", metadata: ["error": "\(error)"])
+            self.sendErrorAndClose(error, context: context)
+
+        case .ignore:
+            break
+        }
+    }
+
+    // MARK: Operations called by the client, on the event loop
+
+    /// Sends a request; `promise` completes with the response body or a ``TetherError``.
+    func sendRequest(_ request: Frame.Request, timeout: TimeAmount, promise: EventLoopPromise<ByteBuffer>) {
+        guard let context, self.session.acceptsRequests, let negotiated = self.session.negotiated else {
+            promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
+            return
+        }
+        let bodySize = 6 + request.method.utf8.count + request.body.readableBytes
+        guard bodySize <= negotiated.peerMaxBodySize else {
+            promise.fail(
+                TetherError(
+                    code: .requestTooLarge,
+                    message: "the request body is \(bodySize) bytes; the gateway accepts at most \(negotiated.peerMaxBodySize)"
+                )
+            )
+            return
+        }
+        guard self.pending[request.id] == nil else {
+            promise.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
+            return
+        }
+        let id = request.id
+        let timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+            self.requestTimedOut(id: id)
+        }
+        self.pending[id] = PendingRequest(method: request.method, promise: promise, timer: timer)
+        self.send(.request(request), context: context)
+    }
+
+    /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and sends CANCEL.
+    func cancelRequest(id: UInt64) {
+        guard let request = self.pending.removeValue(forKey: id) else { return }
+        request.timer.cancel()
+        request.promise.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
+        if let context {
+            self.send(.cancel(.init(requestID: id)), context: context)
+            self.closeIfDrained(context: context)
+        }
+    }
+
+    /// Stops accepting requests and closes once those in flight are answered.
+    func drain() {
+        guard let context else { return }
+        self.session.drain()
+        self.closeReason = self.closeReason ?? .shutdown
+        if self.establishedAt == nil {
+            self.close(reason: .shutdown, context: context)
+        } else {
+            self.closeIfDrained(context: context)
+        }
+    }
+
+    // MARK: Internals
+
+    private func sendHello(context: ChannelHandlerContext) {
+        guard !self.helloSent else { return }
+        self.helloSent = true
+        self.send(.hello(self.configuration.hello), context: context)
+        self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.handshakeTimeout) {
+            self.handshakeTimedOut()
+        }
+    }
+
+    private func handshakeTimedOut() {
+        guard let context, self.establishedAt == nil else { return }
+        let timeout = Duration(self.configuration.handshakeTimeout)
+        self.established.fail(TetherError(code: .handshakeFailed, message: "no WELCOME within \(timeout.shortDescription)"))
+        self.close(reason: .transportError("handshake timed out after \(timeout.shortDescription)"), context: context)
+    }
+
+    private func handshakeCompleted(_ negotiated: Handshake.Negotiated, context: ChannelHandlerContext) {
+        self.handshakeTimer?.cancel()
+        self.handshakeTimer = nil
+        let now = NIODeadline.now()
+        self.establishedAt = now
+        context.triggerUserOutboundEvent(
+            TetherChannelEvent.limitsNegotiated(maxInboundBodySize: self.configuration.maxInboundBodySize),
+            promise: nil
+        )
+        let gatewayInterval = TimeAmount(negotiated.heartbeatInterval)
+        let ceiling = TimeAmount.nanoseconds(TimeAmount(negotiated.idleTimeout).nanoseconds / 2)
+        let interval = max(.milliseconds(1), min(self.configuration.heartbeatInterval ?? gatewayInterval, ceiling))
+        self.heartbeat = HeartbeatStateMachine(interval: interval, timeout: self.configuration.heartbeatTimeout, now: now)
+        self.scheduleHeartbeat(context: context)
+        self.established.succeed(negotiated)
+    }
+
+    private func scheduleHeartbeat(context: ChannelHandlerContext) {
+        guard let heartbeat = self.heartbeat else { return }
+        self.heartbeatTimer?.cancel()
+        self.heartbeatTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: heartbeat.nextDeadline) {
+            self.heartbeatTimerFired()
+        }
+    }
+
+    private func heartbeatTimerFired() {
+        guard let context, self.heartbeat != nil else { return }
+        switch self.heartbeat!.timerFired(at: .now()) {
+        case .sendPing(let id):
+            self.send(.ping(.init(id: id)), context: context)
+        case .linkDead(let silence):
+            self.logger.warning("no sign of life from the gateway; closing the connection", metadata: ["silent": "\(silence)"])
+            self.close(reason: .heartbeatTimeout(silentFor: Duration(silence)), context: context)
+            return
+        case .none:
+            break
+        }
+        self.scheduleHeartbeat(context: context)
+    }
+
+    private func requestTimedOut(id: UInt64) {
+        guard let request = self.pending.removeValue(forKey: id) else { return }
+        request.promise.fail(TetherError(code: .timedOut, message: "no response to '\(request.method)' before its deadline"))
+        if let context {
+            self.send(.cancel(.init(requestID: id)), context: context)
+            self.closeIfDrained(context: context)
+        }
+    }
+
+    private func complete(_ response: Frame.Response, context: ChannelHandlerContext) {
+        guard let request = self.pending.removeValue(forKey: response.id) else {
+            // Timed out or cancelled already; PROTOCOL.md says to ignore it.
+            return
+        }
+        request.timer.cancel()
+        switch response.status {
+        case .ok:
+            request.promise.succeed(response.body)
+        case .unavailable:
+            // The gateway is draining and did not run the handler: safe to send again elsewhere.
+            request.promise.fail(TetherError(code: .notDispatched, message: response.message, status: response.status))
+        default:
+            let message = response.message.isEmpty ? "'\(request.method)' failed" : response.message
+            request.promise.fail(TetherError(code: .serverError, message: message, status: response.status))
+        }
+        self.closeIfDrained(context: context)
+    }
+
+    private func closeIfDrained(context: ChannelHandlerContext) {
+        if case .draining = self.session.phase, self.pending.isEmpty {
+            self.close(reason: self.closeReason ?? .shutdown, context: context)
+        }
+    }
+
+    private func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
+        context.writeAndFlush(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: nil)
+        self.heartbeat?.frameSent(at: .now())
+    }
+
+    private func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {
+        self.closeReason = self.closeReason ?? .protocolViolation(error)
+        self.session.closed()
+        let frame = Frame(.error(.init(code: error.code, message: error.message)), flags: self.session.outboundFlags)
+        let written = context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(Self.wrapOutboundOut(frame), promise: written)
+        written.futureResult.assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+
+    private func close(reason: DisconnectReason, context: ChannelHandlerContext) {
+        self.closeReason = self.closeReason ?? reason
+        context.close(promise: nil)
+    }
+
+    /// Settles everything when the channel goes away: pending requests, promises, timers.
+    private func finish(context: ChannelHandlerContext) {
+        self.session.closed()
+        self.handshakeTimer?.cancel()
+        self.heartbeatTimer?.cancel()
+        self.heartbeat = nil
+        let reason = self.closeReason ?? .closedByPeer
+        self.closeReason = reason
+        if self.establishedAt == nil {
+            self.established.fail(TetherError(code: .handshakeFailed, message: "the connection closed during the handshake: \(reason)"))
+        }
+        let pending = self.pending
+        self.pending.removeAll()
+        for (_, request) in pending {
+            request.timer.cancel()
+            request.promise.fail(
+                TetherError(code: .connectionLost, message: "the connection closed while '\(request.method)' was in flight: \(reason)")
+            )
+        }
+        let uptime = self.establishedAt.map { Duration(NIODeadline.now() - $0) } ?? .zero
+        self.closed.succeed(ConnectionClosure(reason: reason, uptime: uptime))
+    }
+}
+
+@available(*, unavailable)
+extension ClientConnectionHandler: Sendable {}

@@ -1,0 +1,63 @@
+import NIOCore
+import TetherCore
+
+extension TetherClient {
+    /// Everything the client's tasks share, behind one lock.
+    struct State {
+        enum RunPhase { case notStarted, running, finished }
+
+        /// A request waiting for a connection.
+        enum Waiter {
+            case waiting(CheckedContinuation<ClientConnection, any Error>, timer: Scheduled<Void>)
+            /// Cancelled before it was registered: the registration must fail at once.
+            case cancelledEarly
+        }
+
+        /// Waiters taken out of the state, to be resumed outside the lock.
+        struct Waiters {
+            var entries: [(CheckedContinuation<ClientConnection, any Error>, Scheduled<Void>)] = []
+
+            func resume(returning connection: ClientConnection) {
+                for (continuation, timer) in self.entries {
+                    timer.cancel()
+                    continuation.resume(returning: connection)
+                }
+            }
+
+            func resume(throwing error: TetherError) {
+                for (continuation, timer) in self.entries {
+                    timer.cancel()
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+
+        var machine: ConnectivityStateMachine
+        var run: RunPhase = .notStarted
+        /// The connection new requests go to; `nil` while connecting, draining or stopped.
+        var ready: ClientConnection?
+        /// The established connection, draining or not.
+        var current: ClientConnection?
+        var waiters: [UInt64: Waiter] = [:]
+        /// The last connection failure, for error messages.
+        var lastError: TetherError?
+        /// Set once the client gave up or shut down; requests fail with it.
+        var terminalError: TetherError?
+
+        init(machine: ConnectivityStateMachine) {
+            self.machine = machine
+        }
+
+        /// Removes and returns every registered waiter (not the early-cancelled markers).
+        mutating func takeWaiters() -> Waiters {
+            var taken = Waiters()
+            for (id, waiter) in self.waiters {
+                if case .waiting(let continuation, let timer) = waiter {
+                    taken.entries.append((continuation, timer))
+                    self.waiters[id] = nil
+                }
+            }
+            return taken
+        }
+    }
+}

@@ -1,0 +1,91 @@
+import ArgumentParser
+import Foundation
+import NIOCore
+import Tether
+
+struct Chat: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "An interactive chat room over a gateway started with `tether serve`.",
+        discussion: "Type a line and press return to send it; Ctrl-D leaves."
+    )
+
+    @Option(help: "Your name (used as the client id).")
+    var user: String
+
+    @Option(help: "The room to join.")
+    var room = "lobby"
+
+    @OptionGroup var gateway: GatewayOptions
+
+    @OptionGroup var logging: LoggingOptions
+
+    func run() async throws {
+        try self.logging.bootstrap(default: .error)
+        let client = try TetherClient(configuration: ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.user))
+        let room = self.room
+        let lines = Self.standardInputLines()
+        print("* connecting to \(self.gateway.endpoint) as \(self.user); type to talk in #\(room), Ctrl-D to leave")
+
+        try await withThrowingDiscardingTaskGroup { group in
+            let events = client.events
+            let messages = client.pushes(topic: "chat.message")
+            let presence = client.pushes(topic: "chat.presence")
+            group.addTask { try await client.run() }
+            group.addTask {
+                // Room membership belongs to a connection: join again after every reconnect.
+                for await event in events {
+                    switch event {
+                    case .connected:
+                        print("* \(event)")
+                        do {
+                            let reply = try await client.request("chat.join", body: ByteBuffer(string: room))
+                            print("* \(String(buffer: reply))")
+                        } catch {
+                            print("* could not join #\(room): \(error)")
+                        }
+                    case .disconnected, .failed:
+                        print("* \(event)")
+                    case .connecting, .connectFailed, .backingOff:
+                        break
+                    }
+                }
+            }
+            group.addTask {
+                for await push in messages {
+                    if let message = try? JSONDecoder().decode(DemoService.ChatMessage.self, from: Data(push.body.readableBytesView)) {
+                        print("[\(message.room)] \(message.from): \(message.text)")
+                    }
+                }
+            }
+            group.addTask {
+                for await push in presence {
+                    if let message = try? JSONDecoder().decode(DemoService.ChatMessage.self, from: Data(push.body.readableBytesView)) {
+                        print("* \(message.from) \(message.text) #\(message.room)")
+                    }
+                }
+            }
+            group.addTask {
+                defer { client.shutdown() }
+                for await line in lines where !line.isEmpty {
+                    let body = try DemoService.json(DemoService.ChatSend(room: room, text: line))
+                    do {
+                        _ = try await client.request("chat.send", body: body)
+                    } catch {
+                        print("* not sent: \(error)")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lines typed on standard input; ends at end of file.
+    private static func standardInputLines() -> AsyncStream<String> {
+        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
+        let reader = Thread {
+            while let line = readLine() { continuation.yield(line) }
+            continuation.finish()
+        }
+        reader.start()
+        return stream
+    }
+}

@@ -1,0 +1,291 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOCore
+import Tether
+import TetherCore
+import TetherGateway
+import TetherTesting
+
+struct Demo: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Start a gateway and two clients in this process and show Tether at work.",
+        discussion: """
+            Shows requests and responses, pushes to a room, a dropped connection that heals itself,
+            a silent (blackholed) link found by the heartbeat, timeouts, cancellation and a graceful
+            shutdown, then a summary. Bob's traffic goes through a fault-injecting TCP proxy.
+            """
+    )
+
+    @OptionGroup var logging: LoggingOptions
+
+    func run() async throws {
+        try self.logging.bootstrap(default: .critical)
+        let demo = DemoRun()
+        do {
+            try await demo.run()
+        } catch {
+            demo.say("✗ the demo failed: \(error)")
+            throw ExitCode.failure
+        }
+    }
+}
+
+/// One run of the demo.
+final class DemoRun: Sendable {
+    let start = ContinuousClock.now
+    let observations = DemoService.Observations()
+    let requestsOK = Counter()
+    let requestsFailedAsExpected = Counter()
+    let pushesReceived = Counter()
+
+    func say(_ text: String) {
+        let elapsed = ContinuousClock.now - self.start
+        let milliseconds = elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000
+        print(String(format: "[%6.2fs] ", Double(milliseconds) / 1000) + text)
+    }
+
+    func step(_ title: String) {
+        print("\n── \(title)")
+    }
+
+    func run() async throws {
+        self.step("1. A gateway, and a fault-injecting proxy for Bob's \"mobile network\"")
+        var gatewayConfiguration = GatewayConfiguration.defaults
+        gatewayConfiguration.listen = .init(host: "127.0.0.1", port: 0)
+        gatewayConfiguration.timeouts.heartbeatInterval = .seconds(1)
+        gatewayConfiguration.timeouts.idle = .seconds(5)
+        gatewayConfiguration.timeouts.shutdownGracePeriod = .seconds(2)
+        gatewayConfiguration.serverName = "demo-gateway"
+        let gateway = try Gateway(configuration: gatewayConfiguration)
+        DemoService.install(on: gateway, observations: self.observations)
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await gateway.run() }
+            let address = try await gateway.listeningAddress
+            let direct = Endpoint(host: "127.0.0.1", port: address.port!)
+            let proxy = TCPFaultProxy(upstream: direct)
+            let proxyAddress = try await proxy.start()
+            let viaProxy = Endpoint(host: "127.0.0.1", port: proxyAddress.port!)
+            self.say("gateway listening on \(direct); proxy on \(viaProxy)")
+
+            let alice = try self.client("alice", endpoint: direct)
+            let bob = try self.client("bob", endpoint: viaProxy)
+            let aliceEvents = EventLog(name: "alice", client: alice, demo: self)
+            let bobEvents = EventLog(name: "bob", client: bob, demo: self)
+            group.addTask { try await alice.run() }
+            group.addTask { try await bob.run() }
+            group.addTask { await aliceEvents.record() }
+            group.addTask { await bobEvents.record() }
+            let bobPushes = bob.pushes(topic: "chat.message")
+            group.addTask {
+                for await push in bobPushes {
+                    self.say("bob ⇐ push \(push.topic): \(String(buffer: push.body))")
+                    self.pushesReceived.increment()
+                }
+            }
+
+            try await self.requests(alice: alice, bob: bob)
+            try await self.pushes(alice: alice, bob: bob)
+            let reconnect = try await self.networkDrop(bob: bob, events: bobEvents, proxy: proxy)
+            let detection = try await self.blackhole(bob: bob, events: bobEvents, proxy: proxy, gateway: gatewayConfiguration)
+            try await self.timeoutsAndCancellation(alice: alice)
+            try await self.shutdown(gateway: gateway, alice: alice, events: aliceEvents)
+
+            alice.shutdown()
+            bob.shutdown()
+            await proxy.stop()
+            try await group.waitForAll()
+            self.summary(reconnect: reconnect, detection: detection, alice: aliceEvents, bob: bobEvents)
+        }
+    }
+
+    private func client(_ name: String, endpoint: Endpoint) throws -> TetherClient {
+        var configuration = ClientConfiguration(endpoints: [endpoint], clientID: name)
+        configuration.heartbeat.timeout = .seconds(1)
+        configuration.connection.handshakeTimeout = .seconds(1)
+        configuration.reconnect.backoff = try Backoff(initial: .milliseconds(100), maximum: .seconds(1))
+        configuration.requests.defaultTimeout = .seconds(5)
+        return try TetherClient(configuration: configuration)
+    }
+
+    private func call(_ client: TetherClient, _ who: String, _ method: String, _ body: String, timeout: Duration? = nil) async throws -> String {
+        let started = ContinuousClock.now
+        let reply = try await client.request(method, body: ByteBuffer(string: body), timeout: timeout)
+        self.requestsOK.increment()
+        let text = String(buffer: reply)
+        self.say("\(who) → \(method) \(body.isEmpty ? "" : "\"\(body)\" ")← \"\(text)\" in \(Self.format(ContinuousClock.now - started))")
+        return text
+    }
+
+    private func requests(alice: TetherClient, bob: TetherClient) async throws {
+        self.step("2. Requests over the long connection, like HTTP calls")
+        _ = try await self.call(alice, "alice", "echo", "hello")
+        _ = try await self.call(bob, "bob", "time.now", "")
+        do {
+            _ = try await alice.request("no.such.method")
+        } catch {
+            self.requestsFailedAsExpected.increment()
+            self.say("alice → no.such.method ← \(error.code): \(error.message) (status \(error.status?.rawValue ?? 0))")
+        }
+        let count = 1000
+        let started = ContinuousClock.now
+        let answers = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<count {
+                group.addTask { String(buffer: try await alice.request("echo", body: ByteBuffer(string: "#\(index)"))) == "#\(index)" }
+            }
+            return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+        }
+        self.requestsOK.increment(by: answers)
+        self.say("alice sent \(count) requests at once on one connection: \(answers) correct answers in \(Self.format(ContinuousClock.now - started))")
+    }
+
+    private func pushes(alice: TetherClient, bob: TetherClient) async throws {
+        self.step("3. Pushes to everyone in a room")
+        _ = try await self.call(alice, "alice", "chat.join", "lobby")
+        _ = try await self.call(bob, "bob", "chat.join", "lobby")
+        let before = self.pushesReceived.count
+        _ = try await self.call(alice, "alice", "chat.send", #"{"room":"lobby","text":"hi Bob!"}"#)
+        try await self.waitUntil("bob receives the push") { self.pushesReceived.count > before }
+    }
+
+    private func networkDrop(bob: TetherClient, events: EventLog, proxy: TCPFaultProxy) async throws -> Duration {
+        self.step("4. Bob's network drops every connection")
+        let connectedBefore = events.connects
+        let cut = ContinuousClock.now
+        proxy.cutAll()
+        self.say("proxy: all connections cut")
+        try await self.waitUntil("bob reconnects") { events.connects > connectedBefore }
+        let reconnect = ContinuousClock.now - cut
+        self.say("bob is back after \(Self.format(reconnect)), without the app doing anything")
+        _ = try await self.call(bob, "bob", "chat.join", "lobby")  // rooms belong to connections
+        _ = try await self.call(bob, "bob", "echo", "still here")
+        return reconnect
+    }
+
+    private func blackhole(
+        bob: TetherClient,
+        events: EventLog,
+        proxy: TCPFaultProxy,
+        gateway: GatewayConfiguration
+    ) async throws -> Duration {
+        self.step("5. Bob's link goes silent: TCP stays open, no byte gets through (half-open)")
+        let disconnectsBefore = events.disconnects
+        let silenced = ContinuousClock.now
+        proxy.mode = .blackhole
+        self.say("proxy: blackhole (heartbeat every \(gateway.timeouts.heartbeatInterval.shortDescription), PONG timeout 1 s)")
+        try await self.waitUntil("bob's heartbeat notices", timeout: .seconds(10)) { events.disconnects > disconnectsBefore }
+        let detection = ContinuousClock.now - silenced
+        self.say("bob's heartbeat declared the link dead after \(Self.format(detection))")
+        let connectsBefore = events.connects
+        proxy.mode = .forward
+        self.say("proxy: forwarding again")
+        try await self.waitUntil("bob reconnects", timeout: .seconds(10)) { events.connects > connectsBefore }
+        _ = try await self.call(bob, "bob", "echo", "back again")
+        return detection
+    }
+
+    private func timeoutsAndCancellation(alice: TetherClient) async throws {
+        self.step("6. Timeouts and cancellation")
+        do {
+            _ = try await alice.request("demo.slow", body: ByteBuffer(string: "2000"), timeout: .milliseconds(300))
+        } catch {
+            self.requestsFailedAsExpected.increment()
+            self.say("alice → demo.slow (2 s) with a 300 ms timeout ← \(error.code)")
+        }
+        let cancelledBefore = self.observations.cancelledHandlers.count
+        let task = Task { try await alice.request("demo.slow", body: ByteBuffer(string: "5000")) }
+        try await Task.sleep(for: .milliseconds(100))
+        task.cancel()
+        do {
+            _ = try await task.value
+        } catch {
+            self.requestsFailedAsExpected.increment()
+            self.say("alice cancels a demo.slow request after 100 ms ← \((error as? TetherError)?.code.description ?? "\(error)")")
+        }
+        try await self.waitUntil("the gateway handler sees the cancellation") {
+            self.observations.cancelledHandlers.count > cancelledBefore
+        }
+        self.say("the gateway's handlers were cancelled too (CANCEL frame, or the deadline): \(self.observations.cancelledHandlers.count)")
+    }
+
+    private func shutdown(gateway: Gateway, alice: TetherClient, events: EventLog) async throws {
+        self.step("7. Graceful shutdown: GOAWAY, requests in flight finish")
+        async let slow = alice.request("demo.slow", body: ByteBuffer(string: "500"))
+        try await Task.sleep(for: .milliseconds(100))
+        gateway.shutdown()
+        self.say("gateway: shutting down with a request in flight")
+        let reply = try await slow
+        self.requestsOK.increment()
+        self.say("alice ← \"\(String(buffer: reply))\": the request in flight was answered before the connection closed")
+        try await self.waitUntil("alice sees GOAWAY") { events.goAways > 0 }
+    }
+
+    private func summary(reconnect: Duration, detection: Duration, alice: EventLog, bob: EventLog) {
+        self.step("Summary")
+        print("  requests answered:              \(self.requestsOK.count)")
+        print("  requests failed as intended:    \(self.requestsFailedAsExpected.count) (unknown method, timeout, cancellation)")
+        print("  pushes received by bob:         \(self.pushesReceived.count)")
+        print("  bob reconnected after a cut in: \(Self.format(reconnect))")
+        print("  silent link detected after:     \(Self.format(detection))")
+        print("  connections: alice \(alice.connects), bob \(bob.connects)")
+        print("\nDone. Run `swift run tether serve` and `swift run tether chat --user you` to try it by hand.")
+    }
+
+    func waitUntil(_ what: String, timeout: Duration = .seconds(5), _ condition: @Sendable () -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while !condition() {
+            guard ContinuousClock.now < deadline else {
+                throw DemoError(message: "timed out waiting until \(what)")
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    static func format(_ duration: Duration) -> String {
+        let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        return seconds < 1 ? String(format: "%.1f ms", seconds * 1000) : String(format: "%.2f s", seconds)
+    }
+}
+
+/// Prints a client's connection events and counts them.
+final class EventLog: Sendable {
+    let name: String
+    let client: TetherClient
+    let demo: DemoRun
+    private let connectCount = Counter()
+    private let disconnectCount = Counter()
+    private let goAwayCount = Counter()
+    private let stream: AsyncStream<ConnectionEvent>
+
+    init(name: String, client: TetherClient, demo: DemoRun) {
+        self.name = name
+        self.client = client
+        self.demo = demo
+        self.stream = client.events
+    }
+
+    var connects: Int { self.connectCount.count }
+    var disconnects: Int { self.disconnectCount.count }
+    var goAways: Int { self.goAwayCount.count }
+
+    func record() async {
+        for await event in self.stream {
+            switch event {
+            case .connected:
+                self.connectCount.increment()
+            case .disconnected(let reason):
+                self.disconnectCount.increment()
+                if case .goingAway = reason { self.goAwayCount.increment() }
+            case .connecting, .connectFailed, .backingOff, .failed:
+                break
+            }
+            self.demo.say("\(self.name): \(event)")
+        }
+    }
+}
+
+struct DemoError: Error, CustomStringConvertible {
+    var message: String
+    var description: String { self.message }
+}

@@ -1,0 +1,97 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import TetherCore
+import TetherGateway
+
+/// The handlers `tether serve` and `tether demo` install: echo, time, a chat room, and a slow
+/// method for trying timeouts and cancellation.
+///
+/// | method | body | reply |
+/// |---|---|---|
+/// | `echo` | anything | the same bytes |
+/// | `time.now` | — | the gateway's time, ISO 8601 |
+/// | `chat.join` | a room name | `joined ROOM (N online)`; pushes `chat.presence` to the room |
+/// | `chat.send` | `{"room": "...", "text": "..."}` | `delivered to N`; pushes `chat.message` to the room |
+/// | `chat.leave` | a room name | `left ROOM` |
+/// | `demo.slow` | milliseconds to sleep | `slept N ms` (honours cancellation) |
+enum DemoService {
+    struct ChatSend: Codable {
+        var room: String
+        var text: String
+    }
+
+    struct ChatMessage: Codable {
+        var room: String
+        var from: String
+        var text: String
+    }
+
+    /// Counts what the slow handler saw, for the demo's report.
+    final class Observations: Sendable {
+        let cancelledHandlers = Counter()
+    }
+
+    static func install(on gateway: Gateway, observations: Observations = Observations()) {
+        gateway.handle("echo") { request, _ in request.body }
+
+        gateway.handle("time.now") { _, _ in
+            ByteBuffer(string: Date().formatted(.iso8601))
+        }
+
+        gateway.handle("chat.join") { request, context in
+            let room = Self.roomName(request.body)
+            guard !room.isEmpty else { throw RequestError(.invalidRequest, "the body must be a room name") }
+            context.join(room)
+            let notice = ChatMessage(room: room, from: context.connection.clientID, text: "joined")
+            try context.gateway.push("chat.presence", Self.json(notice), to: .room(room))
+            return ByteBuffer(string: "joined \(room) (\(context.gateway.members(of: room).count) online)")
+        }
+
+        gateway.handle("chat.leave") { request, context in
+            let room = Self.roomName(request.body)
+            context.leave(room)
+            return ByteBuffer(string: "left \(room)")
+        }
+
+        gateway.handle("chat.send") { request, context in
+            guard let send = try? JSONDecoder().decode(ChatSend.self, from: Data(request.body.readableBytesView)) else {
+                throw RequestError(.invalidRequest, #"the body must be {"room": "...", "text": "..."}"#)
+            }
+            guard context.gateway.members(of: send.room).contains(where: { $0.id == context.connection.id }) else {
+                throw RequestError(.permissionDenied, "join '\(send.room)' before sending to it")
+            }
+            let message = ChatMessage(room: send.room, from: context.connection.clientID, text: send.text)
+            let recipients = try context.gateway.push("chat.message", Self.json(message), to: .room(send.room))
+            return ByteBuffer(string: "delivered to \(recipients)")
+        }
+
+        gateway.handle("demo.slow") { request, _ in
+            guard let milliseconds = Int(String(buffer: request.body)), milliseconds >= 0 else {
+                throw RequestError(.invalidRequest, "the body must be a number of milliseconds")
+            }
+            do {
+                try await Task.sleep(for: .milliseconds(milliseconds))
+            } catch {
+                observations.cancelledHandlers.increment()
+                throw error
+            }
+            return ByteBuffer(string: "slept \(milliseconds) ms")
+        }
+    }
+
+    static func json(_ value: some Encodable) throws -> ByteBuffer {
+        ByteBuffer(bytes: try JSONEncoder().encode(value))
+    }
+
+    private static func roomName(_ body: ByteBuffer) -> String {
+        String(buffer: body).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}
+
+/// A thread-safe counter.
+final class Counter: Sendable {
+    private let value = NIOLockedValueBox(0)
+    func increment(by amount: Int = 1) { self.value.withLockedValue { $0 += amount } }
+    var count: Int { self.value.withLockedValue { $0 } }
+}

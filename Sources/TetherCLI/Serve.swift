@@ -1,0 +1,40 @@
+import ArgumentParser
+import Logging
+import ServiceLifecycle
+import TetherGateway
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run a gateway with the demo handlers (echo, time.now, chat.join/send/leave, demo.slow)."
+    )
+
+    @Option(help: "The address to listen on.")
+    var host = "127.0.0.1"
+
+    @Option(help: "The port to listen on.")
+    var port = 7700
+
+    @Option(name: .customLong("heartbeat"), help: "The heartbeat interval announced to clients, in seconds.")
+    var heartbeatSeconds: Double = 10
+
+    @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
+    var requireChecksums = false
+
+    @OptionGroup var logging: LoggingOptions
+
+    func run() async throws {
+        try self.logging.bootstrap(default: .info)
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = .init(host: self.host, port: self.port)
+        configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
+        configuration.timeouts.idle = configuration.timeouts.heartbeatInterval * 3
+        configuration.checksums = self.requireChecksums ? .required : .optional
+        let logger = Logger(label: "tether.serve")
+        let gateway = try Gateway(configuration: configuration, logger: Logger(label: "tether.gateway"))
+        DemoService.install(on: gateway)
+        let services = ServiceGroup(
+            configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        )
+        try await services.run()
+    }
+}

@@ -1,0 +1,10 @@
+import ArgumentParser
+
+@main
+struct TetherCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tether",
+        abstract: "A persistent connection between apps and their server, as simple as HTTP.",
+        subcommands: [Serve.self, Call.self, Chat.self, Demo.self]
+    )
+}

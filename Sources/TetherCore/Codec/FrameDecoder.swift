@@ -1,0 +1,196 @@
+public import NIOCore
+
+/// Parses ``Frame``s from a byte stream, one complete frame at a time.
+///
+/// The decoder validates as early as the bytes allow: the magic as soon as two bytes are
+/// there, and the version, flags and body length as soon as the 26-byte header is there, so
+/// garbage is rejected at once and an oversized length is refused before a single body byte
+/// is buffered. It never allocates according to a length the peer merely claims.
+///
+/// It conforms to `NIOSingleStepByteToMessageDecoder` so that it can be wrapped in a
+/// `ByteToMessageHandler`, but it performs no I/O itself.
+///
+/// ```swift
+/// var decoder = FrameDecoder(maxBodySize: 1 << 20)
+/// while let frame = try decoder.decode(buffer: &bytes) { handle(frame) }
+/// ```
+public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
+    public typealias InboundOut = Frame
+
+    /// The largest body this side accepts; a frame announcing more is rejected.
+    public var maxBodySize: Int
+
+    /// Creates a decoder.
+    /// - Parameter maxBodySize: The largest body accepted, at most
+    ///   ``FrameHeader/absoluteMaximumBodySize``.
+    public init(maxBodySize: Int) {
+        self.maxBodySize = min(max(0, maxBodySize), FrameHeader.absoluteMaximumBodySize)
+    }
+
+    /// Decodes the next frame from the front of `buffer`, or returns `nil` if it is not complete yet.
+    /// - Throws: ``ProtocolError`` if the bytes cannot be the start of a valid frame.
+    public mutating func decode(buffer: inout ByteBuffer) throws -> Frame? {
+        try self.decodeFrame(from: &buffer)
+    }
+
+    /// Decodes what remains once the stream has ended; an incomplete trailing frame is dropped.
+    public mutating func decodeLast(buffer: inout ByteBuffer, seenEOF: Bool) throws -> Frame? {
+        if let frame = try self.decodeFrame(from: &buffer) { return frame }
+        buffer.moveReaderIndex(to: buffer.writerIndex)
+        return nil
+    }
+
+    /// Decodes the next frame from the front of `buffer`, or returns `nil` if it is not complete yet.
+    public mutating func decodeFrame(from buffer: inout ByteBuffer) throws(ProtocolError) -> Frame? {
+        let base = buffer.readerIndex
+        guard let magic = buffer.getInteger(at: base, as: UInt16.self) else { return nil }
+        guard magic == FrameHeader.magic else {
+            throw ProtocolError(code: .badMagic, message: "expected magic 0x5448, got 0x\(String(magic, radix: 16))")
+        }
+        guard buffer.readableBytes >= FrameHeader.size else { return nil }
+
+        let version = buffer.getInteger(at: base + 2, as: UInt8.self)!
+        let type = FrameType(rawValue: buffer.getInteger(at: base + 3, as: UInt8.self)!)
+        let flags = FrameFlags(rawValue: buffer.getInteger(at: base + 4, as: UInt16.self)!)
+        let stream = buffer.getInteger(at: base + 6, as: UInt32.self)!
+        let id = buffer.getInteger(at: base + 10, as: UInt64.self)!
+        let length = Int(buffer.getInteger(at: base + FrameHeader.lengthOffset, as: UInt32.self)!)
+        let checksum = buffer.getInteger(at: base + FrameHeader.checksumOffset, as: UInt32.self)!
+
+        guard version == FrameEncoder.version else {
+            throw ProtocolError(code: .unsupportedVersion, message: "frame version \(version) is not supported; this peer speaks version 1")
+        }
+        guard FrameFlags.known.isSuperset(of: flags) else {
+            throw ProtocolError(code: .protocolError, message: "reserved flag bits set: 0x\(String(flags.rawValue, radix: 16))")
+        }
+        guard length <= self.maxBodySize else {
+            throw ProtocolError(code: .frameTooLarge, message: "\(type) body of \(length) bytes exceeds the limit of \(self.maxBodySize)")
+        }
+        guard buffer.readableBytes >= FrameHeader.size + length else { return nil }
+
+        if flags.contains(.checksum) {
+            let computed = buffer.withUnsafeReadableBytes { bytes in
+                FrameEncoder.checksum(
+                    header: bytes,
+                    body: UnsafeRawBufferPointer(rebasing: bytes[FrameHeader.size..<(FrameHeader.size + length)])
+                )
+            }
+            guard computed == checksum else {
+                throw ProtocolError(
+                    code: .checksumMismatch,
+                    message: "\(type) checksum 0x\(String(checksum, radix: 16)) does not match computed 0x\(String(computed, radix: 16))"
+                )
+            }
+        } else if checksum != 0 {
+            throw ProtocolError(code: .protocolError, message: "checksum field is set but the checksum flag is not")
+        }
+
+        var body = buffer.getSlice(at: base + FrameHeader.size, length: length)!
+        let payload = try Self.parsePayload(type: type, id: id, body: &body)
+        buffer.moveReaderIndex(forwardBy: FrameHeader.size + length)
+        return Frame(payload, stream: stream, flags: flags)
+    }
+
+    private static func parsePayload(type: FrameType, id: UInt64, body: inout ByteBuffer) throws(ProtocolError) -> Frame.Payload {
+        switch type {
+        case .hello:
+            return .hello(try Self.parseHello(&body))
+        case .welcome:
+            return .welcome(try Self.parseWelcome(&body))
+        case .request:
+            let timeout = try body.readMilliseconds(field: "timeout", in: type)
+            let method = try body.readShortString(field: "method", in: type)
+            return .request(Frame.Request(id: id, method: method, timeout: timeout == .zero ? nil : timeout, body: body))
+        case .response:
+            let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))
+            let message = try body.readShortString(field: "message", in: type)
+            return .response(Frame.Response(id: id, status: status, message: message, body: body))
+        case .push:
+            let topic = try body.readShortString(field: "topic", in: type)
+            return .push(Frame.Push(topic: topic, body: body))
+        case .ping:
+            return .ping(Frame.Ping(id: id, data: body))
+        case .pong:
+            return .pong(Frame.Ping(id: id, data: body))
+        case .cancel:
+            try Self.expectEnd(body, type)
+            return .cancel(Frame.Cancel(requestID: id))
+        case .goAway:
+            let reason = Frame.GoAway.Reason(rawValue: try body.readField(UInt16.self, field: "reason", in: type))
+            let retryAfter = try body.readMilliseconds(field: "retry-after", in: type)
+            let alternate = try body.readShortString(field: "alternate endpoint", in: type)
+            let message = try body.readShortString(field: "message", in: type)
+            try Self.expectEnd(body, type)
+            return .goAway(
+                Frame.GoAway(reason: reason, retryAfter: retryAfter, alternateEndpoint: alternate.isEmpty ? nil : alternate, message: message)
+            )
+        case .error:
+            let code = StatusCode(rawValue: try body.readField(UInt16.self, field: "code", in: type))
+            let message = try body.readShortString(field: "message", in: type)
+            try Self.expectEnd(body, type)
+            return .error(Frame.ErrorReport(code: code, message: message, relatedID: id))
+        default:
+            guard type.isIgnorableExtension else {
+                throw ProtocolError(code: .unknownFrameType, message: "unknown frame type 0x\(String(type.rawValue, radix: 16))")
+            }
+            return .extension(Frame.Extension(type: type, id: id, body: body))
+        }
+    }
+
+    private static func parseHello(_ body: inout ByteBuffer) throws(ProtocolError) -> Frame.Hello {
+        let type = FrameType.hello
+        let minVersion = try body.readField(UInt8.self, field: "minimum version", in: type)
+        let maxVersion = try body.readField(UInt8.self, field: "maximum version", in: type)
+        guard minVersion >= 1, minVersion <= maxVersion else {
+            throw .malformed(type, "version range \(minVersion)...\(maxVersion) is invalid")
+        }
+        let features = Features(rawValue: try body.readField(UInt32.self, field: "features", in: type))
+        let maxBodySize = try body.readField(UInt32.self, field: "maximum body size", in: type)
+        let fields = try body.readTLVs(in: type)
+        return Frame.Hello(
+            versions: minVersion...maxVersion,
+            features: features,
+            maxBodySize: maxBodySize,
+            clientID: try fields.string(HelloField.clientID, field: "client id", in: type) ?? "",
+            authToken: fields[HelloField.authToken],
+            userAgent: try fields.string(HelloField.userAgent, field: "user agent", in: type)
+        )
+    }
+
+    private static func parseWelcome(_ body: inout ByteBuffer) throws(ProtocolError) -> Frame.Welcome {
+        let type = FrameType.welcome
+        let version = try body.readField(UInt8.self, field: "version", in: type)
+        let features = Features(rawValue: try body.readField(UInt32.self, field: "features", in: type))
+        let connectionID = try body.readField(UInt64.self, field: "connection id", in: type)
+        let heartbeat = try body.readMilliseconds(field: "heartbeat interval", in: type)
+        let idle = try body.readMilliseconds(field: "idle timeout", in: type)
+        let maxBodySize = try body.readField(UInt32.self, field: "maximum body size", in: type)
+        let maxConcurrent = try body.readField(UInt32.self, field: "maximum concurrent requests", in: type)
+        let fields = try body.readTLVs(in: type)
+        return Frame.Welcome(
+            version: version,
+            features: features,
+            connectionID: connectionID,
+            heartbeatInterval: heartbeat,
+            idleTimeout: idle,
+            maxBodySize: maxBodySize,
+            maxConcurrentRequests: maxConcurrent,
+            serverName: try fields.string(WelcomeField.serverName, field: "server name", in: type)
+        )
+    }
+
+    private static func expectEnd(_ body: ByteBuffer, _ type: FrameType) throws(ProtocolError) {
+        guard body.readableBytes == 0 else {
+            throw .malformed(type, "\(body.readableBytes) unexpected trailing bytes")
+        }
+    }
+}
+
+extension FrameEncoder: MessageToByteEncoder {
+    public typealias OutboundIn = Frame
+
+    /// Encodes `data` into `out`, for use in a `MessageToByteHandler`.
+    public func encode(data: Frame, out: inout ByteBuffer) throws {
+        try self.encode(data, into: &out)
+    }
+}

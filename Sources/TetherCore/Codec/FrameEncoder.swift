@@ -1,0 +1,167 @@
+public import NIOCore
+
+/// Serialises ``Frame``s into the wire format of PROTOCOL.md.
+///
+/// The encoder is stateless. It computes a checksum for every frame whose ``Frame/flags``
+/// contain ``FrameFlags/checksum``; deciding which frames get one is the connection's job.
+///
+/// ```swift
+/// var buffer = ByteBuffer()
+/// try FrameEncoder().encode(Frame(.ping(.init(id: 1))), into: &buffer)
+/// ```
+public struct FrameEncoder: Sendable {
+    /// The version byte written into every header.
+    public static let version: UInt8 = 1
+
+    public init() {}
+
+    /// Appends the encoding of `frame` to `buffer`.
+    ///
+    /// On failure nothing is appended.
+    /// - Throws: ``FrameEncodingError`` if a field exceeds its size limit or the body exceeds
+    ///   ``FrameHeader/absoluteMaximumBodySize``.
+    public func encode(_ frame: Frame, into buffer: inout ByteBuffer) throws(FrameEncodingError) {
+        let start = buffer.writerIndex
+        do {
+            try self.encodeUnchecked(frame, into: &buffer, start: start)
+        } catch {
+            buffer.moveWriterIndex(to: start)
+            throw error
+        }
+    }
+
+    private func encodeUnchecked(_ frame: Frame, into buffer: inout ByteBuffer, start: Int) throws(FrameEncodingError) {
+        let flags = frame.flags.intersection(.known)
+        buffer.reserveCapacity(minimumWritableBytes: FrameHeader.size + Self.bodySizeHint(frame.payload))
+        buffer.writeInteger(FrameHeader.magic)
+        buffer.writeInteger(Self.version)
+        buffer.writeInteger(frame.type.rawValue)
+        buffer.writeInteger(flags.rawValue)
+        buffer.writeInteger(frame.stream)
+        buffer.writeInteger(Self.headerID(of: frame.payload))
+        buffer.writeInteger(UInt32(0))  // length, patched below
+        buffer.writeInteger(UInt32(0))  // checksum, patched below
+
+        let bodyStart = buffer.writerIndex
+        try Self.writeBody(frame.payload, into: &buffer)
+        let length = buffer.writerIndex - bodyStart
+        guard length <= FrameHeader.absoluteMaximumBodySize else {
+            throw FrameEncodingError(message: "the body is \(length) bytes; the protocol limit is \(FrameHeader.absoluteMaximumBodySize)")
+        }
+        buffer.setInteger(UInt32(length), at: start + FrameHeader.lengthOffset)
+
+        if flags.contains(.checksum) {
+            let checksum = buffer.withUnsafeReadableBytes { bytes in
+                let frameBytes = UnsafeRawBufferPointer(rebasing: bytes[(start - buffer.readerIndex)...])
+                return Self.checksum(header: frameBytes, body: UnsafeRawBufferPointer(rebasing: frameBytes[FrameHeader.size...]))
+            }
+            buffer.setInteger(checksum, at: start + FrameHeader.checksumOffset)
+        }
+    }
+
+    /// The CRC-32C of a frame: header bytes 0–21, then the body.
+    static func checksum(header: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> UInt32 {
+        var crc = CRC32C()
+        crc.update(UnsafeRawBufferPointer(rebasing: header[..<FrameHeader.checksummedSize]))
+        crc.update(body)
+        return crc.value
+    }
+
+    /// The value of the header's id field for a payload.
+    static func headerID(of payload: Frame.Payload) -> UInt64 {
+        switch payload {
+        case .request(let request): request.id
+        case .response(let response): response.id
+        case .ping(let ping), .pong(let ping): ping.id
+        case .cancel(let cancel): cancel.requestID
+        case .error(let error): error.relatedID
+        case .extension(let ext): ext.id
+        case .hello, .welcome, .push, .goAway: 0
+        }
+    }
+
+    private static func bodySizeHint(_ payload: Frame.Payload) -> Int {
+        switch payload {
+        case .request(let request): 6 + request.method.utf8.count + request.body.readableBytes
+        case .response(let response): 4 + response.message.utf8.count + response.body.readableBytes
+        case .push(let push): 2 + push.topic.utf8.count + push.body.readableBytes
+        case .ping(let ping), .pong(let ping): ping.data.readableBytes
+        case .extension(let ext): ext.body.readableBytes
+        case .hello, .welcome, .cancel, .goAway, .error: 64
+        }
+    }
+
+    private static func writeBody(_ payload: Frame.Payload, into buffer: inout ByteBuffer) throws(FrameEncodingError) {
+        switch payload {
+        case .hello(let hello):
+            buffer.writeInteger(hello.versions.lowerBound)
+            buffer.writeInteger(hello.versions.upperBound)
+            buffer.writeInteger(hello.features.rawValue)
+            buffer.writeInteger(hello.maxBodySize)
+            try buffer.writeTLV(tag: HelloField.clientID, field: "client id", hello.clientID)
+            if let token = hello.authToken {
+                try buffer.writeTLV(tag: HelloField.authToken, field: "auth token", token)
+            }
+            if let userAgent = hello.userAgent {
+                try buffer.writeTLV(tag: HelloField.userAgent, field: "user agent", userAgent)
+            }
+
+        case .welcome(let welcome):
+            buffer.writeInteger(welcome.version)
+            buffer.writeInteger(welcome.features.rawValue)
+            buffer.writeInteger(welcome.connectionID)
+            buffer.writeMilliseconds(welcome.heartbeatInterval)
+            buffer.writeMilliseconds(welcome.idleTimeout)
+            buffer.writeInteger(welcome.maxBodySize)
+            buffer.writeInteger(welcome.maxConcurrentRequests)
+            if let serverName = welcome.serverName {
+                try buffer.writeTLV(tag: WelcomeField.serverName, field: "server name", serverName)
+            }
+
+        case .request(let request):
+            buffer.writeMilliseconds(request.timeout ?? .zero)
+            try buffer.writeShortString(request.method, field: "method")
+            buffer.writeImmutableBuffer(request.body)
+
+        case .response(let response):
+            buffer.writeInteger(response.status.rawValue)
+            try buffer.writeShortString(response.message, field: "message")
+            buffer.writeImmutableBuffer(response.body)
+
+        case .push(let push):
+            try buffer.writeShortString(push.topic, field: "topic")
+            buffer.writeImmutableBuffer(push.body)
+
+        case .ping(let ping), .pong(let ping):
+            buffer.writeImmutableBuffer(ping.data)
+
+        case .cancel:
+            break
+
+        case .goAway(let goAway):
+            buffer.writeInteger(goAway.reason.rawValue)
+            buffer.writeMilliseconds(goAway.retryAfter)
+            try buffer.writeShortString(goAway.alternateEndpoint ?? "", field: "alternate endpoint")
+            try buffer.writeShortString(goAway.message, field: "message")
+
+        case .error(let error):
+            buffer.writeInteger(error.code.rawValue)
+            try buffer.writeShortString(error.message, field: "message")
+
+        case .extension(let ext):
+            buffer.writeImmutableBuffer(ext.body)
+        }
+    }
+}
+
+/// The TLV tags of HELLO (PROTOCOL.md, "HELLO").
+enum HelloField {
+    static let clientID: UInt16 = 0x0001
+    static let authToken: UInt16 = 0x0002
+    static let userAgent: UInt16 = 0x0003
+}
+
+/// The TLV tags of WELCOME (PROTOCOL.md, "WELCOME").
+enum WelcomeField {
+    static let serverName: UInt16 = 0x0001
+}

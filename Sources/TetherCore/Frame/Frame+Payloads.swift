@@ -1,0 +1,234 @@
+public import NIOCore
+
+extension Frame {
+    /// HELLO: the first frame a client sends, offering versions and features.
+    public struct Hello: Sendable, Hashable {
+        /// The protocol versions the client speaks.
+        public var versions: ClosedRange<UInt8>
+        /// The optional features the client supports.
+        public var features: Features
+        /// The largest frame body the client accepts.
+        public var maxBodySize: UInt32
+        /// The client's stable identity (a user or device id); the gateway can push to it.
+        public var clientID: String
+        /// An opaque credential for the gateway's authenticator, if any.
+        public var authToken: ByteBuffer?
+        /// A free-form description of the client software, for logs.
+        public var userAgent: String?
+
+        public init(
+            versions: ClosedRange<UInt8>,
+            features: Features,
+            maxBodySize: UInt32,
+            clientID: String,
+            authToken: ByteBuffer? = nil,
+            userAgent: String? = nil
+        ) {
+            self.versions = versions
+            self.features = features
+            self.maxBodySize = maxBodySize
+            self.clientID = clientID
+            self.authToken = authToken
+            self.userAgent = userAgent
+        }
+    }
+
+    /// WELCOME: the gateway's acceptance of a HELLO, with the negotiated parameters.
+    public struct Welcome: Sendable, Hashable {
+        /// The version both peers use from now on.
+        public var version: UInt8
+        /// The features both peers use from now on (a subset of the client's offer).
+        public var features: Features
+        /// The gateway's identifier for this connection.
+        public var connectionID: UInt64
+        /// How often the gateway expects the client to show it is alive.
+        public var heartbeatInterval: Duration
+        /// The gateway closes a connection from which it received nothing for this long.
+        public var idleTimeout: Duration
+        /// The largest frame body the gateway accepts.
+        public var maxBodySize: UInt32
+        /// How many requests the gateway runs at once on this connection; more are queued.
+        public var maxConcurrentRequests: UInt32
+        /// A free-form name of the gateway, for logs.
+        public var serverName: String?
+
+        public init(
+            version: UInt8,
+            features: Features,
+            connectionID: UInt64,
+            heartbeatInterval: Duration,
+            idleTimeout: Duration,
+            maxBodySize: UInt32,
+            maxConcurrentRequests: UInt32,
+            serverName: String? = nil
+        ) {
+            self.version = version
+            self.features = features
+            self.connectionID = connectionID
+            self.heartbeatInterval = heartbeatInterval
+            self.idleTimeout = idleTimeout
+            self.maxBodySize = maxBodySize
+            self.maxConcurrentRequests = maxConcurrentRequests
+            self.serverName = serverName
+        }
+    }
+
+    /// REQUEST: a call of `method` with an opaque body, answered by a RESPONSE with the same id.
+    public struct Request: Sendable, Hashable {
+        /// The request id, unique among the sender's requests in flight on the connection.
+        public var id: UInt64
+        /// The method (route) to call, at most 65,535 bytes of UTF-8.
+        public var method: String
+        /// How long the client waits for the response; `nil` if it set no limit.
+        public var timeout: Duration?
+        /// The request's content.
+        public var body: ByteBuffer
+
+        public init(id: UInt64, method: String, timeout: Duration? = nil, body: ByteBuffer = ByteBuffer()) {
+            self.id = id
+            self.method = method
+            self.timeout = timeout
+            self.body = body
+        }
+    }
+
+    /// RESPONSE: the outcome of the request with the same id.
+    public struct Response: Sendable, Hashable {
+        /// The id of the request this answers.
+        public var id: UInt64
+        /// ``StatusCode/ok`` or why the request failed.
+        public var status: StatusCode
+        /// A human-readable explanation; empty on success.
+        public var message: String
+        /// The reply's content.
+        public var body: ByteBuffer
+
+        public init(id: UInt64, status: StatusCode = .ok, message: String = "", body: ByteBuffer = ByteBuffer()) {
+            self.id = id
+            self.status = status
+            self.message = message
+            self.body = body
+        }
+    }
+
+    /// PUSH: a message the gateway sends on a topic without being asked.
+    public struct Push: Sendable, Hashable {
+        /// The topic subscribers select pushes by, at most 65,535 bytes of UTF-8.
+        public var topic: String
+        /// The push's content.
+        public var body: ByteBuffer
+
+        public init(topic: String, body: ByteBuffer = ByteBuffer()) {
+            self.topic = topic
+            self.body = body
+        }
+    }
+
+    /// PING and PONG: a liveness probe and its answer, which echoes `id` and `data`.
+    public struct Ping: Sendable, Hashable {
+        /// An identifier chosen by the pinging side.
+        public var id: UInt64
+        /// Opaque bytes chosen by the pinging side (for example a timestamp), echoed in the PONG.
+        public var data: ByteBuffer
+
+        public init(id: UInt64, data: ByteBuffer = ByteBuffer()) {
+            self.id = id
+            self.data = data
+        }
+    }
+
+    /// CANCEL: the client abandons the request with this id.
+    public struct Cancel: Sendable, Hashable {
+        public var requestID: UInt64
+        public init(requestID: UInt64) { self.requestID = requestID }
+    }
+
+    /// GOAWAY: the gateway is closing the connection once requests in flight are answered.
+    public struct GoAway: Sendable, Hashable {
+        /// Why the gateway is going away.
+        public var reason: Reason
+        /// How long the client should wait before it connects again.
+        public var retryAfter: Duration
+        /// Where the client should connect instead (`host:port`), if anywhere in particular.
+        public var alternateEndpoint: String?
+        /// A human-readable explanation.
+        public var message: String
+
+        public init(reason: Reason, retryAfter: Duration = .zero, alternateEndpoint: String? = nil, message: String = "") {
+            self.reason = reason
+            self.retryAfter = retryAfter
+            self.alternateEndpoint = alternateEndpoint
+            self.message = message
+        }
+
+        /// The reason code of a GOAWAY frame.
+        public struct Reason: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+            public var rawValue: UInt16
+            public init(rawValue: UInt16) { self.rawValue = rawValue }
+
+            /// The gateway is shutting down.
+            public static let shutdown = Reason(rawValue: 0)
+            /// The client sent nothing for longer than the idle timeout.
+            public static let idleTimeout = Reason(rawValue: 1)
+            /// The operator moves clients elsewhere (rebalancing, maintenance).
+            public static let maintenance = Reason(rawValue: 2)
+            /// The gateway is overloaded.
+            public static let overloaded = Reason(rawValue: 3)
+
+            public var description: String {
+                switch self {
+                case .shutdown: "shutdown"
+                case .idleTimeout: "idle timeout"
+                case .maintenance: "maintenance"
+                case .overloaded: "overloaded"
+                default: "reason \(self.rawValue)"
+                }
+            }
+        }
+    }
+
+    /// ERROR: a connection-level error. Its sender closes the connection after sending it.
+    public struct ErrorReport: Sendable, Hashable {
+        /// The id of the frame that caused the error, or 0.
+        public var relatedID: UInt64
+        /// What went wrong.
+        public var code: StatusCode
+        /// A human-readable explanation.
+        public var message: String
+
+        public init(code: StatusCode, message: String, relatedID: UInt64 = 0) {
+            self.code = code
+            self.message = message
+            self.relatedID = relatedID
+        }
+    }
+
+    /// A frame of an extension type (`0x80`–`0xFF`), carried through uninterpreted.
+    public struct Extension: Sendable, Hashable {
+        public var type: FrameType
+        public var id: UInt64
+        public var body: ByteBuffer
+
+        public init(type: FrameType, id: UInt64 = 0, body: ByteBuffer = ByteBuffer()) {
+            precondition(type.isIgnorableExtension, "extension frame types are 0x80-0xFF")
+            self.type = type
+            self.id = id
+            self.body = body
+        }
+    }
+}
+
+/// Optional protocol features, negotiated in HELLO and WELCOME.
+///
+/// Bits other than those defined here are reserved: a client may offer them, a gateway must
+/// never accept a bit it does not know.
+public struct Features: OptionSet, Hashable, Sendable {
+    public var rawValue: UInt32
+    public init(rawValue: UInt32) { self.rawValue = rawValue }
+
+    /// Every frame after the handshake carries a CRC-32C checksum.
+    public static let checksum = Features(rawValue: 1 << 0)
+
+    /// The features this implementation knows.
+    public static let known: Features = [.checksum]
+}

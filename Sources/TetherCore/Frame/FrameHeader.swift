@@ -1,0 +1,80 @@
+/// Constants of the fixed frame header (see PROTOCOL.md, "Frame header").
+///
+/// ```
+///  0      2   3   4       6           10                  18          22          26
+///  +------+---+---+-------+-----------+-------------------+-----------+-----------+------
+///  |magic |ver|typ| flags |  stream   |        id         |  length   | checksum  | body…
+///  +------+---+---+-------+-----------+-------------------+-----------+-----------+------
+/// ```
+/// All integers are big-endian.
+public enum FrameHeader {
+    /// The two bytes every frame starts with: ASCII "TH".
+    public static let magic: UInt16 = 0x5448
+    /// The size of the fixed header in bytes.
+    public static let size = 26
+    /// The number of header bytes covered by the checksum (everything before the checksum field).
+    public static let checksummedSize = 22
+    /// The offset of the body-length field.
+    public static let lengthOffset = 18
+    /// The offset of the checksum field.
+    public static let checksumOffset = 22
+    /// The largest body a peer may ever announce, whatever it negotiates (16 MiB).
+    public static let absoluteMaximumBodySize = 16 * 1024 * 1024
+    /// The body limit in force before the handshake has negotiated one (64 KiB).
+    public static let handshakeMaximumBodySize = 64 * 1024
+}
+
+/// The type byte of a frame.
+///
+/// Types `0x01`–`0x0A` are defined by protocol version 1; `0x10`–`0x1F` are reserved for
+/// reliable delivery; `0x80`–`0xFF` are extension frames, which a receiver that does not know
+/// them ignores. Any other unknown type is a protocol error.
+public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public var rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    public static let hello = FrameType(rawValue: 0x01)
+    public static let welcome = FrameType(rawValue: 0x02)
+    public static let request = FrameType(rawValue: 0x03)
+    public static let response = FrameType(rawValue: 0x04)
+    public static let push = FrameType(rawValue: 0x05)
+    public static let ping = FrameType(rawValue: 0x06)
+    public static let pong = FrameType(rawValue: 0x07)
+    public static let cancel = FrameType(rawValue: 0x08)
+    public static let goAway = FrameType(rawValue: 0x09)
+    public static let error = FrameType(rawValue: 0x0A)
+
+    /// Whether a receiver that does not know this type must ignore the frame (types `0x80`–`0xFF`).
+    public var isIgnorableExtension: Bool { self.rawValue >= 0x80 }
+
+    public var description: String {
+        switch self {
+        case .hello: "HELLO"
+        case .welcome: "WELCOME"
+        case .request: "REQUEST"
+        case .response: "RESPONSE"
+        case .push: "PUSH"
+        case .ping: "PING"
+        case .pong: "PONG"
+        case .cancel: "CANCEL"
+        case .goAway: "GOAWAY"
+        case .error: "ERROR"
+        default: "TYPE(0x\(String(self.rawValue, radix: 16)))"
+        }
+    }
+}
+
+/// The flag bits of a frame header.
+///
+/// Version 1 defines only ``checksum``; every other bit must be zero, and a receiver rejects a
+/// frame that sets one. Later features claim bits only once both peers negotiated them.
+public struct FrameFlags: OptionSet, Hashable, Sendable {
+    public var rawValue: UInt16
+    public init(rawValue: UInt16) { self.rawValue = rawValue }
+
+    /// The checksum field holds the CRC-32C of header bytes 0–21 followed by the body.
+    public static let checksum = FrameFlags(rawValue: 0x0001)
+
+    /// Every flag version 1 knows.
+    public static let known: FrameFlags = [.checksum]
+}

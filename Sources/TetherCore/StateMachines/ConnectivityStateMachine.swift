@@ -1,0 +1,253 @@
+/// The client's connection lifecycle across reconnects: which endpoint to try next, when to
+/// back off, when to give up.
+///
+/// The machine performs no I/O and reads no clock. Its driver (the client's run loop) reports
+/// what happened and performs the returned ``Action``: connect, sleep, close, stop.
+///
+/// ```
+///        start                 connectSucceeded
+///  idle ───────▶ connecting ─────────────────────▶ connected ──goAway──▶ draining
+///                 ▲  │ connectFailed                 │ connectionClosed      │ connectionClosed
+///                 │  ▼ (all endpoints tried)         ▼                       ▼
+///                 └── backingOff ◀────────────────────┴───────────────────────┘
+///  any state ──shutdown──▶ shutDown;   too many failures ──▶ failed
+/// ```
+///
+/// - Endpoints are tried in turn; only after every endpoint failed once does the machine back
+///   off, exponentially per failed round (see ``Backoff``).
+/// - A connection that lived at least `stableAfter` resets the failure count; one that dropped
+///   sooner counts as a failed attempt, so a gateway that accepts and immediately closes
+///   cannot cause a tight reconnect loop.
+/// - After a stable connection drops, the first reconnect waits a random delay between zero
+///   and the initial backoff, which spreads the reconnects of many clients.
+/// - GOAWAY's retry-after and alternate endpoint are honoured once the connection closes.
+public struct ConnectivityStateMachine: Sendable {
+    /// The machine's fixed inputs.
+    public struct Configuration: Sendable, Hashable {
+        /// The endpoints, in order of preference; at least one.
+        public var endpoints: [Endpoint]
+        /// Delays between failed attempts.
+        public var backoff: Backoff
+        /// A connection that lasts this long counts as stable and resets the failure count.
+        public var stableAfter: Duration
+
+        public init(endpoints: [Endpoint], backoff: Backoff, stableAfter: Duration) {
+            precondition(!endpoints.isEmpty, "at least one endpoint is required")
+            self.endpoints = endpoints
+            self.backoff = backoff
+            self.stableAfter = stableAfter
+        }
+    }
+
+    /// Where the client is in its lifecycle.
+    public enum State: Hashable, Sendable {
+        case idle
+        case connecting(Endpoint, attempt: Int)
+        case connected(Endpoint)
+        case draining(Endpoint)
+        case backingOff(Duration, next: Endpoint)
+        case failed(attempts: Int)
+        case shutDown
+    }
+
+    /// What the driver must do next.
+    public enum Action: Hashable, Sendable {
+        /// Nothing.
+        case none
+        /// Open a connection to the endpoint and complete the handshake.
+        case connect(Endpoint, attempt: Int)
+        /// Wait this long, then report ``ConnectivityStateMachine/backoffElapsed()``.
+        case backOff(Duration, next: Endpoint)
+        /// Send no new requests on the current connection (it received GOAWAY).
+        case stopDispatching
+        /// Close the current connection once its requests are answered (shutting down).
+        case closeConnection
+        /// Give up: the attempt limit was reached.
+        case fail(attempts: Int)
+        /// Stop: the client is shut down.
+        case stop
+    }
+
+    public private(set) var state: State = .idle
+    private let configuration: Configuration
+    private var generator: SplitMix64
+    /// Index of the endpoint that worked last, where the next round starts.
+    private var preferredIndex = 0
+    /// Failed attempts since the last stable connection.
+    private var consecutiveFailures = 0
+    /// Rounds, since the last stable connection, in which every endpoint failed.
+    private var failedRounds = 0
+    /// Attempts at endpoints of the list since the last backoff.
+    private var triedInRound = 0
+    /// GOAWAY's instructions, applied when the draining connection closes.
+    private var goAway: (retryAfter: Duration, alternate: Endpoint?)?
+
+    /// Creates a machine in the idle state.
+    /// - Parameters:
+    ///   - configuration: Endpoints, backoff and stability threshold.
+    ///   - generator: The source of jitter; fix its seed in tests.
+    public init(configuration: Configuration, generator: SplitMix64 = SplitMix64()) {
+        self.configuration = configuration
+        self.generator = generator
+    }
+
+    /// The number of failed attempts since the last stable connection.
+    public var failures: Int { self.consecutiveFailures }
+
+    /// The client starts.
+    public mutating func start() -> Action {
+        switch self.state {
+        case .idle:
+            return self.connect(to: self.configuration.endpoints[self.preferredIndex])
+        case .shutDown:
+            return .stop
+        case .connecting, .connected, .draining, .backingOff, .failed:
+            return .none
+        }
+    }
+
+    /// The connection attempt succeeded, including the handshake.
+    public mutating func connectSucceeded() -> Action {
+        switch self.state {
+        case .connecting(let endpoint, _):
+            if let index = self.configuration.endpoints.firstIndex(of: endpoint) {
+                self.preferredIndex = index
+            }
+            self.triedInRound = 0
+            self.state = .connected(endpoint)
+            return .none
+        case .shutDown:
+            return .closeConnection
+        case .idle, .connected, .draining, .backingOff, .failed:
+            assertionFailure("connectSucceeded in state \(self.state)")
+            return .none
+        }
+    }
+
+    /// The connection attempt failed (refused, timed out, or the handshake failed).
+    public mutating func connectFailed() -> Action {
+        switch self.state {
+        case .connecting(let endpoint, _):
+            self.consecutiveFailures += 1
+            if let limit = self.configuration.backoff.maxAttempts, self.consecutiveFailures >= limit {
+                self.state = .failed(attempts: self.consecutiveFailures)
+                return .fail(attempts: self.consecutiveFailures)
+            }
+            let endpoints = self.configuration.endpoints
+            guard let index = endpoints.firstIndex(of: endpoint) else {
+                // A GOAWAY alternate failed: fall back to the list at once.
+                return self.connect(to: endpoints[self.preferredIndex])
+            }
+            self.triedInRound += 1
+            let next = endpoints[(index + 1) % endpoints.count]
+            if self.triedInRound < endpoints.count {
+                return self.connect(to: next)
+            }
+            self.triedInRound = 0
+            self.failedRounds += 1
+            return self.backOff(self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()), next: next)
+        case .shutDown:
+            return .stop
+        case .idle, .connected, .draining, .backingOff, .failed:
+            assertionFailure("connectFailed in state \(self.state)")
+            return .none
+        }
+    }
+
+    /// The gateway sent GOAWAY on the established connection.
+    /// - Parameters:
+    ///   - retryAfter: How long to wait after the connection closed before connecting again.
+    ///   - alternate: Where to connect next, if the gateway named a place.
+    public mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Action {
+        switch self.state {
+        case .connected(let endpoint):
+            self.goAway = (retryAfter, alternate)
+            self.state = .draining(endpoint)
+            return .stopDispatching
+        case .draining:
+            self.goAway = (retryAfter, alternate)
+            return .none
+        case .idle, .connecting, .backingOff, .failed, .shutDown:
+            return .none
+        }
+    }
+
+    /// The established connection closed.
+    /// - Parameter uptime: How long the connection was established.
+    public mutating func connectionClosed(uptime: Duration) -> Action {
+        let endpoint: Endpoint
+        switch self.state {
+        case .connected(let current), .draining(let current):
+            endpoint = current
+        case .shutDown:
+            return .stop
+        case .idle, .connecting, .backingOff, .failed:
+            assertionFailure("connectionClosed in state \(self.state)")
+            return .none
+        }
+
+        let wasStable = uptime >= self.configuration.stableAfter
+        if wasStable {
+            self.consecutiveFailures = 0
+            self.failedRounds = 0
+        }
+        if let goAway = self.goAway {
+            self.goAway = nil
+            let endpoints = self.configuration.endpoints
+            let next = goAway.alternate ?? endpoints[((endpoints.firstIndex(of: endpoint) ?? -1) + 1) % endpoints.count]
+            return self.backOff(goAway.retryAfter, next: next)
+        }
+        if wasStable {
+            let initial = Backoff.seconds(self.configuration.backoff.initial)
+            return self.backOff(.nanoseconds(Int64(initial * self.generator.nextUnit() * 1e9)), next: endpoint)
+        }
+        // It dropped before becoming stable: that counts as a failed attempt.
+        self.consecutiveFailures += 1
+        if let limit = self.configuration.backoff.maxAttempts, self.consecutiveFailures >= limit {
+            self.state = .failed(attempts: self.consecutiveFailures)
+            return .fail(attempts: self.consecutiveFailures)
+        }
+        self.failedRounds += 1
+        return self.backOff(self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()), next: endpoint)
+    }
+
+    /// The delay of a ``Action/backOff(_:next:)`` passed.
+    public mutating func backoffElapsed() -> Action {
+        switch self.state {
+        case .backingOff(_, let next):
+            return self.connect(to: next)
+        case .shutDown:
+            return .stop
+        case .idle, .connecting, .connected, .draining, .failed:
+            assertionFailure("backoffElapsed in state \(self.state)")
+            return .none
+        }
+    }
+
+    /// The client shuts down.
+    public mutating func shutdown() -> Action {
+        switch self.state {
+        case .connected, .draining:
+            self.state = .shutDown
+            return .closeConnection
+        case .idle, .connecting, .backingOff, .failed:
+            // A connect in progress ends by itself (bounded by the connect timeout); the driver
+            // then reports it and gets `.closeConnection` or `.stop`.
+            self.state = .shutDown
+            return .stop
+        case .shutDown:
+            return .none
+        }
+    }
+
+    private mutating func connect(to endpoint: Endpoint) -> Action {
+        let attempt = self.consecutiveFailures + 1
+        self.state = .connecting(endpoint, attempt: attempt)
+        return .connect(endpoint, attempt: attempt)
+    }
+
+    private mutating func backOff(_ delay: Duration, next: Endpoint) -> Action {
+        self.state = .backingOff(delay, next: next)
+        return .backOff(delay, next: next)
+    }
+}

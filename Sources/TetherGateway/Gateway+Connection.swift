@@ -1,0 +1,176 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import TetherCore
+
+extension Gateway {
+    /// Serves one connection from handshake to close.
+    func serve(_ connection: AcceptedConnection) async {
+        let channel = connection.channel.channel
+        let remoteAddress = channel.remoteAddress?.description
+        if let goAway = self.registry.add(connection.id, channel: channel, remoteAddress: remoteAddress) {
+            channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
+        }
+        defer { self.registry.remove(connection.id) }
+        let logger = connection.logger
+        do {
+            try await connection.channel.executeThenClose { inbound, outbound in
+                var frames = inbound.makeAsyncIterator()
+                // The protocol handler lets nothing but a HELLO through first.
+                guard let first = try await frames.next(), case .hello(let hello) = first.payload else { return }
+                guard
+                    let info = try await self.handshake(
+                        hello,
+                        connectionID: connection.id,
+                        remoteAddress: remoteAddress,
+                        outbound: outbound,
+                        logger: logger
+                    )
+                else { return }
+                logger.debug("client connected", metadata: ["client": "\(info.clientID)", "remote": "\(remoteAddress ?? "-")"])
+                try await self.serveRequests(from: &frames, connection: info, outbound: outbound, logger: logger)
+            }
+        } catch {
+            logger.debug("connection ended with an error", metadata: ["error": "\(error)"])
+        }
+        logger.debug("connection closed")
+    }
+
+    /// Negotiates, authenticates, registers and welcomes the client.
+    /// - Returns: The connection's identity, or `nil` if the client was refused (ERROR sent).
+    private func handshake(
+        _ hello: Frame.Hello,
+        connectionID: UInt64,
+        remoteAddress: String?,
+        outbound: NIOAsyncChannelOutboundWriter<Frame>,
+        logger: Logger
+    ) async throws -> ConnectionInfo? {
+        let welcome: Frame.Welcome
+        switch Handshake.accept(hello, policy: self.configuration.handshakePolicy, connectionID: connectionID) {
+        case .failure(let error):
+            logger.info("handshake refused", metadata: ["error": "\(error)"])
+            try await outbound.write(Frame(.error(.init(code: error.code, message: error.message))))
+            return nil
+        case .success(let accepted):
+            welcome = accepted.0
+        }
+        if let authenticator = self.authenticator {
+            do {
+                try await authenticator(
+                    HandshakeInfo(clientID: hello.clientID, authToken: hello.authToken, userAgent: hello.userAgent, remoteAddress: remoteAddress)
+                )
+            } catch {
+                let message = (error as? RequestError)?.message ?? "authentication failed"
+                logger.info("client refused by the authenticator", metadata: ["client": "\(hello.clientID)", "error": "\(error)"])
+                try await outbound.write(Frame(.error(.init(code: .unauthenticated, message: message))))
+                return nil
+            }
+        }
+        guard let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent) else {
+            return nil
+        }
+        try await outbound.write(Frame(.welcome(welcome)))
+        return info
+    }
+
+    /// Runs a handler per REQUEST, at most the configured number at once, until the connection closes.
+    private func serveRequests(
+        from frames: inout NIOAsyncChannelInboundStream<Frame>.AsyncIterator,
+        connection: ConnectionInfo,
+        outbound: NIOAsyncChannelOutboundWriter<Frame>,
+        logger: Logger
+    ) async throws {
+        let slots = AsyncSemaphore(permits: self.configuration.limits.maxConcurrentRequestsPerConnection)
+        let inFlight = NIOLockedValueBox<[UInt64: RequestSignal]>([:])
+        try await withThrowingDiscardingTaskGroup { group in
+            while let frame = try await frames.next() {
+                switch frame.payload {
+                case .request(let request):
+                    // Waiting here stops reading from the socket: TCP backpressure, not refusals.
+                    try await slots.acquire()
+                    let signal = RequestSignal()
+                    inFlight.withLockedValue { $0[request.id] = signal }
+                    group.addTask {
+                        await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
+                        inFlight.withLockedValue { _ = $0.removeValue(forKey: request.id) }
+                        slots.release()
+                    }
+                case .cancel(let cancel):
+                    inFlight.withLockedValue { $0[cancel.requestID] }?.cancel()
+                default:
+                    break
+                }
+            }
+            // The connection is gone: answers can no longer be delivered, so stop the handlers.
+            group.cancelAll()
+        }
+    }
+
+    private enum Outcome: Sendable {
+        case replied(ByteBuffer)
+        case threw(any Error)
+        case cancelled
+    }
+
+    /// Runs one handler, racing it against cancellation, and writes the RESPONSE.
+    ///
+    /// Deadlines are the protocol handler's job: when one passes it answers the client and
+    /// cancels the request through `signal`, like a CANCEL from the client.
+    private func execute(
+        _ request: Frame.Request,
+        signal: RequestSignal,
+        connection: ConnectionInfo,
+        outbound: NIOAsyncChannelOutboundWriter<Frame>,
+        logger: Logger
+    ) async {
+        guard let handler = self.routes.withLockedValue({ $0[request.method] }) else {
+            let response = Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for method '\(request.method)'")
+            try? await outbound.write(Frame(.response(response)))
+            return
+        }
+        let limit = self.configuration.timeouts.handler
+        let timeout = request.timeout.map { min($0, limit) } ?? limit
+        var requestLogger = logger
+        requestLogger[metadataKey: "tether.request"] = "\(request.id)"
+        requestLogger[metadataKey: "tether.method"] = "\(request.method)"
+        let context = RequestContext(connection: connection, logger: requestLogger, gateway: self)
+        let gatewayRequest = GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
+
+        await withTaskGroup(of: Outcome.self) { group in
+            group.addTask {
+                do {
+                    return .replied(try await handler(gatewayRequest, context))
+                } catch {
+                    return .threw(error)
+                }
+            }
+            group.addTask {
+                // Returns early only when cancelled; if the handler wins, this child is cancelled instead.
+                _ = await signal.wait()
+                return .cancelled
+            }
+            let first = await group.next()!
+            group.cancelAll()
+            // Answer now; a handler that ignores cancellation must not delay the response.
+            guard !signal.isCancelled, !Task.isCancelled,
+                let response = self.response(to: request, outcome: first, logger: requestLogger)
+            else { return }
+            try? await outbound.write(Frame(.response(response)))
+        }
+    }
+
+    private func response(to request: Frame.Request, outcome: Outcome, logger: Logger) -> Frame.Response? {
+        switch outcome {
+        case .replied(let body):
+            return Frame.Response(id: request.id, status: .ok, body: body)
+        case .cancelled:
+            return nil
+        case .threw(let error as RequestError):
+            return Frame.Response(id: request.id, status: error.status, message: error.message)
+        case .threw(let error):
+            logger.error("handler failed", metadata: ["error": "\(error)"])
+            let message = self.configuration.exposeHandlerErrors ? "\(error)" : "internal error in '\(request.method)'"
+            return Frame.Response(id: request.id, status: .internalError, message: message)
+        }
+    }
+}

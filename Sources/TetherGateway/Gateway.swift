@@ -1,0 +1,302 @@
+import Atomics
+public import Logging
+import NIOConcurrencyHelpers
+public import NIOCore
+import NIOPosix
+public import ServiceLifecycle
+import TetherCore
+import TetherNIO
+
+/// The Tether gateway: the server apps keep their long-lived connections to.
+///
+/// It accepts connections, performs the handshake, routes REQUEST frames to the handlers
+/// registered with ``handle(_:_:)``, pushes to connections, clients and rooms, answers PINGs,
+/// closes idle connections, and shuts down gracefully: GOAWAY to every client, requests in
+/// flight finish, then connections close.
+///
+/// ```swift
+/// let gateway = try Gateway(configuration: .defaults)
+/// gateway.handle("echo") { request, _ in request.body }
+/// gateway.handle("room.join") { request, context in
+///     context.join(String(buffer: request.body))
+///     return ByteBuffer(string: "joined")
+/// }
+/// try await gateway.run()  // or add it to a ServiceGroup
+/// ```
+public final class Gateway: Service, Sendable {
+    /// A request handler: returns the reply body, or throws ``RequestError`` for a specific status.
+    public typealias Handler = @Sendable (GatewayRequest, RequestContext) async throws -> ByteBuffer
+    /// Checks a client's credentials during the handshake; throwing refuses the client
+    /// (`unauthenticated`, with the ``RequestError/message`` if it is a ``RequestError``).
+    public typealias Authenticator = @Sendable (HandshakeInfo) async throws -> Void
+
+    /// The configuration the gateway was created with.
+    public let configuration: GatewayConfiguration
+    let eventLoopGroup: any EventLoopGroup
+    let logger: Logger
+    let authenticator: Authenticator?
+    let routes = NIOLockedValueBox<[String: Handler]>([:])
+    let registry = ConnectionRegistry()
+    let connectionIDs = ManagedAtomic<UInt64>(1)
+    let lifecycle = NIOLockedValueBox(Lifecycle())
+    let handedOver: AsyncStream<AcceptedConnection>
+    let handOver: AsyncStream<AcceptedConnection>.Continuation
+
+    /// Creates a gateway; it accepts connections once ``run()`` is called.
+    /// - Parameters:
+    ///   - configuration: Listening address, limits, timeouts, checksum policy.
+    ///   - eventLoopGroup: Where connections' I/O runs; NIO's shared group if `nil`.
+    ///   - authenticate: Checks each client's HELLO; `nil` accepts everyone.
+    ///   - logger: Where the gateway logs connections and errors.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
+    public init(
+        configuration: GatewayConfiguration = .defaults,
+        eventLoopGroup: (any EventLoopGroup)? = nil,
+        authenticate: Authenticator? = nil,
+        logger: Logger = Logger(label: "tether.gateway")
+    ) throws(GatewayError) {
+        do {
+            try configuration.validate()
+        } catch {
+            throw GatewayError(code: .invalidConfiguration, message: error.message)
+        }
+        self.configuration = configuration
+        self.eventLoopGroup = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
+        self.authenticator = authenticate
+        self.logger = logger
+        (self.handedOver, self.handOver) = AsyncStream.makeStream(of: AcceptedConnection.self)
+    }
+
+    /// Registers the handler of `method`, replacing any earlier one. Safe to call at any time.
+    /// - Parameters:
+    ///   - method: The method clients call, e.g. `room.enter`.
+    ///   - handler: Produces the reply; runs concurrently with other requests.
+    public func handle(_ method: String, _ handler: @escaping Handler) {
+        self.routes.withLockedValue { $0[method] = handler }
+    }
+
+    /// The established connections.
+    public var connections: [ConnectionInfo] { self.registry.established }
+
+    /// The address the gateway listens on, once it is bound (useful with port 0).
+    /// - Throws: ``GatewayError`` if the gateway has no TCP listener, failed to bind, or shut
+    ///   down before binding.
+    public var listeningAddress: SocketAddress {
+        get async throws(GatewayError) {
+            if self.configuration.listen == nil {
+                throw GatewayError(code: .notListening, message: "the configuration has no TCP listener")
+            }
+            let result: Result<SocketAddress, GatewayError> = await withCheckedContinuation { continuation in
+                let ready: Result<SocketAddress, GatewayError>? = self.lifecycle.withLockedValue { lifecycle in
+                    if let address = lifecycle.address { return address }
+                    lifecycle.addressWaiters.append(continuation)
+                    return nil
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+            return try result.get()
+        }
+    }
+
+    /// Accepts connections until ``shutdown()`` (or the service group's graceful shutdown),
+    /// then drains them and returns.
+    /// - Throws: ``GatewayError`` if the listener cannot be bound, or `run()` was already called.
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await self.serve()
+        } onGracefulShutdown: {
+            self.shutdown()
+        }
+    }
+
+    /// Shuts down gracefully: stops accepting, sends GOAWAY to every client, lets requests in
+    /// flight finish (up to ``GatewayConfiguration/Timeouts-swift.struct/shutdownGracePeriod``),
+    /// closes the connections; then ``run()`` returns. Calling it again has no effect.
+    public func shutdown() {
+        let server: (any Channel)?? = self.lifecycle.withLockedValue { lifecycle in
+            guard !lifecycle.shuttingDown else { return .none }
+            lifecycle.shuttingDown = true
+            return .some(lifecycle.serverChannel)
+        }
+        guard let server else { return }
+        self.logger.info("shutting down", metadata: ["connections": "\(self.registry.established.count)"])
+        server?.close(promise: nil)
+        self.handOver.finish()
+        let goAway = Frame.GoAway(
+            reason: .shutdown,
+            retryAfter: self.configuration.goAway.retryAfter,
+            alternateEndpoint: self.configuration.goAway.alternateEndpoint?.description,
+            message: "the gateway is shutting down"
+        )
+        for channel in self.registry.beginDraining(with: goAway) {
+            channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
+        }
+        self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
+    }
+
+    /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket
+    /// upgrade, …). The channel's pipeline must already read and write ``Frame``s; the gateway
+    /// adds its protocol handler on top.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notRunning`` if the gateway shut down.
+    public func accept(_ channel: any Channel) async throws(GatewayError) {
+        let accepted: AcceptedConnection
+        do {
+            accepted = try await channel.eventLoop.submit { try self.configure(channel) }.get()
+        } catch {
+            channel.close(promise: nil)
+            throw GatewayError(code: .notRunning, message: "could not set up the connection: \(error)")
+        }
+        if case .terminated = self.handOver.yield(accepted) {
+            channel.close(promise: nil)
+            throw GatewayError(code: .notRunning, message: "the gateway is shut down")
+        }
+    }
+
+    // MARK: Serving
+
+    private func serve() async throws {
+        let alreadyRunning = self.lifecycle.withLockedValue { lifecycle in
+            defer { lifecycle.started = true }
+            return lifecycle.started
+        }
+        if alreadyRunning {
+            throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
+        }
+        defer { self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
+
+        try await withThrowingDiscardingTaskGroup { group in
+            if let listen = self.configuration.listen, !self.lifecycle.withLockedValue({ $0.shuttingDown }) {
+                let server = try await self.bind(listen)
+                group.addTask {
+                    try await server.executeThenClose { inbound in
+                        try await withThrowingDiscardingTaskGroup { connections in
+                            for try await connection in inbound {
+                                connections.addTask { await self.serve(connection) }
+                            }
+                        }
+                    }
+                }
+            }
+            group.addTask {
+                await withDiscardingTaskGroup { connections in
+                    for await connection in self.handedOver {
+                        connections.addTask { await self.serve(connection) }
+                    }
+                }
+            }
+        }
+        self.logger.info("stopped")
+    }
+
+    private func bind(_ listen: GatewayConfiguration.Listen) async throws -> NIOAsyncChannel<AcceptedConnection, Never> {
+        let server: NIOAsyncChannel<AcceptedConnection, Never>
+        do {
+            server = try await ServerBootstrap(group: self.eventLoopGroup)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .serverChannelOption(.backlog, value: 1024)
+                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+                .bind(host: listen.host, port: listen.port) { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                        return try self.configure(channel)
+                    }
+                }
+        } catch {
+            let failure = GatewayError(code: .bindFailed, message: "cannot listen on \(listen.host):\(listen.port): \(error)")
+            self.resolveAddress(.failure(failure))
+            throw failure
+        }
+        let address = server.channel.localAddress
+        let shutDown = self.lifecycle.withLockedValue { lifecycle in
+            lifecycle.serverChannel = server.channel
+            return lifecycle.shuttingDown
+        }
+        if shutDown { server.channel.close(promise: nil) }
+        if let address {
+            self.logger.info("listening", metadata: ["address": "\(address)"])
+            self.resolveAddress(.success(address))
+        }
+        return server
+    }
+
+    /// Adds the protocol handler and the async wrapper to a channel that reads and writes frames.
+    /// Runs on the channel's event loop.
+    private func configure(_ channel: any Channel) throws -> AcceptedConnection {
+        let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
+        var logger = self.logger
+        logger[metadataKey: "tether.connection"] = "\(id)"
+        let timeouts = self.configuration.timeouts
+        let handler = GatewayConnectionHandler(
+            configuration: .init(
+                handshakeTimeout: TimeAmount(timeouts.handshake),
+                handlerTimeout: TimeAmount(timeouts.handler),
+                idleTimeout: TimeAmount(timeouts.idle),
+                shutdownGracePeriod: TimeAmount(timeouts.shutdownGracePeriod),
+                maxInboundBodySize: self.configuration.limits.maxBodySize
+            ),
+            logger: logger
+        )
+        try channel.pipeline.syncOperations.addHandler(handler)
+        let asyncChannel = try NIOAsyncChannel<Frame, Frame>(wrappingChannelSynchronously: channel)
+        return AcceptedConnection(id: id, channel: asyncChannel, logger: logger)
+    }
+
+    private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {
+        let waiters = self.lifecycle.withLockedValue { lifecycle in
+            if lifecycle.address == nil { lifecycle.address = result }
+            defer { lifecycle.addressWaiters.removeAll() }
+            return (lifecycle.addressWaiters, lifecycle.address!)
+        }
+        for waiter in waiters.0 { waiter.resume(returning: waiters.1) }
+    }
+}
+
+extension Gateway {
+    struct Lifecycle {
+        var started = false
+        var shuttingDown = false
+        var serverChannel: (any Channel)?
+        var address: Result<SocketAddress, GatewayError>?
+        var addressWaiters: [CheckedContinuation<Result<SocketAddress, GatewayError>, Never>] = []
+    }
+
+    /// A connection with the gateway's handlers installed, waiting to be served.
+    struct AcceptedConnection: Sendable {
+        var id: UInt64
+        var channel: NIOAsyncChannel<Frame, Frame>
+        var logger: Logger
+    }
+}
+
+/// An error of the gateway's own API (not of a request).
+public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        enum Wrapped: Hashable, Sendable { case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument }
+        let wrapped: Wrapped
+
+        /// The configuration is invalid.
+        public static let invalidConfiguration = Code(wrapped: .invalidConfiguration)
+        /// The listening socket could not be bound.
+        public static let bindFailed = Code(wrapped: .bindFailed)
+        /// The gateway is not listening on TCP (none configured, or not any more).
+        public static let notListening = Code(wrapped: .notListening)
+        /// The gateway is shut down.
+        public static let notRunning = Code(wrapped: .notRunning)
+        /// ``Gateway/run()`` was called twice.
+        public static let alreadyRunning = Code(wrapped: .alreadyRunning)
+        /// An argument was invalid, for example an empty push topic.
+        public static let invalidArgument = Code(wrapped: .invalidArgument)
+
+        public var description: String { "\(self.wrapped)" }
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(code: Code, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(self.code): \(self.message)" }
+}

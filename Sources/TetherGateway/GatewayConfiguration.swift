@@ -1,0 +1,195 @@
+public import TetherCore
+
+/// Everything a ``Gateway`` needs to know, as nested value types with defaults.
+///
+/// ```swift
+/// var configuration = GatewayConfiguration.defaults
+/// configuration.listen = .init(host: "0.0.0.0", port: 7700)
+/// configuration.timeouts.handler = .seconds(5)
+/// ```
+public struct GatewayConfiguration: Sendable, Hashable {
+    /// Where to accept TCP connections; `nil` accepts only connections handed to
+    /// ``Gateway/accept(_:)`` (for example by an in-process or WebSocket transport).
+    public var listen: Listen?
+    /// The name sent in WELCOME, for the clients' logs.
+    public var serverName: String
+    /// Size and concurrency limits.
+    public var limits: Limits
+    /// Handshake, handler, heartbeat, idle and shutdown timing.
+    public var timeouts: Timeouts
+    /// Whether frames carry CRC-32C checksums.
+    public var checksums: ChecksumPolicy
+    /// What GOAWAY tells clients when the gateway shuts down.
+    public var goAway: GoAway
+    /// Whether a handler's unexpected error text is sent to the client (off: the client gets
+    /// a generic `internal error` and the error is only logged).
+    public var exposeHandlerErrors: Bool
+
+    /// Listens on 127.0.0.1:7700 with the defaults below.
+    public static var defaults: GatewayConfiguration {
+        GatewayConfiguration(
+            listen: .defaults,
+            serverName: "tether-gateway",
+            limits: .defaults,
+            timeouts: .defaults,
+            checksums: .optional,
+            goAway: .defaults,
+            exposeHandlerErrors: false
+        )
+    }
+
+    public init(
+        listen: Listen?,
+        serverName: String,
+        limits: Limits,
+        timeouts: Timeouts,
+        checksums: ChecksumPolicy,
+        goAway: GoAway,
+        exposeHandlerErrors: Bool
+    ) {
+        self.listen = listen
+        self.serverName = serverName
+        self.limits = limits
+        self.timeouts = timeouts
+        self.checksums = checksums
+        self.goAway = goAway
+        self.exposeHandlerErrors = exposeHandlerErrors
+    }
+
+    /// Checks every value.
+    /// - Throws: ``ConfigurationError`` naming the first invalid value.
+    public func validate() throws(ConfigurationError) {
+        if let listen = self.listen {
+            guard !listen.host.isEmpty, (0...65535).contains(listen.port) else {
+                throw ConfigurationError("listen needs a host and a port from 0 to 65535")
+            }
+        }
+        guard self.serverName.utf8.count <= Int(UInt16.max) else { throw ConfigurationError("serverName is too long") }
+        try self.limits.validate()
+        try self.timeouts.validate()
+    }
+
+    /// A TCP listening address.
+    public struct Listen: Sendable, Hashable {
+        /// The address to bind, e.g. `127.0.0.1`, `0.0.0.0` or `::`.
+        public var host: String
+        /// The port; 0 picks a free one (see ``Gateway/listeningAddress``).
+        public var port: Int
+
+        public init(host: String = "127.0.0.1", port: Int = 7700) {
+            self.host = host
+            self.port = port
+        }
+
+        public static var defaults: Listen { Listen() }
+    }
+
+    /// Size and concurrency limits.
+    public struct Limits: Sendable, Hashable {
+        /// The largest frame body accepted from a client (after the handshake).
+        public var maxBodySize: Int
+        /// Handlers run at once per connection; further requests wait (the gateway stops
+        /// reading from that connection until a handler finishes).
+        public var maxConcurrentRequestsPerConnection: Int
+
+        public init(maxBodySize: Int = 1 << 20, maxConcurrentRequestsPerConnection: Int = 512) {
+            self.maxBodySize = maxBodySize
+            self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
+        }
+
+        public static var defaults: Limits { Limits() }
+
+        public func validate() throws(ConfigurationError) {
+            guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
+                throw ConfigurationError("limits.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)")
+            }
+            guard self.maxConcurrentRequestsPerConnection >= 1 else {
+                throw ConfigurationError("limits.maxConcurrentRequestsPerConnection must be at least 1")
+            }
+        }
+    }
+
+    /// Handshake, handler, heartbeat, idle and shutdown timing.
+    public struct Timeouts: Sendable, Hashable {
+        /// A client must complete the handshake (HELLO, authentication, WELCOME) within this.
+        public var handshake: Duration
+        /// The longest a handler may run, whatever timeout the client asked for.
+        public var handler: Duration
+        /// The heartbeat interval announced to clients in WELCOME.
+        public var heartbeatInterval: Duration
+        /// A connection silent for this long is closed; must exceed the heartbeat interval.
+        public var idle: Duration
+        /// After GOAWAY, the longest the gateway waits for requests in flight before closing.
+        public var shutdownGracePeriod: Duration
+
+        public init(
+            handshake: Duration = .seconds(10),
+            handler: Duration = .seconds(30),
+            heartbeatInterval: Duration = .seconds(10),
+            idle: Duration = .seconds(30),
+            shutdownGracePeriod: Duration = .seconds(10)
+        ) {
+            self.handshake = handshake
+            self.handler = handler
+            self.heartbeatInterval = heartbeatInterval
+            self.idle = idle
+            self.shutdownGracePeriod = shutdownGracePeriod
+        }
+
+        public static var defaults: Timeouts { Timeouts() }
+
+        public func validate() throws(ConfigurationError) {
+            for (name, value) in [("handshake", self.handshake), ("handler", self.handler), ("heartbeatInterval", self.heartbeatInterval)]
+            where value <= .zero {
+                throw ConfigurationError("timeouts.\(name) must be positive")
+            }
+            guard self.idle > self.heartbeatInterval else {
+                throw ConfigurationError("timeouts.idle must exceed timeouts.heartbeatInterval (clients ping once per interval)")
+            }
+            guard self.shutdownGracePeriod >= .zero else { throw ConfigurationError("timeouts.shutdownGracePeriod must not be negative") }
+            let limit = Duration.milliseconds(Int64(UInt32.max))
+            guard self.heartbeatInterval <= limit, self.idle <= limit else {
+                throw ConfigurationError("timeouts must fit in 32-bit milliseconds (about 49 days)")
+            }
+        }
+    }
+
+    /// Whether frames carry CRC-32C checksums.
+    public enum ChecksumPolicy: Sendable, Hashable {
+        /// Never negotiate checksums (HELLO and WELCOME still carry one).
+        case disabled
+        /// Use them when the client offers them.
+        case optional
+        /// Refuse clients that do not offer them.
+        case required
+    }
+
+    /// What GOAWAY tells clients when the gateway shuts down.
+    public struct GoAway: Sendable, Hashable {
+        /// How long clients should wait before reconnecting.
+        public var retryAfter: Duration
+        /// Where clients should reconnect instead, if anywhere in particular.
+        public var alternateEndpoint: Endpoint?
+
+        public init(retryAfter: Duration = .milliseconds(500), alternateEndpoint: Endpoint? = nil) {
+            self.retryAfter = retryAfter
+            self.alternateEndpoint = alternateEndpoint
+        }
+
+        public static var defaults: GoAway { GoAway() }
+    }
+
+    /// The handshake policy these settings amount to.
+    var handshakePolicy: Handshake.GatewayPolicy {
+        let features: Features = self.checksums == .disabled ? [] : .checksum
+        return Handshake.GatewayPolicy(
+            features: features,
+            requiredFeatures: self.checksums == .required ? .checksum : [],
+            heartbeatInterval: self.timeouts.heartbeatInterval,
+            idleTimeout: self.timeouts.idle,
+            maxBodySize: UInt32(self.limits.maxBodySize),
+            maxConcurrentRequests: UInt32(self.limits.maxConcurrentRequestsPerConnection),
+            serverName: self.serverName
+        )
+    }
+}

@@ -1,0 +1,318 @@
+import Logging
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// Events the gateway sends down a connection's pipeline.
+enum GatewayConnectionEvent: Sendable {
+    /// Send GOAWAY, refuse new requests, close when those in flight are answered.
+    case drain(Frame.GoAway)
+}
+
+/// The gateway's protocol handler for one connection.
+///
+/// It enforces the rules of ``GatewaySessionStateMachine`` on the event loop: handshake timeout,
+/// frames allowed per state, checksums, PING → PONG, idle reaping, request deadlines, refusing
+/// requests while draining, and ERROR-then-close on violations. Only HELLO, REQUEST and CANCEL
+/// travel on to the application layer (the `NIOAsyncChannel` above it).
+///
+/// Deadlines are enforced here, on the event loop, so that a busy application layer cannot
+/// delay them: when a request's deadline passes, this handler answers `deadline exceeded` itself
+/// and passes a CANCEL for it up, which stops the handler; the handler's late answer is dropped.
+///
+/// Outbound, it stamps the negotiated flags on every frame, notices the WELCOME (the
+/// connection is established) and the RESPONSEs (requests answered), and closes the channel
+/// after an ERROR, or after the last response of a draining connection.
+final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = Frame
+    typealias InboundOut = Frame
+    typealias OutboundIn = Frame
+    typealias OutboundOut = Frame
+
+    struct Configuration: Sendable {
+        var handshakeTimeout: TimeAmount
+        /// The longest a handler may take, whatever the client's timeout.
+        var handlerTimeout: TimeAmount
+        var idleTimeout: TimeAmount
+        var shutdownGracePeriod: TimeAmount
+        var maxInboundBodySize: Int
+    }
+
+    private let configuration: Configuration
+    private let logger: Logger
+    private var session = GatewaySessionStateMachine()
+    private var hello: Frame.Hello?
+    private var negotiated: Handshake.Negotiated?
+    /// Frames the application wrote before the WELCOME went out; sent right after it.
+    private var heldUntilWelcome: [(Frame.Payload, EventLoopPromise<Void>?)] = []
+    private var lastInbound = NIODeadline.now()
+    private var handshakeTimer: Scheduled<Void>?
+    private var idleTimer: Scheduled<Void>?
+    private var graceTimer: Scheduled<Void>?
+    private var deadlines: [UInt64: Scheduled<Void>] = [:]
+    private var closing = false
+
+    init(configuration: Configuration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    // MARK: Lifecycle
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.lastInbound = .now()
+        self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.handshakeTimeout) {
+            self.handshakeTimedOut(context: context)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.cancelTimers()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.cancelTimers()
+        self.session.closed()
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? ProtocolError {
+            self.logger.info("client sent an invalid frame", metadata: ["error": "\(error)"])
+            self.sendErrorAndClose(error, context: context)
+        } else {
+            self.logger.debug("connection error", metadata: ["error": "\(error)"])
+            self.closeNow(context: context)
+        }
+    }
+
+    // MARK: Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = Self.unwrapInboundIn(data)
+        self.lastInbound = .now()
+        switch self.session.received(frame) {
+        case .forwardHello(let hello):
+            self.hello = hello
+            context.fireChannelRead(data)
+        case .forwardRequest(let request):
+            let timeout = request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
+            let id = request.id
+            self.deadlines[id] = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+                self.deadlinePassed(id: id, method: request.method, context: context)
+            }
+            context.fireChannelRead(data)
+        case .forwardCancel(let cancel):
+            self.deadlines.removeValue(forKey: cancel.requestID)?.cancel()
+            context.fireChannelRead(data)
+        case .refuseRequest(let refusal):
+            self.write(.response(refusal), context: context, promise: nil)
+            context.flush()
+        case .replyPong(let ping):
+            self.write(.pong(ping), context: context, promise: nil)
+            context.flush()
+        case .peerError(let report):
+            self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
+            self.closeNow(context: context)
+        case .violation(let error):
+            self.logger.info("client broke the protocol", metadata: ["error": "\(error)"])
+            self.sendErrorAndClose(error, context: context)
+        case .close:
+            self.closeNow(context: context)
+        case .ignore:
+            break
+        }
+    }
+
+    // MARK: Outbound
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let frame = Self.unwrapOutboundIn(data)
+        guard !self.closing else {
+            promise?.fail(ChannelError.ioOnClosedChannel)
+            return
+        }
+        switch frame.payload {
+        case .welcome(let welcome):
+            self.write(frame.payload, context: context, promise: promise)
+            self.welcomeSent(welcome, context: context)
+        case .response(let response):
+            self.deadlines.removeValue(forKey: response.id)?.cancel()
+            self.sendResponse(response, context: context, promise: promise)
+        case .error(let report):
+            self.sendErrorAndClose(ProtocolError(code: report.code, message: report.message), context: context, promise: promise)
+        case .push(let push):
+            guard let negotiated = self.negotiated else {
+                self.heldUntilWelcome.append((frame.payload, promise))
+                return
+            }
+            let size = 2 + push.topic.utf8.count + push.body.readableBytes
+            guard size <= negotiated.peerMaxBodySize else {
+                self.logger.warning(
+                    "dropping a push larger than the client accepts",
+                    metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(negotiated.peerMaxBodySize)"]
+                )
+                promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
+                return
+            }
+            self.write(frame.payload, context: context, promise: promise)
+        default:
+            self.write(frame.payload, context: context, promise: promise)
+        }
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard case .drain(let goAway) = event as? GatewayConnectionEvent else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+            return
+        }
+        promise?.succeed()
+        self.drain(goAway, context: context)
+    }
+
+    // MARK: Internals
+
+    private func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        context.write(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: promise)
+    }
+
+    /// Sends a RESPONSE unless its request was already answered or cancelled.
+    private func sendResponse(_ response: Frame.Response, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        switch self.session.responseSent(id: response.id) {
+        case .send:
+            self.write(.response(response), context: context, promise: promise)
+        case .sendAndClose:
+            self.writeAndClose(.response(response), context: context, promise: promise)
+        case .drop:
+            promise?.succeed()
+        }
+    }
+
+    private func deadlinePassed(id: UInt64, method: String, context: ChannelHandlerContext) {
+        self.deadlines[id] = nil
+        guard self.session.isInFlight(id) else { return }
+        self.sendResponse(
+            Frame.Response(id: id, status: .deadlineExceeded, message: "'\(method)' did not finish in time"),
+            context: context,
+            promise: nil
+        )
+        context.flush()
+        // Stop the handler: to the application layer this looks like the client's CANCEL.
+        context.fireChannelRead(Self.wrapInboundOut(Frame(.cancel(.init(requestID: id)))))
+    }
+
+    private func welcomeSent(_ welcome: Frame.Welcome, context: ChannelHandlerContext) {
+        guard let hello = self.hello, let negotiated = try? Handshake.validate(welcome, offered: hello) else {
+            self.sendErrorAndClose(ProtocolError(code: .protocolError, message: "the gateway produced an invalid WELCOME"), context: context)
+            return
+        }
+        self.session.welcomeSent(negotiated)
+        self.negotiated = negotiated
+        let held = self.heldUntilWelcome
+        self.heldUntilWelcome.removeAll()
+        for (payload, promise) in held {
+            self.write(context: context, data: Self.wrapOutboundOut(Frame(payload)), promise: promise)
+        }
+        self.handshakeTimer?.cancel()
+        self.handshakeTimer = nil
+        context.triggerUserOutboundEvent(
+            TetherChannelEvent.limitsNegotiated(maxInboundBodySize: self.configuration.maxInboundBodySize),
+            promise: nil
+        )
+        self.scheduleIdleCheck(context: context)
+    }
+
+    private func drain(_ goAway: Frame.GoAway, context: ChannelHandlerContext) {
+        let (sendGoAway, closeNow) = self.session.drain()
+        switch (sendGoAway, closeNow) {
+        case (true, true):
+            self.writeAndClose(.goAway(goAway), context: context)
+            return
+        case (false, true):
+            self.closeNow(context: context)
+            return
+        case (true, false):
+            self.write(.goAway(goAway), context: context, promise: nil)
+            context.flush()
+        case (false, false):
+            break
+        }
+        if self.graceTimer == nil {
+            self.graceTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.shutdownGracePeriod) {
+                self.logger.info("grace period over; closing with requests in flight", metadata: ["requests": "\(self.session.requestsInFlight)"])
+                self.closeNow(context: context)
+            }
+        }
+    }
+
+    private func handshakeTimedOut(context: ChannelHandlerContext) {
+        switch self.session.phase {
+        case .awaitingHello, .negotiating:
+            self.sendErrorAndClose(
+                ProtocolError(code: .handshakeTimeout, message: "no completed handshake within \(Duration(self.configuration.handshakeTimeout).shortDescription)"),
+                context: context
+            )
+        case .established, .draining, .closed:
+            break
+        }
+    }
+
+    private func scheduleIdleCheck(context: ChannelHandlerContext) {
+        self.idleTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: self.lastInbound + self.configuration.idleTimeout) {
+            let silence = NIODeadline.now() - self.lastInbound
+            guard silence >= self.configuration.idleTimeout else {
+                self.scheduleIdleCheck(context: context)
+                return
+            }
+            self.logger.info("closing an idle connection", metadata: ["silent": "\(Duration(silence).shortDescription)"])
+            self.writeAndClose(.goAway(.init(reason: .idleTimeout, message: "nothing received for \(Duration(silence).shortDescription)")), context: context)
+        }
+    }
+
+    private func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
+        self.session.closed()
+        self.writeAndClose(.error(.init(code: error.code, message: error.message)), context: context, promise: promise)
+    }
+
+    /// Writes a frame, flushes, and closes the channel once that write completed.
+    private func writeAndClose(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
+        guard !self.closing else {
+            promise?.fail(ChannelError.ioOnClosedChannel)
+            return
+        }
+        self.closing = true
+        let written = context.eventLoop.makePromise(of: Void.self)
+        if let promise { written.futureResult.cascade(to: promise) }
+        self.write(payload, context: context, promise: written)
+        context.flush()
+        written.futureResult.assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+
+    private func closeNow(context: ChannelHandlerContext) {
+        self.closing = true
+        context.close(promise: nil)
+    }
+
+    private func cancelTimers() {
+        for (_, deadline) in self.deadlines { deadline.cancel() }
+        self.deadlines.removeAll()
+        let held = self.heldUntilWelcome
+        self.heldUntilWelcome.removeAll()
+        for (_, promise) in held { promise?.fail(ChannelError.ioOnClosedChannel) }
+        self.handshakeTimer?.cancel()
+        self.idleTimer?.cancel()
+        self.graceTimer?.cancel()
+    }
+}
+
+@available(*, unavailable)
+extension GatewayConnectionHandler: Sendable {}
+
+/// A push exceeded the maximum body size its recipient negotiated; it was not sent.
+struct PushTooLargeError: Error, CustomStringConvertible {
+    var size: Int
+    var limit: Int
+    var description: String { "the push is \(self.size) bytes; the client accepts at most \(self.limit)" }
+}

@@ -1,0 +1,102 @@
+public import Logging
+public import NIOCore
+public import TetherCore
+
+/// A client connection as the gateway's application code sees it.
+public struct ConnectionInfo: Sendable, Hashable {
+    /// The gateway's id of the connection (sent to the client in WELCOME).
+    public var id: UInt64
+    /// The identity the client presented in HELLO.
+    public var clientID: String
+    /// The client software, as it described itself.
+    public var userAgent: String?
+    /// The peer's address, if the transport has one.
+    public var remoteAddress: String?
+}
+
+/// Who a push goes to.
+public enum PushTarget: Sendable, Hashable {
+    /// One connection.
+    case connection(UInt64)
+    /// Every connection of a client id (a user logged in on several devices, say).
+    case client(String)
+    /// Every member of a room.
+    case room(String)
+    /// Every established connection.
+    case all
+}
+
+/// A request as a handler receives it.
+public struct GatewayRequest: Sendable {
+    /// The method the client called.
+    public var method: String
+    /// The request's content.
+    public var body: ByteBuffer
+    /// The client's request id (unique among its requests in flight).
+    public var id: UInt64
+    /// The time the handler has before the gateway answers `deadline exceeded`.
+    public var timeout: Duration
+}
+
+/// What a handler knows about the request's connection, and what it can do with it.
+public struct RequestContext: Sendable {
+    /// The connection the request came on.
+    public var connection: ConnectionInfo
+    /// A logger carrying the connection and request ids.
+    public var logger: Logger
+    /// The gateway, to push to other clients or manage rooms.
+    public let gateway: Gateway
+
+    /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.
+    public func join(_ room: String) {
+        self.gateway.join(room: room, connection: self.connection.id)
+    }
+
+    /// Takes this connection out of `room`.
+    public func leave(_ room: String) {
+        self.gateway.leave(room: room, connection: self.connection.id)
+    }
+
+    /// Pushes a message to this connection.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
+    public func push(_ topic: String, _ body: ByteBuffer) throws(GatewayError) {
+        try self.gateway.push(topic, body, to: .connection(self.connection.id))
+    }
+}
+
+/// The error a handler throws to answer with a specific status.
+///
+/// ```swift
+/// gateway.handle("room.enter") { request, context in
+///     guard let room = String(buffer: request.body).nonEmpty else {
+///         throw RequestError(.invalidRequest, "a room name is required")
+///     }
+///     ...
+/// }
+/// ```
+/// Any other error a handler throws becomes ``StatusCode/internalError``.
+public struct RequestError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The status sent in the RESPONSE; not ``StatusCode/ok``.
+    public var status: StatusCode
+    /// The message sent to the client.
+    public var message: String
+
+    public init(_ status: StatusCode, _ message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    public var description: String { "\(self.status): \(self.message)" }
+}
+
+/// The HELLO's credentials, for the gateway's authenticator.
+public struct HandshakeInfo: Sendable {
+    /// The identity the client claims.
+    public var clientID: String
+    /// The client's credential, if it sent one.
+    public var authToken: ByteBuffer?
+    /// The client software.
+    public var userAgent: String?
+    /// The peer's address, if the transport has one.
+    public var remoteAddress: String?
+}

@@ -1,0 +1,29 @@
+public import NIOCore
+public import TetherCore
+
+/// How a client reaches a gateway: TCP today; TLS, WebSocket or Network.framework later.
+///
+/// A transport opens a connection and returns a channel whose pipeline reads and writes
+/// ``Frame``s. The client installs its own protocol handler on top through `initializer`, so the
+/// client's logic never depends on the transport.
+///
+/// Implementations must:
+/// - create the channel on `eventLoop`;
+/// - call `initializer` on that event loop, after the transport's own handlers, before the
+///   channel becomes active or reads anything;
+/// - fail with an error if the connection cannot be opened within `timeout`.
+public protocol ClientTransport: Sendable {
+    /// Opens a connection to `endpoint`.
+    /// - Parameters:
+    ///   - endpoint: Where to connect.
+    ///   - timeout: The longest the connection may take to open.
+    ///   - eventLoop: The event loop the channel must use.
+    ///   - initializer: Adds the client's handlers; runs on `eventLoop`.
+    /// - Returns: The connected channel.
+    func connect(
+        to endpoint: Endpoint,
+        timeout: Duration,
+        eventLoop: any EventLoop,
+        initializer: @escaping @Sendable (any Channel) throws -> Void
+    ) async throws -> any Channel
+}

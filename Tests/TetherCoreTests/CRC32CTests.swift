@@ -1,0 +1,33 @@
+import Testing
+
+@testable import TetherCore
+
+@Suite("CRC-32C")
+struct CRC32CTests {
+    @Test("check value of \"123456789\" is 0xE3069283")
+    func checkValue() {
+        #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
+        #expect(CRC32C.checksum([UInt8]()) == 0)
+        // RFC 3720, B.4: 32 bytes of zeros.
+        #expect(CRC32C.checksum([UInt8](repeating: 0, count: 32)) == 0x8A91_36AA)
+        #expect(CRC32C.checksum([UInt8](repeating: 0xFF, count: 32)) == 0x62A8_AB43)
+    }
+
+    @Test("incremental updates at any split and alignment equal one pass")
+    func incremental() {
+        var generator = SplitMix64(seed: 7)
+        let bytes = (0..<1000).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let whole = CRC32C.checksum(bytes)
+        for split in [0, 1, 3, 7, 8, 9, 500, 999, 1000] {
+            var crc = CRC32C()
+            crc.update(bytes[..<split])
+            crc.update(bytes[split...])
+            #expect(crc.value == whole, "split at \(split)")
+        }
+        for offset in 1..<8 {
+            var reference = CRC32C()
+            for byte in bytes[offset...] { reference.update([byte]) }
+            #expect(CRC32C.checksum(bytes[offset...]) == reference.value, "offset \(offset)")
+        }
+    }
+}

@@ -1,0 +1,229 @@
+import Testing
+
+@testable import TetherCore
+
+@Suite("Connectivity state machine")
+struct ConnectivityStateMachineTests {
+    let a = Endpoint(host: "a", port: 1)
+    let b = Endpoint(host: "b", port: 2)
+    let x = Endpoint(host: "x", port: 3)
+
+    func machine(
+        endpoints: [Endpoint]? = nil,
+        initial: Duration = .seconds(1),
+        maximum: Duration = .seconds(5),
+        jitter: Double = 0,
+        maxAttempts: Int? = nil
+    ) throws -> ConnectivityStateMachine {
+        let backoff = try Backoff(initial: initial, maximum: maximum, multiplier: 2, jitter: jitter, maxAttempts: maxAttempts)
+        return ConnectivityStateMachine(
+            configuration: .init(endpoints: endpoints ?? [self.a], backoff: backoff, stableAfter: .seconds(10)),
+            generator: SplitMix64(seed: 1)
+        )
+    }
+
+    @Test("start connects to the first endpoint, once")
+    func start() throws {
+        var machine = try self.machine()
+        #expect(machine.start() == .connect(self.a, attempt: 1))
+        #expect(machine.state == .connecting(self.a, attempt: 1))
+        #expect(machine.start() == .none)
+    }
+
+    @Test("a failed endpoint fails over to the next at once; a failed round backs off")
+    func failover() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        #expect(machine.connectFailed() == .connect(self.b, attempt: 2))
+        #expect(machine.connectFailed() == .backOff(.seconds(1), next: self.a))
+        #expect(machine.state == .backingOff(.seconds(1), next: self.a))
+        #expect(machine.backoffElapsed() == .connect(self.a, attempt: 3))
+        #expect(machine.connectFailed() == .connect(self.b, attempt: 4))
+        #expect(machine.connectFailed() == .backOff(.seconds(2), next: self.a))
+    }
+
+    @Test("delays grow exponentially up to the maximum")
+    func exponentialBackoff() throws {
+        var machine = try self.machine()
+        _ = machine.start()
+        var delays: [Duration] = []
+        for _ in 0..<6 {
+            guard case .backOff(let delay, _) = machine.connectFailed() else {
+                Issue.record("expected a backoff")
+                return
+            }
+            delays.append(delay)
+            _ = machine.backoffElapsed()
+        }
+        #expect(delays == [.seconds(1), .seconds(2), .seconds(4), .seconds(5), .seconds(5), .seconds(5)])
+    }
+
+    @Test("jitter stays within its bounds and is reproducible from the seed")
+    func jitter() throws {
+        func delays() throws -> [Duration] {
+            var machine = try self.machine(initial: .seconds(1), maximum: .seconds(100), jitter: 0.5)
+            _ = machine.start()
+            return (0..<5).map { _ in
+                guard case .backOff(let delay, _) = machine.connectFailed() else { return .zero }
+                _ = machine.backoffElapsed()
+                return delay
+            }
+        }
+        let first = try delays()
+        #expect(first == (try delays()))
+        for (index, delay) in first.enumerated() {
+            let base = Double(1 << index)
+            let seconds = Backoff.seconds(delay)
+            #expect(seconds >= base * 0.5 && seconds <= base * 1.5, "attempt \(index + 1): \(delay)")
+        }
+        #expect(Set(first.map { Backoff.seconds($0) / Double(1 << first.firstIndex(of: $0)!) }).count > 1, "jitter must vary")
+    }
+
+    @Test("the attempt limit ends in failed")
+    func maxAttempts() throws {
+        var machine = try self.machine(maxAttempts: 3)
+        _ = machine.start()
+        _ = machine.connectFailed()
+        _ = machine.backoffElapsed()
+        _ = machine.connectFailed()
+        _ = machine.backoffElapsed()
+        #expect(machine.connectFailed() == .fail(attempts: 3))
+        #expect(machine.state == .failed(attempts: 3))
+        #expect(machine.shutdown() == .stop)
+    }
+
+    @Test("a stable connection that drops reconnects to the same endpoint within the initial delay and resets failures")
+    func stableDrop() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        _ = machine.connectFailed()  // a fails, b is tried
+        #expect(machine.connectSucceeded() == .none)
+        #expect(machine.state == .connected(self.b))
+        guard case .backOff(let delay, let next) = machine.connectionClosed(uptime: .seconds(60)) else {
+            Issue.record("expected a backoff")
+            return
+        }
+        #expect(next == self.b)
+        #expect(delay >= .zero && delay <= .seconds(1))
+        #expect(machine.failures == 0)
+        #expect(machine.backoffElapsed() == .connect(self.b, attempt: 1))
+    }
+
+    @Test("a connection that drops before it is stable counts as a failure")
+    func unstableDrop() throws {
+        var machine = try self.machine(maxAttempts: 3)
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        #expect(machine.connectionClosed(uptime: .milliseconds(100)) == .backOff(.seconds(1), next: self.a))
+        #expect(machine.backoffElapsed() == .connect(self.a, attempt: 2))
+        _ = machine.connectSucceeded()
+        #expect(machine.connectionClosed(uptime: .milliseconds(100)) == .backOff(.seconds(2), next: self.a))
+        _ = machine.backoffElapsed()
+        _ = machine.connectSucceeded()
+        #expect(machine.connectionClosed(uptime: .milliseconds(100)) == .fail(attempts: 3))
+    }
+
+    @Test("GOAWAY stops dispatching; after the close the client waits retry-after and goes to the alternate")
+    func goAwayWithAlternate() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        #expect(machine.goAwayReceived(retryAfter: .seconds(2), alternate: self.x) == .stopDispatching)
+        #expect(machine.state == .draining(self.a))
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .backOff(.seconds(2), next: self.x))
+        #expect(machine.backoffElapsed() == .connect(self.x, attempt: 1))
+        // The alternate is used once; if it fails the list takes over at once.
+        #expect(machine.connectFailed() == .connect(self.a, attempt: 2))
+    }
+
+    @Test("GOAWAY without an alternate moves to the next endpoint of the list")
+    func goAwayWithoutAlternate() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        _ = machine.goAwayReceived(retryAfter: .zero, alternate: nil)
+        #expect(machine.connectionClosed(uptime: .seconds(1)) == .backOff(.zero, next: self.b))
+    }
+
+    @Test("shutdown from every state", arguments: ["idle", "connecting", "connected", "draining", "backingOff", "failed"])
+    func shutdown(from state: String) throws {
+        var machine = try self.machine(maxAttempts: 1)
+        var expected = ConnectivityStateMachine.Action.stop
+        switch state {
+        case "idle":
+            break
+        case "connecting":
+            _ = machine.start()
+        case "connected":
+            _ = machine.start()
+            _ = machine.connectSucceeded()
+            expected = .closeConnection
+        case "draining":
+            _ = machine.start()
+            _ = machine.connectSucceeded()
+            _ = machine.goAwayReceived(retryAfter: .zero, alternate: nil)
+            expected = .closeConnection
+        case "backingOff":
+            var unlimited = try self.machine()
+            _ = unlimited.start()
+            _ = unlimited.connectFailed()
+            machine = unlimited
+        case "failed":
+            _ = machine.start()
+            _ = machine.connectFailed()
+        default:
+            Issue.record("unknown state \(state)")
+        }
+        #expect(machine.shutdown() == expected)
+        #expect(machine.state == .shutDown)
+        #expect(machine.shutdown() == .none)
+        #expect(machine.start() == .stop)
+    }
+
+    @Test("events that race with shutdown resolve to closing or stopping")
+    func racesWithShutdown() throws {
+        var connecting = try self.machine()
+        _ = connecting.start()
+        _ = connecting.shutdown()
+        #expect(connecting.connectSucceeded() == .closeConnection)
+
+        var failing = try self.machine()
+        _ = failing.start()
+        _ = failing.shutdown()
+        #expect(failing.connectFailed() == .stop)
+
+        var sleeping = try self.machine()
+        _ = sleeping.start()
+        _ = sleeping.connectFailed()
+        _ = sleeping.shutdown()
+        #expect(sleeping.backoffElapsed() == .stop)
+
+        var connected = try self.machine()
+        _ = connected.start()
+        _ = connected.connectSucceeded()
+        _ = connected.shutdown()
+        #expect(connected.goAwayReceived(retryAfter: .zero, alternate: nil) == .none)
+        #expect(connected.connectionClosed(uptime: .seconds(1)) == .stop)
+    }
+}
+
+@Suite("Backoff and endpoints")
+struct BackoffTests {
+    @Test("invalid backoff values are rejected with a clear message")
+    func validation() {
+        #expect(throws: ConfigurationError.self) { try Backoff(initial: .seconds(2), maximum: .seconds(1)) }
+        #expect(throws: ConfigurationError.self) { try Backoff(multiplier: 0.5) }
+        #expect(throws: ConfigurationError.self) { try Backoff(jitter: 1.5) }
+        #expect(throws: ConfigurationError.self) { try Backoff(maxAttempts: 0) }
+    }
+
+    @Test("endpoints parse host:port and [IPv6]:port and reject the rest")
+    func endpoints() throws {
+        #expect(try Endpoint(parsing: "localhost:7700") == Endpoint(host: "localhost", port: 7700))
+        #expect(try Endpoint(parsing: "[::1]:80") == Endpoint(host: "::1", port: 80))
+        #expect(Endpoint(host: "::1", port: 80).description == "[::1]:80")
+        for bad in ["localhost", ":80", "host:99999", "host:port", "::1:80", "[::1]80"] {
+            #expect(throws: EndpointParseError.self, "\(bad)") { try Endpoint(parsing: bad) }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+import Foundation
+import NIOCore
+import Testing
+
+@testable import TetherCore
+
+@Suite("Frame codec")
+struct FrameCodecTests {
+    @Test("every frame type round-trips, with and without a checksum", arguments: SampleFrames.all.map(\.name))
+    func roundTrip(name: String) throws {
+        let frame = SampleFrames.all.first { $0.name == name }!.frame
+        for flags: FrameFlags in [[], [.checksum]] {
+            var original = frame
+            original.flags = flags
+            var buffer = try SampleFrames.encode(original)
+            var decoder = FrameDecoder(maxBodySize: 1 << 20)
+            let decoded = try decoder.decodeFrame(from: &buffer)
+            #expect(decoded == original)
+            #expect(buffer.readableBytes == 0)
+        }
+    }
+
+    @Test("PROTOCOL.md's test vectors match the codec in both directions")
+    func protocolVectors() throws {
+        let vectors = try ProtocolDocument.vectors()
+        for (name, frame) in SampleFrames.all {
+            let encoded = try SampleFrames.encode(frame)
+            guard let hex = vectors[name] else {
+                Issue.record("PROTOCOL.md has no vector '\(name)'; the codec produces:\n\(ProtocolDocument.format(encoded))")
+                continue
+            }
+            #expect(encoded.hexDump == hex, "vector '\(name)' differs; the codec produces:\n\(ProtocolDocument.format(encoded))")
+            var buffer = ByteBuffer(hex: hex)
+            var decoder = FrameDecoder(maxBodySize: 1 << 20)
+            #expect(try decoder.decodeFrame(from: &buffer) == frame, "vector '\(name)' does not decode to the sample frame")
+        }
+        #expect(Set(vectors.keys) == Set(SampleFrames.all.map(\.name)), "PROTOCOL.md lists vectors no test checks")
+    }
+
+    @Test("a partial frame yields nothing until its last byte arrives")
+    func partialFrames() throws {
+        let encoded = try SampleFrames.encode(SampleFrames.all[0].frame)
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        for length in 0..<encoded.readableBytes {
+            var prefix = encoded.getSlice(at: 0, length: length)!
+            #expect(try decoder.decodeFrame(from: &prefix) == nil)
+            #expect(prefix.readerIndex == 0, "a partial frame must not be consumed")
+        }
+    }
+
+    @Test("many frames in one buffer decode in order")
+    func manyFrames() throws {
+        var buffer = ByteBuffer()
+        for (_, frame) in SampleFrames.all { try FrameEncoder().encode(frame, into: &buffer) }
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        var decoded: [Frame] = []
+        while let frame = try decoder.decodeFrame(from: &buffer) { decoded.append(frame) }
+        #expect(decoded == SampleFrames.all.map(\.frame))
+    }
+
+    @Test("bad magic is rejected as soon as two bytes arrive")
+    func badMagic() {
+        var buffer = ByteBuffer(bytes: [0x47, 0x45])  // "GE", as in "GET / HTTP/1.1"
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(throws: ProtocolError.self) { try decoder.decodeFrame(from: &buffer) }
+        #expect(Self.code { try decoder.decodeFrame(from: &buffer) } == .badMagic)
+    }
+
+    @Test("an oversized length is rejected from the header alone, before any body byte")
+    func oversizedLength() throws {
+        var header = ByteBuffer()
+        header.writeInteger(FrameHeader.magic)
+        header.writeInteger(UInt8(1))
+        header.writeInteger(FrameType.request.rawValue)
+        header.writeInteger(UInt16(0))
+        header.writeInteger(UInt32(0))
+        header.writeInteger(UInt64(1))
+        header.writeInteger(UInt32.max)  // claims 4 GiB
+        header.writeInteger(UInt32(0))
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(Self.code { try decoder.decodeFrame(from: &header) } == .frameTooLarge)
+    }
+
+    @Test("a flipped bit fails the checksum")
+    func checksumMismatch() throws {
+        var buffer = try SampleFrames.encode(Frame(.request(.init(id: 1, method: "echo", body: ByteBuffer(string: "payload"))), flags: .checksum))
+        let last = buffer.writerIndex - 1
+        buffer.setInteger(buffer.getInteger(at: last, as: UInt8.self)! ^ 0x01, at: last)
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(Self.code { try decoder.decodeFrame(from: &buffer) } == .checksumMismatch)
+    }
+
+    @Test("header corruption is rejected", arguments: [
+        (2, UInt8(2), StatusCode.unsupportedVersion),  // version
+        (3, UInt8(0x42), StatusCode.unknownFrameType),  // type outside extension range
+        (4, UInt8(0x80), StatusCode.protocolError),  // reserved flag bit
+        (25, UInt8(0x01), StatusCode.protocolError),  // checksum without flag
+    ])
+    func headerCorruption(offset: Int, value: UInt8, expected: StatusCode) throws {
+        var buffer = try SampleFrames.encode(Frame(.ping(.init(id: 1))))
+        buffer.setInteger(value, at: offset)
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(Self.code { try decoder.decodeFrame(from: &buffer) } == expected)
+    }
+
+    @Test("unknown extension frames (0x80-0xFF) are passed through for the receiver to ignore")
+    func extensionFrames() throws {
+        let frame = Frame(.extension(.init(type: FrameType(rawValue: 0x90), id: 3, body: ByteBuffer(string: "x"))))
+        var buffer = try SampleFrames.encode(frame)
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(try decoder.decodeFrame(from: &buffer) == frame)
+    }
+
+    @Test("malformed bodies are protocol errors")
+    func malformedBodies() throws {
+        func frame(type: FrameType, body: [UInt8]) -> ByteBuffer {
+            var buffer = ByteBuffer()
+            buffer.writeInteger(FrameHeader.magic)
+            buffer.writeInteger(UInt8(1))
+            buffer.writeInteger(type.rawValue)
+            buffer.writeInteger(UInt16(0))
+            buffer.writeInteger(UInt32(0))
+            buffer.writeInteger(UInt64(1))
+            buffer.writeInteger(UInt32(body.count))
+            buffer.writeInteger(UInt32(0))
+            buffer.writeBytes(body)
+            return buffer
+        }
+        let cases: [(FrameType, [UInt8])] = [
+            (.request, [0, 0, 0, 0, 0, 9, 0x61]),  // method length 9, one byte present
+            (.request, [0, 0, 0, 0, 0, 2, 0xC3, 0x28]),  // invalid UTF-8 method
+            (.response, [0]),  // truncated status
+            (.push, [0]),  // truncated topic length
+            (.cancel, [1]),  // CANCEL has no body
+            (.goAway, [0, 0, 0, 0, 0, 1]),  // alternate endpoint missing
+            (.error, [0, 100, 0, 0, 9]),  // trailing byte
+            (.hello, [2, 1, 0, 0, 0, 0, 0, 0, 4, 0]),  // version range 2...1
+            (.hello, [1, 1, 0, 0, 0, 0, 0, 0, 4, 0, 0, 1, 0, 1, 0x61, 0, 1, 0, 1, 0x62]),  // client id twice
+            (.welcome, [1, 0, 0, 0, 0]),  // truncated
+        ]
+        for (type, body) in cases {
+            var buffer = frame(type: type, body: body)
+            var decoder = FrameDecoder(maxBodySize: 1024)
+            #expect(Self.code { try decoder.decodeFrame(from: &buffer) } == .protocolError, "\(type) \(body)")
+        }
+    }
+
+    @Test("the encoder refuses fields longer than their length prefix allows, and appends nothing")
+    func encoderLimits() {
+        var buffer = ByteBuffer(string: "keep")
+        let frame = Frame(.push(.init(topic: String(repeating: "t", count: 70_000))))
+        #expect(throws: FrameEncodingError.self) { try FrameEncoder().encode(frame, into: &buffer) }
+        #expect(buffer == ByteBuffer(string: "keep"))
+    }
+
+    @Test("a request without a timeout encodes zero and decodes as nil")
+    func requestWithoutTimeout() throws {
+        let frame = Frame(.request(.init(id: 1, method: "m", timeout: nil)))
+        var buffer = try SampleFrames.encode(frame)
+        #expect(buffer.getInteger(at: FrameHeader.size, as: UInt32.self) == 0)
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        #expect(try decoder.decodeFrame(from: &buffer) == frame)
+    }
+
+    static func code(_ body: () throws -> Frame?) -> StatusCode? {
+        do {
+            _ = try body()
+            return nil
+        } catch let error as ProtocolError {
+            return error.code
+        } catch {
+            return nil
+        }
+    }
+}
+
+/// Reads the test vectors out of PROTOCOL.md: a line `vector: NAME` followed by a fenced block of hex.
+enum ProtocolDocument {
+    static func vectors() throws -> [String: String] {
+        let url = URL(fileURLWithPath: #filePath)
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("PROTOCOL.md")
+        let text = try String(contentsOf: url, encoding: .utf8)
+        var vectors: [String: String] = [:]
+        var name: String?
+        var hex: String?
+        for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
+            if let current = name, hex != nil {
+                if line.hasPrefix("```") {
+                    vectors[current] = hex
+                    name = nil
+                    hex = nil
+                } else {
+                    hex! += line.filter { $0.isHexDigit }.lowercased()
+                }
+            } else if line.hasPrefix("vector: ") {
+                name = String(line.dropFirst("vector: ".count)).trimmingCharacters(in: .whitespaces)
+            } else if name != nil, line.hasPrefix("```") {
+                hex = ""
+            }
+        }
+        return vectors
+    }
+
+    /// Formats a frame's bytes as in PROTOCOL.md: the header's fields on one line, the body below.
+    static func format(_ buffer: ByteBuffer) -> String {
+        let hex = buffer.hexDump
+        let widths = [4, 2, 2, 4, 8, 16, 8, 8]
+        var fields: [String] = []
+        var index = hex.startIndex
+        for width in widths {
+            let end = hex.index(index, offsetBy: width)
+            fields.append(String(hex[index..<end]))
+            index = end
+        }
+        var lines = [fields.joined(separator: " ")]
+        var body = Substring(hex[index...])
+        while !body.isEmpty {
+            let chunk = body.prefix(32)
+            lines.append(stride(from: 0, to: chunk.count, by: 2).map { offset -> String in
+                let start = chunk.index(chunk.startIndex, offsetBy: offset)
+                return String(chunk[start..<chunk.index(start, offsetBy: 2)])
+            }.joined(separator: " "))
+            body = body.dropFirst(32)
+        }
+        return lines.joined(separator: "\n")
+    }
+}

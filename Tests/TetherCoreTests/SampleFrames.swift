@@ -1,0 +1,90 @@
+import NIOCore
+import TetherCore
+
+/// One frame of every type, as used by the codec tests and by PROTOCOL.md's test vectors.
+enum SampleFrames {
+    static let all: [(name: String, frame: Frame)] = [
+        (
+            "hello",
+            Frame(
+                .hello(
+                    .init(
+                        versions: 1...1,
+                        features: .checksum,
+                        maxBodySize: 1_048_576,
+                        clientID: "alice",
+                        authToken: ByteBuffer(string: "secret"),
+                        userAgent: "tether/1"
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "welcome",
+            Frame(
+                .welcome(
+                    .init(
+                        version: 1,
+                        features: .checksum,
+                        connectionID: 42,
+                        heartbeatInterval: .seconds(10),
+                        idleTimeout: .seconds(30),
+                        maxBodySize: 1_048_576,
+                        maxConcurrentRequests: 512,
+                        serverName: "gw1"
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "request",
+            Frame(.request(.init(id: 7, method: "echo", timeout: .milliseconds(5000), body: ByteBuffer(string: "hi"))), flags: .checksum)
+        ),
+        ("response", Frame(.response(.init(id: 7, status: .ok, message: "", body: ByteBuffer(string: "hi"))), flags: .checksum)),
+        (
+            "response-error",
+            Frame(.response(.init(id: 8, status: .unknownMethod, message: "no handler for 'nope'")))
+        ),
+        ("push", Frame(.push(.init(topic: "room.lobby", body: ByteBuffer(string: "hello all"))), flags: .checksum)),
+        ("ping", Frame(.ping(.init(id: 1)))),
+        ("pong", Frame(.pong(.init(id: 1)))),
+        ("cancel", Frame(.cancel(.init(requestID: 7)), flags: .checksum)),
+        (
+            "goaway",
+            Frame(
+                .goAway(.init(reason: .shutdown, retryAfter: .seconds(1), alternateEndpoint: "gw2:7700", message: "restarting")),
+                flags: .checksum
+            )
+        ),
+        ("error", Frame(.error(.init(code: .frameTooLarge, message: "too big", relatedID: 0)), flags: .checksum)),
+    ]
+
+    static func encode(_ frame: Frame) throws -> ByteBuffer {
+        var buffer = ByteBuffer()
+        try FrameEncoder().encode(frame, into: &buffer)
+        return buffer
+    }
+}
+
+extension ByteBuffer {
+    var hexDump: String {
+        self.readableBytesView.map { byte in
+            let hex = String(byte, radix: 16)
+            return byte < 16 ? "0" + hex : hex
+        }.joined()
+    }
+
+    init(hex: String) {
+        let digits = hex.filter { $0.isHexDigit }
+        var bytes: [UInt8] = []
+        var index = digits.startIndex
+        while index < digits.endIndex {
+            let next = digits.index(index, offsetBy: 2)
+            bytes.append(UInt8(digits[index..<next], radix: 16)!)
+            index = next
+        }
+        self.init(bytes: bytes)
+    }
+}

@@ -1,0 +1,272 @@
+import NIOCore
+import Testing
+
+@testable import TetherCore
+
+let sampleHello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "alice")
+let samplePolicy = Handshake.GatewayPolicy(
+    features: .checksum,
+    heartbeatInterval: .seconds(10),
+    idleTimeout: .seconds(30),
+    maxBodySize: 1 << 20,
+    maxConcurrentRequests: 64
+)
+
+@Suite("Handshake")
+struct HandshakeTests {
+    @Test("the gateway picks the highest common version and the common features")
+    func negotiation() throws {
+        var hello = sampleHello
+        hello.versions = 1...3
+        var policy = samplePolicy
+        policy.versions = 1...2
+        let (welcome, negotiated) = try Handshake.accept(hello, policy: policy, connectionID: 5).get()
+        #expect(welcome.version == 2)
+        #expect(welcome.features == .checksum)
+        #expect(negotiated.checksums)
+        #expect(negotiated.connectionID == 5)
+    }
+
+    @Test("no common version is an unsupported-version error that names both ranges")
+    func noCommonVersion() {
+        var hello = sampleHello
+        hello.versions = 2...3
+        guard case .failure(let error) = Handshake.accept(hello, policy: samplePolicy, connectionID: 1) else {
+            Issue.record("expected a failure")
+            return
+        }
+        #expect(error.code == .unsupportedVersion)
+        #expect(error.message.contains("2-3") && error.message.contains("1-1"))
+    }
+
+    @Test("a required feature the client lacks is refused; unknown offered bits are never accepted")
+    func features() throws {
+        var hello = sampleHello
+        hello.features = Features(rawValue: 0x8000_0000)
+        var policy = samplePolicy
+        policy.features = Features(rawValue: 0xFFFF_FFFF)
+        let (welcome, _) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        #expect(welcome.features == [])
+        policy.requiredFeatures = .checksum
+        #expect(throws: ProtocolError.self) { try Handshake.accept(hello, policy: policy, connectionID: 1).get() }
+    }
+
+    @Test("the client rejects a WELCOME that chose what it did not offer")
+    func clientValidation() throws {
+        let (welcome, _) = try Handshake.accept(sampleHello, policy: samplePolicy, connectionID: 1).get()
+        var other = welcome
+        other.version = 9
+        #expect(throws: ProtocolError.self) { try Handshake.validate(other, offered: sampleHello) }
+        other = welcome
+        other.features = Features(rawValue: 2)
+        #expect(throws: ProtocolError.self) { try Handshake.validate(other, offered: sampleHello) }
+        other = welcome
+        other.maxBodySize = 10
+        #expect(throws: ProtocolError.self) { try Handshake.validate(other, offered: sampleHello) }
+        #expect(try Handshake.validate(welcome, offered: sampleHello).peerMaxBodySize == 1 << 20)
+    }
+}
+
+@Suite("Client session state machine")
+struct ClientSessionStateMachineTests {
+    func makeEstablished(checksums: Bool = true) throws -> ClientSessionStateMachine {
+        var machine = ClientSessionStateMachine(hello: sampleHello)
+        var policy = samplePolicy
+        if !checksums { policy.features = [] }
+        let (welcome, negotiated) = try Handshake.accept(sampleHello, policy: policy, connectionID: 1).get()
+        #expect(machine.received(Frame(.welcome(welcome), flags: .checksum)) == .established(negotiated))
+        return machine
+    }
+
+    @Test("before WELCOME only WELCOME, ERROR, GOAWAY, PING and extensions are allowed")
+    func beforeWelcome() {
+        let forbidden: [Frame.Payload] = [
+            .response(.init(id: 1)), .push(.init(topic: "t")), .pong(.init(id: 1)), .request(.init(id: 1, method: "m")),
+            .cancel(.init(requestID: 1)), .hello(sampleHello),
+        ]
+        for payload in forbidden {
+            var machine = ClientSessionStateMachine(hello: sampleHello)
+            guard case .violation(let error) = machine.received(Frame(payload, flags: .checksum)) else {
+                Issue.record("\(payload) must be a violation before WELCOME")
+                continue
+            }
+            #expect(error.code == .unexpectedFrame)
+            #expect(machine.phase == .closed)
+        }
+        var machine = ClientSessionStateMachine(hello: sampleHello)
+        #expect(machine.received(Frame(.ping(.init(id: 3)))) == .replyPong(.init(id: 3)))
+        let report = Frame.ErrorReport(code: .unauthenticated, message: "bad token")
+        #expect(machine.received(Frame(.error(report))) == .peerError(report))
+    }
+
+    @Test("a WELCOME without a checksum is refused")
+    func welcomeNeedsChecksum() throws {
+        var machine = ClientSessionStateMachine(hello: sampleHello)
+        let (welcome, _) = try Handshake.accept(sampleHello, policy: samplePolicy, connectionID: 1).get()
+        guard case .violation(let error) = machine.received(Frame(.welcome(welcome))) else {
+            Issue.record("expected a violation")
+            return
+        }
+        #expect(error.code == .checksumMismatch)
+    }
+
+    @Test("after WELCOME, frames are routed by type and checksums are enforced when negotiated")
+    func established() throws {
+        var machine = try self.makeEstablished()
+        #expect(machine.outboundFlags == .checksum)
+        #expect(machine.acceptsRequests)
+        let response = Frame.Response(id: 1, body: ByteBuffer(string: "x"))
+        #expect(machine.received(Frame(.response(response), flags: .checksum)) == .response(response))
+        #expect(machine.received(Frame(.push(.init(topic: "t")), flags: .checksum)) == .push(.init(topic: "t")))
+        #expect(machine.received(Frame(.pong(.init(id: 2)), flags: .checksum)) == .pong(.init(id: 2)))
+        #expect(
+            machine.received(Frame(.extension(.init(type: FrameType(rawValue: 0xF0))), flags: .checksum)) == .ignore
+        )
+        guard case .violation(let error) = machine.received(Frame(.response(response))) else {
+            Issue.record("a frame without the negotiated checksum must be a violation")
+            return
+        }
+        #expect(error.code == .checksumMismatch)
+    }
+
+    @Test("without negotiated checksums, frames without one are fine")
+    func noChecksums() throws {
+        var machine = try self.makeEstablished(checksums: false)
+        #expect(machine.outboundFlags == [])
+        #expect(machine.received(Frame(.push(.init(topic: "t")))) == .push(.init(topic: "t")))
+    }
+
+    @Test("GOAWAY drains: no new requests, responses still arrive")
+    func goAway() throws {
+        var machine = try self.makeEstablished()
+        let goAway = Frame.GoAway(reason: .shutdown)
+        #expect(machine.received(Frame(.goAway(goAway), flags: .checksum)) == .goAway(goAway))
+        #expect(!machine.acceptsRequests)
+        #expect(machine.received(Frame(.response(.init(id: 1)), flags: .checksum)) == .response(.init(id: 1)))
+    }
+
+    @Test("a gateway may not send client frames")
+    func clientFramesFromGateway() throws {
+        for payload: Frame.Payload in [.request(.init(id: 1, method: "m")), .cancel(.init(requestID: 1)), .hello(sampleHello)] {
+            var machine = try self.makeEstablished()
+            guard case .violation = machine.received(Frame(payload, flags: .checksum)) else {
+                Issue.record("\(payload) must be a violation")
+                continue
+            }
+        }
+    }
+}
+
+@Suite("Gateway session state machine")
+struct GatewaySessionStateMachineTests {
+    func makeEstablished() throws -> GatewaySessionStateMachine {
+        var machine = GatewaySessionStateMachine()
+        #expect(machine.received(Frame(.hello(sampleHello), flags: .checksum)) == .forwardHello(sampleHello))
+        let (_, negotiated) = try Handshake.accept(sampleHello, policy: samplePolicy, connectionID: 1).get()
+        machine.welcomeSent(negotiated)
+        return machine
+    }
+
+    @Test("the first frame must be a checksummed HELLO")
+    func firstFrame() {
+        var machine = GatewaySessionStateMachine()
+        guard case .violation(let error) = machine.received(Frame(.ping(.init(id: 1)))) else {
+            Issue.record("expected a violation")
+            return
+        }
+        #expect(error.code == .unexpectedFrame)
+        var unchecked = GatewaySessionStateMachine()
+        guard case .violation(let checksumError) = unchecked.received(Frame(.hello(sampleHello))) else {
+            Issue.record("expected a violation")
+            return
+        }
+        #expect(checksumError.code == .checksumMismatch)
+    }
+
+    @Test("nothing but ERROR may arrive while the gateway negotiates")
+    func negotiating() {
+        var machine = GatewaySessionStateMachine()
+        _ = machine.received(Frame(.hello(sampleHello), flags: .checksum))
+        guard case .violation = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum)) else {
+            Issue.record("expected a violation")
+            return
+        }
+    }
+
+    @Test("requests are tracked; a duplicate id in flight is a violation; cancels of unknown ids are ignored")
+    func requests() throws {
+        var machine = try self.makeEstablished()
+        let request = Frame.Request(id: 1, method: "m")
+        #expect(machine.received(Frame(.request(request), flags: .checksum)) == .forwardRequest(request))
+        #expect(machine.requestsInFlight == 1)
+        guard case .violation = machine.received(Frame(.request(request), flags: .checksum)) else {
+            Issue.record("a duplicate request id must be a violation")
+            return
+        }
+        var other = try self.makeEstablished()
+        #expect(other.received(Frame(.cancel(.init(requestID: 9)), flags: .checksum)) == .ignore)
+        _ = other.received(Frame(.request(request), flags: .checksum))
+        #expect(other.received(Frame(.cancel(.init(requestID: 1)), flags: .checksum)) == .forwardCancel(.init(requestID: 1)))
+        #expect(other.requestsInFlight == 0)
+    }
+
+    @Test("draining refuses new requests and closes when the last one is answered")
+    func draining() throws {
+        var machine = try self.makeEstablished()
+        _ = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
+        _ = machine.received(Frame(.request(.init(id: 2, method: "m")), flags: .checksum))
+        #expect(machine.drain() == (true, false))
+        guard case .refuseRequest(let refusal) = machine.received(Frame(.request(.init(id: 3, method: "m")), flags: .checksum)) else {
+            Issue.record("expected a refusal")
+            return
+        }
+        #expect(refusal.id == 3 && refusal.status == .unavailable)
+        #expect(machine.responseSent(id: 1) == .send)
+        #expect(machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum)) == .close)
+    }
+
+    @Test("each request is answered once: late answers and answers after CANCEL are dropped")
+    func answeredOnce() throws {
+        var machine = try self.makeEstablished()
+        _ = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
+        _ = machine.received(Frame(.request(.init(id: 2, method: "m")), flags: .checksum))
+        #expect(machine.isInFlight(1))
+        #expect(machine.responseSent(id: 1) == .send)  // say, deadline exceeded
+        #expect(machine.responseSent(id: 1) == .drop)  // the handler's late answer
+        _ = machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum))
+        #expect(machine.responseSent(id: 2) == .drop)
+        #expect(machine.responseSent(id: 99) == .drop)
+    }
+
+    @Test("the last answer of a draining connection closes it")
+    func lastAnswerCloses() throws {
+        var machine = try self.makeEstablished()
+        _ = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
+        #expect(machine.drain() == (true, false))
+        #expect(machine.responseSent(id: 1) == .sendAndClose)
+    }
+
+    @Test("draining an idle connection closes it at once; draining before the handshake too")
+    func drainIdle() throws {
+        var machine = try self.makeEstablished()
+        #expect(machine.drain() == (true, true))
+        var fresh = GatewaySessionStateMachine()
+        #expect(fresh.drain() == (true, true))
+        #expect(fresh.phase == .closed)
+    }
+
+    @Test("a client may not send gateway frames")
+    func gatewayFramesFromClient() throws {
+        let payloads: [Frame.Payload] = [
+            .response(.init(id: 1)), .push(.init(topic: "t")), .goAway(.init(reason: .shutdown)), .hello(sampleHello),
+        ]
+        for payload in payloads {
+            var machine = try self.makeEstablished()
+            guard case .violation(let error) = machine.received(Frame(payload, flags: .checksum)) else {
+                Issue.record("\(payload) must be a violation")
+                continue
+            }
+            #expect(error.code == .unexpectedFrame)
+        }
+    }
+}

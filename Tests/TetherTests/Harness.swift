@@ -1,0 +1,152 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherNIO
+import TetherTesting
+
+/// Starts gateways and clients for a test and tears them down afterwards.
+///
+/// `withHarness` returns only after every gateway and client it started has shut down and
+/// every task it spawned has finished, so a test cannot leak work into the next one.
+final class Harness: Sendable {
+    private let tasks = NIOLockedValueBox<[Task<Void, Never>]>([])
+    private let exitHandlers = NIOLockedValueBox<[@Sendable () -> Void]>([])
+
+    /// Runs `operation` in the background until the harness finishes.
+    func spawn(_ operation: @escaping @Sendable () async -> Void) {
+        let task = Task { await operation() }
+        self.tasks.withLockedValue { $0.append(task) }
+    }
+
+    /// Runs `handler` when the test body is done (to shut something down).
+    func onExit(_ handler: @escaping @Sendable () -> Void) {
+        self.exitHandlers.withLockedValue { $0.append(handler) }
+    }
+
+    fileprivate func finish() async {
+        for handler in self.exitHandlers.withLockedValue({ $0 }).reversed() { handler() }
+        for task in self.tasks.withLockedValue({ $0 }) { await task.value }
+    }
+
+    /// A gateway on 127.0.0.1 with an ephemeral port, and its endpoint.
+    func gateway(
+        port: Int = 0,
+        configure: (inout GatewayConfiguration) -> Void = { _ in },
+        authenticate: Gateway.Authenticator? = nil
+    ) async throws -> (Gateway, Endpoint) {
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = .init(host: "127.0.0.1", port: port)
+        configure(&configuration)
+        let gateway = try Gateway(configuration: configuration, authenticate: authenticate, logger: testLogger("gateway"))
+        self.spawn { try? await gateway.run() }
+        self.onExit { gateway.shutdown() }
+        let address = try await gateway.listeningAddress
+        return (gateway, Endpoint(host: "127.0.0.1", port: address.port!))
+    }
+
+    /// A gateway reachable only through a ``LocalNetwork``.
+    func localGateway(
+        network: LocalNetwork,
+        at endpoint: Endpoint,
+        configure: (inout GatewayConfiguration) -> Void = { _ in }
+    ) throws -> Gateway {
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = nil
+        configure(&configuration)
+        let gateway = try Gateway(configuration: configuration, logger: testLogger("gateway"))
+        network.attach(gateway, at: endpoint)
+        self.spawn { try? await gateway.run() }
+        self.onExit { gateway.shutdown() }
+        return gateway
+    }
+
+    /// A running client.
+    func client(
+        _ endpoints: [Endpoint],
+        clientID: String = "test-client",
+        transport: (any ClientTransport)? = nil,
+        clock: (any Clock<Duration>)? = nil,
+        configure: (inout ClientConfiguration) -> Void = { _ in }
+    ) throws -> TetherClient {
+        var configuration = ClientConfiguration(endpoints: endpoints, clientID: clientID)
+        configuration.reconnect.backoff = try Backoff(initial: .milliseconds(20), maximum: .milliseconds(200))
+        configure(&configuration)
+        let client = try TetherClient(
+            configuration: configuration,
+            transport: transport ?? TCPClientTransport(),
+            clock: clock ?? ContinuousClock(),
+            logger: testLogger("client")
+        )
+        self.spawn { try? await client.run() }
+        self.onExit { client.shutdown() }
+        return client
+    }
+}
+
+/// Runs `body` with a harness; shuts everything down afterwards.
+func withHarness(_ body: (Harness) async throws -> Void) async throws {
+    let harness = Harness()
+    do {
+        try await body(harness)
+    } catch {
+        await harness.finish()
+        throw error
+    }
+    await harness.finish()
+}
+
+func testLogger(_ label: String) -> Logger {
+    var logger = Logger(label: "test.\(label)")
+    logger.logLevel = .critical
+    return logger
+}
+
+/// Waits until `condition` holds, polling; fails the test after `timeout`.
+func eventually(
+    _ what: String,
+    timeout: Duration = .seconds(10),
+    sourceLocation: SourceLocation = #_sourceLocation,
+    _ condition: @Sendable () async -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !(await condition()) {
+        guard ContinuousClock.now < deadline else {
+            Issue.record("timed out waiting until \(what)", sourceLocation: sourceLocation)
+            throw TimedOut(what: what)
+        }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
+
+struct TimedOut: Error {
+    var what: String
+}
+
+/// Records a client's connection events for later assertions.
+final class EventRecorder: Sendable {
+    private let events = NIOLockedValueBox<[ConnectionEvent]>([])
+
+    init(_ client: TetherClient, in harness: Harness) {
+        let stream = client.events
+        harness.spawn {
+            for await event in stream { self.events.withLockedValue { $0.append(event) } }
+        }
+    }
+
+    var all: [ConnectionEvent] { self.events.withLockedValue { $0 } }
+
+    var connects: Int { self.all.filter { if case .connected = $0 { true } else { false } }.count }
+
+    var disconnectReasons: [DisconnectReason] {
+        self.all.compactMap { if case .disconnected(let reason) = $0 { reason } else { nil } }
+    }
+}
+
+extension ByteBuffer {
+    var string: String { String(buffer: self) }
+}
