@@ -27,7 +27,8 @@ extension TetherClient {
     ///   ``TetherError/Code/connectionLost``, ``TetherError/Code/notConnected``,
     ///   ``TetherError/Code/shutdown``, ``TetherError/Code/requestTooLarge`` or
     ///   ``TetherError/Code/invalidArgument``.
-    public func request(_ method: String, body: ByteBuffer = ByteBuffer(), timeout: Duration? = nil) async throws(TetherError) -> ByteBuffer {
+    public func request(_ method: String, body: ByteBuffer = ByteBuffer(), timeout: Duration? = nil) async throws(TetherError) -> ByteBuffer
+    {
         guard !method.isEmpty, method.utf8.count <= Int(UInt16.max) else {
             throw TetherError(code: .invalidArgument, message: "the method must be 1 to 65535 bytes long")
         }
@@ -49,7 +50,7 @@ extension TetherClient {
             }
             let request = Frame.Request(id: id, method: method, timeout: Duration(remaining), body: body)
             do {
-                return try await connection.execute(request, timeout: remaining)
+                return try await connection.execute(request, deadline: deadline)
             } catch let error as TetherError where error.code == .notDispatched {
                 // The connection stopped accepting requests before this one reached a handler:
                 // make sure nobody picks it again, then wait for the next one.

@@ -109,7 +109,13 @@ final class DemoRun: Sendable {
         return try TetherClient(configuration: configuration)
     }
 
-    private func call(_ client: TetherClient, _ who: String, _ method: String, _ body: String, timeout: Duration? = nil) async throws -> String {
+    private func call(
+        _ client: TetherClient,
+        _ who: String,
+        _ method: String,
+        _ body: String,
+        timeout: Duration? = nil
+    ) async throws -> String {
         let started = ContinuousClock.now
         let reply = try await client.request(method, body: ByteBuffer(string: body), timeout: timeout)
         self.requestsOK.increment()
@@ -137,7 +143,9 @@ final class DemoRun: Sendable {
             return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
         }
         self.requestsOK.increment(by: answers)
-        self.say("alice sent \(count) requests at once on one connection: \(answers) correct answers in \(Self.format(ContinuousClock.now - started))")
+        self.say(
+            "alice sent \(count) requests at once on one connection: \(answers) correct answers in \(Self.format(ContinuousClock.now - started))"
+        )
     }
 
     private func pushes(alice: TetherClient, bob: TetherClient) async throws {

@@ -57,7 +57,12 @@ extension Gateway {
         if let authenticator = self.authenticator {
             do {
                 try await authenticator(
-                    HandshakeInfo(clientID: hello.clientID, authToken: hello.authToken, userAgent: hello.userAgent, remoteAddress: remoteAddress)
+                    HandshakeInfo(
+                        clientID: hello.clientID,
+                        authToken: hello.authToken,
+                        userAgent: hello.userAgent,
+                        remoteAddress: remoteAddress
+                    )
                 )
             } catch {
                 let message = (error as? RequestError)?.message ?? "authentication failed"

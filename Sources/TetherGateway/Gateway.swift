@@ -137,11 +137,15 @@ public final class Gateway: Service, Sendable {
     /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket
     /// upgrade, …). The channel's pipeline must already read and write ``Frame``s; the gateway
     /// adds its protocol handler on top.
+    ///
+    /// - Important: Create the channel with `ChannelOptions.autoRead` off, so that nothing is
+    ///   read before the gateway's handlers are in place; the gateway turns reading on.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notRunning`` if the gateway shut down.
     public func accept(_ channel: any Channel) async throws(GatewayError) {
         let accepted: AcceptedConnection
         do {
             accepted = try await channel.eventLoop.submit { try self.configure(channel) }.get()
+            try await channel.setOption(ChannelOptions.autoRead, value: true)
         } catch {
             channel.close(promise: nil)
             throw GatewayError(code: .notRunning, message: "could not set up the connection: \(error)")
@@ -271,7 +275,9 @@ extension Gateway {
 /// An error of the gateway's own API (not of a request).
 public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        enum Wrapped: Hashable, Sendable { case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument }
+        enum Wrapped: Hashable, Sendable {
+            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument
+        }
         let wrapped: Wrapped
 
         /// The configuration is invalid.

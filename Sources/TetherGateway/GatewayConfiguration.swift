@@ -101,7 +101,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
 
         public func validate() throws(ConfigurationError) {
             guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
-                throw ConfigurationError("limits.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)")
+                throw ConfigurationError(
+                    "limits.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)"
+                )
             }
             guard self.maxConcurrentRequestsPerConnection >= 1 else {
                 throw ConfigurationError("limits.maxConcurrentRequestsPerConnection must be at least 1")

@@ -51,4 +51,3 @@ extension Push {
         try M(decoding: self.body)
     }
 }
-

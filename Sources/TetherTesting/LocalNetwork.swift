@@ -1,14 +1,15 @@
-#if canImport(Darwin)
-import Darwin
-#elseif canImport(Glibc)
-import Glibc
-#endif
 import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
 public import TetherCore
 public import TetherGateway
 public import TetherNIO
+
+#if canImport(Darwin)
+    import Darwin
+#elseif canImport(Glibc)
+    import Glibc
+#endif
 
 /// An in-process network: clients reach gateways of the same process through socket pairs,
 /// without TCP/IP or ports, and a ``FaultController`` can break the links.
@@ -82,6 +83,7 @@ public final class LocalNetwork: Sendable {
         }
         do {
             let gatewayChannel = try await ClientBootstrap(group: self.eventLoopGroup)
+                .channelOption(.autoRead, value: false)  // the gateway starts reading once set up
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
@@ -100,9 +102,9 @@ public final class LocalNetwork: Sendable {
     private static func socketPair() throws -> (CInt, CInt) {
         var sockets: [CInt] = [-1, -1]
         #if canImport(Darwin)
-        let result = socketpair(AF_UNIX, SOCK_STREAM, 0, &sockets)
+            let result = socketpair(AF_UNIX, SOCK_STREAM, 0, &sockets)
         #else
-        let result = socketpair(AF_UNIX, CInt(SOCK_STREAM.rawValue), 0, &sockets)
+            let result = socketpair(AF_UNIX, CInt(SOCK_STREAM.rawValue), 0, &sockets)
         #endif
         guard result == 0 else { throw IOError(errnoCode: errno, reason: "socketpair") }
         return (sockets[0], sockets[1])

@@ -83,19 +83,24 @@ struct FrameCodecTests {
 
     @Test("a flipped bit fails the checksum")
     func checksumMismatch() throws {
-        var buffer = try SampleFrames.encode(Frame(.request(.init(id: 1, method: "echo", body: ByteBuffer(string: "payload"))), flags: .checksum))
+        var buffer = try SampleFrames.encode(
+            Frame(.request(.init(id: 1, method: "echo", body: ByteBuffer(string: "payload"))), flags: .checksum)
+        )
         let last = buffer.writerIndex - 1
         buffer.setInteger(buffer.getInteger(at: last, as: UInt8.self)! ^ 0x01, at: last)
         var decoder = FrameDecoder(maxBodySize: 1024)
         #expect(Self.code { try decoder.decodeFrame(from: &buffer) } == .checksumMismatch)
     }
 
-    @Test("header corruption is rejected", arguments: [
-        (2, UInt8(2), StatusCode.unsupportedVersion),  // version
-        (3, UInt8(0x42), StatusCode.unknownFrameType),  // type outside extension range
-        (4, UInt8(0x80), StatusCode.protocolError),  // reserved flag bit
-        (25, UInt8(0x01), StatusCode.protocolError),  // checksum without flag
-    ])
+    @Test(
+        "header corruption is rejected",
+        arguments: [
+            (2, UInt8(2), StatusCode.unsupportedVersion),  // version
+            (3, UInt8(0x42), StatusCode.unknownFrameType),  // type outside extension range
+            (4, UInt8(0x80), StatusCode.protocolError),  // reserved flag bit
+            (25, UInt8(0x01), StatusCode.protocolError),  // checksum without flag
+        ]
+    )
     func headerCorruption(offset: Int, value: UInt8, expected: StatusCode) throws {
         var buffer = try SampleFrames.encode(Frame(.ping(.init(id: 1))))
         buffer.setInteger(value, at: offset)
@@ -217,10 +222,12 @@ enum ProtocolDocument {
         var body = Substring(hex[index...])
         while !body.isEmpty {
             let chunk = body.prefix(32)
-            lines.append(stride(from: 0, to: chunk.count, by: 2).map { offset -> String in
-                let start = chunk.index(chunk.startIndex, offsetBy: offset)
-                return String(chunk[start..<chunk.index(start, offsetBy: 2)])
-            }.joined(separator: " "))
+            lines.append(
+                stride(from: 0, to: chunk.count, by: 2).map { offset -> String in
+                    let start = chunk.index(chunk.startIndex, offsetBy: offset)
+                    return String(chunk[start..<chunk.index(start, offsetBy: 2)])
+                }.joined(separator: " ")
+            )
             body = body.dropFirst(32)
         }
         return lines.joined(separator: "\n")

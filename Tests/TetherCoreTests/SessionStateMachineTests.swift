@@ -25,6 +25,10 @@ struct HandshakeTests {
         #expect(welcome.features == .checksum)
         #expect(negotiated.checksums)
         #expect(negotiated.connectionID == 5)
+        hello.maxBodySize = 2048
+        let (_, gatewayView) = try Handshake.accept(hello, policy: policy, connectionID: 5).get()
+        #expect(gatewayView.peerMaxBodySize == 2048, "the gateway's peer is the client")
+        #expect(try Handshake.validate(welcome, offered: hello).peerMaxBodySize == 1 << 20, "the client's peer is the gateway")
     }
 
     @Test("no common version is an unsupported-version error that names both ranges")
@@ -210,19 +214,25 @@ struct GatewaySessionStateMachineTests {
         #expect(other.requestsInFlight == 0)
     }
 
-    @Test("draining refuses new requests and closes when the last one is answered")
+    @Test("draining refuses new requests, still answers those in flight, and leaves closing to the client")
     func draining() throws {
         var machine = try self.makeEstablished()
         _ = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
         _ = machine.received(Frame(.request(.init(id: 2, method: "m")), flags: .checksum))
-        #expect(machine.drain() == (true, false))
+        #expect(machine.drain() == .sendGoAway)
+        #expect(machine.drain() == .none)
         guard case .refuseRequest(let refusal) = machine.received(Frame(.request(.init(id: 3, method: "m")), flags: .checksum)) else {
             Issue.record("expected a refusal")
             return
         }
         #expect(refusal.id == 3 && refusal.status == .unavailable)
         #expect(machine.responseSent(id: 1) == .send)
-        #expect(machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum)) == .close)
+        #expect(machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum)) == .forwardCancel(.init(requestID: 2)))
+        #expect(machine.requestsInFlight == 0)
+        #expect(
+            machine.received(Frame(.ping(.init(id: 1)), flags: .checksum)) == .replyPong(.init(id: 1)),
+            "still alive until the client closes"
+        )
     }
 
     @Test("each request is answered once: late answers and answers after CANCEL are dropped")
@@ -238,21 +248,14 @@ struct GatewaySessionStateMachineTests {
         #expect(machine.responseSent(id: 99) == .drop)
     }
 
-    @Test("the last answer of a draining connection closes it")
-    func lastAnswerCloses() throws {
-        var machine = try self.makeEstablished()
-        _ = machine.received(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
-        #expect(machine.drain() == (true, false))
-        #expect(machine.responseSent(id: 1) == .sendAndClose)
-    }
-
-    @Test("draining an idle connection closes it at once; draining before the handshake too")
-    func drainIdle() throws {
-        var machine = try self.makeEstablished()
-        #expect(machine.drain() == (true, true))
+    @Test("draining a connection still in its handshake sends GOAWAY and closes at once")
+    func drainDuringHandshake() throws {
         var fresh = GatewaySessionStateMachine()
-        #expect(fresh.drain() == (true, true))
+        #expect(fresh.drain() == .sendGoAwayAndClose)
         #expect(fresh.phase == .closed)
+        var negotiating = GatewaySessionStateMachine()
+        _ = negotiating.received(Frame(.hello(sampleHello), flags: .checksum))
+        #expect(negotiating.drain() == .sendGoAwayAndClose)
     }
 
     @Test("a client may not send gateway frames")

@@ -85,7 +85,10 @@ struct FramingTests {
     @Test("an oversized length fails before the body arrives")
     func oversizeBeforeBody() throws {
         let channel = EmbeddedChannel(handler: FrameDecodingHandler(maxBodySize: 1024))
-        let header = try encoded([Frame(.push(.init(topic: "t", body: ByteBuffer(repeating: 0, count: 5000))))]).getSlice(at: 0, length: FrameHeader.size)!
+        let header = try encoded([Frame(.push(.init(topic: "t", body: ByteBuffer(repeating: 0, count: 5000))))]).getSlice(
+            at: 0,
+            length: FrameHeader.size
+        )!
         do {
             try channel.writeInbound(header)
             Issue.record("expected frameTooLarge")

@@ -9,6 +9,14 @@ import TetherGateway
 import TetherNIO
 import TetherTesting
 
+/// The integration tests: real sockets, real timers, real concurrency.
+///
+/// They run one at a time (`.serialized`), so that the stress tests (10,000 requests at once)
+/// never share the two CPUs with tests whose assertions involve timeouts. The unit suites of
+/// the other test targets run in parallel with them.
+@Suite("Integration", .serialized, .timeLimit(.minutes(5)))
+struct IntegrationTests {}
+
 /// Starts gateways and clients for a test and tears them down afterwards.
 ///
 /// `withHarness` returns only after every gateway and client it started has shut down and

@@ -21,7 +21,10 @@ final class RawConnection: @unchecked Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let decoder = FrameDecodingHandler()
                     try channel.pipeline.syncOperations.addHandler(decoder)
-                    channel.pipeline.triggerUserOutboundEvent(TetherChannelEvent.limitsNegotiated(maxInboundBodySize: 1 << 24), promise: nil)
+                    channel.pipeline.triggerUserOutboundEvent(
+                        TetherChannelEvent.limitsNegotiated(maxInboundBodySize: 1 << 24),
+                        promise: nil
+                    )
                     try channel.pipeline.syncOperations.addHandler(Collector(continuation: continuation))
                 }
             }

@@ -5,226 +5,232 @@ import Tether
 import TetherCore
 import TetherGateway
 
-@Suite("Requests over TCP", .timeLimit(.minutes(2)))
-struct RequestResponseTests {
-    @Test("a request gets its handler's reply; unknown methods and handler errors get clear statuses")
-    func basics() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway()
-            gateway.handle("echo") { request, _ in request.body }
-            gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
-            gateway.handle("crash") { _, _ in throw SomeInternalError() }
-            gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
-            let client = try harness.client([endpoint], clientID: "alice")
+extension IntegrationTests {
+    @Suite("Requests over TCP", .timeLimit(.minutes(2)))
+    struct RequestResponseTests {
+        @Test("a request gets its handler's reply; unknown methods and handler errors get clear statuses")
+        func basics() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
+                gateway.handle("crash") { _, _ in throw SomeInternalError() }
+                gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                let client = try harness.client([endpoint], clientID: "alice")
 
-            #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
-            #expect(try await client.request("whoami").string == "alice")
+                #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
+                #expect(try await client.request("whoami").string == "alice")
 
-            let unknown = await #expect(throws: TetherError.self) { try await client.request("nope") }
-            #expect(unknown?.code == .serverError && unknown?.status == .unknownMethod)
-            #expect(unknown?.message.contains("nope") == true)
+                let unknown = await #expect(throws: TetherError.self) { try await client.request("nope") }
+                #expect(unknown?.code == .serverError && unknown?.status == .unknownMethod)
+                #expect(unknown?.message.contains("nope") == true)
 
-            let rejected = await #expect(throws: TetherError.self) { try await client.request("reject") }
-            #expect(rejected?.status == .permissionDenied && rejected?.message == "not you")
+                let rejected = await #expect(throws: TetherError.self) { try await client.request("reject") }
+                #expect(rejected?.status == .permissionDenied && rejected?.message == "not you")
 
-            let crashed = await #expect(throws: TetherError.self) { try await client.request("crash") }
-            #expect(crashed?.status == .internalError)
-            #expect(crashed?.message == "internal error in 'crash'", "handler error details are not leaked by default")
+                let crashed = await #expect(throws: TetherError.self) { try await client.request("crash") }
+                #expect(crashed?.status == .internalError)
+                #expect(crashed?.message == "internal error in 'crash'", "handler error details are not leaked by default")
 
-            // The connection survived every failed request.
-            #expect(try await client.request("echo", body: ByteBuffer(string: "still")).string == "still")
-        }
-    }
-
-    @Test("10,000 concurrent requests over one connection each get their own response, out of order")
-    func tenThousandConcurrent() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway()
-            gateway.handle("square") { request, _ in
-                let value = Int(request.body.string)!
-                // Make some handlers slower so that responses overtake each other.
-                if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
-                return ByteBuffer(string: "\(value * value)")
+                // The connection survived every failed request.
+                #expect(try await client.request("echo", body: ByteBuffer(string: "still")).string == "still")
             }
-            let client = try harness.client([endpoint]) { $0.requests.defaultTimeout = .seconds(120) }
-            let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
-                for value in 0..<10_000 {
-                    group.addTask {
-                        let reply = try await client.request("square", body: ByteBuffer(string: "\(value)"))
-                        return reply.string == "\(value * value)" ? 0 : 1
+        }
+
+        @Test("10,000 concurrent requests over one connection each get their own response, out of order")
+        func tenThousandConcurrent() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("square") { request, _ in
+                    let value = Int(request.body.string)!
+                    // Make some handlers slower so that responses overtake each other.
+                    if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
+                    return ByteBuffer(string: "\(value * value)")
+                }
+                let client = try harness.client([endpoint]) { $0.requests.defaultTimeout = .seconds(120) }
+                let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
+                    for value in 0..<10_000 {
+                        group.addTask {
+                            let reply = try await client.request("square", body: ByteBuffer(string: "\(value)"))
+                            return reply.string == "\(value * value)" ? 0 : 1
+                        }
                     }
+                    return try await group.reduce(0, +)
                 }
-                return try await group.reduce(0, +)
+                #expect(mismatches == 0)
+                #expect(gateway.connections.count == 1, "all requests share one connection")
             }
-            #expect(mismatches == 0)
-            #expect(gateway.connections.count == 1, "all requests share one connection")
         }
-    }
 
-    @Test("a request that outlives its timeout fails with timedOut, and its handler is stopped")
-    func timeout() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway()
-            let stopped = NIOLockedValueBox(false)
-            gateway.handle("slow") { _, _ in
-                do {
-                    try await Task.sleep(for: .seconds(30))
-                } catch {
-                    stopped.withLockedValue { $0 = true }
-                    throw error
+        @Test("a request that outlives its timeout fails with timedOut, and its handler is stopped")
+        func timeout() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let stopped = NIOLockedValueBox(false)
+                gateway.handle("slow") { _, _ in
+                    do {
+                        try await Task.sleep(for: .seconds(30))
+                    } catch {
+                        stopped.withLockedValue { $0 = true }
+                        throw error
+                    }
+                    return ByteBuffer()
                 }
-                return ByteBuffer()
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                _ = try await client.request("echo")  // connected
+
+                let started = ContinuousClock.now
+                let error = await #expect(throws: TetherError.self) { try await client.request("slow", timeout: .milliseconds(200)) }
+                let elapsed = ContinuousClock.now - started
+                #expect(error?.code == .timedOut, "\(String(describing: error)) after \(elapsed)")
+                #expect(elapsed >= Duration.milliseconds(200) && elapsed < Duration.seconds(20), "took \(elapsed)")
+                // Well under the gateway's 10 s grace period: only the deadline can stop the handler this soon.
+                try await eventually("the gateway stops the handler", timeout: .seconds(3)) { stopped.withLockedValue { $0 } }
             }
-            gateway.handle("echo") { request, _ in request.body }
-            let client = try harness.client([endpoint])
-            _ = try await client.request("echo")  // connected
-
-            let started = ContinuousClock.now
-            let error = await #expect(throws: TetherError.self) { try await client.request("slow", timeout: .milliseconds(200)) }
-            let elapsed = ContinuousClock.now - started
-            #expect(error?.code == .timedOut)
-            #expect(elapsed >= Duration.milliseconds(200) && elapsed < Duration.seconds(20), "took \(elapsed)")
-            try await eventually("the gateway stops the handler") { stopped.withLockedValue { $0 } }
         }
-    }
 
-    @Test("the gateway answers deadline exceeded when a handler overruns the gateway's own limit")
-    func gatewayHandlerLimit() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway { $0.timeouts.handler = .milliseconds(100) }
-            let release = NIOLockedValueBox(false)
-            let handlerFinished = NIOLockedValueBox(false)
-            gateway.handle("stubborn") { _, _ in
-                // Ignores cancellation on purpose, until the test lets it go.
-                while !release.withLockedValue({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
-                handlerFinished.withLockedValue { $0 = true }
-                return ByteBuffer(string: "too late")
+        @Test("the gateway answers deadline exceeded when a handler overruns the gateway's own limit")
+        func gatewayHandlerLimit() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.timeouts.handler = .milliseconds(100) }
+                let release = NIOLockedValueBox(false)
+                let handlerFinished = NIOLockedValueBox(false)
+                gateway.handle("stubborn") { _, _ in
+                    // Ignores cancellation on purpose, until the test lets it go.
+                    while !release.withLockedValue({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
+                    handlerFinished.withLockedValue { $0 = true }
+                    return ByteBuffer(string: "too late")
+                }
+                let client = try harness.client([endpoint])
+                let events = EventRecorder(client, in: harness)
+                let error = await #expect(throws: TetherError.self) { try await client.request("stubborn", timeout: .seconds(30)) }
+                #expect(error?.status == .deadlineExceeded)
+                #expect(!handlerFinished.withLockedValue { $0 }, "the RESPONSE must not wait for the handler to give up")
+                release.withLockedValue { $0 = true }
+                try await eventually("the handler finishes") { handlerFinished.withLockedValue { $0 } }
+                // Its late answer was dropped by the gateway; the connection carries on.
+                try await Task.sleep(for: .milliseconds(100))
+                #expect(events.disconnectReasons.isEmpty)
+                #expect(gateway.connections.count == 1)
             }
-            let client = try harness.client([endpoint])
-            let events = EventRecorder(client, in: harness)
-            let error = await #expect(throws: TetherError.self) { try await client.request("stubborn", timeout: .seconds(30)) }
-            #expect(error?.status == .deadlineExceeded)
-            #expect(!handlerFinished.withLockedValue { $0 }, "the RESPONSE must not wait for the handler to give up")
-            release.withLockedValue { $0 = true }
-            try await eventually("the handler finishes") { handlerFinished.withLockedValue { $0 } }
-            // Its late answer was dropped by the gateway; the connection carries on.
-            try await Task.sleep(for: .milliseconds(100))
-            #expect(events.disconnectReasons.isEmpty)
-            #expect(gateway.connections.count == 1)
         }
-    }
 
-    @Test("cancelling the calling task cancels the request at once and reaches the gateway handler")
-    func cancellationReachesGateway() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway()
-            let started = NIOLockedValueBox(false)
-            let cancelled = NIOLockedValueBox(false)
-            gateway.handle("wait") { _, _ in
-                started.withLockedValue { $0 = true }
-                do {
+        @Test("cancelling the calling task cancels the request at once and reaches the gateway handler")
+        func cancellationReachesGateway() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let started = NIOLockedValueBox(false)
+                let cancelled = NIOLockedValueBox(false)
+                gateway.handle("wait") { _, _ in
+                    started.withLockedValue { $0 = true }
+                    do {
+                        try await Task.sleep(for: .seconds(60))
+                    } catch {
+                        cancelled.withLockedValue { $0 = true }
+                        throw error
+                    }
+                    return ByteBuffer()
+                }
+                let client = try harness.client([endpoint])
+                let task = Task { try await client.request("wait", timeout: .seconds(60)) }
+                try await eventually("the handler runs") { started.withLockedValue { $0 } }
+                let cancelledAt = ContinuousClock.now
+                task.cancel()
+                let error = await #expect(throws: TetherError.self) { try await task.value }
+                #expect(error?.code == .cancelled)
+                #expect(ContinuousClock.now - cancelledAt < .seconds(10), "cancellation is local: it does not wait for the 60 s handler")
+                // The gateway's own deadline is 60 s; only the CANCEL frame can stop the handler now.
+                try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { cancelled.withLockedValue { $0 } }
+            }
+        }
+
+        @Test("the data task API: suspended until resumed, completes once, cancellable")
+        func dataTasks() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                gateway.handle("wait") { _, _ in
                     try await Task.sleep(for: .seconds(60))
-                } catch {
-                    cancelled.withLockedValue { $0 = true }
-                    throw error
+                    return ByteBuffer()
                 }
-                return ByteBuffer()
+                let client = try harness.client([endpoint])
+
+                let results = NIOLockedValueBox<[Result<ByteBuffer, TetherError>]>([])
+                let task = client.dataTask("echo", body: ByteBuffer(string: "cb")) { result in results.withLockedValue { $0.append(result) }
+                }
+                #expect(task.state == .suspended)
+                try await Task.sleep(for: .milliseconds(50))
+                #expect(results.withLockedValue { $0.isEmpty }, "nothing is sent before resume()")
+                task.resume()
+                try await eventually("the completion runs") { results.withLockedValue { $0.count == 1 } }
+                #expect(try results.withLockedValue { $0[0] }.get().string == "cb")
+                #expect(task.state == .completed)
+                task.cancel()
+                #expect(task.state == .completed, "cancel after completion changes nothing")
+
+                let cancelledResults = NIOLockedValueBox<[Result<ByteBuffer, TetherError>]>([])
+                let slow = client.dataTask("wait") { result in cancelledResults.withLockedValue { $0.append(result) } }
+                slow.resume()
+                #expect(slow.state == .running)
+                try await Task.sleep(for: .milliseconds(50))
+                slow.cancel()
+                try await eventually("the cancelled task completes") { cancelledResults.withLockedValue { $0.count == 1 } }
+                if case .failure(let error) = cancelledResults.withLockedValue({ $0[0] }) {
+                    #expect(error.code == .cancelled)
+                } else {
+                    Issue.record("a cancelled data task must fail")
+                }
+                #expect(slow.state == .canceled)
+
+                let never = NIOLockedValueBox(0)
+                let suspended = client.dataTask("echo") { _ in never.withLockedValue { $0 += 1 } }
+                suspended.cancel()
+                #expect(suspended.state == .canceled)
+                suspended.resume()
+                try await Task.sleep(for: .milliseconds(50))
+                #expect(never.withLockedValue { $0 } == 1, "the completion runs exactly once")
             }
-            let client = try harness.client([endpoint])
-            let task = Task { try await client.request("wait", timeout: .seconds(60)) }
-            try await eventually("the handler runs") { started.withLockedValue { $0 } }
-            let cancelledAt = ContinuousClock.now
-            task.cancel()
-            let error = await #expect(throws: TetherError.self) { try await task.value }
-            #expect(error?.code == .cancelled)
-            #expect(ContinuousClock.now - cancelledAt < .seconds(10), "cancellation is local: it does not wait for the 60 s handler")
-            // The gateway's own deadline is 60 s; only the CANCEL frame can stop the handler now.
-            try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { cancelled.withLockedValue { $0 } }
+        }
+
+        @Test("invalid arguments are refused locally with clear errors")
+        func invalidArguments() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxBodySize = 4096 }
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                #expect(await #expect(throws: TetherError.self) { try await client.request("") }?.code == .invalidArgument)
+                #expect(
+                    await #expect(throws: TetherError.self) { try await client.request("echo", timeout: .zero) }?.code == .invalidArgument
+                )
+                let tooLarge = await #expect(throws: TetherError.self) {
+                    try await client.request("echo", body: ByteBuffer(repeating: 0, count: 5000))
+                }
+                #expect(tooLarge?.code == .requestTooLarge)
+                #expect(try await client.request("echo", body: ByteBuffer(repeating: 1, count: 4000)).readableBytes == 4000)
+            }
+        }
+
+        @Test("invalid configurations are refused with the name of the bad value")
+        func invalidConfiguration() throws {
+            var configuration = ClientConfiguration(endpoints: [], clientID: "x")
+            #expect(throws: TetherError.self) { try TetherClient(configuration: configuration) }
+            configuration.endpoints = [Endpoint(host: "h", port: 0)]
+            #expect(throws: TetherError.self) { try TetherClient(configuration: configuration) }
+            configuration.endpoints = [Endpoint(host: "h", port: 1)]
+            configuration.heartbeat.timeout = .zero
+            do {
+                _ = try TetherClient(configuration: configuration)
+                Issue.record("expected an error")
+            } catch {
+                #expect(error.code == .invalidConfiguration && error.message.contains("heartbeat.timeout"))
+            }
+            var gateway = GatewayConfiguration.defaults
+            gateway.timeouts.idle = .seconds(1)
+            gateway.timeouts.heartbeatInterval = .seconds(2)
+            #expect(throws: GatewayError.self) { try Gateway(configuration: gateway) }
         }
     }
 
-    @Test("the data task API: suspended until resumed, completes once, cancellable")
-    func dataTasks() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway()
-            gateway.handle("echo") { request, _ in request.body }
-            gateway.handle("wait") { _, _ in
-                try await Task.sleep(for: .seconds(60))
-                return ByteBuffer()
-            }
-            let client = try harness.client([endpoint])
-
-            let results = NIOLockedValueBox<[Result<ByteBuffer, TetherError>]>([])
-            let task = client.dataTask("echo", body: ByteBuffer(string: "cb")) { result in results.withLockedValue { $0.append(result) } }
-            #expect(task.state == .suspended)
-            try await Task.sleep(for: .milliseconds(50))
-            #expect(results.withLockedValue { $0.isEmpty }, "nothing is sent before resume()")
-            task.resume()
-            try await eventually("the completion runs") { results.withLockedValue { $0.count == 1 } }
-            #expect(try results.withLockedValue { $0[0] }.get().string == "cb")
-            #expect(task.state == .completed)
-            task.cancel()
-            #expect(task.state == .completed, "cancel after completion changes nothing")
-
-            let cancelledResults = NIOLockedValueBox<[Result<ByteBuffer, TetherError>]>([])
-            let slow = client.dataTask("wait") { result in cancelledResults.withLockedValue { $0.append(result) } }
-            slow.resume()
-            #expect(slow.state == .running)
-            try await Task.sleep(for: .milliseconds(50))
-            slow.cancel()
-            try await eventually("the cancelled task completes") { cancelledResults.withLockedValue { $0.count == 1 } }
-            if case .failure(let error) = cancelledResults.withLockedValue({ $0[0] }) {
-                #expect(error.code == .cancelled)
-            } else {
-                Issue.record("a cancelled data task must fail")
-            }
-            #expect(slow.state == .canceled)
-
-            let never = NIOLockedValueBox(0)
-            let suspended = client.dataTask("echo") { _ in never.withLockedValue { $0 += 1 } }
-            suspended.cancel()
-            #expect(suspended.state == .canceled)
-            suspended.resume()
-            try await Task.sleep(for: .milliseconds(50))
-            #expect(never.withLockedValue { $0 } == 1, "the completion runs exactly once")
-        }
-    }
-
-    @Test("invalid arguments are refused locally with clear errors")
-    func invalidArguments() async throws {
-        try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway { $0.limits.maxBodySize = 4096 }
-            gateway.handle("echo") { request, _ in request.body }
-            let client = try harness.client([endpoint])
-            #expect(await #expect(throws: TetherError.self) { try await client.request("") }?.code == .invalidArgument)
-            #expect(await #expect(throws: TetherError.self) { try await client.request("echo", timeout: .zero) }?.code == .invalidArgument)
-            let tooLarge = await #expect(throws: TetherError.self) {
-                try await client.request("echo", body: ByteBuffer(repeating: 0, count: 5000))
-            }
-            #expect(tooLarge?.code == .requestTooLarge)
-            #expect(try await client.request("echo", body: ByteBuffer(repeating: 1, count: 4000)).readableBytes == 4000)
-        }
-    }
-
-    @Test("invalid configurations are refused with the name of the bad value")
-    func invalidConfiguration() throws {
-        var configuration = ClientConfiguration(endpoints: [], clientID: "x")
-        #expect(throws: TetherError.self) { try TetherClient(configuration: configuration) }
-        configuration.endpoints = [Endpoint(host: "h", port: 0)]
-        #expect(throws: TetherError.self) { try TetherClient(configuration: configuration) }
-        configuration.endpoints = [Endpoint(host: "h", port: 1)]
-        configuration.heartbeat.timeout = .zero
-        do {
-            _ = try TetherClient(configuration: configuration)
-            Issue.record("expected an error")
-        } catch {
-            #expect(error.code == .invalidConfiguration && error.message.contains("heartbeat.timeout"))
-        }
-        var gateway = GatewayConfiguration.defaults
-        gateway.timeouts.idle = .seconds(1)
-        gateway.timeouts.heartbeatInterval = .seconds(2)
-        #expect(throws: GatewayError.self) { try Gateway(configuration: gateway) }
-    }
+    struct SomeInternalError: Error {}
 }
-
-struct SomeInternalError: Error {}

@@ -26,15 +26,15 @@ final class ClientConnection: Sendable {
         self.closeFuture = closeFuture
     }
 
-    /// Sends `request` and waits for its response; task cancellation cancels it at once.
-    func execute(_ request: Frame.Request, timeout: TimeAmount) async throws -> ByteBuffer {
+    /// Sends `request` and waits for its response until `deadline`; task cancellation cancels it at once.
+    func execute(_ request: Frame.Request, deadline: NIODeadline) async throws -> ByteBuffer {
         let eventLoop = self.channel.eventLoop
         let promise = eventLoop.makePromise(of: ByteBuffer.self)
         let handler = self.handler
         if eventLoop.inEventLoop {
-            handler.value.sendRequest(request, timeout: timeout, promise: promise)
+            handler.value.sendRequest(request, deadline: deadline, promise: promise)
         } else {
-            eventLoop.execute { handler.value.sendRequest(request, timeout: timeout, promise: promise) }
+            eventLoop.execute { handler.value.sendRequest(request, deadline: deadline, promise: promise) }
         }
         let id = request.id
         return try await withTaskCancellationHandler {

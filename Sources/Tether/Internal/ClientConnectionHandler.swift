@@ -37,6 +37,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     private struct PendingRequest {
         var method: String
+        var deadline: NIODeadline
         var promise: EventLoopPromise<ByteBuffer>
         var timer: Scheduled<Void>
     }
@@ -164,8 +165,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     // MARK: Operations called by the client, on the event loop
 
-    /// Sends a request; `promise` completes with the response body or a ``TetherError``.
-    func sendRequest(_ request: Frame.Request, timeout: TimeAmount, promise: EventLoopPromise<ByteBuffer>) {
+    /// Sends a request; `promise` completes with the response body or a ``TetherError``, at the
+    /// latest when `deadline` passes.
+    func sendRequest(_ request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>) {
         guard let context, self.session.acceptsRequests, let negotiated = self.session.negotiated else {
             promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
             return
@@ -185,10 +187,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             return
         }
         let id = request.id
-        let timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+        let timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
             self.requestTimedOut(id: id)
         }
-        self.pending[id] = PendingRequest(method: request.method, promise: promise, timer: timer)
+        self.pending[id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, timer: timer)
         self.send(.request(request), context: context)
     }
 
@@ -294,6 +296,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         case .unavailable:
             // The gateway is draining and did not run the handler: safe to send again elsewhere.
             request.promise.fail(TetherError(code: .notDispatched, message: response.message, status: response.status))
+        case .deadlineExceeded where NIODeadline.now() >= request.deadline:
+            // The gateway enforced the caller's own deadline: to the caller, it timed out.
+            request.promise.fail(
+                TetherError(code: .timedOut, message: "no response to '\(request.method)' before its deadline", status: response.status)
+            )
         default:
             let message = response.message.isEmpty ? "'\(request.method)' failed" : response.message
             request.promise.fail(TetherError(code: .serverError, message: message, status: response.status))

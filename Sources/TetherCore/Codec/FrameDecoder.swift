@@ -122,7 +122,12 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             let message = try body.readShortString(field: "message", in: type)
             try Self.expectEnd(body, type)
             return .goAway(
-                Frame.GoAway(reason: reason, retryAfter: retryAfter, alternateEndpoint: alternate.isEmpty ? nil : alternate, message: message)
+                Frame.GoAway(
+                    reason: reason,
+                    retryAfter: retryAfter,
+                    alternateEndpoint: alternate.isEmpty ? nil : alternate,
+                    message: message
+                )
             )
         case .error:
             let code = StatusCode(rawValue: try body.readField(UInt16.self, field: "code", in: type))

@@ -82,7 +82,10 @@ public enum Handshake {
         }
         guard hello.maxBodySize >= UInt32(Self.minimumBodyLimit) else {
             return .failure(
-                ProtocolError(code: .protocolError, message: "client's maximum body size \(hello.maxBodySize) is below the minimum \(Self.minimumBodyLimit)")
+                ProtocolError(
+                    code: .protocolError,
+                    message: "client's maximum body size \(hello.maxBodySize) is below the minimum \(Self.minimumBodyLimit)"
+                )
             )
         }
         let welcome = Frame.Welcome(
@@ -95,16 +98,22 @@ public enum Handshake {
             maxConcurrentRequests: policy.maxConcurrentRequests,
             serverName: policy.serverName
         )
-        let negotiated = Negotiated(
-            version: highest,
-            features: features,
-            connectionID: connectionID,
-            peerMaxBodySize: Int(min(hello.maxBodySize, UInt32(FrameHeader.absoluteMaximumBodySize))),
-            heartbeatInterval: policy.heartbeatInterval,
-            idleTimeout: policy.idleTimeout,
-            maxConcurrentRequests: policy.maxConcurrentRequests
-        )
+        let negotiated = Self.gatewayParameters(welcome: welcome, hello: hello)
         return .success((welcome, negotiated))
+    }
+
+    /// The parameters the gateway uses after sending `welcome` in answer to `hello`: the same
+    /// as the client's, except that the peer's body limit is the client's.
+    public static func gatewayParameters(welcome: Frame.Welcome, hello: Frame.Hello) -> Negotiated {
+        Negotiated(
+            version: welcome.version,
+            features: welcome.features,
+            connectionID: welcome.connectionID,
+            peerMaxBodySize: Int(min(hello.maxBodySize, UInt32(FrameHeader.absoluteMaximumBodySize))),
+            heartbeatInterval: welcome.heartbeatInterval,
+            idleTimeout: welcome.idleTimeout,
+            maxConcurrentRequests: welcome.maxConcurrentRequests
+        )
     }
 
     /// The client's check of a WELCOME against its HELLO.
@@ -117,7 +126,10 @@ public enum Handshake {
             throw ProtocolError(code: .protocolError, message: "gateway chose features that were not offered")
         }
         guard welcome.maxBodySize >= UInt32(Self.minimumBodyLimit) else {
-            throw ProtocolError(code: .protocolError, message: "gateway's maximum body size \(welcome.maxBodySize) is below the minimum \(Self.minimumBodyLimit)")
+            throw ProtocolError(
+                code: .protocolError,
+                message: "gateway's maximum body size \(welcome.maxBodySize) is below the minimum \(Self.minimumBodyLimit)"
+            )
         }
         guard welcome.heartbeatInterval > .zero, welcome.idleTimeout > .zero else {
             throw ProtocolError(code: .protocolError, message: "gateway's heartbeat interval and idle timeout must be positive")

@@ -145,7 +145,10 @@ public struct ConnectivityStateMachine: Sendable {
             }
             self.triedInRound = 0
             self.failedRounds += 1
-            return self.backOff(self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()), next: next)
+            return self.backOff(
+                self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()),
+                next: next
+            )
         case .shutDown:
             return .stop
         case .idle, .connected, .draining, .backingOff, .failed:
@@ -208,7 +211,10 @@ public struct ConnectivityStateMachine: Sendable {
             return .fail(attempts: self.consecutiveFailures)
         }
         self.failedRounds += 1
-        return self.backOff(self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()), next: endpoint)
+        return self.backOff(
+            self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()),
+            next: endpoint
+        )
     }
 
     /// The delay of a ``Action/backOff(_:next:)`` passed.

@@ -6,10 +6,12 @@
 ///        │                       │                            │                      │
 ///        └─────────── ERROR / violation / close ──────────────┴──────────────────────┴──▶ closed
 /// ```
-/// While draining, new requests are refused with ``StatusCode/unavailable`` (their handler
-/// never runs, so the client may retry them elsewhere) and the connection closes as soon as
-/// the last request in flight is answered. Each request is answered at most once: a RESPONSE
-/// for a request that was cancelled or already answered (its deadline passed) is dropped.
+/// While draining (after GOAWAY), new requests are refused with ``StatusCode/unavailable``
+/// (their handler never runs, so the client may send them again elsewhere), requests in flight
+/// are answered, and the gateway waits for the *client* to close the connection: only the
+/// client knows when it has no more requests on the wire. (The gateway's handler closes it
+/// anyway when its grace period ends.) Each request is answered at most once: a RESPONSE for a
+/// request that was cancelled or already answered (its deadline passed) is dropped.
 public struct GatewaySessionStateMachine: Sendable {
     public enum Phase: Hashable, Sendable {
         case awaitingHello
@@ -35,8 +37,6 @@ public struct GatewaySessionStateMachine: Sendable {
         case peerError(Frame.ErrorReport)
         /// The frame breaks the protocol: send ERROR with this error, then close.
         case violation(ProtocolError)
-        /// The last request of a draining connection was cancelled: close now.
-        case close
         /// Nothing to do.
         case ignore
     }
@@ -94,7 +94,11 @@ public struct GatewaySessionStateMachine: Sendable {
             case .request(let request):
                 if draining {
                     return .refuseRequest(
-                        Frame.Response(id: request.id, status: .unavailable, message: "the gateway is going away; retry on a new connection")
+                        Frame.Response(
+                            id: request.id,
+                            status: .unavailable,
+                            message: "the gateway is going away; retry on a new connection"
+                        )
                     )
                 }
                 guard self.inFlight.insert(request.id).inserted else {
@@ -103,7 +107,6 @@ public struct GatewaySessionStateMachine: Sendable {
                 return .forwardRequest(request)
             case .cancel(let cancel):
                 guard self.inFlight.remove(cancel.requestID) != nil else { return .ignore }
-                if draining && self.inFlight.isEmpty { return .close }
                 return .forwardCancel(cancel)
             case .ping(let ping):
                 return .replyPong(ping)
@@ -129,8 +132,6 @@ public struct GatewaySessionStateMachine: Sendable {
     public enum ResponseAction: Hashable, Sendable {
         /// Send it.
         case send
-        /// Send it, then close: it answers the last request of a draining connection.
-        case sendAndClose
         /// Do not send it: the request was already answered (deadline) or cancelled.
         case drop
     }
@@ -142,26 +143,30 @@ public struct GatewaySessionStateMachine: Sendable {
 
     /// A RESPONSE for request `id` is about to be sent (by a handler, or because its deadline passed).
     public mutating func responseSent(id: UInt64) -> ResponseAction {
-        guard self.inFlight.remove(id) != nil else { return .drop }
-        if case .draining = self.phase, self.inFlight.isEmpty { return .sendAndClose }
-        return .send
+        self.inFlight.remove(id) != nil ? .send : .drop
+    }
+
+    /// What to do when the gateway wants a connection gone.
+    public enum DrainAction: Hashable, Sendable {
+        /// Send GOAWAY and wait for the client to close (bounded by the grace period).
+        case sendGoAway
+        /// Send GOAWAY and close at once: the handshake had not completed, no request can be in flight.
+        case sendGoAwayAndClose
+        /// Nothing: already draining or closed.
+        case none
     }
 
     /// The gateway wants this connection gone.
-    /// - Returns: Whether to send GOAWAY, and whether to close at once because nothing is in
-    ///   flight (a connection still in its handshake gets GOAWAY and is closed at once).
-    public mutating func drain() -> (sendGoAway: Bool, closeNow: Bool) {
+    public mutating func drain() -> DrainAction {
         switch self.phase {
         case .established(let negotiated):
             self.phase = .draining(negotiated)
-            return (true, self.inFlight.isEmpty)
-        case .draining:
-            return (false, self.inFlight.isEmpty)
+            return .sendGoAway
         case .awaitingHello, .negotiating:
             self.phase = .closed
-            return (true, true)
-        case .closed:
-            return (false, false)
+            return .sendGoAwayAndClose
+        case .draining, .closed:
+            return .none
         }
     }
 

@@ -96,7 +96,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             self.hello = hello
             context.fireChannelRead(data)
         case .forwardRequest(let request):
-            let timeout = request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
+            let timeout =
+                request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
             let id = request.id
             self.deadlines[id] = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
                 self.deadlinePassed(id: id, method: request.method, context: context)
@@ -117,8 +118,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .violation(let error):
             self.logger.info("client broke the protocol", metadata: ["error": "\(error)"])
             self.sendErrorAndClose(error, context: context)
-        case .close:
-            self.closeNow(context: context)
         case .ignore:
             break
         }
@@ -181,8 +180,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         switch self.session.responseSent(id: response.id) {
         case .send:
             self.write(.response(response), context: context, promise: promise)
-        case .sendAndClose:
-            self.writeAndClose(.response(response), context: context, promise: promise)
         case .drop:
             promise?.succeed()
         }
@@ -197,15 +194,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             promise: nil
         )
         context.flush()
-        // Stop the handler: to the application layer this looks like the client's CANCEL.
+        // Stop the handler: to the application layer this looks like the client's CANCEL. The
+        // read-complete hands it over at once (the async channel delivers reads in batches).
         context.fireChannelRead(Self.wrapInboundOut(Frame(.cancel(.init(requestID: id)))))
+        context.fireChannelReadComplete()
     }
 
     private func welcomeSent(_ welcome: Frame.Welcome, context: ChannelHandlerContext) {
-        guard let hello = self.hello, let negotiated = try? Handshake.validate(welcome, offered: hello) else {
-            self.sendErrorAndClose(ProtocolError(code: .protocolError, message: "the gateway produced an invalid WELCOME"), context: context)
+        guard let hello = self.hello else {
+            self.sendErrorAndClose(
+                ProtocolError(code: .protocolError, message: "the gateway sent WELCOME without a HELLO"),
+                context: context
+            )
             return
         }
+        let negotiated = Handshake.gatewayParameters(welcome: welcome, hello: hello)
         self.session.welcomeSent(negotiated)
         self.negotiated = negotiated
         let held = self.heldUntilWelcome
@@ -223,25 +226,22 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     private func drain(_ goAway: Frame.GoAway, context: ChannelHandlerContext) {
-        let (sendGoAway, closeNow) = self.session.drain()
-        switch (sendGoAway, closeNow) {
-        case (true, true):
-            self.writeAndClose(.goAway(goAway), context: context)
-            return
-        case (false, true):
-            self.closeNow(context: context)
-            return
-        case (true, false):
+        switch self.session.drain() {
+        case .sendGoAway:
+            // The client closes once its requests are answered; the grace period bounds the wait.
             self.write(.goAway(goAway), context: context, promise: nil)
             context.flush()
-        case (false, false):
-            break
-        }
-        if self.graceTimer == nil {
             self.graceTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.shutdownGracePeriod) {
-                self.logger.info("grace period over; closing with requests in flight", metadata: ["requests": "\(self.session.requestsInFlight)"])
+                self.logger.info(
+                    "grace period over; closing the connection",
+                    metadata: ["requests": "\(self.session.requestsInFlight)"]
+                )
                 self.closeNow(context: context)
             }
+        case .sendGoAwayAndClose:
+            self.writeAndClose(.goAway(goAway), context: context)
+        case .none:
+            break
         }
     }
 
@@ -249,7 +249,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         switch self.session.phase {
         case .awaitingHello, .negotiating:
             self.sendErrorAndClose(
-                ProtocolError(code: .handshakeTimeout, message: "no completed handshake within \(Duration(self.configuration.handshakeTimeout).shortDescription)"),
+                ProtocolError(
+                    code: .handshakeTimeout,
+                    message: "no completed handshake within \(Duration(self.configuration.handshakeTimeout).shortDescription)"
+                ),
                 context: context
             )
         case .established, .draining, .closed:
@@ -265,7 +268,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 return
             }
             self.logger.info("closing an idle connection", metadata: ["silent": "\(Duration(silence).shortDescription)"])
-            self.writeAndClose(.goAway(.init(reason: .idleTimeout, message: "nothing received for \(Duration(silence).shortDescription)")), context: context)
+            self.writeAndClose(
+                .goAway(.init(reason: .idleTimeout, message: "nothing received for \(Duration(silence).shortDescription)")),
+                context: context
+            )
         }
     }
 

@@ -1,0 +1,157 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import SwiftProtobuf
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherProtobuf
+
+/// Collects the pushes a client receives.
+final class PushCollector: Sendable {
+    private let received = NIOLockedValueBox<[Push]>([])
+
+    init(_ client: TetherClient, topic: String? = nil, in harness: Harness) {
+        let stream = client.pushes(topic: topic)
+        harness.spawn {
+            for await push in stream { self.received.withLockedValue { $0.append(push) } }
+        }
+    }
+
+    var bodies: [String] { self.received.withLockedValue { $0.map(\.body.string) } }
+    var topics: [String] { self.received.withLockedValue { $0.map(\.topic) } }
+}
+
+extension IntegrationTests {
+    @Suite("Pushes", .timeLimit(.minutes(2)))
+    struct PushTests {
+        @Test("pushes reach a connection, all connections of a client id, a room, or everyone")
+        func targets() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("join") { request, context in
+                    context.join(request.body.string)
+                    return ByteBuffer(string: "ok")
+                }
+                gateway.handle("leave") { request, context in
+                    context.leave(request.body.string)
+                    return ByteBuffer(string: "ok")
+                }
+                gateway.handle("poke-me") { _, context in
+                    try context.push("poke", ByteBuffer(string: "to you"))
+                    return ByteBuffer(string: "ok")
+                }
+                let alicePhone = try harness.client([endpoint], clientID: "alice")
+                let aliceLaptop = try harness.client([endpoint], clientID: "alice")
+                let bob = try harness.client([endpoint], clientID: "bob")
+                let phone = PushCollector(alicePhone, in: harness)
+                let laptop = PushCollector(aliceLaptop, in: harness)
+                let bobs = PushCollector(bob, in: harness)
+
+                _ = try await alicePhone.request("join", body: ByteBuffer(string: "lobby"))
+                _ = try await bob.request("join", body: ByteBuffer(string: "lobby"))
+                _ = try await aliceLaptop.request("join", body: ByteBuffer(string: "kitchen"))
+                #expect(gateway.members(of: "lobby").map(\.clientID).sorted() == ["alice", "bob"])
+
+                #expect(try gateway.push("room", ByteBuffer(string: "lobby news"), to: .room("lobby")) == 2)
+                #expect(try gateway.push("dm", ByteBuffer(string: "for alice"), to: .client("alice")) == 2)
+                #expect(try gateway.push("all", ByteBuffer(string: "everyone"), to: .all) == 3)
+                _ = try await bob.request("poke-me")
+                try await eventually("every push arrives") {
+                    phone.bodies.count == 3 && laptop.bodies.count == 2 && bobs.bodies.count == 3
+                }
+                #expect(phone.bodies == ["lobby news", "for alice", "everyone"])
+                #expect(laptop.bodies == ["for alice", "everyone"])
+                #expect(bobs.bodies == ["lobby news", "everyone", "to you"])
+
+                _ = try await bob.request("leave", body: ByteBuffer(string: "lobby"))
+                #expect(try gateway.push("room", ByteBuffer(string: "after bob left"), to: .room("lobby")) == 1)
+                try await eventually("alice gets it") { phone.bodies.count == 4 }
+                try await Task.sleep(for: .milliseconds(50))
+                #expect(bobs.bodies.count == 3, "bob left the room")
+                #expect(try gateway.push("x", ByteBuffer(), to: .room("nobody-here")) == 0)
+                #expect(throws: GatewayError.self) { try gateway.push("", ByteBuffer(), to: .all) }
+            }
+        }
+
+        @Test("subscribers get only their topic; a closed connection leaves its rooms")
+        func topicsAndCleanup() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("join") { request, context in
+                    context.join(request.body.string)
+                    return ByteBuffer()
+                }
+                let client = try harness.client([endpoint])
+                let news = PushCollector(client, topic: "news", in: harness)
+                let everything = PushCollector(client, in: harness)
+                _ = try await client.request("join", body: ByteBuffer(string: "r"))
+                try gateway.push("news", ByteBuffer(string: "n1"), to: .room("r"))
+                try gateway.push("sports", ByteBuffer(string: "s1"), to: .room("r"))
+                try await eventually("both arrive") { everything.bodies.count == 2 }
+                #expect(news.bodies == ["n1"])
+                #expect(everything.topics == ["news", "sports"])
+
+                client.shutdown()
+                try await eventually("the gateway forgets the connection") { gateway.connections.isEmpty }
+                #expect(gateway.members(of: "r").isEmpty)
+            }
+        }
+
+        @Test("a push larger than the client accepts is not sent, and the connection survives")
+        func oversizedPush() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint]) { $0.connection.maxBodySize = 2048 }
+                let pushes = PushCollector(client, in: harness)
+                _ = try await client.request("echo")
+                try gateway.push("big", ByteBuffer(repeating: 0, count: 4096), to: .all)
+                try gateway.push("small", ByteBuffer(string: "fits"), to: .all)
+                try await eventually("the small push arrives") { pushes.bodies == ["fits"] }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "alive")).string == "alive")
+            }
+        }
+    }
+
+}
+
+extension IntegrationTests {
+    @Suite("Protobuf conveniences", .timeLimit(.minutes(2)))
+    struct ProtobufTests {
+        static let shout = ProtobufMethod<Google_Protobuf_StringValue, Google_Protobuf_StringValue>("shout")
+
+        @Test("typed requests, handlers and pushes round-trip protobuf messages")
+        func typed() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle(Self.shout) { message, _ in
+                    Google_Protobuf_StringValue(message.value.uppercased())
+                }
+                gateway.handle("length", as: Google_Protobuf_StringValue.self) { message, _ in
+                    Google_Protobuf_Int64Value(Int64(message.value.count))
+                }
+                gateway.handle("not-protobuf") { _, _ in ByteBuffer(bytes: [0xFF, 0xFF, 0xFF]) }
+                let client = try harness.client([endpoint])
+                let pushes = PushCollector(client, topic: "typed", in: harness)
+
+                #expect(try await client.call(Self.shout, Google_Protobuf_StringValue("hi")).value == "HI")
+                let length: Google_Protobuf_Int64Value = try await client.request("length", Google_Protobuf_StringValue("four"))
+                #expect(length.value == 4)
+
+                let invalidRequest = await #expect(throws: TetherError.self) {
+                    _ = try await client.request("shout", body: ByteBuffer(bytes: [0xFF, 0xFF]))
+                }
+                #expect(invalidRequest?.status == .invalidRequest)
+
+                let invalidResponse = await #expect(throws: TetherError.self) {
+                    let _: Google_Protobuf_StringValue = try await client.request("not-protobuf", Google_Protobuf_StringValue("x"))
+                }
+                #expect(invalidResponse?.code == .invalidResponse)
+
+                try gateway.push("typed", Google_Protobuf_StringValue("pushed"), to: .all)
+                try await eventually("the typed push arrives") { pushes.bodies.count == 1 }
+            }
+        }
+    }
+}

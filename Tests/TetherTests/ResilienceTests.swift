@@ -1,0 +1,321 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherTesting
+
+extension IntegrationTests {
+    /// The client healing itself: dead links, cut connections, restarts, failover, backoff.
+    @Suite("Resilience", .timeLimit(.minutes(3)))
+    struct ResilienceTests {
+        /// A gateway with a fast heartbeat, so that dead links are found within a second.
+        static func fastHeartbeat(_ configuration: inout GatewayConfiguration) {
+            configuration.timeouts.heartbeatInterval = .milliseconds(200)
+            configuration.timeouts.idle = .seconds(2)
+        }
+
+        static func fastClient(_ configuration: inout ClientConfiguration) {
+            configuration.heartbeat.timeout = .milliseconds(300)
+            configuration.connection.handshakeTimeout = .milliseconds(500)
+        }
+
+        @Test("a silent gateway (TCP open, nothing answers) is detected by the heartbeat and the client reconnects")
+        func silentGatewayOverTCP() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: Self.fastHeartbeat)
+                gateway.handle("echo") { request, _ in request.body }
+                let proxy = TCPFaultProxy(upstream: endpoint)
+                let proxyAddress = try await proxy.start()
+                harness.onExit { proxy.cutAll() }
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: proxyAddress.port!)], configure: Self.fastClient)
+                let events = EventRecorder(client, in: harness)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
+
+                let silenced = ContinuousClock.now
+                proxy.mode = .blackhole
+                try await eventually("the heartbeat declares the link dead", timeout: .seconds(10)) { !events.disconnectReasons.isEmpty }
+                let detection = ContinuousClock.now - silenced
+                guard case .heartbeatTimeout = events.disconnectReasons.first else {
+                    Issue.record("expected a heartbeat timeout, got \(events.disconnectReasons)")
+                    return
+                }
+                // Interval 200 ms + PONG timeout 300 ms, plus scheduling slack.
+                #expect(detection < .seconds(3), "detected after \(detection)")
+                #expect(proxy.openConnections >= 0)
+
+                proxy.mode = .forward
+                #expect(try await client.request("echo", body: ByteBuffer(string: "b"), timeout: .seconds(10)).string == "b")
+                #expect(events.connects >= 2)
+                await proxy.stop()
+            }
+        }
+
+        @Test("a blackholed in-process link is detected and replaced the same way")
+        func silentGatewayInProcess() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let gateway = try harness.localGateway(network: network, at: endpoint, configure: Self.fastHeartbeat)
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint], transport: network.transport, configure: Self.fastClient)
+                let events = EventRecorder(client, in: harness)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
+
+                network.faults.blackhole()
+                try await eventually("the heartbeat declares the link dead") { !events.disconnectReasons.isEmpty }
+                guard case .heartbeatTimeout = events.disconnectReasons.first else {
+                    Issue.record("expected a heartbeat timeout, got \(events.disconnectReasons)")
+                    return
+                }
+                network.faults.heal()
+                #expect(try await client.request("echo", body: ByteBuffer(string: "b"), timeout: .seconds(10)).string == "b")
+            }
+        }
+
+        @Test("a cut connection fails the requests in flight with connectionLost; the client reconnects by itself")
+        func cutConnection() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let gateway = try harness.localGateway(network: network, at: endpoint)
+                let started = NIOLockedValueBox(false)
+                gateway.handle("echo") { request, _ in request.body }
+                gateway.handle("hang") { _, _ in
+                    started.withLockedValue { $0 = true }
+                    try await Task.sleep(for: .seconds(60))
+                    return ByteBuffer()
+                }
+                let client = try harness.client([endpoint], transport: network.transport)
+                let events = EventRecorder(client, in: harness)
+                _ = try await client.request("echo")
+
+                let inFlight = Task { try await client.request("hang", timeout: .seconds(60)) }
+                try await eventually("the request is in flight") { started.withLockedValue { $0 } }
+                network.faults.dropConnections()
+                let error = await #expect(throws: TetherError.self) { try await inFlight.value }
+                #expect(error?.code == .connectionLost)
+
+                #expect(try await client.request("echo", body: ByteBuffer(string: "again")).string == "again")
+                #expect(events.connects == 2)
+                guard case .closedByPeer = events.disconnectReasons.first else {
+                    Issue.record("expected closedByPeer, got \(events.disconnectReasons)")
+                    return
+                }
+            }
+        }
+
+        @Test("a gateway restart: the client reconnects by itself and requests succeed again")
+        func gatewayRestart() async throws {
+            try await withHarness { harness in
+                var configuration = GatewayConfiguration.defaults
+                configuration.listen = .init(host: "127.0.0.1", port: 0)
+                configuration.goAway.retryAfter = .milliseconds(50)
+                let first = try Gateway(configuration: configuration, logger: testLogger("gateway-1"))
+                first.handle("who") { _, _ in ByteBuffer(string: "first") }
+                let firstRun = Task { try await first.run() }
+                let port = try await first.listeningAddress.port!
+                let endpoint = Endpoint(host: "127.0.0.1", port: port)
+
+                let client = try harness.client([endpoint])
+                let events = EventRecorder(client, in: harness)
+                #expect(try await client.request("who").string == "first")
+
+                first.shutdown()
+                try await firstRun.value
+                // While no gateway listens, a request waits for the next connection.
+                let pending = Task { try await client.request("who", timeout: .seconds(20)) }
+                try await Task.sleep(for: .milliseconds(300))
+
+                configuration.listen = .init(host: "127.0.0.1", port: port)
+                let second = try Gateway(configuration: configuration, logger: testLogger("gateway-2"))
+                second.handle("who") { _, _ in ByteBuffer(string: "second") }
+                harness.spawn { try? await second.run() }
+                harness.onExit { second.shutdown() }
+
+                #expect(try await pending.value.string == "second")
+                #expect(try await client.request("who").string == "second")
+                #expect(events.connects == 2)
+                guard case .goingAway(let goAway) = events.disconnectReasons.first else {
+                    Issue.record("expected GOAWAY, got \(events.disconnectReasons)")
+                    return
+                }
+                #expect(goAway.reason == .shutdown)
+                #expect(events.all.contains { if case .connectFailed = $0 { true } else { false } }, "attempts failed while it was down")
+            }
+        }
+
+        @Test("an abruptly killed gateway (no GOAWAY) is replaced the same way")
+        func abruptRestart() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                let proxy = TCPFaultProxy(upstream: endpoint)
+                let address = try await proxy.start()
+                harness.onExit { proxy.cutAll() }
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)])
+                let events = EventRecorder(client, in: harness)
+                _ = try await client.request("echo")
+                // The proxy plays the dead host: it refuses new connections and cuts the live ones.
+                proxy.mode = .refuse
+                proxy.cutAll()
+                // (A request racing with the cut itself may have reached the gateway, so it would fail
+                // with connectionLost; this one is made once the client knows it is disconnected.)
+                try await eventually("the client notices") { !events.disconnectReasons.isEmpty }
+                let pending = Task { try await client.request("echo", body: ByteBuffer(string: "later"), timeout: .seconds(20)) }
+                try await Task.sleep(for: .milliseconds(200))
+                proxy.mode = .forward
+                #expect(try await pending.value.string == "later")
+                await proxy.stop()
+            }
+        }
+
+        @Test("endpoints are tried in turn: a dead first endpoint fails over to the second")
+        func failover() async throws {
+            try await withHarness { harness in
+                let (gateway, live) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                let dead = try await Self.unusedEndpoint()
+                let client = try harness.client([dead, live])
+                let events = EventRecorder(client, in: harness)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
+                let attempts = events.all.compactMap { event -> Endpoint? in
+                    if case .connecting(let endpoint, _) = event { return endpoint }
+                    return nil
+                }
+                #expect(attempts.prefix(2) == [dead, live])
+                #expect(client.connectionState == .connected(live))
+            }
+        }
+
+        @Test("GOAWAY with an alternate endpoint moves the client there")
+        func goAwayRedirect() async throws {
+            try await withHarness { harness in
+                let (second, secondEndpoint) = try await harness.gateway()
+                second.handle("who") { _, _ in ByteBuffer(string: "second") }
+                let (first, firstEndpoint) = try await harness.gateway {
+                    $0.goAway = .init(retryAfter: .milliseconds(10), alternateEndpoint: secondEndpoint)
+                }
+                first.handle("who") { _, _ in ByteBuffer(string: "first") }
+
+                let client = try harness.client([firstEndpoint])
+                #expect(try await client.request("who").string == "first")
+                first.shutdown()
+                try await eventually("the client follows the redirect") { client.connectionState == .connected(secondEndpoint) }
+                #expect(try await client.request("who").string == "second")
+            }
+        }
+
+        @Test("a request made before run() waits, and times out saying the client is not running")
+        func notRunning() async throws {
+            let client = try TetherClient(configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: 1)], clientID: "idle"))
+            let error = await #expect(throws: TetherError.self) { try await client.request("echo", timeout: .milliseconds(100)) }
+            #expect(error?.code == .timedOut)
+            #expect(error?.message.contains("not running") == true)
+            client.shutdown()
+            let afterShutdown = await #expect(throws: TetherError.self) { try await client.request("echo", timeout: .seconds(5)) }
+            #expect(afterShutdown?.code == .shutdown)
+        }
+
+        @Test("after maxAttempts failures the client gives up: run() throws, waiting requests fail, events say failed")
+        func givesUp() async throws {
+            let dead = try await Self.unusedEndpoint()
+            var configuration = ClientConfiguration(endpoints: [dead], clientID: "doomed")
+            configuration.reconnect.backoff = try Backoff(initial: .milliseconds(10), maximum: .milliseconds(20), maxAttempts: 3)
+            let client = try TetherClient(configuration: configuration, logger: testLogger("client"))
+            let events = client.events
+            let waiting = Task { try await client.request("echo", timeout: .seconds(30)) }
+            let runError = await #expect(throws: TetherError.self) { try await client.run() }
+            #expect(runError?.code == .notConnected)
+            #expect(runError?.message.contains("3") == true)
+            let waitingError = await #expect(throws: TetherError.self) { try await waiting.value }
+            #expect(waitingError?.code == .notConnected)
+            var sawFailed = false
+            var connectAttempts = 0
+            for await event in events {
+                if case .failed = event { sawFailed = true }
+                if case .connecting = event { connectAttempts += 1 }
+            }
+            #expect(sawFailed)
+            #expect(connectAttempts == 3)
+            #expect(client.connectionState == .failed)
+        }
+
+        @Test("backoff delays come from the injected clock: no retry until the clock moves")
+        func backoffOnManualClock() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let gateway = try harness.localGateway(network: network, at: endpoint)
+                gateway.handle("echo") { request, _ in request.body }
+                network.faults.refuse(endpoint)
+                let clock = ManualClock()
+                let client = try harness.client([endpoint], transport: network.transport, clock: clock) {
+                    $0.reconnect.backoff = try! Backoff(initial: .seconds(1), maximum: .seconds(8), multiplier: 2, jitter: 0)
+                }
+                let events = EventRecorder(client, in: harness)
+                let pending = Task { try await client.request("echo", body: ByteBuffer(string: "finally"), timeout: .seconds(30)) }
+
+                @Sendable func attempts() -> Int { events.all.filter { if case .connecting = $0 { true } else { false } }.count }
+                @Sendable func lastDelay() -> Duration? {
+                    events.all.compactMap { if case .backingOff(let delay, _) = $0 { delay } else { nil } }.last
+                }
+
+                await clock.waitForSleepers(1)
+                #expect(attempts() == 1)
+                #expect(lastDelay() == .seconds(1))
+                // Real time passes, the manual clock does not: no second attempt.
+                try await Task.sleep(for: .milliseconds(200))
+                #expect(attempts() == 1)
+
+                clock.advance(by: .seconds(1))
+                try await eventually("the second attempt fails and backs off longer") { lastDelay() == .seconds(2) }
+                #expect(attempts() == 2)
+                await clock.waitForSleepers(1)
+
+                network.faults.heal()
+                clock.advance(by: .milliseconds(1999))
+                try await Task.sleep(for: .milliseconds(100))
+                #expect(attempts() == 2, "1999 ms of a 2 s backoff is not enough")
+                clock.advance(by: .milliseconds(1))
+                #expect(try await pending.value.string == "finally")
+                #expect(attempts() == 3)
+            }
+        }
+
+        @Test("shutting the client down: requests in flight finish, new ones fail with shutdown")
+        func clientShutdown() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let started = NIOLockedValueBox(false)
+                gateway.handle("slow") { request, _ in
+                    started.withLockedValue { $0 = true }
+                    try await Task.sleep(for: .milliseconds(300))
+                    return request.body
+                }
+                var configuration = ClientConfiguration(endpoints: [endpoint], clientID: "leaving")
+                configuration.requests.defaultTimeout = .seconds(10)
+                let client = try TetherClient(configuration: configuration, logger: testLogger("client"))
+                let run = Task { try await client.run() }
+                let inFlight = Task { try await client.request("slow", body: ByteBuffer(string: "done")) }
+                try await eventually("the request is in flight") { started.withLockedValue { $0 } }
+                client.shutdown()
+                let refused = await #expect(throws: TetherError.self) { try await client.request("slow") }
+                #expect(refused?.code == .shutdown)
+                #expect(try await inFlight.value.string == "done")
+                try await run.value
+                #expect(client.connectionState == .shutDown)
+            }
+        }
+
+        /// An endpoint on which nothing listens (a port that was just free).
+        static func unusedEndpoint() async throws -> Endpoint {
+            let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+            let port = channel.localAddress!.port!
+            try await channel.close()
+            return Endpoint(host: "127.0.0.1", port: port)
+        }
+    }
+}
