@@ -36,7 +36,7 @@ extension TetherClient {
         guard timeout > .zero else {
             throw TetherError(code: .invalidArgument, message: "the timeout must be positive, got \(timeout.shortDescription)")
         }
-        let deadline = NIODeadline.now() + TimeAmount(timeout)
+        let deadline = self.eventLoop.now + TimeAmount(timeout)
         let id = self.requestIDs.loadThenWrappingIncrement(ordering: .relaxed)
 
         while true {
@@ -44,7 +44,7 @@ extension TetherClient {
                 throw TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
             }
             let connection = try await self.connection(before: deadline, method: method)
-            let remaining = deadline - .now()
+            let remaining = deadline - self.eventLoop.now
             guard remaining > .zero else {
                 throw TetherError(code: .timedOut, message: "no connection for '\(method)' before its deadline")
             }

@@ -154,7 +154,7 @@ public final class TetherClient: Service, Sendable {
                 let error = self.state.withLockedValue { state in
                     let error = TetherError(
                         code: .notConnected,
-                        message: "gave up after \(attempts) failed connection attempts",
+                        message: "gave up after \(attempts) failed connection attempts; the last: \(state.lastError?.message ?? "unknown")",
                         cause: state.lastError
                     )
                     state.terminalError = error
@@ -183,7 +183,13 @@ public final class TetherClient: Service, Sendable {
         do {
             connection = try await self.establish(endpoint)
         } catch {
-            let error = TetherError.wrapping(error, as: .notConnected, "could not connect to \(endpoint)")
+            let error =
+                (error as? TetherError)
+                ?? TetherError(
+                    code: .notConnected,
+                    message: "could not connect to \(endpoint): \(TransportErrors.describe(error))",
+                    cause: error
+                )
             self.logger.info("connection attempt failed", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
             self.eventBroadcaster.yield(.connectFailed(endpoint, error))
             return self.state.withLockedValue { state in

@@ -88,10 +88,11 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         self.cause = cause
     }
 
+    /// The code, the message and the gateway's status; the ``cause`` is not repeated, as the
+    /// message already says what it means.
     public var description: String {
         var text = "\(self.code): \(self.message)"
         if let status = self.status { text += " [status \(status.rawValue) \(status)]" }
-        if let cause = self.cause { text += " (cause: \(cause))" }
         return text
     }
 }
@@ -104,6 +105,6 @@ extension TetherError {
         if let error = error as? ProtocolError {
             return TetherError(code: .protocolError, message: "\(message): \(error.message)", status: error.code, cause: error)
         }
-        return TetherError(code: code, message: message, cause: error)
+        return TetherError(code: code, message: "\(message): \(TransportErrors.describe(error))", cause: error)
     }
 }

@@ -27,7 +27,7 @@ struct Call: AsyncParsableCommand {
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
-        try self.logging.bootstrap(default: .error)
+        try self.logging.bootstrap(default: .critical)
         let timeout = try duration(seconds: self.timeoutSeconds, option: "timeout")
         var configuration = ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.clientID)
         // A one-shot call should report an unreachable gateway rather than retry until the deadline.

@@ -20,7 +20,7 @@ struct Chat: AsyncParsableCommand {
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
-        try self.logging.bootstrap(default: .error)
+        try self.logging.bootstrap(default: .critical)
         let client = try TetherClient(configuration: ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.user))
         let room = self.room
         let lines = Self.standardInputLines()

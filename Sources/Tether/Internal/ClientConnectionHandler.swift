@@ -110,7 +110,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = Self.unwrapInboundIn(data)
-        self.heartbeat?.frameReceived(at: .now())
+        self.heartbeat?.frameReceived(at: context.eventLoop.now)
 
         switch self.session.received(frame) {
         case .established(let negotiated):
@@ -126,7 +126,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             self.send(.pong(ping), context: context)
 
         case .pong(let ping):
-            self.heartbeat?.pongReceived(id: ping.id, at: .now())
+            self.heartbeat?.pongReceived(id: ping.id, at: context.eventLoop.now)
 
         case .goAway(let goAway):
             self.logger.info("gateway is going away", metadata: ["reason": "\(goAway.reason)", "message": "\(goAway.message)"])
@@ -238,7 +238,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private func handshakeCompleted(_ negotiated: Handshake.Negotiated, context: ChannelHandlerContext) {
         self.handshakeTimer?.cancel()
         self.handshakeTimer = nil
-        let now = NIODeadline.now()
+        let now = context.eventLoop.now
         self.establishedAt = now
         context.triggerUserOutboundEvent(
             TetherChannelEvent.limitsNegotiated(maxInboundBodySize: self.configuration.maxInboundBodySize),
@@ -262,7 +262,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     private func heartbeatTimerFired() {
         guard let context, self.heartbeat != nil else { return }
-        switch self.heartbeat!.timerFired(at: .now()) {
+        switch self.heartbeat!.timerFired(at: context.eventLoop.now) {
         case .sendPing(let id):
             self.send(.ping(.init(id: id)), context: context)
         case .linkDead(let silence):
@@ -296,7 +296,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         case .unavailable:
             // The gateway is draining and did not run the handler: safe to send again elsewhere.
             request.promise.fail(TetherError(code: .notDispatched, message: response.message, status: response.status))
-        case .deadlineExceeded where NIODeadline.now() >= request.deadline:
+        case .deadlineExceeded where context.eventLoop.now >= request.deadline:
             // The gateway enforced the caller's own deadline: to the caller, it timed out.
             request.promise.fail(
                 TetherError(code: .timedOut, message: "no response to '\(request.method)' before its deadline", status: response.status)
@@ -316,7 +316,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     private func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
         context.writeAndFlush(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: nil)
-        self.heartbeat?.frameSent(at: .now())
+        self.heartbeat?.frameSent(at: context.eventLoop.now)
     }
 
     private func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {
@@ -354,7 +354,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
                 TetherError(code: .connectionLost, message: "the connection closed while '\(request.method)' was in flight: \(reason)")
             )
         }
-        let uptime = self.establishedAt.map { Duration(NIODeadline.now() - $0) } ?? .zero
+        let uptime = self.establishedAt.map { Duration(context.eventLoop.now - $0) } ?? .zero
         self.closed.succeed(ConnectionClosure(reason: reason, uptime: uptime))
     }
 }

@@ -45,7 +45,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var negotiated: Handshake.Negotiated?
     /// Frames the application wrote before the WELCOME went out; sent right after it.
     private var heldUntilWelcome: [(Frame.Payload, EventLoopPromise<Void>?)] = []
-    private var lastInbound = NIODeadline.now()
+    private var lastInbound = NIODeadline.uptimeNanoseconds(0)
     private var handshakeTimer: Scheduled<Void>?
     private var idleTimer: Scheduled<Void>?
     private var graceTimer: Scheduled<Void>?
@@ -60,7 +60,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Lifecycle
 
     func handlerAdded(context: ChannelHandlerContext) {
-        self.lastInbound = .now()
+        self.lastInbound = context.eventLoop.now
         self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.handshakeTimeout) {
             self.handshakeTimedOut(context: context)
         }
@@ -90,7 +90,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = Self.unwrapInboundIn(data)
-        self.lastInbound = .now()
+        self.lastInbound = context.eventLoop.now
         switch self.session.received(frame) {
         case .forwardHello(let hello):
             self.hello = hello
@@ -262,7 +262,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     private func scheduleIdleCheck(context: ChannelHandlerContext) {
         self.idleTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: self.lastInbound + self.configuration.idleTimeout) {
-            let silence = NIODeadline.now() - self.lastInbound
+            let silence = context.eventLoop.now - self.lastInbound
             guard silence >= self.configuration.idleTimeout else {
                 self.scheduleIdleCheck(context: context)
                 return

@@ -1,0 +1,369 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+import Testing
+
+@testable import Tether
+@testable import TetherCore
+@testable import TetherGateway
+@testable import TetherNIO
+
+private let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "alice")
+private let welcome = Frame.Welcome(
+    version: 1,
+    features: .checksum,
+    connectionID: 1,
+    heartbeatInterval: .seconds(10),
+    idleTimeout: .seconds(30),
+    maxBodySize: 1 << 20,
+    maxConcurrentRequests: 16
+)
+
+/// The client's protocol handler on an `EmbeddedChannel`, with virtual time.
+final class ClientHandlerFixture {
+    let loop = EmbeddedEventLoop()
+    let channel: EmbeddedChannel
+    let established: EventLoopPromise<Handshake.Negotiated>
+    let closed: EventLoopPromise<ConnectionClosure>
+    let handler: ClientConnectionHandler
+    let pushes = NIOLockedValueBox<[Frame.Push]>([])
+    let goAways = NIOLockedValueBox<[Frame.GoAway]>([])
+
+    init(handshakeTimeout: TimeAmount = .seconds(5), heartbeatTimeout: TimeAmount = .seconds(5)) throws {
+        self.channel = EmbeddedChannel(loop: self.loop)
+        self.established = self.loop.makePromise()
+        self.closed = self.loop.makePromise()
+        let pushes = self.pushes
+        let goAways = self.goAways
+        self.handler = ClientConnectionHandler(
+            configuration: .init(
+                hello: hello,
+                handshakeTimeout: handshakeTimeout,
+                heartbeatInterval: nil,
+                heartbeatTimeout: heartbeatTimeout,
+                maxInboundBodySize: 1 << 20
+            ),
+            callbacks: .init(
+                push: { push in pushes.withLockedValue { $0.append(push) } },
+                goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } }
+            ),
+            established: self.established,
+            closed: self.closed,
+            logger: testLogger("handler")
+        )
+        try self.channel.pipeline.syncOperations.addHandler(self.handler)
+        try self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+    }
+
+    func readFrame() throws -> Frame? { try self.channel.readOutbound(as: Frame.self) }
+
+    func establish() throws {
+        #expect(try self.readFrame()?.payload == .hello(hello))
+        try self.channel.writeInbound(Frame(.welcome(welcome), flags: .checksum))
+        #expect(try self.established.futureResult.wait().connectionID == 1)
+    }
+
+    func request(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
+        let promise = self.loop.makePromise(of: ByteBuffer.self)
+        self.handler.sendRequest(.init(id: id, method: "m", body: ByteBuffer()), deadline: self.loop.now + timeout, promise: promise)
+        return promise.futureResult
+    }
+
+    func closure() throws -> ConnectionClosure? {
+        var result: ConnectionClosure?
+        self.closed.futureResult.whenSuccess { result = $0 }
+        self.loop.run()
+        return result
+    }
+}
+
+@Suite("Client connection handler")
+struct ClientConnectionHandlerTests {
+    @Test("sends HELLO with a checksum as soon as the channel is active")
+    func sendsHello() throws {
+        let fixture = try ClientHandlerFixture()
+        let frame = try fixture.readFrame()
+        #expect(frame?.payload == .hello(hello) && frame?.flags == .checksum)
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("no WELCOME within the handshake timeout fails the handshake and closes")
+    func handshakeTimeout() throws {
+        let fixture = try ClientHandlerFixture(handshakeTimeout: .seconds(2))
+        _ = try fixture.readFrame()
+        fixture.loop.advanceTime(by: .milliseconds(1999))
+        #expect(fixture.channel.isActive)
+        fixture.loop.advanceTime(by: .milliseconds(1))
+        #expect(!fixture.channel.isActive)
+        #expect(throws: TetherError.self) { try fixture.established.futureResult.wait() }
+        #expect(try fixture.closure()?.uptime == .zero)
+    }
+
+    @Test("an idle link is pinged each interval; a PONG keeps it alive")
+    func heartbeat() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        fixture.loop.advanceTime(by: .seconds(9))
+        #expect(try fixture.readFrame() == nil)
+        fixture.loop.advanceTime(by: .seconds(1))
+        guard case .ping(let ping)? = try fixture.readFrame()?.payload else {
+            Issue.record("expected a PING after one interval")
+            return
+        }
+        fixture.loop.advanceTime(by: .seconds(1))
+        try fixture.channel.writeInbound(Frame(.pong(ping), flags: .checksum))
+        fixture.loop.advanceTime(by: .seconds(8))
+        #expect(fixture.channel.isActive, "the PONG proved the link alive")
+        fixture.loop.advanceTime(by: .seconds(1))
+        #expect(try fixture.readFrame()?.type == .ping, "next PING one interval after the last one")
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("no frame within the PONG timeout: the link is dead and the connection closes")
+    func deadLink() throws {
+        let fixture = try ClientHandlerFixture(heartbeatTimeout: .seconds(3))
+        try fixture.establish()
+        fixture.loop.advanceTime(by: .seconds(10))
+        #expect(try fixture.readFrame()?.type == .ping)
+        fixture.loop.advanceTime(by: .milliseconds(2999))
+        #expect(fixture.channel.isActive)
+        fixture.loop.advanceTime(by: .milliseconds(1))
+        #expect(!fixture.channel.isActive)
+        guard case .heartbeatTimeout(let silence)? = try fixture.closure()?.reason else {
+            Issue.record("expected a heartbeat timeout")
+            return
+        }
+        #expect(silence == .seconds(13))
+    }
+
+    @Test("responses complete their own requests, in any order; unknown ids are ignored")
+    func correlation() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let first = fixture.request(id: 1)
+        let second = fixture.request(id: 2)
+        #expect(try fixture.readFrame()?.type == .request)
+        #expect(try fixture.readFrame()?.type == .request)
+        try fixture.channel.writeInbound(Frame(.response(.init(id: 99, body: ByteBuffer(string: "stray"))), flags: .checksum))
+        try fixture.channel.writeInbound(Frame(.response(.init(id: 2, body: ByteBuffer(string: "two"))), flags: .checksum))
+        try fixture.channel.writeInbound(
+            Frame(.response(.init(id: 1, status: .invalidRequest, message: "bad")), flags: .checksum)
+        )
+        #expect(try second.wait().string == "two")
+        do {
+            _ = try first.wait()
+            Issue.record("expected a server error")
+        } catch let error as TetherError {
+            #expect(error.code == .serverError && error.status == .invalidRequest && error.message == "bad")
+        }
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("a request's deadline fails it with timedOut and sends CANCEL")
+    func requestDeadline() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let response = fixture.request(id: 7, timeout: .seconds(2))
+        #expect(try fixture.readFrame()?.type == .request)
+        fixture.loop.advanceTime(by: .seconds(2))
+        #expect(throws: TetherError.self) { try response.wait() }
+        #expect(try fixture.readFrame()?.payload == .cancel(.init(requestID: 7)))
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("pushes go to the callback; PINGs are answered")
+    func pushesAndPings() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        try fixture.channel.writeInbound(Frame(.push(.init(topic: "t", body: ByteBuffer(string: "x"))), flags: .checksum))
+        #expect(fixture.pushes.withLockedValue { $0 } == [.init(topic: "t", body: ByteBuffer(string: "x"))])
+        try fixture.channel.writeInbound(Frame(.ping(.init(id: 5)), flags: .checksum))
+        #expect(try fixture.readFrame()?.payload == .pong(.init(id: 5)))
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("GOAWAY: no new requests, the request in flight finishes, then the client closes")
+    func goAway() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let inFlight = fixture.request(id: 1)
+        _ = try fixture.readFrame()
+        let goAway = Frame.GoAway(reason: .shutdown, retryAfter: .seconds(1))
+        try fixture.channel.writeInbound(Frame(.goAway(goAway), flags: .checksum))
+        #expect(fixture.goAways.withLockedValue { $0 } == [goAway])
+        let late = fixture.request(id: 2)
+        do {
+            _ = try late.wait()
+        } catch let error as TetherError {
+            #expect(error.code == .notDispatched, "sent again on the next connection by the client")
+        }
+        #expect(fixture.channel.isActive)
+        try fixture.channel.writeInbound(Frame(.response(.init(id: 1, body: ByteBuffer(string: "done"))), flags: .checksum))
+        #expect(try inFlight.wait().string == "done")
+        #expect(!fixture.channel.isActive, "the client closes once drained")
+        guard case .goingAway? = try fixture.closure()?.reason else {
+            Issue.record("expected goingAway")
+            return
+        }
+    }
+
+    @Test("a protocol violation by the gateway gets ERROR and a close; requests in flight fail with connectionLost")
+    func violation() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let inFlight = fixture.request(id: 1)
+        _ = try fixture.readFrame()
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 1, method: "reverse")), flags: .checksum))
+        guard case .error(let report)? = try fixture.readFrame()?.payload else {
+            Issue.record("expected ERROR")
+            return
+        }
+        #expect(report.code == .unexpectedFrame)
+        fixture.loop.run()
+        #expect(!fixture.channel.isActive)
+        do {
+            _ = try inFlight.wait()
+            Issue.record("expected connectionLost")
+        } catch let error as TetherError {
+            #expect(error.code == .connectionLost)
+        }
+    }
+}
+
+/// The gateway's protocol handler on an `EmbeddedChannel`, with virtual time.
+final class GatewayHandlerFixture {
+    let loop = EmbeddedEventLoop()
+    let channel: EmbeddedChannel
+
+    init(handshake: TimeAmount = .seconds(10), handler: TimeAmount = .seconds(30), idle: TimeAmount = .seconds(30)) throws {
+        self.channel = EmbeddedChannel(loop: self.loop)
+        try self.channel.pipeline.syncOperations.addHandler(
+            GatewayConnectionHandler(
+                configuration: .init(
+                    handshakeTimeout: handshake,
+                    handlerTimeout: handler,
+                    idleTimeout: idle,
+                    shutdownGracePeriod: .seconds(5),
+                    maxInboundBodySize: 1 << 20
+                ),
+                logger: testLogger("gateway-handler")
+            )
+        )
+        try self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+    }
+
+    func establish() throws {
+        try self.channel.writeInbound(Frame(.hello(hello), flags: .checksum))
+        #expect(try self.channel.readInbound(as: Frame.self)?.type == .hello)
+        try self.channel.writeOutbound(Frame(.welcome(welcome)))
+        let sent = try self.channel.readOutbound(as: Frame.self)
+        #expect(sent?.type == .welcome && sent?.flags == .checksum)
+    }
+}
+
+@Suite("Gateway connection handler")
+struct GatewayConnectionHandlerTests {
+    @Test("no HELLO within the handshake timeout: ERROR handshake timeout, then close")
+    func handshakeTimeout() throws {
+        let fixture = try GatewayHandlerFixture(handshake: .seconds(3))
+        fixture.loop.advanceTime(by: .seconds(3))
+        guard case .error(let report)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+            Issue.record("expected ERROR")
+            return
+        }
+        #expect(report.code == .handshakeTimeout)
+        fixture.loop.run()
+        #expect(!fixture.channel.isActive)
+    }
+
+    @Test("a deadline is answered on the event loop, the handler is cancelled, its late answer dropped")
+    func deadline() throws {
+        let fixture = try GatewayHandlerFixture(handler: .seconds(2))
+        try fixture.establish()
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .seconds(60))), flags: .checksum))
+        #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request)
+        fixture.loop.advanceTime(by: .seconds(2))
+        let answer = try fixture.channel.readOutbound(as: Frame.self)
+        guard case .response(let response)? = answer?.payload else {
+            Issue.record("expected the deadline answer")
+            return
+        }
+        #expect(response.id == 4 && response.status == .deadlineExceeded)
+        #expect(try fixture.channel.readInbound(as: Frame.self)?.payload == .cancel(.init(requestID: 4)), "the handler is told to stop")
+        try fixture.channel.writeOutbound(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
+        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil, "a request is answered once")
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("the client's timeout is used when shorter than the gateway's limit")
+    func clientTimeout() throws {
+        let fixture = try GatewayHandlerFixture(handler: .seconds(30))
+        try fixture.establish()
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .milliseconds(500))), flags: .checksum))
+        fixture.loop.advanceTime(by: .milliseconds(499))
+        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        fixture.loop.advanceTime(by: .milliseconds(1))
+        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .response)
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("a connection silent for the idle timeout gets GOAWAY and is closed; traffic postpones it")
+    func idle() throws {
+        let fixture = try GatewayHandlerFixture(idle: .seconds(30))
+        try fixture.establish()
+        fixture.loop.advanceTime(by: .seconds(20))
+        try fixture.channel.writeInbound(Frame(.ping(.init(id: 1)), flags: .checksum))
+        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .pong)
+        fixture.loop.advanceTime(by: .seconds(29))
+        #expect(fixture.channel.isActive)
+        fixture.loop.advanceTime(by: .seconds(1))
+        guard case .goAway(let goAway)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+            Issue.record("expected GOAWAY")
+            return
+        }
+        #expect(goAway.reason == .idleTimeout)
+        fixture.loop.run()
+        #expect(!fixture.channel.isActive)
+    }
+
+    @Test("drain: GOAWAY, refusals, and a close at the end of the grace period if the client stays")
+    func drain() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        fixture.channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(.init(reason: .shutdown)), promise: nil)
+        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .goAway)
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
+        #expect(try fixture.channel.readInbound(as: Frame.self) == nil, "not forwarded")
+        guard case .response(let refusal)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+            Issue.record("expected a refusal")
+            return
+        }
+        #expect(refusal.status == .unavailable)
+        fixture.loop.advanceTime(by: .milliseconds(4999))
+        #expect(fixture.channel.isActive, "waits for the client to close")
+        fixture.loop.advanceTime(by: .milliseconds(1))
+        #expect(!fixture.channel.isActive)
+    }
+
+    @Test("pushes written before WELCOME wait for it; pushes over the client's limit are dropped")
+    func pushOrdering() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.channel.writeInbound(
+            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 1024, clientID: "small")), flags: .checksum)
+        )
+        _ = try fixture.channel.readInbound(as: Frame.self)
+        fixture.channel.write(Frame(.push(.init(topic: "early", body: ByteBuffer()))), promise: nil)
+        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        var smallWelcome = welcome
+        smallWelcome.features = []
+        try fixture.channel.writeOutbound(Frame(.welcome(smallWelcome)))
+        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .welcome)
+        #expect(try fixture.channel.readOutbound(as: Frame.self)?.payload == .push(.init(topic: "early")))
+        let dropped = fixture.loop.makePromise(of: Void.self)
+        fixture.channel.writeAndFlush(Frame(.push(.init(topic: "big", body: ByteBuffer(repeating: 0, count: 2000)))), promise: dropped)
+        #expect(throws: (any Error).self) { try dropped.futureResult.wait() }
+        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        _ = try? fixture.channel.finish()
+    }
+}
