@@ -220,13 +220,16 @@ public final class TetherClient: Service, Sendable {
         waiters.resume(returning: connection)
 
         let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
-        self.logger.info("disconnected", metadata: ["endpoint": "\(endpoint)", "reason": "\(closure.reason)"])
-        self.eventBroadcaster.yield(.disconnected(closure.reason))
-        return self.state.withLockedValue { state in
+        // Update the state before telling anyone, so that a subscriber reacting to the event
+        // already sees the client as disconnected.
+        let afterClose = self.state.withLockedValue { state in
             if state.ready === connection { state.ready = nil }
             state.current = nil
             return state.machine.connectionClosed(uptime: closure.uptime)
         }
+        self.logger.info("disconnected", metadata: ["endpoint": "\(endpoint)", "reason": "\(closure.reason)"])
+        self.eventBroadcaster.yield(.disconnected(closure.reason))
+        return afterClose
     }
 
     /// Opens a transport connection to `endpoint` and completes the handshake.

@@ -133,8 +133,8 @@ extension Gateway {
             try? await outbound.write(Frame(.response(response)))
             return
         }
-        let limit = self.configuration.timeouts.handler
-        let timeout = request.timeout.map { min($0, limit) } ?? limit
+        // The protocol handler set the effective deadline (the client's, capped by ours).
+        let timeout = request.timeout ?? self.configuration.timeouts.handler
         var requestLogger = logger
         requestLogger[metadataKey: "tether.request"] = "\(request.id)"
         requestLogger[metadataKey: "tether.method"] = "\(request.method)"

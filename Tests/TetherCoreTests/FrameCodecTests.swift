@@ -69,14 +69,7 @@ struct FrameCodecTests {
     @Test("an oversized length is rejected from the header alone, before any body byte")
     func oversizedLength() throws {
         var header = ByteBuffer()
-        header.writeInteger(FrameHeader.magic)
-        header.writeInteger(UInt8(1))
-        header.writeInteger(FrameType.request.rawValue)
-        header.writeInteger(UInt16(0))
-        header.writeInteger(UInt32(0))
-        header.writeInteger(UInt64(1))
-        header.writeInteger(UInt32.max)  // claims 4 GiB
-        header.writeInteger(UInt32(0))
+        FrameHeader.write(type: .request, id: 1, length: UInt32.max, into: &header)  // claims 4 GiB
         var decoder = FrameDecoder(maxBodySize: 1024)
         #expect(Self.code { try decoder.decodeFrame(from: &header) } == .frameTooLarge)
     }
@@ -120,14 +113,7 @@ struct FrameCodecTests {
     func malformedBodies() throws {
         func frame(type: FrameType, body: [UInt8]) -> ByteBuffer {
             var buffer = ByteBuffer()
-            buffer.writeInteger(FrameHeader.magic)
-            buffer.writeInteger(UInt8(1))
-            buffer.writeInteger(type.rawValue)
-            buffer.writeInteger(UInt16(0))
-            buffer.writeInteger(UInt32(0))
-            buffer.writeInteger(UInt64(1))
-            buffer.writeInteger(UInt32(body.count))
-            buffer.writeInteger(UInt32(0))
+            FrameHeader.write(type: type, id: 1, length: UInt32(body.count), into: &buffer)
             buffer.writeBytes(body)
             return buffer
         }

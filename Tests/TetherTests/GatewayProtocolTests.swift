@@ -155,9 +155,7 @@ extension IntegrationTests {
 
                 let unknown = try await RawConnection.connect(to: endpoint)
                 #expect(try await unknown.handshake() != nil)
-                var bytes = Self.header(type: FrameType(rawValue: 0x42), length: 0)
-                bytes.setInteger(UInt16(0), at: 4)
-                try await unknown.send(bytes: bytes)
+                try await unknown.send(bytes: Self.header(type: FrameType(rawValue: 0x42), length: 0))
                 try await self.expectErrorAndClose(unknown, .unknownFrameType)
 
                 let duplicate = try await RawConnection.connect(to: endpoint)
@@ -347,14 +345,7 @@ extension IntegrationTests {
 
         static func header(type: FrameType, length: UInt32) -> ByteBuffer {
             var buffer = ByteBuffer()
-            buffer.writeInteger(FrameHeader.magic)
-            buffer.writeInteger(UInt8(1))
-            buffer.writeInteger(type.rawValue)
-            buffer.writeInteger(UInt16(0))
-            buffer.writeInteger(UInt32(0))
-            buffer.writeInteger(UInt64(1))
-            buffer.writeInteger(length)
-            buffer.writeInteger(UInt32(0))
+            FrameHeader.write(type: type, id: 1, length: length, into: &buffer)
             return buffer
         }
     }

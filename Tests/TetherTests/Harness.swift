@@ -158,3 +158,30 @@ final class EventRecorder: Sendable {
 extension ByteBuffer {
     var string: String { String(buffer: self) }
 }
+
+/// A gateway handler that waits (for a minute by default) and records whether it started and
+/// whether it was cancelled, for tests of timeouts, cancellation and lost connections.
+final class WaitingHandler: Sendable {
+    private let state = NIOLockedValueBox((started: false, cancelled: false))
+    private let duration: Duration
+
+    init(waitsFor duration: Duration = .seconds(60)) {
+        self.duration = duration
+    }
+
+    var started: Bool { self.state.withLockedValue { $0.started } }
+    var cancelled: Bool { self.state.withLockedValue { $0.cancelled } }
+
+    var handler: Gateway.Handler {
+        { request, _ in
+            self.state.withLockedValue { $0.started = true }
+            do {
+                try await Task.sleep(for: self.duration)
+            } catch {
+                self.state.withLockedValue { $0.cancelled = true }
+                throw error
+            }
+            return request.body
+        }
+    }
+}

@@ -66,16 +66,8 @@ extension IntegrationTests {
         func timeout() async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway()
-                let stopped = NIOLockedValueBox(false)
-                gateway.handle("slow") { _, _ in
-                    do {
-                        try await Task.sleep(for: .seconds(30))
-                    } catch {
-                        stopped.withLockedValue { $0 = true }
-                        throw error
-                    }
-                    return ByteBuffer()
-                }
+                let slow = WaitingHandler(waitsFor: .seconds(30))
+                gateway.handle("slow", slow.handler)
                 gateway.handle("echo") { request, _ in request.body }
                 let client = try harness.client([endpoint])
                 _ = try await client.request("echo")  // connected
@@ -86,7 +78,7 @@ extension IntegrationTests {
                 #expect(error?.code == .timedOut, "\(String(describing: error)) after \(elapsed)")
                 #expect(elapsed >= Duration.milliseconds(200) && elapsed < Duration.seconds(20), "took \(elapsed)")
                 // Well under the gateway's 10 s grace period: only the deadline can stop the handler this soon.
-                try await eventually("the gateway stops the handler", timeout: .seconds(3)) { stopped.withLockedValue { $0 } }
+                try await eventually("the gateway stops the handler", timeout: .seconds(3)) { slow.cancelled }
             }
         }
 
@@ -120,28 +112,18 @@ extension IntegrationTests {
         func cancellationReachesGateway() async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway()
-                let started = NIOLockedValueBox(false)
-                let cancelled = NIOLockedValueBox(false)
-                gateway.handle("wait") { _, _ in
-                    started.withLockedValue { $0 = true }
-                    do {
-                        try await Task.sleep(for: .seconds(60))
-                    } catch {
-                        cancelled.withLockedValue { $0 = true }
-                        throw error
-                    }
-                    return ByteBuffer()
-                }
+                let wait = WaitingHandler()
+                gateway.handle("wait", wait.handler)
                 let client = try harness.client([endpoint])
                 let task = Task { try await client.request("wait", timeout: .seconds(60)) }
-                try await eventually("the handler runs") { started.withLockedValue { $0 } }
+                try await eventually("the handler runs") { wait.started }
                 let cancelledAt = ContinuousClock.now
                 task.cancel()
                 let error = await #expect(throws: TetherError.self) { try await task.value }
                 #expect(error?.code == .cancelled)
                 #expect(ContinuousClock.now - cancelledAt < .seconds(10), "cancellation is local: it does not wait for the 60 s handler")
                 // The gateway's own deadline is 60 s; only the CANCEL frame can stop the handler now.
-                try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { cancelled.withLockedValue { $0 } }
+                try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { wait.cancelled }
             }
         }
 

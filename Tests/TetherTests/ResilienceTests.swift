@@ -81,19 +81,15 @@ extension IntegrationTests {
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
                 let gateway = try harness.localGateway(network: network, at: endpoint)
-                let started = NIOLockedValueBox(false)
+                let hang = WaitingHandler()
                 gateway.handle("echo") { request, _ in request.body }
-                gateway.handle("hang") { _, _ in
-                    started.withLockedValue { $0 = true }
-                    try await Task.sleep(for: .seconds(60))
-                    return ByteBuffer()
-                }
+                gateway.handle("hang", hang.handler)
                 let client = try harness.client([endpoint], transport: network.transport)
                 let events = EventRecorder(client, in: harness)
                 _ = try await client.request("echo")
 
                 let inFlight = Task { try await client.request("hang", timeout: .seconds(60)) }
-                try await eventually("the request is in flight") { started.withLockedValue { $0 } }
+                try await eventually("the request is in flight") { hang.started }
                 network.faults.dropConnections()
                 let error = await #expect(throws: TetherError.self) { try await inFlight.value }
                 #expect(error?.code == .connectionLost)
@@ -289,18 +285,14 @@ extension IntegrationTests {
         func clientShutdown() async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway()
-                let started = NIOLockedValueBox(false)
-                gateway.handle("slow") { request, _ in
-                    started.withLockedValue { $0 = true }
-                    try await Task.sleep(for: .milliseconds(300))
-                    return request.body
-                }
+                let slow = WaitingHandler(waitsFor: .milliseconds(300))
+                gateway.handle("slow", slow.handler)
                 var configuration = ClientConfiguration(endpoints: [endpoint], clientID: "leaving")
                 configuration.requests.defaultTimeout = .seconds(10)
                 let client = try TetherClient(configuration: configuration, logger: testLogger("client"))
                 let run = Task { try await client.run() }
                 let inFlight = Task { try await client.request("slow", body: ByteBuffer(string: "done")) }
-                try await eventually("the request is in flight") { started.withLockedValue { $0 } }
+                try await eventually("the request is in flight") { slow.started }
                 client.shutdown()
                 let refused = await #expect(throws: TetherError.self) { try await client.request("slow") }
                 #expect(refused?.code == .shutdown)

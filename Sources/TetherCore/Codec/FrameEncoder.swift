@@ -33,14 +33,16 @@ public struct FrameEncoder: Sendable {
     private func encodeUnchecked(_ frame: Frame, into buffer: inout ByteBuffer, start: Int) throws(FrameEncodingError) {
         let flags = frame.flags.intersection(.known)
         buffer.reserveCapacity(minimumWritableBytes: FrameHeader.size + Self.bodySizeHint(frame.payload))
-        buffer.writeInteger(FrameHeader.magic)
-        buffer.writeInteger(Self.version)
-        buffer.writeInteger(frame.type.rawValue)
-        buffer.writeInteger(flags.rawValue)
-        buffer.writeInteger(frame.stream)
-        buffer.writeInteger(Self.headerID(of: frame.payload))
-        buffer.writeInteger(UInt32(0))  // length, patched below
-        buffer.writeInteger(UInt32(0))  // checksum, patched below
+        // Length and checksum are patched in once the body is written.
+        FrameHeader.write(
+            version: Self.version,
+            type: frame.type,
+            flags: flags,
+            stream: frame.stream,
+            id: Self.headerID(of: frame.payload),
+            length: 0,
+            into: &buffer
+        )
 
         let bodyStart = buffer.writerIndex
         try Self.writeBody(frame.payload, into: &buffer)

@@ -1,3 +1,5 @@
+public import NIOCore
+
 /// Constants of the fixed frame header (see PROTOCOL.md, "Frame header").
 ///
 /// ```
@@ -22,6 +24,37 @@ public enum FrameHeader {
     public static let absoluteMaximumBodySize = 16 * 1024 * 1024
     /// The body limit in force before the handshake has negotiated one (64 KiB).
     public static let handshakeMaximumBodySize = 64 * 1024
+}
+
+extension FrameHeader {
+    /// Writes a 26-byte header with the given fields, big-endian.
+    ///
+    /// ``FrameEncoder`` writes every header through this. Tests and tools use it to write what
+    /// an encoder never would: a length that does not match the body, a reserved flag, a wrong
+    /// version.
+    /// - Parameters:
+    ///   - version: The version byte; 1 for this protocol version.
+    ///   - length: The body length to announce.
+    ///   - checksum: The checksum field, 0 when the ``FrameFlags/checksum`` flag is clear.
+    public static func write(
+        version: UInt8 = 1,
+        type: FrameType,
+        flags: FrameFlags = [],
+        stream: UInt32 = 0,
+        id: UInt64 = 0,
+        length: UInt32,
+        checksum: UInt32 = 0,
+        into buffer: inout ByteBuffer
+    ) {
+        buffer.writeInteger(Self.magic)
+        buffer.writeInteger(version)
+        buffer.writeInteger(type.rawValue)
+        buffer.writeInteger(flags.rawValue)
+        buffer.writeInteger(stream)
+        buffer.writeInteger(id)
+        buffer.writeInteger(length)
+        buffer.writeInteger(checksum)
+    }
 }
 
 /// The type byte of a frame.

@@ -95,14 +95,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .forwardHello(let hello):
             self.hello = hello
             context.fireChannelRead(data)
-        case .forwardRequest(let request):
+        case .forwardRequest(var request):
+            // The effective deadline is computed here, once, and passed up in the request.
             let timeout =
                 request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
+            request.timeout = Duration(timeout)
             let id = request.id
+            let method = request.method
             self.deadlines[id] = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
-                self.deadlinePassed(id: id, method: request.method, context: context)
+                self.deadlinePassed(id: id, method: method, context: context)
             }
-            context.fireChannelRead(data)
+            context.fireChannelRead(Self.wrapInboundOut(Frame(.request(request), stream: frame.stream, flags: frame.flags)))
         case .forwardCancel(let cancel):
             self.deadlines.removeValue(forKey: cancel.requestID)?.cancel()
             context.fireChannelRead(data)
