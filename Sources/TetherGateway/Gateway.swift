@@ -236,7 +236,8 @@ public final class Gateway: Service, Sendable {
                 handlerTimeout: TimeAmount(timeouts.handler),
                 idleTimeout: TimeAmount(timeouts.idle),
                 shutdownGracePeriod: TimeAmount(timeouts.shutdownGracePeriod),
-                maxInboundBodySize: self.configuration.limits.maxBodySize
+                maxInboundBodySize: self.configuration.limits.maxBodySize,
+                maxBufferedOutboundBytes: self.configuration.limits.maxBufferedOutboundBytes
             ),
             logger: logger
         )

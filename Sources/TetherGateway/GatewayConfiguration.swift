@@ -92,9 +92,19 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// reading from that connection until a handler finishes).
         public var maxConcurrentRequestsPerConnection: Int
 
-        public init(maxBodySize: Int = 1 << 20, maxConcurrentRequestsPerConnection: Int = 512) {
+        /// When a push finds more than this many bytes already waiting to be sent to a
+        /// connection, the client is not reading fast enough (a "slow consumer"): the gateway
+        /// closes that connection rather than buffer without bound.
+        public var maxBufferedOutboundBytes: Int
+
+        public init(
+            maxBodySize: Int = 1 << 20,
+            maxConcurrentRequestsPerConnection: Int = 512,
+            maxBufferedOutboundBytes: Int = 4 << 20
+        ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
+            self.maxBufferedOutboundBytes = maxBufferedOutboundBytes
         }
 
         public static var defaults: Limits { Limits() }
@@ -107,6 +117,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
             }
             guard self.maxConcurrentRequestsPerConnection >= 1 else {
                 throw ConfigurationError("limits.maxConcurrentRequestsPerConnection must be at least 1")
+            }
+            guard self.maxBufferedOutboundBytes >= self.maxBodySize else {
+                throw ConfigurationError("limits.maxBufferedOutboundBytes must be at least limits.maxBodySize")
             }
         }
     }

@@ -71,10 +71,10 @@ final class ClientHandlerFixture {
     }
 
     func closure() throws -> ConnectionClosure? {
-        var result: ConnectionClosure?
-        self.closed.futureResult.whenSuccess { result = $0 }
+        let result = NIOLockedValueBox<ConnectionClosure?>(nil)
+        self.closed.futureResult.whenSuccess { closure in result.withLockedValue { $0 = closure } }
         self.loop.run()
-        return result
+        return result.withLockedValue { $0 }
     }
 }
 
@@ -238,6 +238,8 @@ final class GatewayHandlerFixture {
 
     init(handshake: TimeAmount = .seconds(10), handler: TimeAmount = .seconds(30), idle: TimeAmount = .seconds(30)) throws {
         self.channel = EmbeddedChannel(loop: self.loop)
+        // As in production, the encoder sits below the protocol handler: the channel holds bytes.
+        try self.channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
         try self.channel.pipeline.syncOperations.addHandler(
             GatewayConnectionHandler(
                 configuration: .init(
@@ -245,7 +247,8 @@ final class GatewayHandlerFixture {
                     handlerTimeout: handler,
                     idleTimeout: idle,
                     shutdownGracePeriod: .seconds(5),
-                    maxInboundBodySize: 1 << 20
+                    maxInboundBodySize: 1 << 20,
+                    maxBufferedOutboundBytes: 4 << 20
                 ),
                 logger: testLogger("gateway-handler")
             )
@@ -257,8 +260,17 @@ final class GatewayHandlerFixture {
         try self.channel.writeInbound(Frame(.hello(hello), flags: .checksum))
         #expect(try self.channel.readInbound(as: Frame.self)?.type == .hello)
         try self.channel.writeOutbound(Frame(.welcome(welcome)))
-        let sent = try self.channel.readOutbound(as: Frame.self)
+        let sent = try self.readOutbound()
         #expect(sent?.type == .welcome && sent?.flags == .checksum)
+    }
+
+    /// The next frame the handler wrote, decoded from the bytes the encoder produced.
+    func readOutbound() throws -> Frame? {
+        guard var bytes = try self.channel.readOutbound(as: ByteBuffer.self) else { return nil }
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        let frame = try decoder.decodeFrame(from: &bytes)
+        #expect(bytes.readableBytes == 0, "one frame per write")
+        return frame
     }
 }
 
@@ -268,7 +280,7 @@ struct GatewayConnectionHandlerTests {
     func handshakeTimeout() throws {
         let fixture = try GatewayHandlerFixture(handshake: .seconds(3))
         fixture.loop.advanceTime(by: .seconds(3))
-        guard case .error(let report)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+        guard case .error(let report)? = try fixture.readOutbound()?.payload else {
             Issue.record("expected ERROR")
             return
         }
@@ -284,7 +296,7 @@ struct GatewayConnectionHandlerTests {
         try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .seconds(60))), flags: .checksum))
         #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request)
         fixture.loop.advanceTime(by: .seconds(2))
-        let answer = try fixture.channel.readOutbound(as: Frame.self)
+        let answer = try fixture.readOutbound()
         guard case .response(let response)? = answer?.payload else {
             Issue.record("expected the deadline answer")
             return
@@ -292,7 +304,7 @@ struct GatewayConnectionHandlerTests {
         #expect(response.id == 4 && response.status == .deadlineExceeded)
         #expect(try fixture.channel.readInbound(as: Frame.self)?.payload == .cancel(.init(requestID: 4)), "the handler is told to stop")
         try fixture.channel.writeOutbound(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
-        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil, "a request is answered once")
+        #expect(try fixture.readOutbound() == nil, "a request is answered once")
         _ = try? fixture.channel.finish()
     }
 
@@ -302,9 +314,9 @@ struct GatewayConnectionHandlerTests {
         try fixture.establish()
         try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .milliseconds(500))), flags: .checksum))
         fixture.loop.advanceTime(by: .milliseconds(499))
-        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        #expect(try fixture.readOutbound() == nil)
         fixture.loop.advanceTime(by: .milliseconds(1))
-        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .response)
+        #expect(try fixture.readOutbound()?.type == .response)
         _ = try? fixture.channel.finish()
     }
 
@@ -314,11 +326,11 @@ struct GatewayConnectionHandlerTests {
         try fixture.establish()
         fixture.loop.advanceTime(by: .seconds(20))
         try fixture.channel.writeInbound(Frame(.ping(.init(id: 1)), flags: .checksum))
-        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .pong)
+        #expect(try fixture.readOutbound()?.type == .pong)
         fixture.loop.advanceTime(by: .seconds(29))
         #expect(fixture.channel.isActive)
         fixture.loop.advanceTime(by: .seconds(1))
-        guard case .goAway(let goAway)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+        guard case .goAway(let goAway)? = try fixture.readOutbound()?.payload else {
             Issue.record("expected GOAWAY")
             return
         }
@@ -332,10 +344,10 @@ struct GatewayConnectionHandlerTests {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
         fixture.channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(.init(reason: .shutdown)), promise: nil)
-        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .goAway)
+        #expect(try fixture.readOutbound()?.type == .goAway)
         try fixture.channel.writeInbound(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
         #expect(try fixture.channel.readInbound(as: Frame.self) == nil, "not forwarded")
-        guard case .response(let refusal)? = try fixture.channel.readOutbound(as: Frame.self)?.payload else {
+        guard case .response(let refusal)? = try fixture.readOutbound()?.payload else {
             Issue.record("expected a refusal")
             return
         }
@@ -354,16 +366,16 @@ struct GatewayConnectionHandlerTests {
         )
         _ = try fixture.channel.readInbound(as: Frame.self)
         fixture.channel.write(Frame(.push(.init(topic: "early", body: ByteBuffer()))), promise: nil)
-        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        #expect(try fixture.readOutbound() == nil)
         var smallWelcome = welcome
         smallWelcome.features = []
         try fixture.channel.writeOutbound(Frame(.welcome(smallWelcome)))
-        #expect(try fixture.channel.readOutbound(as: Frame.self)?.type == .welcome)
-        #expect(try fixture.channel.readOutbound(as: Frame.self)?.payload == .push(.init(topic: "early")))
+        #expect(try fixture.readOutbound()?.type == .welcome)
+        #expect(try fixture.readOutbound()?.payload == .push(.init(topic: "early")))
         let dropped = fixture.loop.makePromise(of: Void.self)
         fixture.channel.writeAndFlush(Frame(.push(.init(topic: "big", body: ByteBuffer(repeating: 0, count: 2000)))), promise: dropped)
         #expect(throws: (any Error).self) { try dropped.futureResult.wait() }
-        #expect(try fixture.channel.readOutbound(as: Frame.self) == nil)
+        #expect(try fixture.readOutbound() == nil)
         _ = try? fixture.channel.finish()
     }
 }

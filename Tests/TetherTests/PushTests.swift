@@ -98,6 +98,32 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a client that stops reading is closed as a slow consumer; the others keep getting pushes")
+        func slowConsumer() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxBufferedOutboundBytes = 1 << 20 }
+                gateway.handle("echo") { request, _ in request.body }
+                let healthy = try harness.client([endpoint], clientID: "healthy")
+                let received = PushCollector(healthy, in: harness)
+                _ = try await healthy.request("echo")
+                let stuck = try await RawConnection.connect(to: endpoint)
+                #expect(try await stuck.handshake(clientID: "stuck") != nil)
+                try await stuck.stopReading()
+
+                // 32 MiB: more than the kernel's socket buffers and the 1 MiB limit together.
+                let chunk = ByteBuffer(repeating: 0x2A, count: 32 * 1024)
+                for _ in 0..<1024 {
+                    try gateway.push("bulk", chunk, to: .client("stuck"))
+                }
+                try await eventually("the gateway drops the stuck client") {
+                    !gateway.connections.contains { $0.clientID == "stuck" }
+                }
+                try gateway.push("after", ByteBuffer(string: "still here"), to: .client("healthy"))
+                try await eventually("the healthy client still gets pushes") { received.bodies.contains("still here") }
+                stuck.close()
+            }
+        }
+
         @Test("a push larger than the client accepts is not sent, and the connection survives")
         func oversizedPush() async throws {
             try await withHarness { harness in

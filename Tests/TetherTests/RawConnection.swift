@@ -75,6 +75,11 @@ final class RawConnection: @unchecked Sendable {
         self.channel.close(promise: nil)
     }
 
+    /// Stops reading from the socket, as a client that hangs would.
+    func stopReading() async throws {
+        try await self.channel.setOption(ChannelOptions.autoRead, value: false)
+    }
+
     private final class Collector: ChannelInboundHandler, @unchecked Sendable {
         // @unchecked: only touched on the channel's event loop.
         typealias InboundIn = Frame

@@ -79,11 +79,15 @@ public struct GatewaySessionStateMachine: Sendable {
             return .forwardHello(hello)
 
         case .negotiating:
-            if case .error(let report) = frame.payload {
+            switch frame.payload {
+            case .error(let report):
                 self.phase = .closed
                 return .peerError(report)
+            case .pong, .extension:
+                return .ignore
+            default:
+                return self.violate(.unexpectedFrame, "\(frame.type) before WELCOME; wait for the handshake to finish")
             }
-            return self.violate(.unexpectedFrame, "\(frame.type) before WELCOME; wait for the handshake to finish")
 
         case .established(let negotiated), .draining(let negotiated):
             if negotiated.checksums && !frame.flags.contains(.checksum) {

@@ -36,6 +36,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         var idleTimeout: TimeAmount
         var shutdownGracePeriod: TimeAmount
         var maxInboundBodySize: Int
+        var maxBufferedOutboundBytes: Int
     }
 
     private let configuration: Configuration
@@ -155,6 +156,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(negotiated.peerMaxBodySize)"]
                 )
                 promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
+                return
+            }
+            if let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
+                buffered > self.configuration.maxBufferedOutboundBytes
+            {
+                self.logger.warning(
+                    "closing a connection whose client does not read its pushes (slow consumer)",
+                    metadata: ["buffered": "\(buffered)", "limit": "\(self.configuration.maxBufferedOutboundBytes)"]
+                )
+                promise?.fail(SlowConsumerError(buffered: buffered))
+                self.closeNow(context: context)
                 return
             }
             self.write(frame.payload, context: context, promise: promise)
@@ -318,6 +330,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
 @available(*, unavailable)
 extension GatewayConnectionHandler: Sendable {}
+
+/// A push found the connection's outbound buffer over its limit; the connection was closed.
+struct SlowConsumerError: Error, CustomStringConvertible {
+    var buffered: Int
+    var description: String { "the client does not read: \(self.buffered) bytes are waiting; the connection was closed" }
+}
 
 /// A push exceeded the maximum body size its recipient negotiated; it was not sent.
 struct PushTooLargeError: Error, CustomStringConvertible {
