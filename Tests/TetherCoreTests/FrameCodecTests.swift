@@ -153,6 +153,14 @@ struct FrameCodecTests {
         #expect(try decoder.decodeFrame(from: &buffer) == frame)
     }
 
+    @Test("request timeouts are rounded up to whole milliseconds, never down to 'no limit'")
+    func timeoutRounding() throws {
+        for (timeout, expected) in [(Duration.microseconds(1), UInt32(1)), (.microseconds(1500), 2), (.milliseconds(200), 200)] {
+            let buffer = try SampleFrames.encode(Frame(.request(.init(id: 1, method: "m", timeout: timeout))))
+            #expect(buffer.getInteger(at: FrameHeader.size, as: UInt32.self) == expected, "\(timeout)")
+        }
+    }
+
     static func code(_ body: () throws -> Frame?) -> StatusCode? {
         do {
             _ = try body()

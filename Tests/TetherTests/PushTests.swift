@@ -124,7 +124,7 @@ extension IntegrationTests {
             }
         }
 
-        @Test("a push larger than the client accepts is not sent, and the connection survives")
+        @Test("a push or reply larger than the client accepts is not sent, and the connection survives")
         func oversizedPush() async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway()
@@ -136,6 +136,13 @@ extension IntegrationTests {
                 try gateway.push("small", ByteBuffer(string: "fits"), to: .all)
                 try await eventually("the small push arrives") { pushes.bodies == ["fits"] }
                 #expect(try await client.request("echo", body: ByteBuffer(string: "alive")).string == "alive")
+
+                // The same for a reply: the request fails with a clear status, the connection stays.
+                gateway.handle("big") { _, _ in ByteBuffer(repeating: 1, count: 4096) }
+                let error = await #expect(throws: TetherError.self) { try await client.request("big") }
+                #expect(error?.status == .resourceExhausted)
+                #expect(error?.message.contains("2048") == true)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "still")).string == "still")
             }
         }
     }

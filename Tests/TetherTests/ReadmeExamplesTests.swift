@@ -39,6 +39,22 @@ extension IntegrationTests {
                 client.shutdown()  // graceful: in-flight requests finish
             }
             #expect(Set(printed.withLockedValue { $0 }) == ["hi", "welcome to lobby", "alice"])
+
+            // --- README: "Errors" (after the client shut down, every call fails) ---
+            let body = ByteBuffer(string: "lobby")
+            var outcome = "none"
+            do {
+                _ = try await client.request("room.enter", body: body, timeout: .seconds(3))
+            } catch  where error.code == .timedOut {
+                outcome = "timed out"
+            } catch  where error.code == .serverError && error.status == .permissionDenied {
+                outcome = "denied"
+            } catch  where error.code == .connectionLost {
+                outcome = "lost"
+            } catch {
+                outcome = "\(error.code)"
+            }
+            #expect(outcome == "shut down")
             gateway.shutdown()
             try await gatewayRun.value
         }

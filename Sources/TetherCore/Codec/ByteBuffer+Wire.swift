@@ -37,6 +37,14 @@ extension ByteBuffer {
         self.writeInteger(UInt32(clamping: duration.wholeMilliseconds))
     }
 
+    /// Writes a duration as milliseconds in a `u32`, rounded up (so a positive duration never
+    /// becomes 0, and a deadline derived from it is never earlier), saturating.
+    mutating func writeMillisecondsRoundingUp(_ duration: Duration) {
+        var milliseconds = duration.wholeMilliseconds
+        if duration > .milliseconds(milliseconds) { milliseconds += 1 }
+        self.writeInteger(UInt32(clamping: milliseconds))
+    }
+
     /// Reads a `u32` of milliseconds.
     mutating func readMilliseconds(field: StaticString, in type: FrameType) throws(ProtocolError) -> Duration {
         guard let value = self.readInteger(as: UInt32.self) else {

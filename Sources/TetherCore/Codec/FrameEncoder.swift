@@ -121,7 +121,8 @@ public struct FrameEncoder: Sendable {
             }
 
         case .request(let request):
-            buffer.writeMilliseconds(request.timeout ?? .zero)
+            // Rounded up: the gateway's deadline must not come before the client's.
+            buffer.writeMillisecondsRoundingUp(request.timeout ?? .zero)
             try buffer.writeShortString(request.method, field: "method")
             buffer.writeImmutableBuffer(request.body)
 

@@ -10,7 +10,8 @@ public struct StatusCode: RawRepresentable, Hashable, Sendable, CustomStringConv
 
     /// The request succeeded; the body is the handler's reply.
     public static let ok = StatusCode(rawValue: 0)
-    /// The request was cancelled before it completed.
+    /// The request was cancelled before it completed. (The reference gateway sends no RESPONSE
+    /// for a cancelled request; applications may use this status for their own cancellations.)
     public static let cancelled = StatusCode(rawValue: 1)
     /// No handler is registered for the request's method.
     public static let unknownMethod = StatusCode(rawValue: 2)
@@ -43,12 +44,10 @@ public struct StatusCode: RawRepresentable, Hashable, Sendable, CustomStringConv
     public static let unsupportedVersion = StatusCode(rawValue: 104)
     /// A frame had a type the receiver does not know and may not ignore.
     public static let unknownFrameType = StatusCode(rawValue: 105)
-    /// The handshake did not complete in time.
+    /// The handshake (HELLO, authentication, WELCOME) did not complete in time.
     public static let handshakeTimeout = StatusCode(rawValue: 106)
     /// A frame arrived that is not allowed in the connection's current state.
     public static let unexpectedFrame = StatusCode(rawValue: 107)
-    /// The peer stopped sending anything for longer than the idle timeout.
-    public static let idleTimeout = StatusCode(rawValue: 108)
 
     /// The first code applications may define for themselves.
     public static let firstApplicationCode: UInt16 = 1000
@@ -76,7 +75,6 @@ public struct StatusCode: RawRepresentable, Hashable, Sendable, CustomStringConv
         case .unknownFrameType: "unknown frame type"
         case .handshakeTimeout: "handshake timeout"
         case .unexpectedFrame: "unexpected frame"
-        case .idleTimeout: "idle timeout"
         default: "status \(self.rawValue)"
         }
     }

@@ -190,10 +190,23 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.write(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: promise)
     }
 
-    /// Sends a RESPONSE unless its request was already answered or cancelled.
+    /// Sends a RESPONSE unless its request was already answered or cancelled. A reply larger than
+    /// the client accepts is replaced by `resource exhausted`: sending it would make the client
+    /// close the connection.
     private func sendResponse(_ response: Frame.Response, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         switch self.session.responseSent(id: response.id) {
         case .send:
+            let size = 4 + response.message.utf8.count + response.body.readableBytes
+            if let limit = self.negotiated?.peerMaxBodySize, size > limit {
+                self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
+                let refusal = Frame.Response(
+                    id: response.id,
+                    status: .resourceExhausted,
+                    message: "the reply is \(size) bytes; this client accepts at most \(limit)"
+                )
+                self.write(.response(refusal), context: context, promise: promise)
+                return
+            }
             self.write(.response(response), context: context, promise: promise)
         case .drop:
             promise?.succeed()
