@@ -10,11 +10,15 @@ final class Broadcaster<Element: Sendable>: Sendable {
 
     private let state = NIOLockedValueBox(State())
     private let bufferSize: Int
+    private let onLastSubscriberGone: (@Sendable () -> Void)?
 
-    /// - Parameter bufferSize: How many elements a slow subscriber may fall behind before its
-    ///   oldest ones are dropped.
-    init(bufferSize: Int) {
+    /// - Parameters:
+    ///   - bufferSize: How many elements a slow subscriber may fall behind before its oldest
+    ///     ones are dropped.
+    ///   - onLastSubscriberGone: Called when a subscription ends and none is left.
+    init(bufferSize: Int, onLastSubscriberGone: (@Sendable () -> Void)? = nil) {
         self.bufferSize = bufferSize
+        self.onLastSubscriberGone = onLastSubscriberGone
     }
 
     /// A stream of the elements published from now on; finished when the broadcaster is.
@@ -32,7 +36,12 @@ final class Broadcaster<Element: Sendable>: Sendable {
             return stream
         }
         continuation.onTermination = { [weak self] _ in
-            self?.state.withLockedValue { _ = $0.subscribers.removeValue(forKey: id) }
+            guard let self else { return }
+            let empty = self.state.withLockedValue { state in
+                state.subscribers.removeValue(forKey: id)
+                return state.subscribers.isEmpty && !state.finished
+            }
+            if empty { self.onLastSubscriberGone?() }
         }
         return stream
     }

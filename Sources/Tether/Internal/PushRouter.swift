@@ -16,27 +16,34 @@ final class PushRouter: Sendable {
     /// Subscribes to one topic, or to every topic if `topic` is `nil`.
     func subscribe(topic: String?) -> AsyncStream<Push> {
         guard let topic else { return self.everything.subscribe() }
-        let broadcaster = self.topics.withLockedValue { topics in
-            if let existing = topics[topic] { return existing }
-            let created = Broadcaster<Push>(bufferSize: self.bufferSize)
+        return self.topics.withLockedValue { topics in
+            // Subscribing under the lock, so that the topic cannot be dropped in between.
+            if let existing = topics[topic] { return existing.subscribe() }
+            let created = Broadcaster<Push>(bufferSize: self.bufferSize) { [weak self] in
+                self?.dropTopic(topic)
+            }
             if self.finished.withLockedValue({ $0 }) { created.finish() }
             topics[topic] = created
-            return created
+            return created.subscribe()
         }
-        return broadcaster.subscribe()
+    }
+
+    /// The number of topics with subscribers.
+    var topicCount: Int { self.topics.withLockedValue { $0.count } }
+
+    /// Forgets a topic whose last subscriber left (unless someone subscribed again meanwhile).
+    private func dropTopic(_ topic: String) {
+        self.topics.withLockedValue { topics in
+            if let broadcaster = topics[topic], !broadcaster.hasSubscribers {
+                topics[topic] = nil
+            }
+        }
     }
 
     /// Delivers a push.
     /// - Returns: How many subscribers had to drop an old push to make room.
     func route(_ push: Push) -> Int {
-        let broadcaster = self.topics.withLockedValue { topics -> Broadcaster<Push>? in
-            guard let broadcaster = topics[push.topic] else { return nil }
-            if !broadcaster.hasSubscribers {
-                topics[push.topic] = nil  // nobody listens any more
-                return nil
-            }
-            return broadcaster
-        }
+        let broadcaster = self.topics.withLockedValue { $0[push.topic] }
         return (broadcaster?.yield(push) ?? 0) + self.everything.yield(push)
     }
 

@@ -1,0 +1,231 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import TetherCore
+
+/// The client's run loop: connect, serve the connection until it closes, back off, repeat,
+/// as ``ConnectivityStateMachine`` decides.
+extension TetherClient {
+    func runConnectionLoop() async throws {
+        let firstRun = self.state.withLockedValue { state in
+            guard case .notStarted = state.run else { return false }
+            state.run = .running
+            return true
+        }
+        guard firstRun else {
+            throw TetherError(code: .invalidArgument, message: "run() was already called on this client")
+        }
+        defer { self.finishRun() }
+
+        var action = self.state.withLockedValue { $0.machine.start() }
+        while true {
+            switch action {
+            case .connect(let endpoint, let attempt):
+                action = await self.attempt(endpoint, attempt: attempt)
+
+            case .backOff(let delay, let next):
+                self.logger.debug("backing off", metadata: ["delay": "\(delay)", "next": "\(next)"])
+                self.eventBroadcaster.yield(.backingOff(delay, next: next))
+                await self.sleep(for: delay)
+                action = self.state.withLockedValue { $0.machine.backoffElapsed() }
+
+            case .fail(let attempts):
+                let error = self.state.withLockedValue { state in
+                    let error = TetherError(
+                        code: .notConnected,
+                        message: "gave up after \(attempts) failed connection attempts; the last: \(state.lastError?.message ?? "unknown")",
+                        cause: state.lastError
+                    )
+                    state.terminalError = error
+                    return error
+                }
+                self.failWaiters(with: error)
+                self.logger.error("giving up", metadata: ["attempts": "\(attempts)"])
+                self.eventBroadcaster.yield(.failed(error))
+                throw error
+
+            case .stop:
+                return
+
+            case .none, .stopDispatching, .closeConnection:
+                assertionFailure("the run loop got \(action)")
+                return
+            }
+        }
+    }
+
+    /// Connects, serves the connection until it closes, and returns what to do next.
+    private func attempt(_ endpoint: Endpoint, attempt: Int) async -> ConnectivityStateMachine.Action {
+        self.logger.debug("connecting", metadata: ["endpoint": "\(endpoint)", "attempt": "\(attempt)"])
+        self.eventBroadcaster.yield(.connecting(endpoint, attempt: attempt))
+        let connection: ClientConnection
+        do {
+            connection = try await self.establish(endpoint)
+        } catch {
+            let error =
+                (error as? TetherError)
+                ?? TetherError(
+                    code: .notConnected,
+                    message: "could not connect to \(endpoint): \(TransportErrors.describe(error))",
+                    cause: error
+                )
+            self.logger.info("connection attempt failed", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
+            self.eventBroadcaster.yield(.connectFailed(endpoint, error))
+            return self.state.withLockedValue { state in
+                state.lastError = error
+                return state.machine.connectFailed()
+            }
+        }
+
+        let (next, waiters) = self.state.withLockedValue { state in
+            let next = state.machine.connectSucceeded()
+            guard next == .none else { return (next, State.Waiters()) }
+            state.ready = connection
+            state.current = connection
+            return (next, state.takeWaiters())
+        }
+        if next == .closeConnection {
+            // Shut down while connecting.
+            connection.close()
+            _ = try? await connection.closeFuture.get()
+            return self.state.withLockedValue { $0.machine.connectionClosed(uptime: .zero) }
+        }
+        let negotiated = connection.negotiated
+        self.logger.info(
+            "connected",
+            metadata: ["endpoint": "\(endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)"]
+        )
+        self.eventBroadcaster.yield(.connected(endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
+        waiters.resume(returning: connection)
+
+        let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
+        // Update the state before telling anyone, so that a subscriber reacting to the event
+        // already sees the client as disconnected.
+        let afterClose = self.state.withLockedValue { state in
+            if state.ready === connection { state.ready = nil }
+            state.current = nil
+            return state.machine.connectionClosed(uptime: closure.uptime)
+        }
+        self.logger.info("disconnected", metadata: ["endpoint": "\(endpoint)", "reason": "\(closure.reason)"])
+        self.eventBroadcaster.yield(.disconnected(closure.reason))
+        return afterClose
+    }
+
+    /// Opens a transport connection to `endpoint` and completes the handshake.
+    private func establish(_ endpoint: Endpoint) async throws -> ClientConnection {
+        let token: ByteBuffer?
+        switch self.configuration.authentication {
+        case .none: token = nil
+        case .token(let value): token = value
+        case .provider(let provider): token = try await provider()
+        }
+        let connectionConfiguration = self.configuration.connection
+        let hello = Frame.Hello(
+            versions: Handshake.supportedVersions,
+            features: connectionConfiguration.checksums ? [.checksum] : [],
+            maxBodySize: UInt32(connectionConfiguration.maxBodySize),
+            clientID: self.configuration.clientID,
+            authToken: token,
+            userAgent: self.configuration.userAgent
+        )
+        let handlerConfiguration = ClientConnectionHandler.Configuration(
+            hello: hello,
+            handshakeTimeout: TimeAmount(connectionConfiguration.handshakeTimeout),
+            heartbeatInterval: self.configuration.heartbeat.interval.map { TimeAmount($0) },
+            heartbeatTimeout: TimeAmount(self.configuration.heartbeat.timeout),
+            maxInboundBodySize: connectionConfiguration.maxBodySize
+        )
+        let callbacks = ClientConnectionHandler.Callbacks(
+            push: { [weak self] push in self?.deliver(push) },
+            goAway: { [weak self] goAway in self?.goAwayReceived(goAway) }
+        )
+        let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
+        let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
+        let handlerBox = NIOLockedValueBox<NIOLoopBound<ClientConnectionHandler>?>(nil)
+        let logger = self.logger
+
+        let channel: any Channel
+        do {
+            channel = try await self.transport.connect(
+                to: endpoint,
+                timeout: connectionConfiguration.connectTimeout,
+                eventLoop: self.eventLoop
+            ) { channel in
+                let handler = ClientConnectionHandler(
+                    configuration: handlerConfiguration,
+                    callbacks: callbacks,
+                    established: established,
+                    closed: closed,
+                    logger: logger
+                )
+                try channel.pipeline.syncOperations.addHandler(handler)
+                handlerBox.withLockedValue { $0 = NIOLoopBound(handler, eventLoop: channel.eventLoop) }
+            }
+        } catch {
+            // The handler may never have existed; settle its promises so none leaks.
+            established.fail(error)
+            closed.succeed(ConnectionClosure(reason: .transportError("\(error)"), uptime: .zero))
+            throw error
+        }
+        guard let handler = handlerBox.withLockedValue({ $0 }) else {
+            channel.close(promise: nil)
+            throw TetherError(code: .notConnected, message: "the transport did not run the channel initializer")
+        }
+        do {
+            let negotiated = try await established.futureResult.get()
+            return ClientConnection(
+                channel: channel,
+                handler: handler,
+                endpoint: endpoint,
+                negotiated: negotiated,
+                closeFuture: closed.futureResult
+            )
+        } catch {
+            channel.close(promise: nil)
+            _ = try? await closed.futureResult.get()
+            throw error
+        }
+    }
+
+    /// The gateway sent GOAWAY: route new requests to the next connection.
+    private func goAwayReceived(_ goAway: Frame.GoAway) {
+        let alternate = goAway.alternateEndpoint.flatMap { try? Endpoint(parsing: $0) }
+        if goAway.alternateEndpoint != nil && alternate == nil {
+            self.logger.warning("ignoring an invalid alternate endpoint in GOAWAY", metadata: ["endpoint": "\(goAway.alternateEndpoint!)"])
+        }
+        self.state.withLockedValue { state in
+            if state.machine.goAwayReceived(retryAfter: goAway.retryAfter, alternate: alternate) == .stopDispatching {
+                state.ready = nil
+            }
+        }
+    }
+
+    /// Sleeps on the injected clock; returns early on ``shutdown()``.
+    private func sleep(for delay: Duration) async {
+        guard delay > .zero else { return }
+        await withTaskGroup(of: Void.self) { group in
+            let clock = self.clock
+            group.addTask { try? await clock.sleep(for: delay) }
+            group.addTask { await self.wakeup.wait() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func finishRun() {
+        let waiters = self.state.withLockedValue { state in
+            state.run = .finished
+            state.terminalError = state.terminalError ?? TetherError(code: .shutdown, message: "the client is shut down")
+            state.ready = nil
+            return state.takeWaiters()
+        }
+        waiters.resume(throwing: TetherError(code: .shutdown, message: "the client stopped"))
+        self.pushRouter.finish()
+        self.eventBroadcaster.finish()
+    }
+
+    private func failWaiters(with error: TetherError) {
+        let waiters = self.state.withLockedValue { $0.takeWaiters() }
+        waiters.resume(throwing: error)
+    }
+}
