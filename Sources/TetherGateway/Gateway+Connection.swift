@@ -1,5 +1,4 @@
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
 
@@ -28,7 +27,13 @@ extension Gateway {
                     )
                 else { return }
                 logger.debug("client connected", metadata: ["client": "\(info.clientID)", "remote": "\(remoteAddress ?? "-")"])
-                try await self.serveRequests(from: &frames, connection: info, outbound: outbound, logger: logger)
+                try await self.serveRequests(
+                    from: &frames,
+                    connection: info,
+                    requests: connection.requests,
+                    outbound: outbound,
+                    logger: logger
+                )
             }
         } catch {
             logger.debug("connection ended with an error", metadata: ["error": "\(error)"])
@@ -82,28 +87,25 @@ extension Gateway {
     private func serveRequests(
         from frames: inout NIOAsyncChannelInboundStream<Frame>.AsyncIterator,
         connection: ConnectionInfo,
+        requests: RequestRegistry,
         outbound: NIOAsyncChannelOutboundWriter<Frame>,
         logger: Logger
     ) async throws {
         let slots = AsyncSemaphore(permits: self.configuration.limits.maxConcurrentRequestsPerConnection)
-        let inFlight = NIOLockedValueBox<[UInt64: RequestSignal]>([:])
         try await withThrowingDiscardingTaskGroup { group in
             while let frame = try await frames.next() {
-                switch frame.payload {
-                case .request(let request):
-                    // Waiting here stops reading from the socket: TCP backpressure, not refusals.
-                    try await slots.acquire()
-                    let signal = RequestSignal()
-                    inFlight.withLockedValue { $0[request.id] = signal }
-                    group.addTask {
-                        await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
-                        inFlight.withLockedValue { _ = $0.removeValue(forKey: request.id) }
-                        slots.release()
-                    }
-                case .cancel(let cancel):
-                    inFlight.withLockedValue { $0[cancel.requestID] }?.cancel()
-                default:
-                    break
+                guard case .request(let request) = frame.payload else { continue }
+                // Waiting here stops reading from the socket: TCP backpressure, not refusals.
+                // Deadlines and CANCELs still reach running handlers through the registry.
+                try await slots.acquire()
+                guard let signal = requests.signal(for: request.id) else {
+                    // Answered by its deadline, or cancelled, while it waited: do not run it.
+                    slots.release()
+                    continue
+                }
+                group.addTask {
+                    await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
+                    slots.release()
                 }
             }
             // The connection is gone: answers can no longer be delivered, so stop the handlers.
@@ -119,8 +121,8 @@ extension Gateway {
 
     /// Runs one handler, racing it against cancellation, and writes the RESPONSE.
     ///
-    /// Deadlines are the protocol handler's job: when one passes it answers the client and
-    /// cancels the request through `signal`, like a CANCEL from the client.
+    /// Deadlines and CANCELs are the protocol handler's job: it answers (or not) and cancels the
+    /// request through `signal`.
     private func execute(
         _ request: Frame.Request,
         signal: RequestSignal,

@@ -145,7 +145,7 @@ public final class Gateway: Service, Sendable {
         let accepted: AcceptedConnection
         do {
             accepted = try await channel.eventLoop.submit { try self.configure(channel) }.get()
-            try await channel.setOption(ChannelOptions.autoRead, value: true)
+            try await channel.setOption(ChannelOptions.autoRead, value: true).get()
         } catch {
             channel.close(promise: nil)
             throw GatewayError(code: .notRunning, message: "could not set up the connection: \(error)")
@@ -230,6 +230,7 @@ public final class Gateway: Service, Sendable {
         var logger = self.logger
         logger[metadataKey: "tether.connection"] = "\(id)"
         let timeouts = self.configuration.timeouts
+        let requests = RequestRegistry()
         let handler = GatewayConnectionHandler(
             configuration: .init(
                 handshakeTimeout: TimeAmount(timeouts.handshake),
@@ -239,11 +240,12 @@ public final class Gateway: Service, Sendable {
                 maxInboundBodySize: self.configuration.limits.maxBodySize,
                 maxBufferedOutboundBytes: self.configuration.limits.maxBufferedOutboundBytes
             ),
+            requests: requests,
             logger: logger
         )
         try channel.pipeline.syncOperations.addHandler(handler)
         let asyncChannel = try NIOAsyncChannel<Frame, Frame>(wrappingChannelSynchronously: channel)
-        return AcceptedConnection(id: id, channel: asyncChannel, logger: logger)
+        return AcceptedConnection(id: id, channel: asyncChannel, requests: requests, logger: logger)
     }
 
     private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {
@@ -269,6 +271,8 @@ extension Gateway {
     struct AcceptedConnection: Sendable {
         var id: UInt64
         var channel: NIOAsyncChannel<Frame, Frame>
+        /// The connection's forwarded requests, shared with its protocol handler.
+        var requests: RequestRegistry
         var logger: Logger
     }
 }

@@ -211,7 +211,7 @@ struct GatewaySessionStateMachineTests {
         var other = try self.makeEstablished()
         #expect(other.received(Frame(.cancel(.init(requestID: 9)), flags: .checksum)) == .ignore)
         _ = other.received(Frame(.request(request), flags: .checksum))
-        #expect(other.received(Frame(.cancel(.init(requestID: 1)), flags: .checksum)) == .forwardCancel(.init(requestID: 1)))
+        #expect(other.received(Frame(.cancel(.init(requestID: 1)), flags: .checksum)) == .cancelRequest(.init(requestID: 1)))
         #expect(other.requestsInFlight == 0)
     }
 
@@ -228,7 +228,7 @@ struct GatewaySessionStateMachineTests {
         }
         #expect(refusal.id == 3 && refusal.status == .unavailable)
         #expect(machine.responseSent(id: 1) == .send)
-        #expect(machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum)) == .forwardCancel(.init(requestID: 2)))
+        #expect(machine.received(Frame(.cancel(.init(requestID: 2)), flags: .checksum)) == .cancelRequest(.init(requestID: 2)))
         #expect(machine.requestsInFlight == 0)
         #expect(
             machine.received(Frame(.ping(.init(id: 1)), flags: .checksum)) == .replyPong(.init(id: 1)),

@@ -235,6 +235,7 @@ struct ClientConnectionHandlerTests {
 final class GatewayHandlerFixture {
     let loop = EmbeddedEventLoop()
     let channel: EmbeddedChannel
+    let requests = RequestRegistry()
 
     init(handshake: TimeAmount = .seconds(10), handler: TimeAmount = .seconds(30), idle: TimeAmount = .seconds(30)) throws {
         self.channel = EmbeddedChannel(loop: self.loop)
@@ -250,6 +251,7 @@ final class GatewayHandlerFixture {
                     maxInboundBodySize: 1 << 20,
                     maxBufferedOutboundBytes: 4 << 20
                 ),
+                requests: self.requests,
                 logger: testLogger("gateway-handler")
             )
         )
@@ -295,6 +297,7 @@ struct GatewayConnectionHandlerTests {
         try fixture.establish()
         try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .seconds(60))), flags: .checksum))
         #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request)
+        let signal = try #require(fixture.requests.signal(for: 4))
         fixture.loop.advanceTime(by: .seconds(2))
         let answer = try fixture.readOutbound()
         guard case .response(let response)? = answer?.payload else {
@@ -302,10 +305,39 @@ struct GatewayConnectionHandlerTests {
             return
         }
         #expect(response.id == 4 && response.status == .deadlineExceeded)
-        #expect(try fixture.channel.readInbound(as: Frame.self)?.payload == .cancel(.init(requestID: 4)), "the handler is told to stop")
+        #expect(signal.isCancelled, "the handler is told to stop")
+        #expect(fixture.requests.signal(for: 4) == nil, "settled: a waiting handler would not even start")
         try fixture.channel.writeOutbound(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
         #expect(try fixture.readOutbound() == nil, "a request is answered once")
         _ = try? fixture.channel.finish()
+    }
+
+    @Test("CANCEL settles the request: its handler is stopped, nothing is sent, a late answer is dropped")
+    func cancel() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 9, method: "m")), flags: .checksum))
+        let signal = try #require(fixture.requests.signal(for: 9))
+        try fixture.channel.writeInbound(Frame(.cancel(.init(requestID: 9)), flags: .checksum))
+        #expect(signal.isCancelled)
+        #expect(fixture.requests.count == 0)
+        #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request, "only the REQUEST reached the application")
+        #expect(try fixture.channel.readInbound(as: Frame.self) == nil)
+        try fixture.channel.writeOutbound(Frame(.response(.init(id: 9, body: ByteBuffer(string: "late")))))
+        #expect(try fixture.readOutbound() == nil)
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("closing the connection stops every handler")
+    func closeSettlesAll() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 2, method: "m")), flags: .checksum))
+        let signals = [try #require(fixture.requests.signal(for: 1)), try #require(fixture.requests.signal(for: 2))]
+        _ = try? fixture.channel.finish()
+        #expect(signals.allSatisfy { $0.isCancelled })
+        #expect(fixture.requests.count == 0)
     }
 
     @Test("the client's timeout is used when shorter than the gateway's limit")

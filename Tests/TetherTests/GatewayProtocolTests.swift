@@ -343,6 +343,33 @@ extension IntegrationTests {
             }
         }
 
+        @Test("with every handler slot busy, deadlines and cancels still stop handlers and free the slots")
+        func cancelWhileSaturated() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 2 }
+                let block = WaitingHandler(waitsFor: .seconds(60))
+                gateway.handle("block", block.handler)
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                _ = try await client.request("echo")
+                // Three blocking requests: two take the slots, the third waits for one.
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for _ in 0..<3 {
+                        group.addTask {
+                            let error = await #expect(throws: TetherError.self) {
+                                try await client.request("block", timeout: .milliseconds(300))
+                            }
+                            #expect(error?.code == .timedOut)
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+                // Their deadlines must have stopped the handlers, so this one gets a slot.
+                let reply = try await client.request("echo", body: ByteBuffer(string: "served"), timeout: .seconds(5))
+                #expect(reply.string == "served")
+            }
+        }
+
         static func header(type: FrameType, length: UInt32) -> ByteBuffer {
             var buffer = ByteBuffer()
             FrameHeader.write(type: type, id: 1, length: length, into: &buffer)

@@ -27,8 +27,8 @@ public struct GatewaySessionStateMachine: Sendable {
         case forwardHello(Frame.Hello)
         /// Pass the request to the application layer.
         case forwardRequest(Frame.Request)
-        /// Pass the cancellation of a request in flight to the application layer.
-        case forwardCancel(Frame.Cancel)
+        /// Cancel a request in flight: stop its handler, send no RESPONSE for it.
+        case cancelRequest(Frame.Cancel)
         /// Answer the request at once with this status; its handler must not run.
         case refuseRequest(Frame.Response)
         /// Answer with a PONG echoing this PING.
@@ -111,7 +111,7 @@ public struct GatewaySessionStateMachine: Sendable {
                 return .forwardRequest(request)
             case .cancel(let cancel):
                 guard self.inFlight.remove(cancel.requestID) != nil else { return .ignore }
-                return .forwardCancel(cancel)
+                return .cancelRequest(cancel)
             case .ping(let ping):
                 return .replyPong(ping)
             case .pong, .extension:

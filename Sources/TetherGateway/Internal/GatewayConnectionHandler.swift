@@ -16,9 +16,10 @@ enum GatewayConnectionEvent: Sendable {
 /// requests while draining, and ERROR-then-close on violations. Only HELLO, REQUEST and CANCEL
 /// travel on to the application layer (the `NIOAsyncChannel` above it).
 ///
-/// Deadlines are enforced here, on the event loop, so that a busy application layer cannot
-/// delay them: when a request's deadline passes, this handler answers `deadline exceeded` itself
-/// and passes a CANCEL for it up, which stops the handler; the handler's late answer is dropped.
+/// Deadlines and cancellation are enforced here, on the event loop, so that a busy application
+/// layer cannot delay them: when a request's deadline passes, this handler answers `deadline
+/// exceeded` itself; on a deadline or a CANCEL it settles the request in the connection's
+/// ``RequestRegistry``, which stops the handler; a late answer is dropped.
 ///
 /// Outbound, it stamps the negotiated flags on every frame, notices the WELCOME (the
 /// connection is established) and the RESPONSEs (requests answered), and closes the channel
@@ -41,6 +42,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     private let configuration: Configuration
     private let logger: Logger
+    private let requests: RequestRegistry
     private var session = GatewaySessionStateMachine()
     private var hello: Frame.Hello?
     private var negotiated: Handshake.Negotiated?
@@ -53,8 +55,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var deadlines: [UInt64: Scheduled<Void>] = [:]
     private var closing = false
 
-    init(configuration: Configuration, logger: Logger) {
+    init(configuration: Configuration, requests: RequestRegistry, logger: Logger) {
         self.configuration = configuration
+        self.requests = requests
         self.logger = logger
     }
 
@@ -103,13 +106,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.timeout = Duration(timeout)
             let id = request.id
             let method = request.method
+            self.requests.add(id)
             self.deadlines[id] = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
                 self.deadlinePassed(id: id, method: method, context: context)
             }
             context.fireChannelRead(Self.wrapInboundOut(Frame(.request(request), stream: frame.stream, flags: frame.flags)))
-        case .forwardCancel(let cancel):
+        case .cancelRequest(let cancel):
             self.deadlines.removeValue(forKey: cancel.requestID)?.cancel()
-            context.fireChannelRead(data)
+            self.requests.settle(cancel.requestID)
         case .refuseRequest(let refusal):
             self.write(.response(refusal), context: context, promise: nil)
             context.flush()
@@ -196,6 +200,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func sendResponse(_ response: Frame.Response, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         switch self.session.responseSent(id: response.id) {
         case .send:
+            self.requests.settle(response.id)
             let size = 4 + response.message.utf8.count + response.body.readableBytes
             if let limit = self.negotiated?.peerMaxBodySize, size > limit {
                 self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
@@ -222,10 +227,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             promise: nil
         )
         context.flush()
-        // Stop the handler: to the application layer this looks like the client's CANCEL. The
-        // read-complete hands it over at once (the async channel delivers reads in batches).
-        context.fireChannelRead(Self.wrapInboundOut(Frame(.cancel(.init(requestID: id)))))
-        context.fireChannelReadComplete()
     }
 
     private func welcomeSent(_ welcome: Frame.Welcome, context: ChannelHandlerContext) {
@@ -330,6 +331,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     private func cancelTimers() {
+        self.requests.settleAll()
         for (_, deadline) in self.deadlines { deadline.cancel() }
         self.deadlines.removeAll()
         let held = self.heldUntilWelcome

@@ -1,7 +1,7 @@
 import NIOConcurrencyHelpers
 
-/// Tells a running request's watchdog that the request was cancelled: by the client's CANCEL,
-/// or by the protocol handler when the deadline passed (it has answered already).
+/// Tells a running request's watchdog that the request was settled by the protocol handler
+/// (cancelled by the client, or past its deadline, or its connection closed).
 ///
 /// ``wait()`` returns `true` once cancelled, or `false` if the waiting task itself was
 /// cancelled (which is how the handler's completion stops the watchdog).
