@@ -208,6 +208,48 @@ struct ClientConnectionHandlerTests {
         }
     }
 
+    @Test("no more requests on the wire than WELCOME's max concurrent requests; the rest wait their turn")
+    func concurrencyLimit() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()  // WELCOME grants 16 slots
+        let responses = (1...20).map { fixture.request(id: UInt64($0)) }
+        var sent: [UInt64] = []
+        while case .request(let request)? = try fixture.readFrame()?.payload { sent.append(request.id) }
+        #expect(sent == Array(1...16))
+
+        // An answer frees a slot for the next in line.
+        try fixture.channel.writeInbound(Frame(.response(.init(id: 3, body: ByteBuffer(string: "three"))), flags: .checksum))
+        #expect(try responses[2].wait().string == "three")
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 17, method: "m")))
+
+        // A queued request that is cancelled was never sent: no CANCEL goes out.
+        fixture.handler.cancelRequest(id: 19)
+        #expect(throws: TetherError.self) { try responses[18].wait() }
+        #expect(try fixture.readFrame() == nil)
+
+        // A sent one that is cancelled gets a CANCEL, and its slot goes to the next in line (18).
+        fixture.handler.cancelRequest(id: 5)
+        #expect(try fixture.readFrame()?.payload == .cancel(.init(requestID: 5)))
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 18, method: "m")))
+
+        // GOAWAY: what is still queued (20) was never sent, so it can go on the next connection.
+        try fixture.channel.writeInbound(Frame(.goAway(.init(reason: .shutdown)), flags: .checksum))
+        do {
+            _ = try responses[19].wait()
+            Issue.record("expected notDispatched")
+        } catch let error as TetherError {
+            #expect(error.code == .notDispatched)
+        }
+        // The requests on the wire are lost with the connection.
+        _ = try? fixture.channel.finish()
+        do {
+            _ = try responses[0].wait()
+            Issue.record("expected connectionLost")
+        } catch let error as TetherError {
+            #expect(error.code == .connectionLost)
+        }
+    }
+
     @Test("a protocol violation by the gateway gets ERROR and a close; requests in flight fail with connectionLost")
     func violation() throws {
         let fixture = try ClientHandlerFixture()

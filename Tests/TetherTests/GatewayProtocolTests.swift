@@ -343,30 +343,35 @@ extension IntegrationTests {
             }
         }
 
-        @Test("with every handler slot busy, deadlines and cancels still stop handlers and free the slots")
+        @Test("a client that ignores the concurrency limit: deadlines and cancels still stop handlers and free the slots")
         func cancelWhileSaturated() async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 2 }
                 let block = WaitingHandler(waitsFor: .seconds(60))
                 gateway.handle("block", block.handler)
                 gateway.handle("echo") { request, _ in request.body }
-                let client = try harness.client([endpoint])
-                _ = try await client.request("echo")
-                // Three blocking requests: two take the slots, the third waits for one.
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    for _ in 0..<3 {
-                        group.addTask {
-                            let error = await #expect(throws: TetherError.self) {
-                                try await client.request("block", timeout: .milliseconds(300))
-                            }
-                            #expect(error?.code == .timedOut)
-                        }
-                    }
-                    try await group.waitForAll()
+                // The reference client never exceeds the limit WELCOME announces; this one does.
+                let connection = try await RawConnection.connect(to: endpoint)
+                #expect(try await connection.handshake()?.maxConcurrentRequests == 2)
+                // 1 and 2 take the slots; 3 waits (the gateway stops reading); 4 is cancelled by the client.
+                for id in UInt64(1)...4 {
+                    try await connection.send(.request(.init(id: id, method: "block", timeout: .milliseconds(300))))
                 }
-                // Their deadlines must have stopped the handlers, so this one gets a slot.
-                let reply = try await client.request("echo", body: ByteBuffer(string: "served"), timeout: .seconds(5))
-                #expect(reply.string == "served")
+                try await connection.send(.cancel(.init(requestID: 4)))
+                var answered: [UInt64: StatusCode] = [:]
+                while answered.count < 3, case .response(let response)? = await connection.next()?.payload {
+                    answered[response.id] = response.status
+                }
+                #expect(answered == [1: .deadlineExceeded, 2: .deadlineExceeded, 3: .deadlineExceeded])
+                // The deadlines stopped the handlers, so a new request gets a slot at once.
+                try await connection.send(.request(.init(id: 5, method: "echo", body: ByteBuffer(string: "served"))))
+                guard case .response(let response)? = await connection.next()?.payload else {
+                    Issue.record("expected the echo")
+                    return
+                }
+                #expect(response.id == 5 && response.body.string == "served")
+                try await eventually("no handler is left running") { block.cancelled }
+                connection.close()
             }
         }
 

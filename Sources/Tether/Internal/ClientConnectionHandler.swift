@@ -13,6 +13,11 @@ struct ConnectionClosure: Sendable {
 /// The client's protocol handler for one connection: handshake, request correlation and
 /// timeouts, heartbeat, pushes, GOAWAY and protocol errors.
 ///
+/// It keeps no more requests on the wire than the gateway's `max concurrent requests` (from
+/// WELCOME) and queues the rest, each under its own deadline. So the gateway never has to stop
+/// reading the connection, and PINGs and CANCELs keep flowing however busy it is. A queued
+/// request never reached the gateway: if the connection goes away, it is sent again on the next.
+///
 /// It sits on top of the transport's framing and lives on the channel's event loop. The
 /// protocol rules are in ``ClientSessionStateMachine`` and ``HeartbeatStateMachine``; this
 /// handler performs their actions. The client calls ``sendRequest(_:timeout:promise:)``,
@@ -40,6 +45,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var deadline: NIODeadline
         var promise: EventLoopPromise<ByteBuffer>
         var timer: Scheduled<Void>
+        /// The request while it waits for a slot; `nil` once sent.
+        var unsent: Frame.Request?
     }
 
     private let configuration: Configuration
@@ -55,6 +62,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var heartbeatTimer: Scheduled<Void>?
     private var handshakeTimer: Scheduled<Void>?
     private var pending: [UInt64: PendingRequest] = [:]
+    /// Ids of requests waiting for a slot, oldest first (some may have been settled meanwhile).
+    private var waiting = CircularBuffer<UInt64>()
+    /// Requests on the wire and not yet answered.
+    private var sentCount = 0
     private var context: ChannelHandlerContext?
     private var helloSent = false
     private var closeReason: DisconnectReason?
@@ -138,6 +149,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
                 self.close(reason: .goingAway(goAway), context: context)
             } else {
                 self.callbacks.goAway(goAway)
+                self.failUnsent("the gateway is going away; the request will be sent on the next connection")
                 self.closeIfDrained(context: context)
             }
 
@@ -190,19 +202,15 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         let timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
             self.requestTimedOut(id: id)
         }
-        self.pending[id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, timer: timer)
-        self.send(.request(request), context: context)
+        self.pending[id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, timer: timer, unsent: request)
+        self.waiting.append(id)
+        self.sendWaiting(context: context)
     }
 
-    /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and sends CANCEL.
+    /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.
     func cancelRequest(id: UInt64) {
-        guard let request = self.pending.removeValue(forKey: id) else { return }
-        request.timer.cancel()
+        guard let request = self.settle(id) else { return }
         request.promise.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
-        if let context {
-            self.send(.cancel(.init(requestID: id)), context: context)
-            self.closeIfDrained(context: context)
-        }
     }
 
     /// Stops accepting requests and closes once those in flight are answered.
@@ -276,20 +284,70 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     private func requestTimedOut(id: UInt64) {
-        guard let request = self.pending.removeValue(forKey: id) else { return }
-        request.promise.fail(TetherError(code: .timedOut, message: "no response to '\(request.method)' before its deadline"))
+        guard let request = self.settle(id) else { return }
+        let message =
+            request.unsent == nil
+            ? "no response to '\(request.method)' before its deadline"
+            : "'\(request.method)' was still queued at its deadline (the gateway's \(self.sentCount) request slots were busy)"
+        request.promise.fail(TetherError(code: .timedOut, message: message))
+    }
+
+    /// Removes a request that ends before its response: frees its slot, sends CANCEL if it was
+    /// on the wire, sends queued requests, and closes a drained connection.
+    private func settle(_ id: UInt64) -> PendingRequest? {
+        guard let request = self.pending.removeValue(forKey: id) else { return nil }
+        request.timer.cancel()
         if let context {
-            self.send(.cancel(.init(requestID: id)), context: context)
+            if request.unsent == nil {
+                self.sentCount -= 1
+                self.send(.cancel(.init(requestID: id)), context: context)
+            }
+            self.sendWaiting(context: context)
             self.closeIfDrained(context: context)
+        }
+        return request
+    }
+
+    /// Sends queued requests while the gateway has free slots.
+    private func sendWaiting(context: ChannelHandlerContext) {
+        guard let negotiated = self.session.negotiated else { return }
+        let limit = negotiated.maxConcurrentRequests == 0 ? Int.max : Int(negotiated.maxConcurrentRequests)
+        var wrote = false
+        while self.sentCount < limit, let id = self.waiting.popFirst() {
+            guard var request = self.pending[id], let frame = request.unsent else { continue }  // settled meanwhile
+            request.unsent = nil
+            self.pending[id] = request
+            self.sentCount += 1
+            context.write(Self.wrapOutboundOut(Frame(.request(frame), flags: self.session.outboundFlags)), promise: nil)
+            wrote = true
+        }
+        if wrote {
+            context.flush()
+            self.heartbeat?.frameSent(at: context.eventLoop.now)
         }
     }
 
+    /// Fails every queued request with ``TetherError/Code/notDispatched``: it never reached the
+    /// gateway, so the client sends it again on its next connection.
+    private func failUnsent(_ reason: String) {
+        for id in self.waiting {
+            guard let request = self.pending[id], request.unsent != nil else { continue }
+            self.pending[id] = nil
+            request.timer.cancel()
+            request.promise.fail(TetherError(code: .notDispatched, message: reason))
+        }
+        self.waiting.removeAll()
+    }
+
     private func complete(_ response: Frame.Response, context: ChannelHandlerContext) {
-        guard let request = self.pending.removeValue(forKey: response.id) else {
+        guard let request = self.pending[response.id], request.unsent == nil else {
             // Timed out or cancelled already; PROTOCOL.md says to ignore it.
             return
         }
+        self.pending[response.id] = nil
+        self.sentCount -= 1
         request.timer.cancel()
+        defer { self.sendWaiting(context: context) }
         switch response.status {
         case .ok:
             request.promise.succeed(response.body)
@@ -346,8 +404,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         if self.establishedAt == nil {
             self.established.fail(TetherError(code: .handshakeFailed, message: "the connection closed during the handshake: \(reason)"))
         }
+        self.failUnsent("the connection closed before the request was sent: \(reason)")
         let pending = self.pending
         self.pending.removeAll()
+        self.sentCount = 0
         for (_, request) in pending {
             request.timer.cancel()
             request.promise.fail(
