@@ -28,6 +28,9 @@ public final class Gateway: Service, Sendable {
     public typealias Handler = @Sendable (GatewayRequest, RequestContext) async throws -> ByteBuffer
     /// Checks a client's credentials during the handshake; throwing refuses the client
     /// (`unauthenticated`, with the ``RequestError/message`` if it is a ``RequestError``).
+    ///
+    /// - Important: The client id in HELLO is only a claim. Check that the token belongs to
+    ///   it: pushes to ``PushTarget/client(_:)`` reach every connection that presented that id.
     public typealias Authenticator = @Sendable (HandshakeInfo) async throws -> Void
 
     /// The configuration the gateway was created with.
@@ -100,6 +103,9 @@ public final class Gateway: Service, Sendable {
 
     /// Accepts connections until ``shutdown()`` (or the service group's graceful shutdown),
     /// then drains them and returns.
+    ///
+    /// Cancelling the calling task stops the gateway at once instead: connections are closed
+    /// without GOAWAY and running handlers are cancelled.
     /// - Throws: ``GatewayError`` if the listener cannot be bound, or `run()` was already called.
     public func run() async throws {
         try await withGracefulShutdownHandler {

@@ -302,6 +302,26 @@ extension IntegrationTests {
             }
         }
 
+        @Test("cancelling the tasks that run a client and a gateway stops both")
+        func cancellation() async throws {
+            var configuration = GatewayConfiguration.defaults
+            configuration.listen = .init(host: "127.0.0.1", port: 0)
+            let gateway = try Gateway(configuration: configuration, logger: testLogger("gateway"))
+            gateway.handle("echo") { request, _ in request.body }
+            let gatewayRun = Task { try await gateway.run() }
+            let endpoint = Endpoint(host: "127.0.0.1", port: try await gateway.listeningAddress.port!)
+            let client = try TetherClient(configuration: .init(endpoints: [endpoint], clientID: "c"), logger: testLogger("client"))
+            let clientRun = Task { try await client.run() }
+            #expect(try await client.request("echo", body: ByteBuffer(string: "x")).string == "x")
+
+            clientRun.cancel()
+            try await clientRun.value
+            #expect(client.connectionState == .shutDown)
+            gatewayRun.cancel()
+            _ = try? await gatewayRun.value  // returns (a cancelled accept loop may throw CancellationError)
+            try await eventually("the gateway has no connection left") { gateway.connections.isEmpty }
+        }
+
         /// An endpoint on which nothing listens (a port that was just free).
         static func unusedEndpoint() async throws -> Endpoint {
             let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
