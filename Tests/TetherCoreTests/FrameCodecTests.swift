@@ -128,6 +128,11 @@ struct FrameCodecTests {
             (.hello, [2, 1, 0, 0, 0, 0, 0, 0, 4, 0]),  // version range 2...1
             (.hello, [1, 1, 0, 0, 0, 0, 0, 0, 4, 0, 0, 1, 0, 1, 0x61, 0, 1, 0, 1, 0x62]),  // client id twice
             (.welcome, [1, 0, 0, 0, 0]),  // truncated
+            (.message, [0, 0, 0, 0, 0, 1, 0x74, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),  // sequence 0
+            (.messageAck, [0, 0]),  // no entries
+            (.messageAck, [0, 1, 0, 0, 0, 0, 0, 0, 0, 1]),  // truncated status
+            (.deliveryAck, [0]),  // DELIVERY_ACK has no body
+            (.hello, [1, 1, 0, 0, 0, 2, 0, 0, 4, 0, 0, 4, 0, 2, 0, 1]),  // resume of 2 bytes
         ]
         for (type, body) in cases {
             var buffer = frame(type: type, body: body)

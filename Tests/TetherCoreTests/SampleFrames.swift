@@ -59,6 +59,61 @@ enum SampleFrames {
             )
         ),
         ("error", Frame(.error(.init(code: .frameTooLarge, message: "too big", relatedID: 0)), flags: .checksum)),
+        (
+            "hello-resume",
+            Frame(
+                .hello(
+                    .init(
+                        versions: 1...1,
+                        features: [.checksum, .reliableDelivery],
+                        maxBodySize: 65536,
+                        clientID: "bob",
+                        resume: .init(epoch: 0x0102_0304_0506_0708, lastSequence: 41)
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "welcome-reliable",
+            Frame(
+                .welcome(
+                    .init(
+                        version: 1,
+                        features: [.checksum, .reliableDelivery],
+                        connectionID: 43,
+                        heartbeatInterval: .seconds(10),
+                        idleTimeout: .seconds(30),
+                        maxBodySize: 1_048_576,
+                        maxConcurrentRequests: 512,
+                        deliveryEpoch: 0x0102_0304_0506_0708
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "message",
+            Frame(
+                .message(
+                    .init(
+                        id: 42,
+                        topic: "chat.send",
+                        conversation: "room-1",
+                        sequence: 3,
+                        ttl: .seconds(60),
+                        body: ByteBuffer(string: "hi")
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "message-ack",
+            Frame(.messageAck(.init(entries: [.init(id: 42), .init(id: 43, status: .invalidRequest)])), flags: .checksum)
+        ),
+        ("delivery", Frame(.delivery(.init(sequence: 7, topic: "chat.message", body: ByteBuffer(string: "hello"))), flags: .checksum)),
+        ("delivery-ack", Frame(.deliveryAck(.init(sequence: 7)), flags: .checksum)),
     ]
 
     static func encode(_ frame: Frame) throws -> ByteBuffer {

@@ -149,6 +149,35 @@ struct ClientSessionStateMachineTests {
         #expect(machine.received(Frame(.response(.init(id: 1)), flags: .checksum)) == .response(.init(id: 1)))
     }
 
+    @Test("reliable-delivery frames are allowed only when the feature was negotiated, and only gateway to client")
+    func reliableFramesOnClient() throws {
+        let ack = Frame.MessageAck(entries: [.init(id: 1)])
+        let delivery = Frame.Delivery(sequence: 1, topic: "t")
+        var plain = try self.makeEstablished()
+        guard case .violation(let error) = plain.received(Frame(.delivery(delivery), flags: .checksum)) else {
+            Issue.record("DELIVERY without the feature must be a violation")
+            return
+        }
+        #expect(error.code == .unexpectedFrame)
+
+        var hello = sampleHello
+        hello.features = [.checksum, .reliableDelivery]
+        var policy = samplePolicy
+        policy.features = [.checksum, .reliableDelivery]
+        let (welcome, _) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        var reliable = ClientSessionStateMachine(hello: hello)
+        guard case .established = reliable.received(Frame(.welcome(welcome), flags: .checksum)) else {
+            Issue.record("expected the handshake to complete")
+            return
+        }
+        #expect(reliable.received(Frame(.messageAck(ack), flags: .checksum)) == .messageAck(ack))
+        #expect(reliable.received(Frame(.delivery(delivery), flags: .checksum)) == .delivery(delivery))
+        guard case .violation = reliable.received(Frame(.deliveryAck(.init(sequence: 1)), flags: .checksum)) else {
+            Issue.record("DELIVERY_ACK goes client to gateway only")
+            return
+        }
+    }
+
     @Test("a gateway may not send client frames")
     func clientFramesFromGateway() throws {
         for payload: Frame.Payload in [.request(.init(id: 1, method: "m")), .cancel(.init(requestID: 1)), .hello(sampleHello)] {
@@ -257,6 +286,33 @@ struct GatewaySessionStateMachineTests {
         var negotiating = GatewaySessionStateMachine()
         _ = negotiating.received(Frame(.hello(sampleHello), flags: .checksum))
         #expect(negotiating.drain() == .sendGoAwayAndClose)
+    }
+
+    @Test("reliable messages are forwarded only with the feature; while draining they are ignored, acks still count")
+    func reliableFramesOnGateway() throws {
+        let message = Frame.Message(id: 1, topic: "t", conversation: "c", sequence: 1)
+        var plain = try self.makeEstablished()
+        guard case .violation = plain.received(Frame(.message(message), flags: .checksum)) else {
+            Issue.record("MESSAGE without the feature must be a violation")
+            return
+        }
+        var hello = sampleHello
+        hello.features = [.checksum, .reliableDelivery]
+        var policy = samplePolicy
+        policy.features = [.checksum, .reliableDelivery]
+        let (_, negotiated) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        var machine = GatewaySessionStateMachine()
+        _ = machine.received(Frame(.hello(hello), flags: .checksum))
+        machine.welcomeSent(negotiated)
+        #expect(machine.received(Frame(.message(message), flags: .checksum)) == .forwardMessage(message))
+        #expect(machine.received(Frame(.deliveryAck(.init(sequence: 3)), flags: .checksum)) == .forwardDeliveryAck(.init(sequence: 3)))
+        _ = machine.drain()
+        #expect(machine.received(Frame(.message(message), flags: .checksum)) == .ignore)
+        #expect(machine.received(Frame(.deliveryAck(.init(sequence: 4)), flags: .checksum)) == .forwardDeliveryAck(.init(sequence: 4)))
+        guard case .violation = machine.received(Frame(.delivery(.init(sequence: 1, topic: "t")), flags: .checksum)) else {
+            Issue.record("DELIVERY goes gateway to client only")
+            return
+        }
     }
 
     @Test("a client may not send gateway frames")

@@ -170,6 +170,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             self.logger.warning("gateway broke the protocol", metadata: ["error": "\(error)"])
             self.sendErrorAndClose(error, context: context)
 
+        case .messageAck, .delivery:
+            // Only possible once reliable delivery is negotiated, which this client does not
+            // offer yet (see the reliable-delivery work in progress).
+            break
+
         case .ignore:
             break
         }

@@ -134,6 +134,41 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             let message = try body.readShortString(field: "message", in: type)
             try Self.expectEnd(body, type)
             return .error(Frame.ErrorReport(code: code, message: message, relatedID: id))
+        case .message:
+            let ttl = try body.readMilliseconds(field: "ttl", in: type)
+            let topic = try body.readShortString(field: "topic", in: type)
+            let conversation = try body.readShortString(field: "conversation", in: type)
+            let sequence = try body.readField(UInt64.self, field: "sequence", in: type)
+            guard sequence >= 1 else { throw .malformed(type, "sequence numbers start at 1") }
+            return .message(
+                Frame.Message(
+                    id: id,
+                    topic: topic,
+                    conversation: conversation,
+                    sequence: sequence,
+                    ttl: ttl == .zero ? nil : ttl,
+                    body: body
+                )
+            )
+        case .messageAck:
+            let count = try body.readField(UInt16.self, field: "count", in: type)
+            guard count >= 1 else { throw .malformed(type, "it acknowledges no message") }
+            var entries: [Frame.MessageAck.Entry] = []
+            entries.reserveCapacity(Int(count))
+            for _ in 0..<count {
+                let messageID = try body.readField(UInt64.self, field: "message id", in: type)
+                let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))
+                entries.append(.init(id: messageID, status: status))
+            }
+            try Self.expectEnd(body, type)
+            return .messageAck(Frame.MessageAck(entries: entries))
+        case .delivery:
+            guard id >= 1 else { throw .malformed(type, "sequence numbers start at 1") }
+            let topic = try body.readShortString(field: "topic", in: type)
+            return .delivery(Frame.Delivery(sequence: id, topic: topic, body: body))
+        case .deliveryAck:
+            try Self.expectEnd(body, type)
+            return .deliveryAck(Frame.DeliveryAck(sequence: id))
         default:
             guard type.isIgnorableExtension else {
                 throw ProtocolError(code: .unknownFrameType, message: "unknown frame type 0x\(String(type.rawValue, radix: 16))")
@@ -152,13 +187,23 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         let features = Features(rawValue: try body.readField(UInt32.self, field: "features", in: type))
         let maxBodySize = try body.readField(UInt32.self, field: "maximum body size", in: type)
         let fields = try body.readTLVs(in: type)
+        var resume: Frame.Hello.Resume?
+        if var value = fields[HelloField.resume] {
+            guard value.readableBytes == 16, let epoch = value.readInteger(as: UInt64.self),
+                let lastSequence = value.readInteger(as: UInt64.self)
+            else {
+                throw .malformed(type, "the resume field must be 16 bytes")
+            }
+            resume = Frame.Hello.Resume(epoch: epoch, lastSequence: lastSequence)
+        }
         return Frame.Hello(
             versions: minVersion...maxVersion,
             features: features,
             maxBodySize: maxBodySize,
             clientID: try fields.string(HelloField.clientID, field: "client id", in: type) ?? "",
             authToken: fields[HelloField.authToken],
-            userAgent: try fields.string(HelloField.userAgent, field: "user agent", in: type)
+            userAgent: try fields.string(HelloField.userAgent, field: "user agent", in: type),
+            resume: resume
         )
     }
 
@@ -172,6 +217,13 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         let maxBodySize = try body.readField(UInt32.self, field: "maximum body size", in: type)
         let maxConcurrent = try body.readField(UInt32.self, field: "maximum concurrent requests", in: type)
         let fields = try body.readTLVs(in: type)
+        var deliveryEpoch: UInt64?
+        if var value = fields[WelcomeField.deliveryEpoch] {
+            guard value.readableBytes == 8, let epoch = value.readInteger(as: UInt64.self) else {
+                throw .malformed(type, "the delivery epoch field must be 8 bytes")
+            }
+            deliveryEpoch = epoch
+        }
         return Frame.Welcome(
             version: version,
             features: features,
@@ -180,7 +232,8 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             idleTimeout: idle,
             maxBodySize: maxBodySize,
             maxConcurrentRequests: maxConcurrent,
-            serverName: try fields.string(WelcomeField.serverName, field: "server name", in: type)
+            serverName: try fields.string(WelcomeField.serverName, field: "server name", in: type),
+            deliveryEpoch: deliveryEpoch
         )
     }
 

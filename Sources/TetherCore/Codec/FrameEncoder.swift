@@ -77,8 +77,11 @@ public struct FrameEncoder: Sendable {
         case .ping(let ping), .pong(let ping): ping.id
         case .cancel(let cancel): cancel.requestID
         case .error(let error): error.relatedID
+        case .message(let message): message.id
+        case .delivery(let delivery): delivery.sequence
+        case .deliveryAck(let ack): ack.sequence
         case .extension(let ext): ext.id
-        case .hello, .welcome, .push, .goAway: 0
+        case .hello, .welcome, .push, .goAway, .messageAck: 0
         }
     }
 
@@ -88,8 +91,11 @@ public struct FrameEncoder: Sendable {
         case .response(let response): 4 + response.message.utf8.count + response.body.readableBytes
         case .push(let push): 2 + push.topic.utf8.count + push.body.readableBytes
         case .ping(let ping), .pong(let ping): ping.data.readableBytes
+        case .message(let message): 16 + message.topic.utf8.count + message.conversation.utf8.count + message.body.readableBytes
+        case .messageAck(let ack): 2 + 10 * ack.entries.count
+        case .delivery(let delivery): 2 + delivery.topic.utf8.count + delivery.body.readableBytes
         case .extension(let ext): ext.body.readableBytes
-        case .hello, .welcome, .cancel, .goAway, .error: 64
+        case .hello, .welcome, .cancel, .goAway, .error, .deliveryAck: 64
         }
     }
 
@@ -107,6 +113,12 @@ public struct FrameEncoder: Sendable {
             if let userAgent = hello.userAgent {
                 try buffer.writeTLV(tag: HelloField.userAgent, field: "user agent", userAgent)
             }
+            if let resume = hello.resume {
+                var value = ByteBuffer()
+                value.writeInteger(resume.epoch)
+                value.writeInteger(resume.lastSequence)
+                try buffer.writeTLV(tag: HelloField.resume, field: "resume", value)
+            }
 
         case .welcome(let welcome):
             buffer.writeInteger(welcome.version)
@@ -118,6 +130,11 @@ public struct FrameEncoder: Sendable {
             buffer.writeInteger(welcome.maxConcurrentRequests)
             if let serverName = welcome.serverName {
                 try buffer.writeTLV(tag: WelcomeField.serverName, field: "server name", serverName)
+            }
+            if let epoch = welcome.deliveryEpoch {
+                var value = ByteBuffer()
+                value.writeInteger(epoch)
+                try buffer.writeTLV(tag: WelcomeField.deliveryEpoch, field: "delivery epoch", value)
             }
 
         case .request(let request):
@@ -151,6 +168,30 @@ public struct FrameEncoder: Sendable {
             buffer.writeInteger(error.code.rawValue)
             try buffer.writeShortString(error.message, field: "message")
 
+        case .message(let message):
+            buffer.writeMillisecondsRoundingUp(message.ttl ?? .zero)
+            try buffer.writeShortString(message.topic, field: "topic")
+            try buffer.writeShortString(message.conversation, field: "conversation")
+            buffer.writeInteger(message.sequence)
+            buffer.writeImmutableBuffer(message.body)
+
+        case .messageAck(let ack):
+            guard !ack.entries.isEmpty, ack.entries.count <= Int(UInt16.max) else {
+                throw FrameEncodingError(message: "a MESSAGE_ACK carries 1 to 65535 entries, not \(ack.entries.count)")
+            }
+            buffer.writeInteger(UInt16(ack.entries.count))
+            for entry in ack.entries {
+                buffer.writeInteger(entry.id)
+                buffer.writeInteger(entry.status.rawValue)
+            }
+
+        case .delivery(let delivery):
+            try buffer.writeShortString(delivery.topic, field: "topic")
+            buffer.writeImmutableBuffer(delivery.body)
+
+        case .deliveryAck:
+            break
+
         case .extension(let ext):
             buffer.writeImmutableBuffer(ext.body)
         }
@@ -162,9 +203,11 @@ enum HelloField {
     static let clientID: UInt16 = 0x0001
     static let authToken: UInt16 = 0x0002
     static let userAgent: UInt16 = 0x0003
+    static let resume: UInt16 = 0x0004
 }
 
 /// The TLV tags of WELCOME (PROTOCOL.md, "WELCOME").
 enum WelcomeField {
     static let serverName: UInt16 = 0x0001
+    static let deliveryEpoch: UInt16 = 0x0002
 }

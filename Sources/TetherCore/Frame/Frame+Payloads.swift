@@ -15,6 +15,8 @@ extension Frame {
         public var authToken: ByteBuffer?
         /// A free-form description of the client software, for logs.
         public var userAgent: String?
+        /// With reliable delivery: the deliveries the client already has.
+        public var resume: Resume?
 
         public init(
             versions: ClosedRange<UInt8>,
@@ -22,7 +24,8 @@ extension Frame {
             maxBodySize: UInt32,
             clientID: String,
             authToken: ByteBuffer? = nil,
-            userAgent: String? = nil
+            userAgent: String? = nil,
+            resume: Resume? = nil
         ) {
             self.versions = versions
             self.features = features
@@ -30,6 +33,20 @@ extension Frame {
             self.clientID = clientID
             self.authToken = authToken
             self.userAgent = userAgent
+            self.resume = resume
+        }
+
+        /// Where a reconnecting client's stream of deliveries stands.
+        public struct Resume: Sendable, Hashable {
+            /// The delivery epoch the client's sequence numbers belong to (from an earlier WELCOME).
+            public var epoch: UInt64
+            /// Every delivery up to this sequence number was received and processed.
+            public var lastSequence: UInt64
+
+            public init(epoch: UInt64, lastSequence: UInt64) {
+                self.epoch = epoch
+                self.lastSequence = lastSequence
+            }
         }
     }
 
@@ -51,6 +68,9 @@ extension Frame {
         public var maxConcurrentRequests: UInt32
         /// A free-form name of the gateway, for logs.
         public var serverName: String?
+        /// With reliable delivery: the epoch of the gateway's delivery sequence numbers. It changes
+        /// only if the gateway's message store was replaced; then the client starts from zero.
+        public var deliveryEpoch: UInt64?
 
         public init(
             version: UInt8,
@@ -60,7 +80,8 @@ extension Frame {
             idleTimeout: Duration,
             maxBodySize: UInt32,
             maxConcurrentRequests: UInt32,
-            serverName: String? = nil
+            serverName: String? = nil,
+            deliveryEpoch: UInt64? = nil
         ) {
             self.version = version
             self.features = features
@@ -70,6 +91,7 @@ extension Frame {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequests = maxConcurrentRequests
             self.serverName = serverName
+            self.deliveryEpoch = deliveryEpoch
         }
     }
 
@@ -203,6 +225,85 @@ extension Frame {
         }
     }
 
+    /// MESSAGE: a reliable message from a client, processed at most once and acknowledged.
+    public struct Message: Sendable, Hashable {
+        /// The client's id of the message, unique among all its messages, never reused.
+        public var id: UInt64
+        /// What the message is about; the gateway routes it to the handler of this topic.
+        public var topic: String
+        /// The ordering key: the gateway processes a client's messages of one conversation in
+        /// ``sequence`` order, each once.
+        public var conversation: String
+        /// The message's position in its conversation, from 1, without gaps.
+        public var sequence: UInt64
+        /// How much longer the message is worth processing; `nil` if it does not expire.
+        public var ttl: Duration?
+        /// The message's content.
+        public var body: ByteBuffer
+
+        public init(
+            id: UInt64,
+            topic: String,
+            conversation: String,
+            sequence: UInt64,
+            ttl: Duration? = nil,
+            body: ByteBuffer = ByteBuffer()
+        ) {
+            self.id = id
+            self.topic = topic
+            self.conversation = conversation
+            self.sequence = sequence
+            self.ttl = ttl
+            self.body = body
+        }
+    }
+
+    /// MESSAGE_ACK: the outcome of one or more MESSAGEs.
+    public struct MessageAck: Sendable, Hashable {
+        /// One acknowledged message.
+        public struct Entry: Sendable, Hashable {
+            /// The message's id.
+            public var id: UInt64
+            /// ``StatusCode/ok`` if it was processed (now or before), otherwise why it was refused
+            /// for good. Either way the client must not send it again.
+            public var status: StatusCode
+
+            public init(id: UInt64, status: StatusCode = .ok) {
+                self.id = id
+                self.status = status
+            }
+        }
+
+        /// At least one entry.
+        public var entries: [Entry]
+
+        public init(entries: [Entry]) {
+            self.entries = entries
+        }
+    }
+
+    /// DELIVERY: a reliable push, numbered per recipient, kept by the gateway until acknowledged.
+    public struct Delivery: Sendable, Hashable {
+        /// The delivery's number in the recipient's stream, from 1, without gaps.
+        public var sequence: UInt64
+        /// What the delivery is about.
+        public var topic: String
+        /// The delivery's content.
+        public var body: ByteBuffer
+
+        public init(sequence: UInt64, topic: String, body: ByteBuffer = ByteBuffer()) {
+            self.sequence = sequence
+            self.topic = topic
+            self.body = body
+        }
+    }
+
+    /// DELIVERY_ACK: every delivery up to ``sequence`` was received and processed.
+    public struct DeliveryAck: Sendable, Hashable {
+        public var sequence: UInt64
+        public init(sequence: UInt64) { self.sequence = sequence }
+    }
+
     /// A frame of an extension type (`0x80`–`0xFF`), carried through uninterpreted.
     public struct Extension: Sendable, Hashable {
         public var type: FrameType
@@ -228,7 +329,9 @@ public struct Features: OptionSet, Hashable, Sendable {
 
     /// Every frame after the handshake carries a CRC-32C checksum.
     public static let checksum = Features(rawValue: 1 << 0)
+    /// MESSAGE, MESSAGE_ACK, DELIVERY and DELIVERY_ACK may be used, and HELLO may resume.
+    public static let reliableDelivery = Features(rawValue: 1 << 1)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum]
+    public static let known: Features = [.checksum, .reliableDelivery]
 }

@@ -52,6 +52,14 @@ public struct Frame: Sendable, Hashable {
         case goAway(GoAway)
         /// ERROR (either way): a connection-level error; the sender closes after sending it.
         case error(ErrorReport)
+        /// MESSAGE (client → gateway): a reliable message, answered by MESSAGE_ACK.
+        case message(Message)
+        /// MESSAGE_ACK (gateway → client): the outcome of reliable messages.
+        case messageAck(MessageAck)
+        /// DELIVERY (gateway → client): a reliable push, numbered per recipient.
+        case delivery(Delivery)
+        /// DELIVERY_ACK (client → gateway): every delivery up to a sequence number was received.
+        case deliveryAck(DeliveryAck)
         /// An extension frame (type `0x80`–`0xFF`) this implementation does not interpret.
         case `extension`(Extension)
 
@@ -68,6 +76,10 @@ public struct Frame: Sendable, Hashable {
             case .cancel: .cancel
             case .goAway: .goAway
             case .error: .error
+            case .message: .message
+            case .messageAck: .messageAck
+            case .delivery: .delivery
+            case .deliveryAck: .deliveryAck
             case .extension(let ext): ext.type
             }
         }
@@ -88,6 +100,11 @@ extension Frame: CustomStringConvertible {
         case .cancel(let cancel): "CANCEL(request: \(cancel.requestID))"
         case .goAway(let goAway): "GOAWAY(reason: \(goAway.reason), retry after: \(goAway.retryAfter))"
         case .error(let error): "ERROR(code: \(error.code), message: \(error.message))"
+        case .message(let message):
+            "MESSAGE(id: \(message.id), topic: \(message.topic), conversation: \(message.conversation), sequence: \(message.sequence))"
+        case .messageAck(let ack): "MESSAGE_ACK(\(ack.entries.count) messages)"
+        case .delivery(let delivery): "DELIVERY(sequence: \(delivery.sequence), topic: \(delivery.topic))"
+        case .deliveryAck(let ack): "DELIVERY_ACK(up to: \(ack.sequence))"
         case .extension(let ext): "EXTENSION(type: \(ext.type), \(ext.body.readableBytes) bytes)"
         }
     }

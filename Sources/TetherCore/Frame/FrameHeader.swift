@@ -59,9 +59,10 @@ extension FrameHeader {
 
 /// The type byte of a frame.
 ///
-/// Types `0x01`–`0x0A` are defined by protocol version 1; `0x10`–`0x1F` are reserved for
-/// reliable delivery; `0x80`–`0xFF` are extension frames, which a receiver that does not know
-/// them ignores. Any other unknown type is a protocol error.
+/// Types `0x01`–`0x0A` are the core of protocol version 1; `0x10`–`0x13` belong to the
+/// reliable-delivery feature (`0x14`–`0x1F` are reserved for it); `0x80`–`0xFF` are extension
+/// frames, which a receiver that does not know them ignores. Any other unknown type is a
+/// protocol error.
 public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
     public var rawValue: UInt8
     public init(rawValue: UInt8) { self.rawValue = rawValue }
@@ -76,6 +77,10 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
     public static let cancel = FrameType(rawValue: 0x08)
     public static let goAway = FrameType(rawValue: 0x09)
     public static let error = FrameType(rawValue: 0x0A)
+    public static let message = FrameType(rawValue: 0x10)
+    public static let messageAck = FrameType(rawValue: 0x11)
+    public static let delivery = FrameType(rawValue: 0x12)
+    public static let deliveryAck = FrameType(rawValue: 0x13)
 
     /// Whether a receiver that does not know this type must ignore the frame (types `0x80`–`0xFF`).
     public var isIgnorableExtension: Bool { self.rawValue >= 0x80 }
@@ -92,6 +97,10 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
         case .cancel: "CANCEL"
         case .goAway: "GOAWAY"
         case .error: "ERROR"
+        case .message: "MESSAGE"
+        case .messageAck: "MESSAGE_ACK"
+        case .delivery: "DELIVERY"
+        case .deliveryAck: "DELIVERY_ACK"
         default: "TYPE(0x\(String(self.rawValue, radix: 16)))"
         }
     }

@@ -27,6 +27,10 @@ public struct ClientSessionStateMachine: Sendable {
         case replyPong(Frame.Ping)
         /// A PONG arrived (liveness was already counted).
         case pong(Frame.Ping)
+        /// Reliable messages were acknowledged.
+        case messageAck(Frame.MessageAck)
+        /// A reliable push arrived.
+        case delivery(Frame.Delivery)
         /// The gateway is going away: stop sending requests, close once they are answered.
         /// During the handshake it means the attempt failed.
         case goAway(Frame.GoAway)
@@ -98,7 +102,7 @@ public struct ClientSessionStateMachine: Sendable {
                 return .replyPong(ping)
             case .extension:
                 return .ignore
-            case .hello, .request, .response, .push, .pong, .cancel:
+            case .hello, .request, .response, .push, .pong, .cancel, .message, .messageAck, .delivery, .deliveryAck:
                 return self.violate(.unexpectedFrame, "\(frame.type) before WELCOME")
             }
 
@@ -121,9 +125,15 @@ public struct ClientSessionStateMachine: Sendable {
             case .error(let report):
                 self.phase = .closed
                 return .peerError(report)
+            case .messageAck(let ack) where negotiated.features.contains(.reliableDelivery):
+                return .messageAck(ack)
+            case .delivery(let delivery) where negotiated.features.contains(.reliableDelivery):
+                return .delivery(delivery)
+            case .messageAck, .delivery:
+                return self.violate(.unexpectedFrame, "\(frame.type) without the negotiated reliable-delivery feature")
             case .extension:
                 return .ignore
-            case .hello, .welcome, .request, .cancel:
+            case .hello, .welcome, .request, .cancel, .message, .deliveryAck:
                 return self.violate(.unexpectedFrame, "\(frame.type) is not allowed from a gateway after the handshake")
             }
         }

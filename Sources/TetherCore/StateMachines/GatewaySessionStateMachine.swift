@@ -31,6 +31,10 @@ public struct GatewaySessionStateMachine: Sendable {
         case cancelRequest(Frame.Cancel)
         /// Answer the request at once with this status; its handler must not run.
         case refuseRequest(Frame.Response)
+        /// Pass the reliable message to the application layer.
+        case forwardMessage(Frame.Message)
+        /// The client received every delivery up to a sequence number.
+        case forwardDeliveryAck(Frame.DeliveryAck)
         /// Answer with a PONG echoing this PING.
         case replyPong(Frame.Ping)
         /// The client reported a connection error: close.
@@ -119,7 +123,15 @@ public struct GatewaySessionStateMachine: Sendable {
             case .error(let report):
                 self.phase = .closed
                 return .peerError(report)
-            case .hello, .welcome, .response, .push, .goAway:
+            case .message(let message) where negotiated.features.contains(.reliableDelivery):
+                // While draining, a message is not processed; the client sends it again on its
+                // next connection (messages are idempotent).
+                return draining ? .ignore : .forwardMessage(message)
+            case .deliveryAck(let ack) where negotiated.features.contains(.reliableDelivery):
+                return .forwardDeliveryAck(ack)
+            case .message, .deliveryAck:
+                return self.violate(.unexpectedFrame, "\(frame.type) without the negotiated reliable-delivery feature")
+            case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery:
                 return self.violate(.unexpectedFrame, "\(frame.type) is not allowed from a client after the handshake")
             }
         }

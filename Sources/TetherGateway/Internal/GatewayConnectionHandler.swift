@@ -114,6 +114,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .cancelRequest(let cancel):
             self.deadlines.removeValue(forKey: cancel.requestID)?.cancel()
             self.requests.settle(cancel.requestID)
+        case .forwardMessage, .forwardDeliveryAck:
+            context.fireChannelRead(data)
         case .refuseRequest(let refusal):
             self.write(.response(refusal), context: context, promise: nil)
             context.flush()
