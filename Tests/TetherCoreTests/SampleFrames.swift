@@ -68,7 +68,8 @@ enum SampleFrames {
                         features: [.checksum, .reliableDelivery],
                         maxBodySize: 65536,
                         clientID: "bob",
-                        resume: .init(epoch: 0x0102_0304_0506_0708, lastSequence: 41)
+                        resume: .init(epoch: 0x0102_0304_0506_0708, lastSequence: 41),
+                        outboxEpoch: 0x1112_1314_1516_1718
                     )
                 ),
                 flags: .checksum

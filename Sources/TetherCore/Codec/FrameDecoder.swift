@@ -196,6 +196,13 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             }
             resume = Frame.Hello.Resume(epoch: epoch, lastSequence: lastSequence)
         }
+        var outboxEpoch: UInt64?
+        if var value = fields[HelloField.outboxEpoch] {
+            guard value.readableBytes == 8, let epoch = value.readInteger(as: UInt64.self) else {
+                throw .malformed(type, "the outbox epoch field must be 8 bytes")
+            }
+            outboxEpoch = epoch
+        }
         return Frame.Hello(
             versions: minVersion...maxVersion,
             features: features,
@@ -203,7 +210,8 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             clientID: try fields.string(HelloField.clientID, field: "client id", in: type) ?? "",
             authToken: fields[HelloField.authToken],
             userAgent: try fields.string(HelloField.userAgent, field: "user agent", in: type),
-            resume: resume
+            resume: resume,
+            outboxEpoch: outboxEpoch
         )
     }
 

@@ -119,6 +119,11 @@ public struct FrameEncoder: Sendable {
                 value.writeInteger(resume.lastSequence)
                 try buffer.writeTLV(tag: HelloField.resume, field: "resume", value)
             }
+            if let epoch = hello.outboxEpoch {
+                var value = ByteBuffer()
+                value.writeInteger(epoch)
+                try buffer.writeTLV(tag: HelloField.outboxEpoch, field: "outbox epoch", value)
+            }
 
         case .welcome(let welcome):
             buffer.writeInteger(welcome.version)
@@ -204,6 +209,7 @@ enum HelloField {
     static let authToken: UInt16 = 0x0002
     static let userAgent: UInt16 = 0x0003
     static let resume: UInt16 = 0x0004
+    static let outboxEpoch: UInt16 = 0x0005
 }
 
 /// The TLV tags of WELCOME (PROTOCOL.md, "WELCOME").

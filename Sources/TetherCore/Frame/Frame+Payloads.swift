@@ -17,6 +17,11 @@ extension Frame {
         public var userAgent: String?
         /// With reliable delivery: the deliveries the client already has.
         public var resume: Resume?
+        /// With reliable delivery: the identity of the client's outbox. It changes only when the
+        /// outbox is created anew (the app was reinstalled, its data cleared); then the gateway
+        /// forgets the client's conversation sequences, so that the new messages, numbered from 1
+        /// again, are not mistaken for duplicates.
+        public var outboxEpoch: UInt64?
 
         public init(
             versions: ClosedRange<UInt8>,
@@ -25,7 +30,8 @@ extension Frame {
             clientID: String,
             authToken: ByteBuffer? = nil,
             userAgent: String? = nil,
-            resume: Resume? = nil
+            resume: Resume? = nil,
+            outboxEpoch: UInt64? = nil
         ) {
             self.versions = versions
             self.features = features
@@ -34,6 +40,7 @@ extension Frame {
             self.authToken = authToken
             self.userAgent = userAgent
             self.resume = resume
+            self.outboxEpoch = outboxEpoch
         }
 
         /// Where a reconnecting client's stream of deliveries stands.
