@@ -1,0 +1,98 @@
+import NIOConcurrencyHelpers
+import NIOCore
+public import TetherCore
+
+/// A ``MessageStore`` in memory, for tests and for gateways that may lose their state on restart.
+public final class InMemoryMessageStore: MessageStore {
+    private struct ConversationKey: Hashable {
+        var client: String
+        var conversation: String
+    }
+
+    private struct Stream {
+        var next: UInt64 = 1
+        var deliveries: [StoredDelivery] = []  // ascending by sequence
+    }
+
+    private struct State {
+        var outboxEpochs: [String: UInt64] = [:]
+        var lastProcessed: [ConversationKey: UInt64] = [:]
+        var refusals: [ConversationKey: [UInt64: StatusCode]] = [:]
+        var streams: [String: Stream] = [:]
+    }
+
+    public let epoch: UInt64
+    private let state = NIOLockedValueBox(State())
+
+    /// Creates an empty store with a random epoch.
+    public init() {
+        self.epoch = UInt64.random(in: 1...UInt64.max)
+    }
+
+    public func registerOutbox(client: String, epoch: UInt64) async throws -> Bool {
+        self.state.withLockedValue { state in
+            let previous = state.outboxEpochs.updateValue(epoch, forKey: client)
+            guard let previous, previous != epoch else { return false }
+            state.lastProcessed = state.lastProcessed.filter { $0.key.client != client }
+            state.refusals = state.refusals.filter { $0.key.client != client }
+            return true
+        }
+    }
+
+    public func lastProcessed(client: String, conversation: String) async throws -> UInt64 {
+        self.state.withLockedValue { $0.lastProcessed[ConversationKey(client: client, conversation: conversation)] ?? 0 }
+    }
+
+    public func outcome(client: String, conversation: String, sequence: UInt64) async throws -> StatusCode {
+        self.state.withLockedValue { $0.refusals[ConversationKey(client: client, conversation: conversation)]?[sequence] ?? .ok }
+    }
+
+    public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
+        try self.state.withLockedValue { state in
+            // Check everything first: nothing is written unless all of it can be.
+            var last: [ConversationKey: UInt64] = [:]
+            for message in processed {
+                let key = ConversationKey(client: message.client, conversation: message.conversation)
+                let current = last[key] ?? state.lastProcessed[key] ?? 0
+                guard message.sequence == current + 1 else {
+                    throw MessageStoreError(
+                        code: .conflict,
+                        message: "message \(message.sequence) of '\(message.conversation)' does not follow \(current)"
+                    )
+                }
+                last[key] = message.sequence
+            }
+            for message in processed {
+                let key = ConversationKey(client: message.client, conversation: message.conversation)
+                state.lastProcessed[key] = message.sequence
+                if message.status != .ok {
+                    state.refusals[key, default: [:]][message.sequence] = message.status
+                }
+            }
+            for (key, sequence) in last where sequence > refusalWindow {
+                state.refusals[key] = state.refusals[key]?.filter { $0.key > sequence - refusalWindow }
+            }
+            return deliveries.map { delivery in
+                var stream = state.streams[delivery.recipient] ?? Stream()
+                let sequence = stream.next
+                stream.next += 1
+                stream.deliveries.append(StoredDelivery(sequence: sequence, topic: delivery.topic, body: delivery.body))
+                state.streams[delivery.recipient] = stream
+                return DeliveryReceipt(recipient: delivery.recipient, sequence: sequence)
+            }
+        }
+    }
+
+    public func deliveries(for recipient: String, after sequence: UInt64, limit: Int) async throws -> [StoredDelivery] {
+        self.state.withLockedValue { state in
+            guard let stream = state.streams[recipient] else { return [] }
+            return Array(stream.deliveries.lazy.filter { $0.sequence > sequence }.prefix(max(0, limit)))
+        }
+    }
+
+    public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
+        self.state.withLockedValue { state in
+            state.streams[recipient]?.deliveries.removeAll { $0.sequence <= sequence }
+        }
+    }
+}

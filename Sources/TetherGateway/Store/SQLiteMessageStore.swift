@@ -1,0 +1,248 @@
+import Foundation
+import GRDB
+import NIOCore
+public import TetherCore
+
+/// A ``MessageStore`` in a SQLite file: the gateway's default embedded store.
+///
+/// The file uses SQLite's write-ahead log with `synchronous = NORMAL`: a commit survives the
+/// gateway process being killed; after a power loss the last commits may be lost (set
+/// `fullSync` to survive that too, at the cost of an fsync per commit).
+///
+/// ```swift
+/// let store = try SQLiteMessageStore(path: "/var/lib/tether/messages.sqlite")
+/// let gateway = try Gateway(configuration: .defaults, messageStore: store)
+/// ```
+public final class SQLiteMessageStore: MessageStore {
+    public let epoch: UInt64
+    private let writer: any DatabaseWriter
+
+    /// Opens (or creates) a store file.
+    /// - Parameters:
+    ///   - path: The SQLite file.
+    ///   - fullSync: Whether every commit is flushed to disk (`synchronous = FULL`).
+    /// - Throws: ``MessageStoreError`` if the file cannot be opened or migrated.
+    public convenience init(path: String, fullSync: Bool = false) throws {
+        var configuration = Configuration()
+        configuration.prepareDatabase { db in
+            try db.execute(sql: fullSync ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
+        }
+        let pool: DatabasePool
+        do {
+            pool = try DatabasePool(path: path, configuration: configuration)
+        } catch {
+            throw MessageStoreError(code: .storage, message: "cannot open the message store at \(path): \(error)")
+        }
+        try self.init(writer: pool)
+    }
+
+    /// A store in a private in-memory SQLite database, for tests of the SQL code.
+    public static func inMemory() throws -> SQLiteMessageStore {
+        do {
+            return try SQLiteMessageStore(writer: DatabaseQueue())
+        } catch let error as MessageStoreError {
+            throw error
+        } catch {
+            throw MessageStoreError(code: .storage, message: "cannot create an in-memory database: \(error)")
+        }
+    }
+
+    private init(writer: any DatabaseWriter) throws {
+        self.writer = writer
+        do {
+            try Self.migrator.migrate(writer)
+            self.epoch = try writer.write { db in
+                try db.execute(
+                    sql: "INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', ?)",
+                    arguments: [Int64(bitPattern: UInt64.random(in: 1...UInt64.max))]
+                )
+                let value = try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'epoch'") ?? 0
+                return UInt64(bitPattern: value)
+            }
+        } catch {
+            throw MessageStoreError(code: .storage, message: "cannot prepare the message store: \(error)")
+        }
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE outboxes (client TEXT PRIMARY KEY NOT NULL, epoch INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE conversations (
+                        client TEXT NOT NULL, conversation TEXT NOT NULL, last_sequence INTEGER NOT NULL,
+                        PRIMARY KEY (client, conversation)) WITHOUT ROWID;
+                    CREATE TABLE refusals (
+                        client TEXT NOT NULL, conversation TEXT NOT NULL, sequence INTEGER NOT NULL, status INTEGER NOT NULL,
+                        PRIMARY KEY (client, conversation, sequence)) WITHOUT ROWID;
+                    CREATE TABLE streams (recipient TEXT PRIMARY KEY NOT NULL, next_sequence INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE deliveries (
+                        recipient TEXT NOT NULL, sequence INTEGER NOT NULL, topic TEXT NOT NULL, body BLOB NOT NULL,
+                        PRIMARY KEY (recipient, sequence)) WITHOUT ROWID;
+                    """
+            )
+        }
+        return migrator
+    }
+
+    public func registerOutbox(client: String, epoch: UInt64) async throws -> Bool {
+        try await self.write { db in
+            let previous = try Int64.fetchOne(db, sql: "SELECT epoch FROM outboxes WHERE client = ?", arguments: [client])
+            try db.execute(
+                sql: "INSERT INTO outboxes (client, epoch) VALUES (?, ?) ON CONFLICT (client) DO UPDATE SET epoch = excluded.epoch",
+                arguments: [client, Int64(bitPattern: epoch)]
+            )
+            guard let previous, UInt64(bitPattern: previous) != epoch else { return false }
+            try db.execute(sql: "DELETE FROM conversations WHERE client = ?", arguments: [client])
+            try db.execute(sql: "DELETE FROM refusals WHERE client = ?", arguments: [client])
+            return true
+        }
+    }
+
+    public func lastProcessed(client: String, conversation: String) async throws -> UInt64 {
+        try await self.read { db in try Self.lastProcessed(db, client: client, conversation: conversation) }
+    }
+
+    public func outcome(client: String, conversation: String, sequence: UInt64) async throws -> StatusCode {
+        try await self.read { db in
+            let status = try Int.fetchOne(
+                db,
+                sql: "SELECT status FROM refusals WHERE client = ? AND conversation = ? AND sequence = ?",
+                arguments: [client, conversation, Int64(bitPattern: sequence)]
+            )
+            return status.map { StatusCode(rawValue: UInt16(truncatingIfNeeded: $0)) } ?? .ok
+        }
+    }
+
+    public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
+        try await self.write { db in
+            var last: [ConversationKey: UInt64] = [:]
+            for message in processed {
+                let key = ConversationKey(client: message.client, conversation: message.conversation)
+                let current = try last[key] ?? Self.lastProcessed(db, client: message.client, conversation: message.conversation)
+                guard message.sequence == current + 1 else {
+                    // Throwing rolls the whole transaction back.
+                    throw MessageStoreError(
+                        code: .conflict,
+                        message: "message \(message.sequence) of '\(message.conversation)' does not follow \(current)"
+                    )
+                }
+                last[key] = message.sequence
+                if message.status != .ok {
+                    try db.cachedStatement(sql: "INSERT INTO refusals (client, conversation, sequence, status) VALUES (?, ?, ?, ?)")
+                        .execute(arguments: [
+                            message.client, message.conversation, Int64(bitPattern: message.sequence), Int(message.status.rawValue),
+                        ])
+                }
+            }
+            for (key, sequence) in last {
+                try db.cachedStatement(
+                    sql: """
+                        INSERT INTO conversations (client, conversation, last_sequence) VALUES (?, ?, ?)
+                        ON CONFLICT (client, conversation) DO UPDATE SET last_sequence = excluded.last_sequence
+                        """
+                ).execute(arguments: [key.client, key.conversation, Int64(bitPattern: sequence)])
+                if sequence > refusalWindow {
+                    try db.cachedStatement(sql: "DELETE FROM refusals WHERE client = ? AND conversation = ? AND sequence <= ?")
+                        .execute(arguments: [key.client, key.conversation, Int64(bitPattern: sequence - refusalWindow)])
+                }
+            }
+            return try Self.append(deliveries, db)
+        }
+    }
+
+    public func deliveries(for recipient: String, after sequence: UInt64, limit: Int) async throws -> [StoredDelivery] {
+        try await self.read { db in
+            try Row.fetchAll(
+                db.cachedStatement(
+                    sql: "SELECT sequence, topic, body FROM deliveries WHERE recipient = ? AND sequence > ? ORDER BY sequence LIMIT ?"
+                ),
+                arguments: [recipient, Int64(bitPattern: sequence), max(0, limit)]
+            ).map { row in
+                let body: Data = row["body"]
+                return StoredDelivery(
+                    sequence: UInt64(bitPattern: row["sequence"] as Int64),
+                    topic: row["topic"],
+                    body: ByteBuffer(bytes: body)
+                )
+            }
+        }
+    }
+
+    public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
+        try await self.write { db in
+            try db.cachedStatement(sql: "DELETE FROM deliveries WHERE recipient = ? AND sequence <= ?")
+                .execute(arguments: [recipient, Int64(bitPattern: sequence)])
+        }
+    }
+
+    // MARK: Internals
+
+    private struct ConversationKey: Hashable {
+        var client: String
+        var conversation: String
+    }
+
+    private static func lastProcessed(_ db: Database, client: String, conversation: String) throws -> UInt64 {
+        let value = try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT last_sequence FROM conversations WHERE client = ? AND conversation = ?"),
+            arguments: [client, conversation]
+        )
+        return value.map { UInt64(bitPattern: $0) } ?? 0
+    }
+
+    private static func append(_ deliveries: [NewDelivery], _ db: Database) throws -> [DeliveryReceipt] {
+        var next: [String: UInt64] = [:]
+        var receipts: [DeliveryReceipt] = []
+        receipts.reserveCapacity(deliveries.count)
+        for delivery in deliveries {
+            let sequence: UInt64
+            if let known = next[delivery.recipient] {
+                sequence = known
+            } else {
+                let stored = try Int64.fetchOne(
+                    db.cachedStatement(sql: "SELECT next_sequence FROM streams WHERE recipient = ?"),
+                    arguments: [delivery.recipient]
+                )
+                sequence = stored.map { UInt64(bitPattern: $0) } ?? 1
+            }
+            try db.cachedStatement(sql: "INSERT INTO deliveries (recipient, sequence, topic, body) VALUES (?, ?, ?, ?)")
+                .execute(arguments: [
+                    delivery.recipient, Int64(bitPattern: sequence), delivery.topic, Data(delivery.body.readableBytesView),
+                ])
+            next[delivery.recipient] = sequence + 1
+            receipts.append(DeliveryReceipt(recipient: delivery.recipient, sequence: sequence))
+        }
+        for (recipient, sequence) in next {
+            try db.cachedStatement(
+                sql: """
+                    INSERT INTO streams (recipient, next_sequence) VALUES (?, ?)
+                    ON CONFLICT (recipient) DO UPDATE SET next_sequence = excluded.next_sequence
+                    """
+            ).execute(arguments: [recipient, Int64(bitPattern: sequence)])
+        }
+        return receipts
+    }
+
+    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        do {
+            return try await self.writer.write(body)
+        } catch let error as MessageStoreError {
+            throw error
+        } catch {
+            throw MessageStoreError(code: .storage, message: "\(error)")
+        }
+    }
+
+    private func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        do {
+            return try await self.writer.read(body)
+        } catch let error as MessageStoreError {
+            throw error
+        } catch {
+            throw MessageStoreError(code: .storage, message: "\(error)")
+        }
+    }
+}
