@@ -3,6 +3,13 @@ import NIOCore
 import TetherCore
 
 extension Gateway {
+    /// What a completed handshake established.
+    private struct Session {
+        var info: ConnectionInfo
+        /// With reliable delivery: the last delivery the client already has.
+        var resume: UInt64?
+    }
+
     /// Serves one connection from handshake to close.
     func serve(_ connection: AcceptedConnection) async {
         let channel = connection.channel.channel
@@ -18,7 +25,7 @@ extension Gateway {
                 // The protocol handler lets nothing but a HELLO through first.
                 guard let first = try await frames.next(), case .hello(let hello) = first.payload else { return }
                 guard
-                    let info = try await self.handshake(
+                    let session = try await self.handshake(
                         hello,
                         connectionID: connection.id,
                         remoteAddress: remoteAddress,
@@ -26,10 +33,10 @@ extension Gateway {
                         logger: logger
                     )
                 else { return }
-                logger.debug("client connected", metadata: ["client": "\(info.clientID)", "remote": "\(remoteAddress ?? "-")"])
-                try await self.serveRequests(
+                logger.debug("client connected", metadata: ["client": "\(session.info.clientID)", "remote": "\(remoteAddress ?? "-")"])
+                try await self.serveFrames(
                     from: &frames,
-                    connection: info,
+                    session: session,
                     requests: connection.requests,
                     outbound: outbound,
                     logger: logger
@@ -42,16 +49,17 @@ extension Gateway {
     }
 
     /// Negotiates, authenticates, registers and welcomes the client.
-    /// - Returns: The connection's identity, or `nil` if the client was refused (ERROR sent).
+    /// - Returns: The session, or `nil` if the client was refused (ERROR or GOAWAY sent).
     private func handshake(
         _ hello: Frame.Hello,
         connectionID: UInt64,
         remoteAddress: String?,
         outbound: NIOAsyncChannelOutboundWriter<Frame>,
         logger: Logger
-    ) async throws -> ConnectionInfo? {
-        let welcome: Frame.Welcome
-        switch Handshake.accept(hello, policy: self.configuration.handshakePolicy, connectionID: connectionID) {
+    ) async throws -> Session? {
+        var welcome: Frame.Welcome
+        let policy = self.configuration.handshakePolicy(reliable: self.messageStore != nil)
+        switch Handshake.accept(hello, policy: policy, connectionID: connectionID) {
         case .failure(let error):
             logger.info("handshake refused", metadata: ["error": "\(error)"])
             try await outbound.write(Frame(.error(.init(code: error.code, message: error.message))))
@@ -76,39 +84,74 @@ extension Gateway {
                 return nil
             }
         }
+        var resume: UInt64?
+        if welcome.features.contains(.reliableDelivery), let store = self.messageStore {
+            do {
+                if try await store.registerOutbox(client: hello.clientID, epoch: hello.outboxEpoch ?? 0) {
+                    logger.info("the client has a new outbox; its conversations start again", metadata: ["client": "\(hello.clientID)"])
+                }
+            } catch {
+                logger.error("the message store is unavailable; refusing the connection", metadata: ["error": "\(error)"])
+                try await outbound.write(
+                    Frame(.goAway(.init(reason: .overloaded, retryAfter: .seconds(1), message: "the message store is unavailable")))
+                )
+                return nil
+            }
+            welcome.deliveryEpoch = store.epoch
+            resume = hello.resume.flatMap { $0.epoch == store.epoch ? $0.lastSequence : nil } ?? 0
+        }
         guard let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent) else {
             return nil
         }
         try await outbound.write(Frame(.welcome(welcome)))
-        return info
+        return Session(info: info, resume: resume)
     }
 
-    /// Runs a handler per REQUEST, at most the configured number at once, until the connection closes.
-    private func serveRequests(
+    /// Serves the frames of an established connection until it closes: a handler per REQUEST
+    /// (at most the configured number at once), and with reliable delivery, the message
+    /// processor and the delivery pump.
+    private func serveFrames(
         from frames: inout NIOAsyncChannelInboundStream<Frame>.AsyncIterator,
-        connection: ConnectionInfo,
+        session: Session,
         requests: RequestRegistry,
         outbound: NIOAsyncChannelOutboundWriter<Frame>,
         logger: Logger
     ) async throws {
+        let connection = session.info
         let slots = AsyncSemaphore(permits: self.configuration.limits.maxConcurrentRequestsPerConnection)
+        let reliable = session.resume.flatMap { _ in self.messageStore }.map { store in
+            ReliableSession(gateway: self, store: store, connection: connection, outbound: outbound, logger: logger)
+        }
         try await withThrowingDiscardingTaskGroup { group in
+            if let reliable, let resume = session.resume {
+                group.addTask { await reliable.runProcessor() }
+                group.addTask { await reliable.runPump(from: resume) }
+            }
             while let frame = try await frames.next() {
-                guard case .request(let request) = frame.payload else { continue }
-                // Waiting here stops reading from the socket: TCP backpressure, not refusals.
-                // Deadlines and CANCELs still reach running handlers through the registry.
-                try await slots.acquire()
-                guard let signal = requests.signal(for: request.id) else {
-                    // Answered by its deadline, or cancelled, while it waited: do not run it.
-                    slots.release()
+                switch frame.payload {
+                case .request(let request):
+                    // Waiting here stops reading from the socket: TCP backpressure, not refusals.
+                    // Deadlines and CANCELs still reach running handlers through the registry.
+                    try await slots.acquire()
+                    guard let signal = requests.signal(for: request.id) else {
+                        // Answered by its deadline, or cancelled, while it waited: do not run it.
+                        slots.release()
+                        continue
+                    }
+                    group.addTask {
+                        await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
+                        slots.release()
+                    }
+                case .message(let message):
+                    reliable?.receive(message)
+                case .deliveryAck(let ack):
+                    reliable?.acknowledged(upTo: ack.sequence)
+                default:
                     continue
                 }
-                group.addTask {
-                    await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
-                    slots.release()
-                }
             }
-            // The connection is gone: answers can no longer be delivered, so stop the handlers.
+            // The connection is gone: answers can no longer be delivered, so stop everything.
+            reliable?.finish()
             group.cancelAll()
         }
     }

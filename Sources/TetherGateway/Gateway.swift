@@ -39,6 +39,10 @@ public final class Gateway: Service, Sendable {
     let logger: Logger
     let authenticator: Authenticator?
     let routes = NIOLockedValueBox<[String: Handler]>([:])
+    let messageHandlers = NIOLockedValueBox<[String: MessageHandler]>([:])
+    /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
+    let messageStore: (any MessageStore)?
+    let deliveryNotifier = DeliveryNotifier()
     let registry = ConnectionRegistry()
     let connectionIDs = ManagedAtomic<UInt64>(1)
     let lifecycle = NIOLockedValueBox(Lifecycle())
@@ -49,12 +53,15 @@ public final class Gateway: Service, Sendable {
     /// - Parameters:
     ///   - configuration: Listening address, limits, timeouts, checksum policy.
     ///   - eventLoopGroup: Where connections' I/O runs; NIO's shared group if `nil`.
+    ///   - messageStore: Where reliable delivery keeps its state (``SQLiteMessageStore`` for a
+    ///     file); without one the gateway does not offer reliable delivery.
     ///   - authenticate: Checks each client's HELLO; `nil` accepts everyone.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public init(
         configuration: GatewayConfiguration = .defaults,
         eventLoopGroup: (any EventLoopGroup)? = nil,
+        messageStore: (any MessageStore)? = nil,
         authenticate: Authenticator? = nil,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
@@ -66,6 +73,7 @@ public final class Gateway: Service, Sendable {
         self.configuration = configuration
         self.eventLoopGroup = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
         self.authenticator = authenticate
+        self.messageStore = messageStore
         self.logger = logger
         (self.handedOver, self.handOver) = AsyncStream.makeStream(of: AcceptedConnection.self)
     }
@@ -80,6 +88,9 @@ public final class Gateway: Service, Sendable {
 
     /// The established connections.
     public var connections: [ConnectionInfo] { self.registry.established }
+
+    /// How many reliable deliveries a connection may have unacknowledged.
+    var deliveryWindow: Int { self.configuration.limits.deliveryWindow }
 
     /// The address the gateway listens on, once it is bound (useful with port 0).
     /// - Throws: ``GatewayError`` if the gateway has no TCP listener, failed to bind, or shut

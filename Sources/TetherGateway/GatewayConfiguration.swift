@@ -96,15 +96,19 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// connection, the client is not reading fast enough (a "slow consumer"): the gateway
         /// closes that connection rather than buffer without bound.
         public var maxBufferedOutboundBytes: Int
+        /// How many reliable deliveries a connection may have sent and not yet acknowledged.
+        public var deliveryWindow: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
             maxConcurrentRequestsPerConnection: Int = 512,
-            maxBufferedOutboundBytes: Int = 4 << 20
+            maxBufferedOutboundBytes: Int = 4 << 20,
+            deliveryWindow: Int = 256
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
             self.maxBufferedOutboundBytes = maxBufferedOutboundBytes
+            self.deliveryWindow = deliveryWindow
         }
 
         public static var defaults: Limits { Limits() }
@@ -121,6 +125,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             guard self.maxBufferedOutboundBytes >= self.maxBodySize else {
                 throw ConfigurationError("limits.maxBufferedOutboundBytes must be at least limits.maxBodySize")
             }
+            guard self.deliveryWindow >= 1 else { throw ConfigurationError("limits.deliveryWindow must be at least 1") }
         }
     }
 
@@ -195,8 +200,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
     }
 
     /// The handshake policy these settings amount to.
-    var handshakePolicy: Handshake.GatewayPolicy {
-        let features: Features = self.checksums == .disabled ? [] : .checksum
+    /// - Parameter reliable: Whether the gateway has a message store, so offers reliable delivery.
+    func handshakePolicy(reliable: Bool) -> Handshake.GatewayPolicy {
+        var features: Features = self.checksums == .disabled ? [] : .checksum
+        if reliable { features.insert(.reliableDelivery) }
         return Handshake.GatewayPolicy(
             features: features,
             requiredFeatures: self.checksums == .required ? .checksum : [],

@@ -2,7 +2,7 @@
 public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Wrapped: Hashable, Sendable {
-            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument
+            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument, storage
         }
         let wrapped: Wrapped
 
@@ -18,6 +18,8 @@ public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let alreadyRunning = Code(wrapped: .alreadyRunning)
         /// An argument was invalid, for example an empty push topic.
         public static let invalidArgument = Code(wrapped: .invalidArgument)
+        /// The message store failed.
+        public static let storage = Code(wrapped: .storage)
 
         public var description: String { "\(self.wrapped)" }
     }

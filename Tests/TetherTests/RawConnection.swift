@@ -52,10 +52,58 @@ final class RawConnection: @unchecked Sendable {
     }
 
     /// Sends HELLO and returns the WELCOME.
-    func handshake(clientID: String = "raw", features: Features = .checksum) async throws -> Frame.Welcome? {
-        try await self.send(.hello(.init(versions: 1...1, features: features, maxBodySize: 1 << 20, clientID: clientID)))
+    func handshake(
+        clientID: String = "raw",
+        features: Features = .checksum,
+        resume: Frame.Hello.Resume? = nil,
+        outboxEpoch: UInt64? = nil
+    ) async throws -> Frame.Welcome? {
+        try await self.send(
+            .hello(
+                .init(
+                    versions: 1...1,
+                    features: features,
+                    maxBodySize: 1 << 20,
+                    clientID: clientID,
+                    resume: resume,
+                    outboxEpoch: outboxEpoch
+                )
+            )
+        )
         guard case .welcome(let welcome)? = await self.next()?.payload else { return nil }
         return welcome
+    }
+
+    /// The next frame matching `matches`, skipping others (PONGs, for example).
+    func next(where matches: (Frame.Payload) -> Bool) async -> Frame.Payload? {
+        while let frame = await self.next() {
+            if matches(frame.payload) { return frame.payload }
+        }
+        return nil
+    }
+
+    /// The entries of the next MESSAGE_ACK.
+    func nextMessageAck() async -> [Frame.MessageAck.Entry]? {
+        guard case .messageAck(let ack)? = await self.next(where: { if case .messageAck = $0 { true } else { false } }) else {
+            return nil
+        }
+        return ack.entries
+    }
+
+    /// The entries of the MESSAGE_ACKs that arrive until `count` entries are in (a gateway may
+    /// acknowledge several messages in one frame).
+    func nextMessageAcks(count: Int) async -> [Frame.MessageAck.Entry] {
+        var entries: [Frame.MessageAck.Entry] = []
+        while entries.count < count, let more = await self.nextMessageAck() { entries += more }
+        return entries
+    }
+
+    /// The next DELIVERY.
+    func nextDelivery() async -> Frame.Delivery? {
+        guard case .delivery(let delivery)? = await self.next(where: { if case .delivery = $0 { true } else { false } }) else {
+            return nil
+        }
+        return delivery
     }
 
     /// The next frame from the gateway, or `nil` once the connection is closed.

@@ -1,0 +1,106 @@
+public import Logging
+import NIOConcurrencyHelpers
+public import NIOCore
+import TetherCore
+
+/// A reliable message as its handler receives it (PROTOCOL.md, section 9.1).
+public struct ReliableMessage: Sendable {
+    /// The client's id of the message.
+    public var id: UInt64
+    /// The topic the client sent it on; it selected this handler.
+    public var topic: String
+    /// The conversation (ordering key) it belongs to.
+    public var conversation: String
+    /// Its position in the conversation; handlers see 1, 2, 3, … each once.
+    public var sequence: UInt64
+    /// The message's content.
+    public var body: ByteBuffer
+}
+
+/// What a message handler can do: its deliveries are stored atomically with the message's
+/// processed mark, so they happen exactly once however often the client retransmits.
+public final class MessageContext: Sendable {
+    /// The connection the message came on.
+    public let connection: ConnectionInfo
+    /// A logger carrying the connection, message and conversation.
+    public let logger: Logger
+    /// The gateway.
+    public let gateway: Gateway
+    private let staged = NIOLockedValueBox<[NewDelivery]>([])
+
+    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway) {
+        self.connection = connection
+        self.logger = logger
+        self.gateway = gateway
+    }
+
+    /// Delivers a message reliably to a client id, if and only if this message's processing
+    /// commits. The recipient gets it exactly once, in order, whether it is online now or later.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for an empty
+    ///   recipient or a topic longer than 65,535 bytes.
+    public func deliver(to recipient: String, topic: String, body: ByteBuffer) throws(GatewayError) {
+        try Gateway.validateDelivery(recipient: recipient, topic: topic)
+        self.staged.withLockedValue { $0.append(NewDelivery(recipient: recipient, topic: topic, body: body)) }
+    }
+
+    /// The deliveries staged so far, taken out of the context.
+    func takeStaged() -> [NewDelivery] {
+        self.staged.withLockedValue { staged in
+            defer { staged.removeAll() }
+            return staged
+        }
+    }
+}
+
+extension Gateway {
+    /// Handles a reliable message: returns normally to accept it, throws ``RequestError`` to
+    /// refuse it for good (the client reports it failed with that status); any other error is
+    /// treated as transient: the message is not acknowledged and the client sends it again.
+    public typealias MessageHandler = @Sendable (ReliableMessage, MessageContext) async throws -> Void
+
+    /// Registers the handler of reliable messages on `topic`, replacing any earlier one.
+    ///
+    /// Each message of a client's conversation reaches the handler once, in order, even across
+    /// retransmissions, reconnects and gateway restarts (with a persistent ``MessageStore``).
+    /// The deliveries the handler makes through ``MessageContext/deliver(to:topic:body:)`` are
+    /// committed atomically with the message; its other side effects happen at least once, so
+    /// use ``ReliableMessage/id`` as an idempotency key for them.
+    ///
+    /// ```swift
+    /// gateway.onMessage("chat.send") { message, context in
+    ///     try context.deliver(to: "bob", topic: "chat.message", body: message.body)
+    /// }
+    /// ```
+    public func onMessage(_ topic: String, _ handler: @escaping MessageHandler) {
+        self.messageHandlers.withLockedValue { $0[topic] = handler }
+    }
+
+    /// Delivers a message reliably to a client id, outside any message handler.
+    /// - Returns: The delivery's sequence number in the recipient's stream.
+    /// - Throws: ``GatewayError``: ``GatewayError/Code/notRunning`` without a message store,
+    ///   ``GatewayError/Code/invalidArgument`` for a bad recipient or topic, or the store's failure.
+    @discardableResult
+    public func deliver(to recipient: String, topic: String, body: ByteBuffer) async throws(GatewayError) -> UInt64 {
+        guard let store = self.messageStore else {
+            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
+        }
+        try Self.validateDelivery(recipient: recipient, topic: topic)
+        let receipts: [DeliveryReceipt]
+        do {
+            receipts = try await store.commit(processed: [], deliveries: [NewDelivery(recipient: recipient, topic: topic, body: body)])
+        } catch {
+            throw GatewayError(code: .storage, message: "could not store the delivery: \(error)")
+        }
+        self.deliveryNotifier.notify(receipts.map(\.recipient))
+        return receipts[0].sequence
+    }
+
+    static func validateDelivery(recipient: String, topic: String) throws(GatewayError) {
+        guard !recipient.isEmpty else {
+            throw GatewayError(code: .invalidArgument, message: "a delivery needs a recipient client id")
+        }
+        guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
+            throw GatewayError(code: .invalidArgument, message: "a delivery topic must be 1 to 65535 bytes long")
+        }
+    }
+}

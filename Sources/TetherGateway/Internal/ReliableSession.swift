@@ -1,0 +1,273 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import TetherCore
+
+/// Reliable delivery on one connection (PROTOCOL.md, section 9): processes the client's
+/// MESSAGEs exactly once, in order per conversation, and pumps its DELIVERYs.
+///
+/// Two loops run for the connection's lifetime: ``runProcessor()`` takes the messages received
+/// so far as a batch, runs their handlers and commits them with their deliveries atomically,
+/// then acknowledges them; ``runPump(from:)`` sends the recipient's stored deliveries in order,
+/// at most ``Gateway/deliveryWindow`` unacknowledged at a time.
+final class ReliableSession: Sendable {
+    private struct Received: Sendable {
+        var message: Frame.Message
+        var receivedAt: ContinuousClock.Instant
+    }
+
+    private struct State {
+        var inbox = CircularBuffer<Received>()
+        var pendingAck: UInt64?
+        var finished = false
+    }
+
+    /// Messages waiting beyond this many are dropped; the client sends them again.
+    static let maxInbox = 4096
+    /// Messages processed in one batch (one transaction, one MESSAGE_ACK).
+    static let maxBatch = 256
+
+    private let gateway: Gateway
+    private let store: any MessageStore
+    private let connection: ConnectionInfo
+    private let outbound: NIOAsyncChannelOutboundWriter<Frame>
+    private let logger: Logger
+    private let state = NIOLockedValueBox(State())
+    private let messagesArrived: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
+    private let pumpWakeups: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
+
+    init(
+        gateway: Gateway,
+        store: any MessageStore,
+        connection: ConnectionInfo,
+        outbound: NIOAsyncChannelOutboundWriter<Frame>,
+        logger: Logger
+    ) {
+        self.gateway = gateway
+        self.store = store
+        self.connection = connection
+        self.outbound = outbound
+        self.logger = logger
+        self.messagesArrived = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
+        self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    // MARK: Called by the connection's inbound loop
+
+    /// A MESSAGE arrived.
+    func receive(_ message: Frame.Message) {
+        let accepted = self.state.withLockedValue { state in
+            guard state.inbox.count < Self.maxInbox else { return false }
+            state.inbox.append(Received(message: message, receivedAt: .now))
+            return true
+        }
+        if accepted {
+            self.messagesArrived.continuation.yield()
+        } else {
+            self.logger.warning("too many reliable messages waiting; dropping one (the client sends it again)")
+        }
+    }
+
+    /// A DELIVERY_ACK arrived.
+    func acknowledged(upTo sequence: UInt64) {
+        self.state.withLockedValue { state in state.pendingAck = max(state.pendingAck ?? 0, sequence) }
+        self.pumpWakeups.continuation.yield()
+    }
+
+    /// The connection is closing: both loops end.
+    func finish() {
+        self.state.withLockedValue { $0.finished = true }
+        self.messagesArrived.continuation.finish()
+        self.pumpWakeups.continuation.finish()
+    }
+
+    // MARK: Processing the client's messages
+
+    func runProcessor() async {
+        var lastProcessed: [String: UInt64] = [:]  // per conversation, as committed
+        for await _ in self.messagesArrived.stream {
+            while true {
+                let batch: [Received] = self.state.withLockedValue { state in
+                    var batch: [Received] = []
+                    while batch.count < Self.maxBatch, let next = state.inbox.popFirst() { batch.append(next) }
+                    return batch
+                }
+                guard !batch.isEmpty, !Task.isCancelled else { break }
+                await self.process(batch, lastProcessed: &lastProcessed)
+            }
+        }
+    }
+
+    private func process(_ batch: [Received], lastProcessed: inout [String: UInt64]) async {
+        var processed: [ProcessedMessage] = []
+        var processedAcks: [Frame.MessageAck.Entry] = []
+        var duplicateAcks: [Frame.MessageAck.Entry] = []
+        var staged: [NewDelivery] = []
+        var tentative = lastProcessed
+        var blocked: Set<String> = []
+        let client = self.connection.clientID
+
+        for received in batch {
+            let message = received.message
+            guard !blocked.contains(message.conversation) else { continue }
+            let last: UInt64
+            if let known = tentative[message.conversation] {
+                last = known
+            } else {
+                do {
+                    last = try await self.store.lastProcessed(client: client, conversation: message.conversation)
+                } catch {
+                    self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
+                    blocked.insert(message.conversation)
+                    continue
+                }
+                tentative[message.conversation] = last
+            }
+            if message.sequence <= last {
+                // A retransmission: answer with the recorded outcome, do not run the handler again.
+                let status = (try? await self.store.outcome(client: client, conversation: message.conversation, sequence: message.sequence))
+                if let status { duplicateAcks.append(.init(id: message.id, status: status)) }
+                continue
+            }
+            guard message.sequence == last + 1 else {
+                continue  // an earlier message is missing; the client's retransmission fills the gap
+            }
+            guard let status = await self.run(received, staging: &staged) else {
+                blocked.insert(message.conversation)  // transient failure: no ack, later messages wait
+                continue
+            }
+            tentative[message.conversation] = message.sequence
+            processed.append(
+                ProcessedMessage(client: client, conversation: message.conversation, sequence: message.sequence, status: status)
+            )
+            processedAcks.append(.init(id: message.id, status: status))
+        }
+
+        var acks = duplicateAcks
+        if !processed.isEmpty {
+            do {
+                let receipts = try await self.store.commit(processed: processed, deliveries: staged)
+                lastProcessed = tentative
+                acks += processedAcks
+                self.gateway.deliveryNotifier.notify(receipts.map(\.recipient))
+            } catch {
+                // A conflict (another connection of this client got there first) or a storage
+                // failure: nothing was written; the client sends the messages again.
+                self.logger.warning("could not commit reliable messages", metadata: ["error": "\(error)"])
+                lastProcessed.removeAll()
+            }
+        }
+        if !acks.isEmpty {
+            try? await self.outbound.write(Frame(.messageAck(.init(entries: acks))))
+        }
+    }
+
+    /// Runs the handler of one message.
+    /// - Returns: The outcome to record, or `nil` after a transient failure (not to record).
+    private func run(_ received: Received, staging staged: inout [NewDelivery]) async -> StatusCode? {
+        let message = received.message
+        if let ttl = message.ttl, received.receivedAt + ttl <= .now {
+            return .deadlineExceeded
+        }
+        guard let handler = self.gateway.messageHandlers.withLockedValue({ $0[message.topic] }) else {
+            return .unknownMethod
+        }
+        var logger = self.logger
+        logger[metadataKey: "tether.message"] = "\(message.id)"
+        logger[metadataKey: "tether.conversation"] = "\(message.conversation)"
+        let context = MessageContext(connection: self.connection, logger: logger, gateway: self.gateway)
+        let reliableMessage = ReliableMessage(
+            id: message.id,
+            topic: message.topic,
+            conversation: message.conversation,
+            sequence: message.sequence,
+            body: message.body
+        )
+        let limit = self.gateway.configuration.timeouts.handler
+        let outcome: Result<Void, any Error> = await withTaskGroup(of: Result<Void, any Error>?.self) { group in
+            group.addTask {
+                do {
+                    try await handler(reliableMessage, context)
+                    return .success(())
+                } catch {
+                    return .failure(error)
+                }
+            }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return nil
+            }
+            let first = await group.next()!
+            group.cancelAll()
+            return first ?? .failure(HandlerTimeout(limit: limit))
+        }
+        switch outcome {
+        case .success:
+            staged += context.takeStaged()
+            return .ok
+        case .failure(let error as RequestError):
+            return error.status == .ok ? .internalError : error.status
+        case .failure(let error):
+            logger.error("message handler failed; the client will send the message again", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    // MARK: Pumping deliveries
+
+    func runPump(from resume: UInt64) async {
+        let recipient = self.connection.clientID
+        let token = self.gateway.deliveryNotifier.register(self.pumpWakeups.continuation, for: recipient)
+        defer { self.gateway.deliveryNotifier.unregister(token, recipient: recipient) }
+        let window = UInt64(self.gateway.deliveryWindow)
+        var lastSent = resume  // the client has everything up to its resume point
+        var clientHas = resume  // acknowledged by the client: bounds the window
+        var recorded: UInt64 = 0  // acknowledged in the store
+        var wakeups = self.pumpWakeups.stream.makeAsyncIterator()
+        // What the client already has may still be stored (its last acknowledgement was lost).
+        if resume > 0 { self.acknowledged(upTo: resume) }
+
+        while !Task.isCancelled {
+            if let ack = self.state.withLockedValue({ state -> UInt64? in
+                defer { state.pendingAck = nil }
+                return state.pendingAck
+            }) {
+                let upTo = min(ack, lastSent)  // it cannot have what was not sent
+                clientHas = max(clientHas, upTo)
+                if upTo > recorded {
+                    do {
+                        try await self.store.acknowledge(recipient: recipient, upTo: upTo)
+                        recorded = upTo
+                    } catch {
+                        self.logger.error("cannot record a delivery acknowledgement", metadata: ["error": "\(error)"])
+                    }
+                }
+            }
+            let inFlight = lastSent - clientHas
+            if inFlight < window {
+                do {
+                    let batch = try await self.store.deliveries(for: recipient, after: lastSent, limit: Int(min(window - inFlight, 128)))
+                    if let last = batch.last {
+                        try await self.outbound.write(
+                            contentsOf: batch.map { Frame(.delivery(.init(sequence: $0.sequence, topic: $0.topic, body: $0.body))) }
+                        )
+                        lastSent = last.sequence
+                        continue
+                    }
+                } catch let error as MessageStoreError {
+                    self.logger.error("cannot read deliveries; retrying", metadata: ["error": "\(error)"])
+                    try? await Task.sleep(for: .seconds(1))
+                    continue
+                } catch {
+                    return  // the connection is gone
+                }
+            }
+            guard await wakeups.next() != nil else { return }
+        }
+    }
+}
+
+struct HandlerTimeout: Error, CustomStringConvertible {
+    var limit: Duration
+    var description: String { "the handler did not finish within \(self.limit.shortDescription)" }
+}

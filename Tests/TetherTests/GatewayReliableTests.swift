@@ -1,0 +1,255 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import Testing
+import TetherCore
+import TetherGateway
+
+extension IntegrationTests {
+    /// The gateway's side of reliable delivery, driven by hand over TCP.
+    @Suite("Gateway reliable delivery", .timeLimit(.minutes(2)))
+    struct GatewayReliableTests {
+        static let reliable: Features = [.checksum, .reliableDelivery]
+
+        /// A gateway with a message store and a `chat.send` handler that records what it sees and
+        /// delivers each message's body to the client id named by the conversation.
+        func gateway(
+            _ harness: Harness,
+            store: any MessageStore = InMemoryMessageStore(),
+            configure: @escaping (inout GatewayConfiguration) -> Void = { _ in }
+        ) async throws -> (Gateway, Endpoint, NIOLockedValueBox<[String]>) {
+            let seen = NIOLockedValueBox<[String]>([])
+            var configuration = GatewayConfiguration.defaults
+            configuration.listen = .init(host: "127.0.0.1", port: 0)
+            configure(&configuration)
+            let gateway = try Gateway(configuration: configuration, messageStore: store, logger: testLogger("gateway"))
+            gateway.onMessage("chat.send") { message, context in
+                let text = message.body.string
+                seen.withLockedValue { $0.append("\(message.conversation):\(message.sequence):\(text)") }
+                switch text {
+                case "refuse": throw RequestError(.invalidRequest, "refused")
+                case "flaky": throw SomeInternalError()
+                case let slow where slow.hasPrefix("slow"): try await Task.sleep(for: .milliseconds(100))
+                default: break
+                }
+                try context.deliver(to: message.conversation, topic: "chat.message", body: message.body)
+            }
+            harness.spawn { try? await gateway.run() }
+            harness.onExit { gateway.shutdown() }
+            let port = try await gateway.listeningAddress.port!
+            return (gateway, Endpoint(host: "127.0.0.1", port: port), seen)
+        }
+
+        func message(_ id: UInt64, _ sequence: UInt64, _ text: String, conversation: String = "bob", ttl: Duration? = nil) -> Frame.Payload
+        {
+            .message(
+                .init(id: id, topic: "chat.send", conversation: conversation, sequence: sequence, ttl: ttl, body: ByteBuffer(string: text))
+            )
+        }
+
+        @Test("the feature and the delivery epoch are offered only with a message store")
+        func negotiation() async throws {
+            try await withHarness { harness in
+                let store = InMemoryMessageStore()
+                let (_, endpoint, _) = try await self.gateway(harness, store: store)
+                let connection = try await RawConnection.connect(to: endpoint)
+                let welcome = try await connection.handshake(features: Self.reliable, outboxEpoch: 1)
+                #expect(welcome?.features == Self.reliable)
+                #expect(welcome?.deliveryEpoch == store.epoch)
+                connection.close()
+
+                let (_, plainEndpoint) = try await harness.gateway()
+                let plain = try await RawConnection.connect(to: plainEndpoint)
+                let plainWelcome = try await plain.handshake(features: Self.reliable)
+                #expect(plainWelcome?.features == .checksum && plainWelcome?.deliveryEpoch == nil)
+                plain.close()
+            }
+        }
+
+        @Test("messages are processed once, in order; duplicates get the recorded outcome; gaps wait")
+        func upstream() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+
+                try await alice.send(self.message(10, 1, "one"))
+                try await alice.send(self.message(11, 2, "refuse"))
+                #expect(await alice.nextMessageAcks(count: 2) == [.init(id: 10), .init(id: 11, status: .invalidRequest)])
+
+                // Retransmissions: acknowledged again with the same outcomes, not processed again.
+                try await alice.send(self.message(10, 1, "one"))
+                #expect(await alice.nextMessageAck() == [.init(id: 10)])
+                try await alice.send(self.message(11, 2, "refuse"))
+                #expect(await alice.nextMessageAck() == [.init(id: 11, status: .invalidRequest)])
+
+                // A gap: 4 waits for 3.
+                try await alice.send(self.message(13, 4, "four"))
+                try await alice.send(self.message(12, 3, "three"))
+                #expect(await alice.nextMessageAck() == [.init(id: 12)])
+                try await alice.send(self.message(13, 4, "four"))
+                #expect(await alice.nextMessageAck() == [.init(id: 13)])
+
+                #expect(seen.withLockedValue { $0 } == ["bob:1:one", "bob:2:refuse", "bob:3:three", "bob:4:four"])
+                alice.close()
+            }
+        }
+
+        @Test("a transient handler failure is not acknowledged; the retransmission is processed")
+        func transientFailure() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await alice.send(self.message(1, 1, "flaky"))
+                try await alice.send(self.message(2, 2, "blocked behind it"))
+                try await alice.send(self.message(3, 1, "fine", conversation: "carol"))
+                #expect(await alice.nextMessageAck() == [.init(id: 3)], "other conversations carry on")
+                try await alice.send(self.message(1, 1, "ok now"))
+                try await alice.send(self.message(2, 2, "blocked behind it"))
+                #expect(await alice.nextMessageAcks(count: 2).map(\.id) == [1, 2])
+                #expect(
+                    seen.withLockedValue { $0 }.filter { $0.hasPrefix("bob") } == [
+                        "bob:1:flaky", "bob:1:ok now", "bob:2:blocked behind it",
+                    ]
+                )
+                alice.close()
+            }
+        }
+
+        @Test("a message whose time to live ran out before processing is refused as deadline exceeded")
+        func expiredMessage() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                // The first message keeps the processor busy for 100 ms; the second expires meanwhile.
+                try await alice.send(self.message(1, 1, "slow"))
+                try await alice.send(self.message(2, 2, "stale", ttl: .milliseconds(10)))
+                #expect(await alice.nextMessageAcks(count: 2) == [.init(id: 1), .init(id: 2, status: .deadlineExceeded)])
+                #expect(!seen.withLockedValue { $0 }.contains("bob:2:stale"))
+                alice.close()
+            }
+        }
+
+        @Test("a new outbox epoch starts the client's conversations again")
+        func outboxReset() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let before = try await RawConnection.connect(to: endpoint)
+                _ = try await before.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await before.send(self.message(1, 1, "old"))
+                #expect(await before.nextMessageAck() == [.init(id: 1)])
+                before.close()
+
+                let reinstalled = try await RawConnection.connect(to: endpoint)
+                _ = try await reinstalled.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 2)
+                try await reinstalled.send(self.message(1, 1, "new"))
+                #expect(await reinstalled.nextMessageAck() == [.init(id: 1)])
+                #expect(seen.withLockedValue { $0 } == ["bob:1:old", "bob:1:new"])
+                reinstalled.close()
+            }
+        }
+
+        @Test("deliveries reach a recipient in order, are kept while it is offline, and resume after its last one")
+        func downstream() async throws {
+            try await withHarness { harness in
+                let store = InMemoryMessageStore()
+                let (gateway, endpoint, _) = try await self.gateway(harness, store: store)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                for sequence in UInt64(1)...5 {
+                    try await alice.send(self.message(sequence, sequence, "m\(sequence)"))
+                }
+                #expect(await alice.nextMessageAcks(count: 5).count == 5)
+                #expect(try await gateway.deliver(to: "bob", topic: "chat.message", body: ByteBuffer(string: "m6")) == 6)
+                alice.close()
+
+                // Bob was offline: everything waits for him.
+                let bob = try await RawConnection.connect(to: endpoint)
+                _ = try await bob.handshake(clientID: "bob", features: Self.reliable, outboxEpoch: 1)
+                var received: [String] = []
+                for _ in 1...3 {
+                    let delivery = await bob.nextDelivery()
+                    received.append("\(delivery?.sequence ?? 0):\(delivery?.body.string ?? "")")
+                }
+                #expect(received == ["1:m1", "2:m2", "3:m3"])
+                try await bob.send(.deliveryAck(.init(sequence: 2)))
+                bob.close()
+
+                // He comes back having processed 1 and 2: the rest follows, in order.
+                let again = try await RawConnection.connect(to: endpoint)
+                _ = try await again.handshake(
+                    clientID: "bob",
+                    features: Self.reliable,
+                    resume: .init(epoch: store.epoch, lastSequence: 2),
+                    outboxEpoch: 1
+                )
+                var rest: [UInt64] = []
+                for _ in 3...6 { rest.append(await again.nextDelivery()?.sequence ?? 0) }
+                #expect(rest == [3, 4, 5, 6])
+                try await again.send(.deliveryAck(.init(sequence: 6)))
+                try await eventually("the store forgets what was acknowledged") {
+                    (try? await store.deliveries(for: "bob", after: 0, limit: 10).isEmpty) == true
+                }
+                again.close()
+            }
+        }
+
+        @Test("a resume point from another epoch (another store) gets everything kept")
+        func otherEpoch() async throws {
+            try await withHarness { harness in
+                let store = InMemoryMessageStore()
+                let (gateway, endpoint, _) = try await self.gateway(harness, store: store)
+                try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "a"))
+                try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "b"))
+                let bob = try await RawConnection.connect(to: endpoint)
+                _ = try await bob.handshake(
+                    clientID: "bob",
+                    features: Self.reliable,
+                    resume: .init(epoch: store.epoch &+ 1, lastSequence: 1),
+                    outboxEpoch: 1
+                )
+                #expect(await bob.nextDelivery()?.sequence == 1)
+                #expect(await bob.nextDelivery()?.sequence == 2)
+                bob.close()
+            }
+        }
+
+        @Test("at most the delivery window is unacknowledged; acknowledgements open it again")
+        func window() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint, _) = try await self.gateway(harness) { $0.limits.deliveryWindow = 4 }
+                for index in 1...10 {
+                    try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "\(index)"))
+                }
+                let bob = try await RawConnection.connect(to: endpoint)
+                _ = try await bob.handshake(clientID: "bob", features: Self.reliable, outboxEpoch: 1)
+                for expected in UInt64(1)...4 { #expect(await bob.nextDelivery()?.sequence == expected) }
+                try await bob.send(.ping(.init(id: 99)))
+                #expect(
+                    await bob.next(where: { if case .delivery = $0 { true } else if case .pong = $0 { true } else { false } })
+                        == .pong(.init(id: 99)),
+                    "nothing beyond the window"
+                )
+                try await bob.send(.deliveryAck(.init(sequence: 3)))
+                for expected in UInt64(5)...7 { #expect(await bob.nextDelivery()?.sequence == expected) }
+                bob.close()
+            }
+        }
+
+        @Test("without the feature, reliable frames are protocol violations")
+        func notNegotiated() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, _) = try await self.gateway(harness)
+                let plain = try await RawConnection.connect(to: endpoint)
+                _ = try await plain.handshake(features: .checksum)
+                try await plain.send(self.message(1, 1, "x"))
+                guard case .error(let report)? = await plain.next()?.payload else {
+                    Issue.record("expected ERROR")
+                    return
+                }
+                #expect(report.code == .unexpectedFrame)
+            }
+        }
+    }
+}
