@@ -158,6 +158,22 @@ struct FrameCodecTests {
         #expect(try decoder.decodeFrame(from: &buffer) == frame)
     }
 
+    @Test("an expired MESSAGE carries the EXPIRED flag; the flag is refused on any other frame")
+    func expiredFlag() throws {
+        let tombstone = Frame(.message(.init(id: 5, topic: "t", conversation: "c", sequence: 2, expired: true)), flags: .checksum)
+        var buffer = try SampleFrames.encode(tombstone)
+        #expect(buffer.getInteger(at: 4, as: UInt16.self) == 0x0003)
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        let decoded = try decoder.decodeFrame(from: &buffer)
+        #expect(decoded == tombstone)
+        #expect(decoded?.flags == .checksum, "EXPIRED lives in the payload, not in Frame.flags")
+
+        var ping = try SampleFrames.encode(Frame(.ping(.init(id: 1))))
+        ping.setInteger(UInt16(0x0002), at: 4)
+        var other = FrameDecoder(maxBodySize: 1024)
+        #expect(Self.code { try other.decodeFrame(from: &ping) } == .protocolError)
+    }
+
     @Test("request timeouts are rounded up to whole milliseconds, never down to 'no limit'")
     func timeoutRounding() throws {
         for (timeout, expected) in [(Duration.microseconds(1), UInt32(1)), (.microseconds(1500), 2), (.milliseconds(200), 200)] {

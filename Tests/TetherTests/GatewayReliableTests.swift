@@ -131,6 +131,20 @@ extension IntegrationTests {
             }
         }
 
+        @Test("an EXPIRED message is recorded without running the handler, and the conversation moves on")
+        func tombstone() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await alice.send(.message(.init(id: 1, topic: "chat.send", conversation: "bob", sequence: 1, expired: true)))
+                try await alice.send(self.message(2, 2, "after it"))
+                #expect(await alice.nextMessageAcks(count: 2) == [.init(id: 1, status: .deadlineExceeded), .init(id: 2)])
+                #expect(seen.withLockedValue { $0 } == ["bob:2:after it"])
+                alice.close()
+            }
+        }
+
         @Test("a new outbox epoch starts the client's conversations again")
         func outboxReset() async throws {
             try await withHarness { harness in

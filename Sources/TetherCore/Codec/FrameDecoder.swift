@@ -60,8 +60,12 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         guard version == FrameEncoder.version else {
             throw ProtocolError(code: .unsupportedVersion, message: "frame version \(version) is not supported; this peer speaks version 1")
         }
-        guard FrameFlags.known.isSuperset(of: flags) else {
-            throw ProtocolError(code: .protocolError, message: "reserved flag bits set: 0x\(String(flags.rawValue, radix: 16))")
+        let allowed: FrameFlags = type == .message ? [.checksum, .expired] : .checksum
+        guard allowed.isSuperset(of: flags) else {
+            throw ProtocolError(
+                code: .protocolError,
+                message: "flag bits 0x\(String(flags.subtracting(allowed).rawValue, radix: 16)) are not allowed on \(type)"
+            )
         }
         guard length <= self.maxBodySize else {
             throw ProtocolError(code: .frameTooLarge, message: "\(type) body of \(length) bytes exceeds the limit of \(self.maxBodySize)")
@@ -86,9 +90,13 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         }
 
         var body = buffer.getSlice(at: base + FrameHeader.size, length: length)!
-        let payload = try Self.parsePayload(type: type, id: id, body: &body)
+        var payload = try Self.parsePayload(type: type, id: id, body: &body)
+        if flags.contains(.expired), case .message(var message) = payload {
+            message.expired = true
+            payload = .message(message)
+        }
         buffer.moveReaderIndex(forwardBy: FrameHeader.size + length)
-        return Frame(payload, stream: stream, flags: flags)
+        return Frame(payload, stream: stream, flags: flags.intersection(.checksum))
     }
 
     private static func parsePayload(type: FrameType, id: UInt64, body: inout ByteBuffer) throws(ProtocolError) -> Frame.Payload {

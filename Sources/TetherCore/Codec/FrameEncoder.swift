@@ -31,7 +31,10 @@ public struct FrameEncoder: Sendable {
     }
 
     private func encodeUnchecked(_ frame: Frame, into buffer: inout ByteBuffer, start: Int) throws(FrameEncodingError) {
-        let flags = frame.flags.intersection(.known)
+        var flags = frame.flags.intersection(.checksum)
+        if case .message(let message) = frame.payload, message.expired {
+            flags.insert(.expired)
+        }
         buffer.reserveCapacity(minimumWritableBytes: FrameHeader.size + Self.bodySizeHint(frame.payload))
         // Length and checksum are patched in once the body is written.
         FrameHeader.write(

@@ -245,6 +245,10 @@ extension Frame {
         public var sequence: UInt64
         /// How much longer the message is worth processing; `nil` if it does not expire.
         public var ttl: Duration?
+        /// The client gave up on the message (its time to live ran out): the gateway records it
+        /// as refused with ``StatusCode/deadlineExceeded`` without running a handler, so that the
+        /// conversation's later messages can be processed. Sent with an empty body.
+        public var expired: Bool
         /// The message's content.
         public var body: ByteBuffer
 
@@ -254,6 +258,7 @@ extension Frame {
             conversation: String,
             sequence: UInt64,
             ttl: Duration? = nil,
+            expired: Bool = false,
             body: ByteBuffer = ByteBuffer()
         ) {
             self.id = id
@@ -261,6 +266,7 @@ extension Frame {
             self.conversation = conversation
             self.sequence = sequence
             self.ttl = ttl
+            self.expired = expired
             self.body = body
         }
     }

@@ -108,15 +108,18 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
 
 /// The flag bits of a frame header.
 ///
-/// Version 1 defines only ``checksum``; every other bit must be zero, and a receiver rejects a
-/// frame that sets one. Later features claim bits only once both peers negotiated them.
+/// ``checksum`` applies to every frame; ``expired`` only to MESSAGE. Every other bit must be
+/// zero, and a receiver rejects a frame that sets one.
 public struct FrameFlags: OptionSet, Hashable, Sendable {
     public var rawValue: UInt16
     public init(rawValue: UInt16) { self.rawValue = rawValue }
 
     /// The checksum field holds the CRC-32C of header bytes 0–21 followed by the body.
     public static let checksum = FrameFlags(rawValue: 0x0001)
+    /// On MESSAGE only: the client gave up on the message (its time to live ran out). Set and
+    /// read through ``Frame/Message/expired``; it never appears in ``Frame/flags``.
+    public static let expired = FrameFlags(rawValue: 0x0002)
 
-    /// Every flag version 1 knows.
-    public static let known: FrameFlags = [.checksum]
+    /// Every flag this implementation knows.
+    public static let known: FrameFlags = [.checksum, .expired]
 }

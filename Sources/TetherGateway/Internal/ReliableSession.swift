@@ -166,6 +166,9 @@ final class ReliableSession: Sendable {
     /// - Returns: The outcome to record, or `nil` after a transient failure (not to record).
     private func run(_ received: Received, staging staged: inout [NewDelivery]) async -> StatusCode? {
         let message = received.message
+        if message.expired {
+            return .deadlineExceeded  // the client gave up on it; record it so the conversation moves on
+        }
         if let ttl = message.ttl, received.receivedAt + ttl <= .now {
             return .deadlineExceeded
         }
