@@ -61,6 +61,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
