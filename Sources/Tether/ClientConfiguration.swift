@@ -30,6 +30,8 @@ public struct ClientConfiguration: Sendable {
     public var reconnect: Reconnect
     /// Push delivery to subscribers.
     public var pushes: Pushes
+    /// Reliable messaging; `nil` (the default) does not offer it to the gateway.
+    public var reliability: Reliability?
 
     /// Creates a configuration with defaults for everything but the endpoints and identity.
     public init(endpoints: [Endpoint], clientID: String) {
@@ -57,6 +59,7 @@ public struct ClientConfiguration: Sendable {
         try self.heartbeat.validate()
         try self.reconnect.validate()
         try self.pushes.validate()
+        try self.reliability?.validate()
     }
 
     /// How the client proves its identity in HELLO.

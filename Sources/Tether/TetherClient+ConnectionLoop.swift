@@ -6,15 +6,8 @@ import TetherCore
 /// The client's run loop: connect, serve the connection until it closes, back off, repeat,
 /// as ``ConnectivityStateMachine`` decides.
 extension TetherClient {
+    /// Connects, reconnects, and returns once the client shut down. ``run()`` checked that it runs once.
     func runConnectionLoop() async throws {
-        let firstRun = self.state.withLockedValue { state in
-            guard case .notStarted = state.run else { return false }
-            state.run = .running
-            return true
-        }
-        guard firstRun else {
-            throw TetherError(code: .invalidArgument, message: "run() was already called on this client")
-        }
         defer { self.finishRun() }
 
         var action = self.state.withLockedValue { $0.machine.start() }
@@ -91,6 +84,13 @@ extension TetherClient {
             return self.state.withLockedValue { $0.machine.connectionClosed(uptime: .zero) }
         }
         let negotiated = connection.negotiated
+        if let reliable = self.reliable {
+            if negotiated.features.contains(.reliableDelivery), let epoch = negotiated.deliveryEpoch {
+                connection.enqueue(reliable.attach(connection, deliveryEpoch: epoch))
+            } else {
+                self.logger.warning("the gateway does not offer reliable delivery; messages wait in the outbox")
+            }
+        }
         self.logger.info(
             "connected",
             metadata: ["endpoint": "\(endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)"]
@@ -99,6 +99,7 @@ extension TetherClient {
         waiters.resume(returning: connection)
 
         let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
+        self.reliable?.detach(connection)
         // Update the state before telling anyone, so that a subscriber reacting to the event
         // already sees the client as disconnected.
         let afterClose = self.state.withLockedValue { state in
@@ -120,7 +121,7 @@ extension TetherClient {
         case .provider(let provider): token = try await provider()
         }
         let connectionConfiguration = self.configuration.connection
-        let hello = Frame.Hello(
+        var hello = Frame.Hello(
             versions: Handshake.supportedVersions,
             features: connectionConfiguration.checksums ? [.checksum] : [],
             maxBodySize: UInt32(connectionConfiguration.maxBodySize),
@@ -128,16 +129,30 @@ extension TetherClient {
             authToken: token,
             userAgent: self.configuration.userAgent
         )
+        if let reliable = self.reliable {
+            let fields = try await reliable.helloFields()
+            hello.features.insert(.reliableDelivery)
+            hello.outboxEpoch = fields.outboxEpoch
+            hello.resume = fields.resume
+        }
         let handlerConfiguration = ClientConnectionHandler.Configuration(
             hello: hello,
             handshakeTimeout: TimeAmount(connectionConfiguration.handshakeTimeout),
             heartbeatInterval: self.configuration.heartbeat.interval.map { TimeAmount($0) },
             heartbeatTimeout: TimeAmount(self.configuration.heartbeat.timeout),
-            maxInboundBodySize: connectionConfiguration.maxBodySize
+            maxInboundBodySize: connectionConfiguration.maxBodySize,
+            reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
         )
         let callbacks = ClientConnectionHandler.Callbacks(
             push: { [weak self] push in self?.deliver(push) },
-            goAway: { [weak self] goAway in self?.goAwayReceived(goAway) }
+            goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
+            reliable: self.reliable.map { engine in
+                ReliableCallbacks(
+                    acknowledged: { engine.acknowledged($0) },
+                    sent: { engine.sent($0) },
+                    delivery: { engine.receive($0) }
+                )
+            }
         )
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
@@ -222,6 +237,7 @@ extension TetherClient {
         waiters.resume(throwing: TetherError(code: .shutdown, message: "the client stopped"))
         self.pushRouter.finish()
         self.eventBroadcaster.finish()
+        self.reliable?.finish()
     }
 
     private func failWaiters(with error: TetherError) {

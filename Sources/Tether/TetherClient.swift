@@ -42,6 +42,8 @@ public final class TetherClient: Service, Sendable {
     let pushRouter: PushRouter
     let eventBroadcaster: Broadcaster<ConnectionEvent>
     let wakeup = Wakeup()
+    /// Reliable messaging, if configured.
+    let reliable: ReliableEngine?
 
     /// Creates a client. It does not connect until ``run()`` is called.
     /// - Parameters:
@@ -80,6 +82,8 @@ public final class TetherClient: Service, Sendable {
         self.state = NIOLockedValueBox(State(machine: machine))
         self.pushRouter = PushRouter(bufferSize: configuration.pushes.bufferSize)
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
+        let eventLoop = self.eventLoop
+        self.reliable = configuration.reliability.map { ReliableEngine(configuration: $0, eventLoop: eventLoop, logger: logger) }
     }
 
     /// The current connection state.
@@ -99,8 +103,24 @@ public final class TetherClient: Service, Sendable {
     ///   of ``ClientConfiguration/Reconnect-swift.struct/backoff`` was reached, or
     ///   ``TetherError/Code/invalidArgument`` if `run()` was already called.
     public func run() async throws {
+        let firstRun = self.state.withLockedValue { state in
+            guard case .notStarted = state.run else { return false }
+            state.run = .running
+            return true
+        }
+        guard firstRun else {
+            throw TetherError(code: .invalidArgument, message: "run() was already called on this client")
+        }
         try await withTaskCancellationOrGracefulShutdownHandler {
-            try await self.runConnectionLoop()
+            guard let reliable = self.reliable else {
+                try await self.runConnectionLoop()
+                return
+            }
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask { await reliable.runMaintenance() }
+                // `finishRun` ends the maintenance loop once the connection loop is done.
+                try await self.runConnectionLoop()
+            }
         } onCancelOrGracefulShutdown: {
             self.shutdown()
         }

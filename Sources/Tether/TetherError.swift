@@ -20,6 +20,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         enum Wrapped: Hashable, Sendable {
             case timedOut, cancelled, notConnected, connectionLost, serverError, protocolError
             case shutdown, invalidArgument, requestTooLarge, invalidConfiguration, handshakeFailed, invalidResponse
+            case outboxFull, storage
             case notDispatched
         }
 
@@ -50,6 +51,10 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         public static let handshakeFailed = Code(.handshakeFailed)
         /// The response arrived but its body could not be decoded into the expected type.
         public static let invalidResponse = Code(.invalidResponse)
+        /// The outbox is full and ``ClientConfiguration/Reliability-swift.struct/whenFull`` is `.fail`.
+        public static let outboxFull = Code(.outboxFull)
+        /// The outbox's storage failed; the message was not accepted.
+        public static let storage = Code(.storage)
         /// Internal: the request never reached a gateway handler and can be sent again.
         static let notDispatched = Code(.notDispatched)
 
@@ -67,6 +72,8 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case .invalidConfiguration: "invalid configuration"
             case .handshakeFailed: "handshake failed"
             case .invalidResponse: "invalid response"
+            case .outboxFull: "outbox full"
+            case .storage: "storage failure"
             case .notDispatched: "not dispatched"
             }
         }

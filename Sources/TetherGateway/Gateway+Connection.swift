@@ -57,8 +57,8 @@ extension Gateway {
         outbound: NIOAsyncChannelOutboundWriter<Frame>,
         logger: Logger
     ) async throws -> Session? {
-        var welcome: Frame.Welcome
-        let policy = self.configuration.handshakePolicy(reliable: self.messageStore != nil)
+        let welcome: Frame.Welcome
+        let policy = self.configuration.handshakePolicy(deliveryEpoch: self.messageStore?.epoch)
         switch Handshake.accept(hello, policy: policy, connectionID: connectionID) {
         case .failure(let error):
             logger.info("handshake refused", metadata: ["error": "\(error)"])
@@ -97,7 +97,6 @@ extension Gateway {
                 )
                 return nil
             }
-            welcome.deliveryEpoch = store.epoch
             resume = hello.resume.flatMap { $0.epoch == store.epoch ? $0.lastSequence : nil } ?? 0
         }
         guard let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent) else {

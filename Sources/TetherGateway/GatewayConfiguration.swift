@@ -200,10 +200,11 @@ public struct GatewayConfiguration: Sendable, Hashable {
     }
 
     /// The handshake policy these settings amount to.
-    /// - Parameter reliable: Whether the gateway has a message store, so offers reliable delivery.
-    func handshakePolicy(reliable: Bool) -> Handshake.GatewayPolicy {
+    /// - Parameter deliveryEpoch: The message store's epoch, if the gateway has a store (so
+    ///   offers reliable delivery).
+    func handshakePolicy(deliveryEpoch: UInt64?) -> Handshake.GatewayPolicy {
         var features: Features = self.checksums == .disabled ? [] : .checksum
-        if reliable { features.insert(.reliableDelivery) }
+        if deliveryEpoch != nil { features.insert(.reliableDelivery) }
         return Handshake.GatewayPolicy(
             features: features,
             requiredFeatures: self.checksums == .required ? .checksum : [],
@@ -211,7 +212,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             idleTimeout: self.timeouts.idle,
             maxBodySize: UInt32(self.limits.maxBodySize),
             maxConcurrentRequests: UInt32(self.limits.maxConcurrentRequestsPerConnection),
-            serverName: self.serverName
+            serverName: self.serverName,
+            deliveryEpoch: deliveryEpoch
         )
     }
 }

@@ -55,6 +55,19 @@ struct HandshakeTests {
         #expect(throws: ProtocolError.self) { try Handshake.accept(hello, policy: policy, connectionID: 1).get() }
     }
 
+    @Test("reliable delivery is negotiated only with a delivery epoch; a WELCOME without one is refused")
+    func reliableNeedsEpoch() throws {
+        var hello = sampleHello
+        hello.features = [.checksum, .reliableDelivery]
+        var policy = samplePolicy
+        policy.features = [.checksum, .reliableDelivery]
+        let (plain, _) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        #expect(plain.features == .checksum && plain.deliveryEpoch == nil)
+        var forged = plain
+        forged.features = [.checksum, .reliableDelivery]
+        #expect(throws: ProtocolError.self) { try Handshake.validate(forged, offered: hello) }
+    }
+
     @Test("the client rejects a WELCOME that chose what it did not offer")
     func clientValidation() throws {
         let (welcome, _) = try Handshake.accept(sampleHello, policy: samplePolicy, connectionID: 1).get()
@@ -164,7 +177,9 @@ struct ClientSessionStateMachineTests {
         hello.features = [.checksum, .reliableDelivery]
         var policy = samplePolicy
         policy.features = [.checksum, .reliableDelivery]
+        policy.deliveryEpoch = 77
         let (welcome, _) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        #expect(welcome.deliveryEpoch == 77)
         var reliable = ClientSessionStateMachine(hello: hello)
         guard case .established = reliable.received(Frame(.welcome(welcome), flags: .checksum)) else {
             Issue.record("expected the handshake to complete")
@@ -300,6 +315,7 @@ struct GatewaySessionStateMachineTests {
         hello.features = [.checksum, .reliableDelivery]
         var policy = samplePolicy
         policy.features = [.checksum, .reliableDelivery]
+        policy.deliveryEpoch = 77
         let (_, negotiated) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
         var machine = GatewaySessionStateMachine()
         _ = machine.received(Frame(.hello(hello), flags: .checksum))

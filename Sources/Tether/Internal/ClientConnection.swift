@@ -55,3 +55,21 @@ final class ClientConnection: Sendable {
         self.channel.close(promise: nil)
     }
 }
+
+extension ClientConnection: ReliableSink {
+    func enqueue(_ records: [OutboxRecord]) {
+        guard !records.isEmpty else { return }
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.enqueueMessages(records) }
+    }
+
+    func replace(with tombstone: OutboxRecord) {
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.replaceMessage(with: tombstone) }
+    }
+
+    func acknowledgeDeliveries(upTo sequence: UInt64) {
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.acknowledgeDeliveries(upTo: sequence) }
+    }
+}

@@ -33,11 +33,14 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var heartbeatInterval: TimeAmount?
         var heartbeatTimeout: TimeAmount
         var maxInboundBodySize: Int
+        /// With reliable messaging: the window and retransmission bounds.
+        var reliability: (window: Int, retransmission: RTTEstimator)?
     }
 
     struct Callbacks: Sendable {
         var push: @Sendable (Frame.Push) -> Void
         var goAway: @Sendable (Frame.GoAway) -> Void
+        var reliable: ReliableCallbacks?
     }
 
     private struct PendingRequest {
@@ -49,16 +52,16 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var unsent: Frame.Request?
     }
 
-    private let configuration: Configuration
-    private let callbacks: Callbacks
-    private let logger: Logger
+    let configuration: Configuration
+    let callbacks: Callbacks
+    let logger: Logger
     /// Succeeds with the negotiated parameters when WELCOME arrives; fails if the handshake does not complete.
     private let established: EventLoopPromise<Handshake.Negotiated>
     /// Succeeds once the channel is closed.
     private let closed: EventLoopPromise<ConnectionClosure>
 
-    private var session: ClientSessionStateMachine
-    private var heartbeat: HeartbeatStateMachine?
+    private(set) var session: ClientSessionStateMachine
+    var heartbeat: HeartbeatStateMachine?
     private var heartbeatTimer: Scheduled<Void>?
     private var handshakeTimer: Scheduled<Void>?
     private var pending: [UInt64: PendingRequest] = [:]
@@ -66,10 +69,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var waiting = CircularBuffer<UInt64>()
     /// Requests on the wire and not yet answered.
     private var sentCount = 0
-    private var context: ChannelHandlerContext?
+    private(set) var context: ChannelHandlerContext?
     private var helloSent = false
     private var closeReason: DisconnectReason?
     private var establishedAt: NIODeadline?
+    /// Reliable messaging on this connection, once negotiated.
+    var reliable: ReliableConnectionState?
 
     init(
         configuration: Configuration,
@@ -103,6 +108,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     func channelActive(context: ChannelHandlerContext) {
         self.sendHello(context: context)
         context.fireChannelActive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { self.pumpMessages(context: context) }
+        context.fireChannelWritabilityChanged()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -170,10 +180,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             self.logger.warning("gateway broke the protocol", metadata: ["error": "\(error)"])
             self.sendErrorAndClose(error, context: context)
 
-        case .messageAck, .delivery:
-            // Only possible once reliable delivery is negotiated, which this client does not
-            // offer yet (see the reliable-delivery work in progress).
-            break
+        case .messageAck(let ack):
+            self.messagesAcknowledged(ack, context: context)
+
+        case .delivery(let delivery):
+            self.deliveryReceived(delivery, context: context)
 
         case .ignore:
             break
@@ -260,6 +271,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         let gatewayInterval = TimeAmount(negotiated.heartbeatInterval)
         let ceiling = TimeAmount.nanoseconds(TimeAmount(negotiated.idleTimeout).nanoseconds / 2)
         let interval = max(.milliseconds(1), min(self.configuration.heartbeatInterval ?? gatewayInterval, ceiling))
+        if negotiated.features.contains(.reliableDelivery), let reliability = self.configuration.reliability {
+            self.reliable = ReliableConnectionState(
+                scheduler: MessageScheduler(window: reliability.window),
+                retransmission: reliability.retransmission
+            )
+        }
         self.heartbeat = HeartbeatStateMachine(interval: interval, timeout: self.configuration.heartbeatTimeout, now: now)
         self.scheduleHeartbeat(context: context)
         self.established.succeed(negotiated)
@@ -377,12 +394,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         }
     }
 
-    private func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
+    func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
         context.writeAndFlush(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: nil)
         self.heartbeat?.frameSent(at: context.eventLoop.now)
     }
 
-    private func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {
+    func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {
         self.closeReason = self.closeReason ?? .protocolViolation(error)
         self.session.closed()
         let frame = Frame(.error(.init(code: error.code, message: error.message)), flags: self.session.outboundFlags)
@@ -401,6 +418,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     /// Settles everything when the channel goes away: pending requests, promises, timers.
     private func finish(context: ChannelHandlerContext) {
         self.session.closed()
+        self.stopReliable()
         self.handshakeTimer?.cancel()
         self.heartbeatTimer?.cancel()
         self.heartbeat = nil

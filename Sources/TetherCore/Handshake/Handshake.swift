@@ -19,6 +19,8 @@ public enum Handshake {
         public var maxBodySize: UInt32
         public var maxConcurrentRequests: UInt32
         public var serverName: String?
+        /// The delivery epoch announced when reliable delivery is negotiated; required then.
+        public var deliveryEpoch: UInt64?
 
         public init(
             versions: ClosedRange<UInt8> = Handshake.supportedVersions,
@@ -28,7 +30,8 @@ public enum Handshake {
             idleTimeout: Duration,
             maxBodySize: UInt32,
             maxConcurrentRequests: UInt32,
-            serverName: String? = nil
+            serverName: String? = nil,
+            deliveryEpoch: UInt64? = nil
         ) {
             self.versions = versions
             self.features = features
@@ -38,6 +41,7 @@ public enum Handshake {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequests = maxConcurrentRequests
             self.serverName = serverName
+            self.deliveryEpoch = deliveryEpoch
         }
     }
 
@@ -51,6 +55,8 @@ public enum Handshake {
         public var heartbeatInterval: Duration
         public var idleTimeout: Duration
         public var maxConcurrentRequests: UInt32
+        /// With reliable delivery: the gateway's delivery epoch.
+        public var deliveryEpoch: UInt64? = nil
 
         /// Whether every frame must carry a checksum from now on.
         public var checksums: Bool { self.features.contains(.checksum) }
@@ -73,7 +79,8 @@ public enum Handshake {
                 )
             )
         }
-        let features = hello.features.intersection(policy.features).intersection(.known)
+        var features = hello.features.intersection(policy.features).intersection(.known)
+        if policy.deliveryEpoch == nil { features.remove(.reliableDelivery) }  // cannot offer it without an epoch
         guard features.isSuperset(of: policy.requiredFeatures) else {
             let missing = policy.requiredFeatures.subtracting(features)
             return .failure(
@@ -96,7 +103,8 @@ public enum Handshake {
             idleTimeout: policy.idleTimeout,
             maxBodySize: policy.maxBodySize,
             maxConcurrentRequests: policy.maxConcurrentRequests,
-            serverName: policy.serverName
+            serverName: policy.serverName,
+            deliveryEpoch: features.contains(.reliableDelivery) ? policy.deliveryEpoch : nil
         )
         let negotiated = Self.gatewayParameters(welcome: welcome, hello: hello)
         return .success((welcome, negotiated))
@@ -112,7 +120,8 @@ public enum Handshake {
             peerMaxBodySize: Int(min(hello.maxBodySize, UInt32(FrameHeader.absoluteMaximumBodySize))),
             heartbeatInterval: welcome.heartbeatInterval,
             idleTimeout: welcome.idleTimeout,
-            maxConcurrentRequests: welcome.maxConcurrentRequests
+            maxConcurrentRequests: welcome.maxConcurrentRequests,
+            deliveryEpoch: welcome.deliveryEpoch
         )
     }
 
@@ -131,6 +140,9 @@ public enum Handshake {
                 message: "gateway's maximum body size \(welcome.maxBodySize) is below the minimum \(Self.minimumBodyLimit)"
             )
         }
+        guard !welcome.features.contains(.reliableDelivery) || welcome.deliveryEpoch != nil else {
+            throw ProtocolError(code: .protocolError, message: "gateway chose reliable delivery without a delivery epoch")
+        }
         guard welcome.heartbeatInterval > .zero, welcome.idleTimeout > .zero else {
             throw ProtocolError(code: .protocolError, message: "gateway's heartbeat interval and idle timeout must be positive")
         }
@@ -141,7 +153,8 @@ public enum Handshake {
             peerMaxBodySize: Int(min(welcome.maxBodySize, UInt32(FrameHeader.absoluteMaximumBodySize))),
             heartbeatInterval: welcome.heartbeatInterval,
             idleTimeout: welcome.idleTimeout,
-            maxConcurrentRequests: welcome.maxConcurrentRequests
+            maxConcurrentRequests: welcome.maxConcurrentRequests,
+            deliveryEpoch: welcome.deliveryEpoch
         )
     }
 

@@ -1,0 +1,141 @@
+import NIOCore
+import TetherCore
+
+/// Decides which reliable message a connection sends next (PROTOCOL.md, section 9.1).
+///
+/// - A conversation's messages leave in sequence order: the lanes hold conversations, and a
+///   conversation offers only its first unsent message.
+/// - Priority lanes: the head messages of the high lane go before those of the normal lane,
+///   which go before the low lane; conversations within a lane take turns.
+/// - At most `window` messages are unacknowledged at once.
+///
+/// It performs no I/O and reads no clock; the connection handler sends what it returns and
+/// tells it about acknowledgements and timeouts.
+struct MessageScheduler {
+    struct InFlight {
+        var record: OutboxRecord
+        var sentAt: NIODeadline
+        /// How often it was sent on this connection; 1 means its acknowledgement measures the RTT.
+        var transmissions: Int
+    }
+
+    let window: Int
+    /// Per priority, conversations whose first unsent message has that priority, oldest first.
+    /// An entry whose generation is out of date is skipped (the conversation moved).
+    private var lanes: [CircularBuffer<(conversation: String, generation: Int)>] = Array(repeating: [], count: 3)
+    /// Unsent messages per conversation, by sequence.
+    private var queues: [String: [OutboxRecord]] = [:]
+    /// The lane and generation under which each waiting conversation is filed.
+    private var filed: [String: (lane: Int, generation: Int)] = [:]
+    private var nextGeneration = 0
+    private(set) var inFlight: [UInt64: InFlight] = [:]
+    /// How often each message was sent, kept while it is queued again after a timeout.
+    private var transmissions: [UInt64: Int] = [:]
+
+    init(window: Int) {
+        self.window = max(1, window)
+    }
+
+    /// The number of messages waiting to be sent.
+    var queuedCount: Int { self.queues.values.reduce(0) { $0 + $1.count } }
+
+    /// Whether a message could be sent now.
+    var canSend: Bool { self.inFlight.count < self.window && !self.queues.isEmpty }
+
+    /// Adds messages to send; each goes after the messages of its conversation with a lower sequence.
+    mutating func enqueue<Records: Sequence<OutboxRecord>>(_ records: Records) {
+        for record in records where self.inFlight[record.id] == nil {
+            self.insert(record)
+        }
+    }
+
+    /// The next message to send, marked in flight; `nil` if none or the window is full.
+    mutating func next(now: NIODeadline) -> OutboxRecord? {
+        guard self.inFlight.count < self.window else { return nil }
+        for lane in self.lanes.indices {
+            while let entry = self.lanes[lane].popFirst() {
+                guard let filed = self.filed[entry.conversation], filed.lane == lane, filed.generation == entry.generation else {
+                    continue  // stale: the conversation moved
+                }
+                var queue = self.queues[entry.conversation] ?? []
+                let record = queue.removeFirst()
+                self.filed[entry.conversation] = nil
+                if queue.isEmpty {
+                    self.queues[entry.conversation] = nil
+                } else {
+                    self.queues[entry.conversation] = queue
+                    self.file(entry.conversation, head: queue[0])
+                }
+                let sent = (self.transmissions.removeValue(forKey: record.id) ?? 0) + 1
+                self.inFlight[record.id] = InFlight(record: record, sentAt: now, transmissions: sent)
+                return record
+            }
+        }
+        return nil
+    }
+
+    /// An acknowledgement arrived.
+    /// - Returns: The acknowledged message, and a round-trip sample if it was sent only once.
+    mutating func acknowledged(_ id: UInt64, now: NIODeadline) -> (record: OutboxRecord, sample: TimeAmount?)? {
+        if let inFlight = self.inFlight.removeValue(forKey: id) {
+            return (inFlight.record, inFlight.transmissions == 1 ? now - inFlight.sentAt : nil)
+        }
+        // Acknowledged while queued for a retransmission.
+        for (conversation, queue) in self.queues {
+            guard let index = queue.firstIndex(where: { $0.id == id }) else { continue }
+            var queue = queue
+            let record = queue.remove(at: index)
+            self.transmissions[id] = nil
+            self.queues[conversation] = queue.isEmpty ? nil : queue
+            if queue.isEmpty {
+                self.filed[conversation] = nil
+            } else if index == 0 {
+                self.file(conversation, head: queue[0])
+            }
+            return (record, nil)
+        }
+        return nil
+    }
+
+    /// A message's acknowledgement did not come in time: queue it to be sent again.
+    /// - Returns: How often it was sent so far, or `nil` if it is not in flight.
+    @discardableResult
+    mutating func timedOut(_ id: UInt64) -> Int? {
+        guard let inFlight = self.inFlight.removeValue(forKey: id) else { return nil }
+        self.transmissions[id] = inFlight.transmissions
+        self.insert(inFlight.record)
+        return inFlight.transmissions
+    }
+
+    /// The message expired: from now on its tombstone is sent instead.
+    mutating func replace(with tombstone: OutboxRecord) {
+        if self.inFlight[tombstone.id] != nil {
+            self.inFlight[tombstone.id]?.record = tombstone
+            return
+        }
+        guard var queue = self.queues[tombstone.conversation], let index = queue.firstIndex(where: { $0.id == tombstone.id }) else {
+            return
+        }
+        queue[index] = tombstone
+        self.queues[tombstone.conversation] = queue
+    }
+
+    private mutating func insert(_ record: OutboxRecord) {
+        var queue = self.queues[record.conversation] ?? []
+        let index = queue.firstIndex { $0.sequence > record.sequence } ?? queue.endIndex
+        if index > 0, queue[index - 1].id == record.id { return }  // already queued
+        queue.insert(record, at: index)
+        self.queues[record.conversation] = queue
+        if index == 0 { self.file(record.conversation, head: record) }
+    }
+
+    /// Files a conversation in the lane of its first message (moving it if needed).
+    private mutating func file(_ conversation: String, head: OutboxRecord) {
+        let lane = Int(head.priority.rawValue)
+        if let current = self.filed[conversation], current.lane == lane { return }
+        let generation = self.nextGeneration
+        self.nextGeneration += 1
+        self.filed[conversation] = (lane, generation)
+        self.lanes[lane].append((conversation, generation))
+    }
+}
