@@ -49,6 +49,22 @@ extension TetherClient {
         await self.reliable?.outcome(of: id)
     }
 
+    /// The messages accepted by ``send(_:body:conversation:priority:ttl:)`` that have no outcome
+    /// yet, oldest first, including those accepted before the app restarted (with a
+    /// ``SQLiteOutboxStore``): an app can show them as "sending" and await their outcomes.
+    ///
+    /// ```swift
+    /// for receipt in try await client.pendingMessages() {
+    ///     print(receipt.id, await client.outcome(of: receipt) ?? .expired)
+    /// }
+    /// ```
+    /// - Throws: ``TetherError`` with ``TetherError/Code/invalidConfiguration`` without
+    ///   ``ClientConfiguration/reliability``, or ``TetherError/Code/storage`` if the outbox
+    ///   cannot be loaded.
+    public func pendingMessages() async throws(TetherError) -> [MessageReceipt] {
+        try await self.reliableEngine().pending()
+    }
+
     /// Every message's state changes from now on: queued, sent, acknowledged, refused, expired.
     /// Ends when the client stops.
     public var messageEvents: AsyncStream<MessageEvent> {

@@ -15,6 +15,12 @@ import TetherGateway
 /// | `chat.send` | `{"room": "...", "text": "..."}` | `delivered to N`; pushes `chat.message` to the room |
 /// | `chat.leave` | a room name | `left ROOM` |
 /// | `demo.slow` | milliseconds to sleep | `slept N ms` (honours cancellation) |
+///
+/// And one reliable message topic (``Gateway/onMessage(_:_:)``):
+///
+/// | topic | conversation | effect |
+/// |---|---|---|
+/// | `dm` | the recipient's client id | delivers the body reliably to the recipient, topic `dm` |
 enum DemoService {
     struct ChatSend: Codable {
         var room: String
@@ -64,6 +70,13 @@ enum DemoService {
             let message = ChatMessage(room: send.room, from: context.connection.clientID, text: send.text)
             let recipients = try context.gateway.push("chat.message", Self.json(message), to: .room(send.room))
             return ByteBuffer(string: "delivered to \(recipients)")
+        }
+
+        gateway.onMessage("dm") { message, context in
+            guard !message.conversation.isEmpty else {
+                throw RequestError(.invalidRequest, "the conversation must be the recipient's client id")
+            }
+            try context.deliver(to: message.conversation, topic: "dm", body: message.body)
         }
 
         gateway.handle("demo.slow") { request, _ in

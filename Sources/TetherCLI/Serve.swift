@@ -5,7 +5,11 @@ import TetherGateway
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run a gateway with the demo handlers (echo, time.now, chat.join/send/leave, demo.slow)."
+        abstract: "Run a gateway with the demo handlers (echo, time.now, chat.join/send/leave, demo.slow, dm).",
+        discussion: """
+            Reliable messages (topic dm) are kept in an SQLite file, so a restarted gateway loses
+            nothing: tether send --to bob hello, then tether receive --as bob.
+            """
     )
 
     @Option(help: "The address to listen on.")
@@ -16,6 +20,9 @@ struct Serve: AsyncParsableCommand {
 
     @Option(name: .customLong("heartbeat"), help: "The heartbeat interval announced to clients, in seconds.")
     var heartbeatSeconds: Double = 10
+
+    @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
+    var store = "tether-gateway.sqlite"
 
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
@@ -30,7 +37,17 @@ struct Serve: AsyncParsableCommand {
         configuration.timeouts.idle = configuration.timeouts.heartbeatInterval * 3
         configuration.checksums = self.requireChecksums ? .required : .optional
         let logger = Logger(label: "tether.serve")
-        let gateway = try Gateway(configuration: configuration, logger: Logger(label: "tether.gateway"))
+        let messageStore: any MessageStore
+        if self.store == ":memory:" {
+            messageStore = InMemoryMessageStore()
+        } else {
+            do {
+                messageStore = try SQLiteMessageStore(path: self.store)
+            } catch {
+                throw ValidationError("cannot open the store '\(self.store)': \(error)")
+            }
+        }
+        let gateway = try Gateway(configuration: configuration, messageStore: messageStore, logger: Logger(label: "tether.gateway"))
         DemoService.install(on: gateway)
         let services = ServiceGroup(
             configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

@@ -6,13 +6,24 @@ public import TetherCore
 ///
 /// ```swift
 /// network.faults.blackhole()        // connections stay open, bytes stop flowing (half-open link)
+/// network.faults.blackhole(.toClient) // only replies are lost: requests arrive, answers do not
 /// network.faults.dropConnections()  // every connection is cut, as on a network switch
 /// network.faults.refuse(endpoint)   // new connections to it fail, as if the gateway were down
 /// network.faults.heal()             // all back to normal
 /// ```
 public final class FaultController: Sendable {
+    /// Which way bytes are lost.
+    public enum Direction: Sendable, Hashable {
+        /// Both ways.
+        case both
+        /// From the gateway to the client: what the gateway sends is lost.
+        case toClient
+        /// From the client to the gateway: what the client sends is lost.
+        case toGateway
+    }
+
     private struct State {
-        var blackholed = false
+        var blackholed: Set<Direction> = []
         var refused: Set<Endpoint> = []
         var stalled: Set<Endpoint> = []
         var channels: [ObjectIdentifier: any Channel] = [:]
@@ -22,8 +33,15 @@ public final class FaultController: Sendable {
 
     public init() {}
 
-    /// Silently drops every byte in both directions on current and new connections, which stay open.
-    public func blackhole() { self.state.withLockedValue { $0.blackholed = true } }
+    /// Silently drops every byte going `direction` on current and new connections, which stay open.
+    public func blackhole(_ direction: Direction = .both) {
+        self.state.withLockedValue { state in
+            switch direction {
+            case .both: state.blackholed.formUnion([.toClient, .toGateway])
+            case .toClient, .toGateway: state.blackholed.insert(direction)
+            }
+        }
+    }
 
     /// Closes every current connection.
     public func dropConnections() {
@@ -40,7 +58,7 @@ public final class FaultController: Sendable {
     /// Removes every fault; connections already closed stay closed.
     public func heal() {
         self.state.withLockedValue { state in
-            state.blackholed = false
+            state.blackholed.removeAll()
             state.refused.removeAll()
             state.stalled.removeAll()
         }
@@ -49,7 +67,7 @@ public final class FaultController: Sendable {
     /// The number of open connections.
     public var openConnections: Int { self.state.withLockedValue { $0.channels.count } }
 
-    var isBlackholed: Bool { self.state.withLockedValue { $0.blackholed } }
+    func isBlackholed(_ direction: Direction) -> Bool { self.state.withLockedValue { $0.blackholed.contains(direction) } }
     func isRefused(_ endpoint: Endpoint) -> Bool { self.state.withLockedValue { $0.refused.contains(endpoint) } }
     func isStalled(_ endpoint: Endpoint) -> Bool { self.state.withLockedValue { $0.stalled.contains(endpoint) } }
 
@@ -76,12 +94,12 @@ final class FaultInjectionHandler: ChannelDuplexHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !self.faults.isBlackholed else { return }
+        guard !self.faults.isBlackholed(.toClient) else { return }
         context.fireChannelRead(data)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        guard !self.faults.isBlackholed else {
+        guard !self.faults.isBlackholed(.toGateway) else {
             promise?.succeed()  // "sent", as far as the sender can tell
             return
         }

@@ -34,6 +34,19 @@ struct MessageSchedulerTests {
         #expect(self.drain(&scheduler) == [1, 3, 2, 5, 4])
     }
 
+    @Test("a lone message is sent; messages enqueued out of order still leave in sequence order")
+    mutating func insertion() {
+        var scheduler = MessageScheduler(window: 100)
+        scheduler.enqueue([self.record(1, "a", 1)])
+        #expect(self.drain(&scheduler) == [1])
+        scheduler.enqueue([self.record(4, "b", 3)])
+        scheduler.enqueue([self.record(2, "b", 1)])
+        scheduler.enqueue([self.record(5, "b", 4), self.record(3, "b", 2)])
+        scheduler.enqueue([self.record(3, "b", 2)])  // twice: queued once
+        #expect(self.drain(&scheduler) == [2, 3, 4, 5])
+        #expect(scheduler.queuedCount == 0)
+    }
+
     @Test("higher lanes go first, but never ahead of their conversation's earlier messages")
     mutating func priorities() {
         var scheduler = MessageScheduler(window: 100)

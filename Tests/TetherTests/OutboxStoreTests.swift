@@ -86,4 +86,16 @@ struct OutboxStoreTests {
         let snapshot = try await SQLiteOutboxStore(path: path).load()
         #expect(snapshot.epoch == epoch && snapshot.records.map(\.id) == [1] && snapshot.nextID == 2)
     }
+
+    @Test("a SQLite outbox file is used by one store at a time; the lock goes with the store")
+    func exclusive() async throws {
+        let path = Self.temporaryPath()
+        do {
+            let first = try SQLiteOutboxStore(path: path)
+            let error = #expect(throws: OutboxStoreError.self) { try SQLiteOutboxStore(path: path) }
+            #expect(error?.message.contains("in use by another client") == true)
+            _ = try await first.load()
+        }
+        _ = try await SQLiteOutboxStore(path: path).load()
+    }
 }

@@ -24,7 +24,7 @@ struct MessageScheduler {
     /// An entry whose generation is out of date is skipped (the conversation moved).
     private var lanes: [CircularBuffer<(conversation: String, generation: Int)>] = Array(repeating: [], count: 3)
     /// Unsent messages per conversation, by sequence.
-    private var queues: [String: [OutboxRecord]] = [:]
+    private var queues: [String: CircularBuffer<OutboxRecord>] = [:]
     /// The lane and generation under which each waiting conversation is filed.
     private var filed: [String: (lane: Int, generation: Int)] = [:]
     private var nextGeneration = 0
@@ -57,14 +57,12 @@ struct MessageScheduler {
                 guard let filed = self.filed[entry.conversation], filed.lane == lane, filed.generation == entry.generation else {
                     continue  // stale: the conversation moved
                 }
-                var queue = self.queues[entry.conversation] ?? []
-                let record = queue.removeFirst()
+                guard let record = self.queues[entry.conversation]?.popFirst() else { continue }
                 self.filed[entry.conversation] = nil
-                if queue.isEmpty {
-                    self.queues[entry.conversation] = nil
+                if let head = self.queues[entry.conversation]?.first {
+                    self.file(entry.conversation, head: head)
                 } else {
-                    self.queues[entry.conversation] = queue
-                    self.file(entry.conversation, head: queue[0])
+                    self.queues[entry.conversation] = nil
                 }
                 let sent = (self.transmissions.removeValue(forKey: record.id) ?? 0) + 1
                 self.inFlight[record.id] = InFlight(record: record, sentAt: now, transmissions: sent)
@@ -83,14 +81,16 @@ struct MessageScheduler {
         // Acknowledged while queued for a retransmission.
         for (conversation, queue) in self.queues {
             guard let index = queue.firstIndex(where: { $0.id == id }) else { continue }
+            let wasHead = index == queue.startIndex
             var queue = queue
             let record = queue.remove(at: index)
             self.transmissions[id] = nil
-            self.queues[conversation] = queue.isEmpty ? nil : queue
-            if queue.isEmpty {
+            if let head = queue.first {
+                self.queues[conversation] = queue
+                if wasHead { self.file(conversation, head: head) }
+            } else {
+                self.queues[conversation] = nil
                 self.filed[conversation] = nil
-            } else if index == 0 {
-                self.file(conversation, head: queue[0])
             }
             return (record, nil)
         }
@@ -121,12 +121,18 @@ struct MessageScheduler {
     }
 
     private mutating func insert(_ record: OutboxRecord) {
-        var queue = self.queues[record.conversation] ?? []
-        let index = queue.firstIndex { $0.sequence > record.sequence } ?? queue.endIndex
-        if index > 0, queue[index - 1].id == record.id { return }  // already queued
+        var queue = self.queues.removeValue(forKey: record.conversation) ?? []
+        defer { self.queues[record.conversation] = queue }
+        // New messages come in sequence order: appending is the common case.
+        if let last = queue.last, last.sequence < record.sequence {
+            queue.append(record)
+            return
+        }
+        let index = queue.firstIndex { $0.sequence >= record.sequence } ?? queue.endIndex
+        if index != queue.endIndex, queue[index].id == record.id { return }  // already queued
+        let isHead = index == queue.startIndex  // indices are not valid after the insertion
         queue.insert(record, at: index)
-        self.queues[record.conversation] = queue
-        if index == 0 { self.file(record.conversation, head: record) }
+        if isHead { self.file(record.conversation, head: record) }
     }
 
     /// Files a conversation in the lane of its first message (moving it if needed).

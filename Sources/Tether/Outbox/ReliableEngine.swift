@@ -332,6 +332,16 @@ final class ReliableEngine: Sendable {
         }
     }
 
+    /// The messages accepted but not finished yet, oldest first.
+    func pending() async throws(TetherError) -> [MessageReceipt] {
+        try await self.loadIfNeeded()
+        return self.state.withLockedValue { state in
+            state.records.values.filter { !$0.expired }.sorted { $0.id < $1.id }.map {
+                MessageReceipt(id: $0.id, conversation: $0.conversation, sequence: $0.sequence)
+            }
+        }
+    }
+
     /// Records a final outcome (under the lock) and returns the waiters to resume.
     private static func finish(
         _ id: UInt64,

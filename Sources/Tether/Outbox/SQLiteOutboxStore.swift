@@ -15,10 +15,15 @@ import NIOCore
 /// ```
 public final class SQLiteOutboxStore: OutboxStore {
     private let writer: any DatabaseWriter
+    private let lock: OutboxFileLock?
 
     /// Opens (or creates) an outbox file.
-    /// - Throws: ``OutboxStoreError`` if the file cannot be opened or prepared.
+    ///
+    /// Only one store may have a file open at a time: it holds a lock on `PATH.lock` until it is
+    /// released (or the process ends), and a second one fails with a clear error.
+    /// - Throws: ``OutboxStoreError`` if the file is in use, or cannot be opened or prepared.
     public convenience init(path: String, fullSync: Bool = false) throws {
+        let lock = try OutboxFileLock(path: path)
         var configuration = Configuration()
         configuration.prepareDatabase { db in
             try db.execute(sql: fullSync ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
@@ -29,13 +34,13 @@ public final class SQLiteOutboxStore: OutboxStore {
         } catch {
             throw OutboxStoreError(message: "cannot open the outbox at \(path): \(error)")
         }
-        try self.init(writer: pool)
+        try self.init(writer: pool, lock: lock)
     }
 
     /// An outbox in a private in-memory SQLite database, for tests of the SQL code.
     public static func inMemory() throws -> SQLiteOutboxStore {
         do {
-            return try SQLiteOutboxStore(writer: DatabaseQueue())
+            return try SQLiteOutboxStore(writer: DatabaseQueue(), lock: nil)
         } catch let error as OutboxStoreError {
             throw error
         } catch {
@@ -43,8 +48,9 @@ public final class SQLiteOutboxStore: OutboxStore {
         }
     }
 
-    private init(writer: any DatabaseWriter) throws {
+    private init(writer: any DatabaseWriter, lock: OutboxFileLock?) throws {
         self.writer = writer
+        self.lock = lock
         do {
             var migrator = DatabaseMigrator()
             migrator.registerMigration("v1") { db in
