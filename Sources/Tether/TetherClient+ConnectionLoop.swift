@@ -150,7 +150,7 @@ extension TetherClient {
                 ReliableCallbacks(
                     acknowledged: { engine.acknowledged($0) },
                     sent: { engine.sent($0) },
-                    delivery: { engine.receive($0) }
+                    delivery: { engine.receive($0, epoch: $1) }
                 )
             }
         )

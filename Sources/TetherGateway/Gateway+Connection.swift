@@ -87,7 +87,12 @@ extension Gateway {
         var resume: UInt64?
         if welcome.features.contains(.reliableDelivery), let store = self.messageStore {
             do {
-                if try await store.registerOutbox(client: hello.clientID, epoch: hello.outboxEpoch ?? 0) {
+                let reset = try await self.clientLanes.exclusively(hello.clientID) { lane in
+                    let reset = try await store.registerOutbox(client: hello.clientID, epoch: hello.outboxEpoch ?? 0)
+                    if reset { lane.lastProcessed = [:] }
+                    return reset
+                }
+                if reset {
                     logger.info("the client has a new outbox; its conversations start again", metadata: ["client": "\(hello.clientID)"])
                 }
             } catch {
@@ -121,9 +126,14 @@ extension Gateway {
         let reliable = session.resume.flatMap { _ in self.messageStore }.map { store in
             ReliableSession(gateway: self, store: store, connection: connection, outbound: outbound, logger: logger)
         }
+        // The processor is not a child task, so closing the connection does not cancel it: a
+        // batch whose handlers ran must still be committed, or a retransmission would run them
+        // again. It stops after `finish()`, once its current batch is done; the group awaits it.
+        let processor = reliable.map { reliable in Task { await reliable.runProcessor() } }
         try await withThrowingDiscardingTaskGroup { group in
+            defer { reliable?.finish() }  // however the connection ends
+            if let processor { group.addTask { await processor.value } }
             if let reliable, let resume = session.resume {
-                group.addTask { await reliable.runProcessor() }
                 group.addTask { await reliable.runPump(from: resume) }
             }
             while let frame = try await frames.next() {

@@ -43,6 +43,7 @@ public final class Gateway: Service, Sendable {
     /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
     let messageStore: (any MessageStore)?
     let deliveryNotifier = DeliveryNotifier()
+    let clientLanes = ClientLanes()
     let registry = ConnectionRegistry()
     let connectionIDs = ManagedAtomic<UInt64>(1)
     let lifecycle = NIOLockedValueBox(Lifecycle())

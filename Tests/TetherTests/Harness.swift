@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -44,13 +45,19 @@ final class Harness: Sendable {
     /// A gateway on 127.0.0.1 with an ephemeral port, and its endpoint.
     func gateway(
         port: Int = 0,
+        messageStore: (any MessageStore)? = nil,
         configure: (inout GatewayConfiguration) -> Void = { _ in },
         authenticate: Gateway.Authenticator? = nil
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: port)
         configure(&configuration)
-        let gateway = try Gateway(configuration: configuration, authenticate: authenticate, logger: testLogger("gateway"))
+        let gateway = try Gateway(
+            configuration: configuration,
+            messageStore: messageStore,
+            authenticate: authenticate,
+            logger: testLogger("gateway")
+        )
         self.spawn { try? await gateway.run() }
         self.onExit { gateway.shutdown() }
         let address = try await gateway.listeningAddress
@@ -108,9 +115,10 @@ func withHarness(_ body: (Harness) async throws -> Void) async throws {
     await harness.finish()
 }
 
+/// A logger for tests: quiet unless `TETHER_TEST_LOG` names a level (e.g. `TETHER_TEST_LOG=warning`).
 func testLogger(_ label: String) -> Logger {
     var logger = Logger(label: "test.\(label)")
-    logger.logLevel = .critical
+    logger.logLevel = ProcessInfo.processInfo.environment["TETHER_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
     return logger
 }
 

@@ -84,6 +84,17 @@ struct MessageSchedulerTests {
         #expect(scheduler.acknowledged(3, now: self.now + .seconds(1))?.sample == .seconds(1))
     }
 
+    @Test("messages timing out in any order go again first, in sequence order, ahead of a long queue")
+    mutating func retransmissionsAheadOfQueue() {
+        var scheduler = MessageScheduler(window: 10)
+        scheduler.enqueue((1...1_000).map { self.record(UInt64($0), "c", UInt64($0)) })
+        #expect(self.drain(&scheduler) == Array(1...10))
+        for id in [3, 1, 2, 10, 4, 5, 6, 9, 8, 7] as [UInt64] { scheduler.timedOut(id) }
+        #expect(scheduler.acknowledged(5, now: self.now)?.sample == nil, "acknowledged while waiting to go again")
+        #expect(self.drain(&scheduler) == [1, 2, 3, 4, 6, 7, 8, 9, 10, 11])
+        #expect(scheduler.queuedCount == 989)
+    }
+
     @Test("an acknowledgement for a message queued again removes it; enqueueing twice sends once")
     mutating func acknowledgedWhileQueued() {
         var scheduler = MessageScheduler(window: 10)

@@ -39,58 +39,65 @@ final class DeliveryCollector: Sendable {
     var violations: [String] { self.state.withLockedValue { $0.violations } }
 }
 
+extension Harness {
+    /// Installs a `chat.send` message handler that delivers each message to the client id named
+    /// by its conversation (topic `chat.message`) and refuses bodies starting with "refuse".
+    /// - Returns: The bodies the handler processed, in order.
+    @discardableResult
+    func installChatHandler(on gateway: Gateway) -> NIOLockedValueBox<[String]> {
+        let processed = NIOLockedValueBox<[String]>([])
+        gateway.onMessage("chat.send") { message, context in
+            let text = message.body.string
+            if text.hasPrefix("refuse") { throw RequestError(.permissionDenied, "not allowed") }
+            processed.withLockedValue { $0.append(text) }
+            try context.deliver(to: message.conversation, topic: "chat.message", body: message.body)
+        }
+        return processed
+    }
+
+    /// A gateway with reliable messaging and the chat handler, reachable at `endpoint` on `networks`.
+    func messagingGateway(
+        at endpoint: Endpoint,
+        on networks: LocalNetwork...,
+        store: any MessageStore = InMemoryMessageStore()
+    ) throws -> (Gateway, NIOLockedValueBox<[String]>) {
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = nil
+        let gateway = try Gateway(configuration: configuration, messageStore: store, logger: testLogger("gateway"))
+        let processed = self.installChatHandler(on: gateway)
+        for network in networks { network.attach(gateway, at: endpoint) }
+        self.spawn { try? await gateway.run() }
+        self.onExit { gateway.shutdown() }
+        return (gateway, processed)
+    }
+
+    /// A running client with reliable messaging.
+    func messagingClient(
+        network: LocalNetwork,
+        endpoint: Endpoint,
+        id: String,
+        outbox: any OutboxStore = InMemoryOutboxStore(),
+        configure: (inout ClientConfiguration.Reliability) -> Void = { _ in }
+    ) throws -> TetherClient {
+        try self.client([endpoint], clientID: id, transport: network.transport) {
+            var reliability = try! ClientConfiguration.Reliability(outbox: outbox)
+            configure(&reliability)
+            $0.reliability = reliability
+        }
+    }
+}
+
 extension IntegrationTests {
     @Suite("Reliable messaging", .timeLimit(.minutes(3)))
     struct ReliableMessagingTests {
-        /// A gateway whose `chat.send` handler delivers each message to the client id named by
-        /// its conversation, and refuses bodies starting with "refuse".
-        func gateway(
-            _ harness: Harness,
-            network: LocalNetwork,
-            at endpoint: Endpoint,
-            store: any MessageStore = InMemoryMessageStore()
-        ) throws
-            -> (Gateway, NIOLockedValueBox<[String]>)
-        {
-            let processed = NIOLockedValueBox<[String]>([])
-            var configuration = GatewayConfiguration.defaults
-            configuration.listen = nil
-            let gateway = try Gateway(configuration: configuration, messageStore: store, logger: testLogger("gateway"))
-            gateway.onMessage("chat.send") { message, context in
-                let text = message.body.string
-                if text.hasPrefix("refuse") { throw RequestError(.permissionDenied, "not allowed") }
-                processed.withLockedValue { $0.append(text) }
-                try context.deliver(to: message.conversation, topic: "chat.message", body: message.body)
-            }
-            network.attach(gateway, at: endpoint)
-            harness.spawn { try? await gateway.run() }
-            harness.onExit { gateway.shutdown() }
-            return (gateway, processed)
-        }
-
-        func client(
-            _ harness: Harness,
-            network: LocalNetwork,
-            endpoint: Endpoint,
-            id: String,
-            outbox: any OutboxStore = InMemoryOutboxStore(),
-            configure: (inout ClientConfiguration.Reliability) -> Void = { _ in }
-        ) throws -> TetherClient {
-            try harness.client([endpoint], clientID: id, transport: network.transport) {
-                var reliability = try! ClientConfiguration.Reliability(outbox: outbox)
-                configure(&reliability)
-                $0.reliability = reliability
-            }
-        }
-
         @Test("messages reach the handler once and the recipient in order; outcomes and events report it")
         func basics() async throws {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let (_, processed) = try self.gateway(harness, network: network, at: endpoint)
-                let alice = try self.client(harness, network: network, endpoint: endpoint, id: "alice")
-                let bob = try self.client(harness, network: network, endpoint: endpoint, id: "bob")
+                let (_, processed) = try harness.messagingGateway(at: endpoint, on: network)
+                let alice = try harness.messagingClient(network: network, endpoint: endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: network, endpoint: endpoint, id: "bob")
                 let events = alice.messageEvents
                 let inbox = DeliveryCollector(bob, in: harness)
 
@@ -123,15 +130,15 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                _ = try self.gateway(harness, network: network, at: endpoint)
-                let alice = try self.client(harness, network: network, endpoint: endpoint, id: "alice")
+                _ = try harness.messagingGateway(at: endpoint, on: network)
+                let alice = try harness.messagingClient(network: network, endpoint: endpoint, id: "alice")
                 var last: MessageReceipt?
                 for index in 1...1000 {
                     last = try await alice.send("chat.send", body: ByteBuffer(string: "\(index)"), conversation: "bob")
                 }
                 #expect(await alice.outcome(of: last!) == .acknowledged)
 
-                let bob = try self.client(harness, network: network, endpoint: endpoint, id: "bob")
+                let bob = try harness.messagingClient(network: network, endpoint: endpoint, id: "bob")
                 let inbox = DeliveryCollector(bob, in: harness)
                 try await eventually("bob catches up", timeout: .seconds(30)) { inbox.count == 1000 }
                 #expect(inbox.bodies == (1...1000).map { "\($0)" })
@@ -144,8 +151,8 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                _ = try self.gateway(harness, network: network, at: endpoint)
-                let alice = try self.client(harness, network: network, endpoint: endpoint, id: "alice")
+                _ = try harness.messagingGateway(at: endpoint, on: network)
+                let alice = try harness.messagingClient(network: network, endpoint: endpoint, id: "alice")
                 let refused = try await alice.send("chat.send", body: ByteBuffer(string: "refuse me"), conversation: "bob")
                 let fine = try await alice.send("chat.send", body: ByteBuffer(string: "fine"), conversation: "bob")
                 let unknown = try await alice.send("no.such.topic", body: ByteBuffer(), conversation: "bob")
@@ -160,9 +167,9 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let (_, processed) = try self.gateway(harness, network: network, at: endpoint)
+                let (_, processed) = try harness.messagingGateway(at: endpoint, on: network)
                 network.faults.refuse(endpoint)
-                let alice = try self.client(harness, network: network, endpoint: endpoint, id: "alice")
+                let alice = try harness.messagingClient(network: network, endpoint: endpoint, id: "alice")
                 let stale = try await alice.send(
                     "chat.send",
                     body: ByteBuffer(string: "stale"),
@@ -185,9 +192,9 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                _ = try self.gateway(harness, network: network, at: endpoint)
+                _ = try harness.messagingGateway(at: endpoint, on: network)
                 network.faults.refuse(endpoint)
-                let failing = try self.client(harness, network: network, endpoint: endpoint, id: "failing") {
+                let failing = try harness.messagingClient(network: network, endpoint: endpoint, id: "failing") {
                     $0.capacity = 3
                     $0.whenFull = .fail
                 }
@@ -197,7 +204,7 @@ extension IntegrationTests {
                 }
                 #expect(error?.code == .outboxFull)
 
-                let waiting = try self.client(harness, network: network, endpoint: endpoint, id: "waiting") {
+                let waiting = try harness.messagingClient(network: network, endpoint: endpoint, id: "waiting") {
                     $0.capacity = 3
                     $0.whenFull = .wait
                 }
@@ -210,7 +217,7 @@ extension IntegrationTests {
                 #expect(await waiting.outcome(of: receipt) == .acknowledged)
 
                 network.faults.refuse(endpoint)
-                let cancelled = try self.client(harness, network: network, endpoint: endpoint, id: "cancelled") {
+                let cancelled = try harness.messagingClient(network: network, endpoint: endpoint, id: "cancelled") {
                     $0.capacity = 1
                 }
                 _ = try await cancelled.send("chat.send", body: ByteBuffer(string: "1"), conversation: "z")
@@ -229,7 +236,7 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let (_, processed) = try self.gateway(harness, network: network, at: endpoint)
+                let (_, processed) = try harness.messagingGateway(at: endpoint, on: network)
                 network.faults.refuse(endpoint)
                 do {
                     let first = try TetherClient(
@@ -247,8 +254,7 @@ extension IntegrationTests {
                     await run.value
                 }
                 network.faults.heal()
-                let second = try self.client(
-                    harness,
+                let second = try harness.messagingClient(
                     network: network,
                     endpoint: endpoint,
                     id: "alice",

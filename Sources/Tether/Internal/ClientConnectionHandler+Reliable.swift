@@ -5,7 +5,8 @@ import TetherCore
 struct ReliableCallbacks: Sendable {
     var acknowledged: @Sendable ([Frame.MessageAck.Entry]) -> Void
     var sent: @Sendable ([UInt64]) -> Void
-    var delivery: @Sendable (Frame.Delivery) -> DeliveryVerdict
+    /// A DELIVERY arrived on a connection whose WELCOME announced this delivery epoch.
+    var delivery: @Sendable (Frame.Delivery, _ epoch: UInt64) -> DeliveryVerdict
 }
 
 /// Reliable messaging on one connection: what to send, what is in flight, when to send again.
@@ -98,7 +99,9 @@ extension ClientConnectionHandler {
     }
 
     func deliveryReceived(_ delivery: Frame.Delivery, context: ChannelHandlerContext) {
-        guard let verdict = self.callbacks.reliable?.delivery(delivery) else { return }
+        guard let epoch = self.session.negotiated?.deliveryEpoch, let verdict = self.callbacks.reliable?.delivery(delivery, epoch) else {
+            return
+        }
         if case .gap(let expected) = verdict {
             self.logger.warning("the gateway skipped a delivery", metadata: ["expected": "\(expected)", "got": "\(delivery.sequence)"])
             self.sendErrorAndClose(

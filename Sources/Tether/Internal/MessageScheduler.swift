@@ -23,8 +23,8 @@ struct MessageScheduler {
     /// Per priority, conversations whose first unsent message has that priority, oldest first.
     /// An entry whose generation is out of date is skipped (the conversation moved).
     private var lanes: [CircularBuffer<(conversation: String, generation: Int)>] = Array(repeating: [], count: 3)
-    /// Unsent messages per conversation, by sequence.
-    private var queues: [String: CircularBuffer<OutboxRecord>] = [:]
+    /// Unsent messages per conversation.
+    private var queues: [String: ConversationQueue] = [:]
     /// The lane and generation under which each waiting conversation is filed.
     private var filed: [String: (lane: Int, generation: Int)] = [:]
     private var nextGeneration = 0
@@ -78,13 +78,11 @@ struct MessageScheduler {
         if let inFlight = self.inFlight.removeValue(forKey: id) {
             return (inFlight.record, inFlight.transmissions == 1 ? now - inFlight.sentAt : nil)
         }
-        // Acknowledged while queued for a retransmission.
-        for (conversation, queue) in self.queues {
-            guard let index = queue.firstIndex(where: { $0.id == id }) else { continue }
-            let wasHead = index == queue.startIndex
-            var queue = queue
-            let record = queue.remove(at: index)
-            self.transmissions[id] = nil
+        // Acknowledged while queued for a retransmission (only those can be: the others were
+        // never sent on this connection).
+        guard self.transmissions.removeValue(forKey: id) != nil else { return nil }
+        for (conversation, var queue) in self.queues {
+            guard let (record, wasHead) = queue.removeRetry(id) else { continue }
             if let head = queue.first {
                 self.queues[conversation] = queue
                 if wasHead { self.file(conversation, head: head) }
@@ -113,26 +111,15 @@ struct MessageScheduler {
             self.inFlight[tombstone.id]?.record = tombstone
             return
         }
-        guard var queue = self.queues[tombstone.conversation], let index = queue.firstIndex(where: { $0.id == tombstone.id }) else {
-            return
-        }
-        queue[index] = tombstone
-        self.queues[tombstone.conversation] = queue
+        self.queues[tombstone.conversation]?.replace(with: tombstone)
     }
 
     private mutating func insert(_ record: OutboxRecord) {
-        var queue = self.queues.removeValue(forKey: record.conversation) ?? []
-        defer { self.queues[record.conversation] = queue }
-        // New messages come in sequence order: appending is the common case.
-        if let last = queue.last, last.sequence < record.sequence {
-            queue.append(record)
-            return
-        }
-        let index = queue.firstIndex { $0.sequence >= record.sequence } ?? queue.endIndex
-        if index != queue.endIndex, queue[index].id == record.id { return }  // already queued
-        let isHead = index == queue.startIndex  // indices are not valid after the insertion
-        queue.insert(record, at: index)
-        if isHead { self.file(record.conversation, head: record) }
+        var queue = self.queues.removeValue(forKey: record.conversation) ?? ConversationQueue()
+        let head = queue.first?.id
+        queue.insert(record)
+        if let first = queue.first, first.id != head { self.file(record.conversation, head: first) }
+        self.queues[record.conversation] = queue
     }
 
     /// Files a conversation in the lane of its first message (moving it if needed).
@@ -143,5 +130,71 @@ struct MessageScheduler {
         self.nextGeneration += 1
         self.filed[conversation] = (lane, generation)
         self.lanes[lane].append((conversation, generation))
+    }
+}
+
+/// The unsent messages of one conversation, in sequence order, as two parts: messages to send
+/// again after a timeout (at most a window's worth), then messages never sent on this
+/// connection. Every retry has a lower sequence than every fresh message, because messages
+/// leave in sequence order; so new messages append and retries insert into a short list, and
+/// neither moves the (possibly long) fresh queue.
+private struct ConversationQueue {
+    private var retries: [OutboxRecord] = []
+    private var fresh = CircularBuffer<OutboxRecord>()
+
+    var first: OutboxRecord? { self.retries.first ?? self.fresh.first }
+    var count: Int { self.retries.count + self.fresh.count }
+
+    mutating func popFirst() -> OutboxRecord? {
+        self.retries.isEmpty ? self.fresh.popFirst() : self.retries.removeFirst()
+    }
+
+    /// Inserts in sequence order; a message already queued is not queued twice.
+    mutating func insert(_ record: OutboxRecord) {
+        if let last = self.fresh.last, record.sequence > last.sequence {
+            self.fresh.append(record)  // the common case: a new message
+        } else if let first = self.fresh.first, record.sequence >= first.sequence {
+            let index = self.freshIndex(of: record.sequence)
+            if index != self.fresh.endIndex, self.fresh[index].id == record.id { return }
+            self.fresh.insert(record, at: index)  // unusual: out of order
+        } else if self.fresh.isEmpty, record.sequence > (self.retries.last?.sequence ?? 0) {
+            self.fresh.append(record)
+        } else {
+            let index = self.retries.firstIndex { $0.sequence >= record.sequence } ?? self.retries.endIndex
+            if index != self.retries.endIndex, self.retries[index].id == record.id { return }
+            self.retries.insert(record, at: index)
+        }
+    }
+
+    /// Removes a message queued for a retransmission; reports whether it was the first.
+    mutating func removeRetry(_ id: UInt64) -> (record: OutboxRecord, wasHead: Bool)? {
+        guard let index = self.retries.firstIndex(where: { $0.id == id }) else { return nil }
+        return (self.retries.remove(at: index), index == 0)
+    }
+
+    mutating func replace(with tombstone: OutboxRecord) {
+        if let index = self.retries.firstIndex(where: { $0.id == tombstone.id }) {
+            self.retries[index] = tombstone
+            return
+        }
+        let index = self.freshIndex(of: tombstone.sequence)
+        if index != self.fresh.endIndex, self.fresh[index].id == tombstone.id { self.fresh[index] = tombstone }
+    }
+
+    /// The index of the first fresh message with a sequence at least `sequence` (binary search).
+    private func freshIndex(of sequence: UInt64) -> CircularBuffer<OutboxRecord>.Index {
+        var low = self.fresh.startIndex
+        var count = self.fresh.count
+        while count > 0 {
+            let half = count / 2
+            let middle = self.fresh.index(low, offsetBy: half)
+            if self.fresh[middle].sequence < sequence {
+                low = self.fresh.index(after: middle)
+                count -= half + 1
+            } else {
+                count = half
+            }
+        }
+        return low
     }
 }

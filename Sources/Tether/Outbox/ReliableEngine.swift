@@ -15,7 +15,7 @@ protocol ReliableSink: AnyObject, Sendable {
 }
 
 /// What to do with an inbound DELIVERY.
-enum DeliveryVerdict: Sendable {
+enum DeliveryVerdict: Sendable, Hashable {
     case accepted
     case duplicate
     /// A sequence was skipped: a protocol error.
@@ -363,20 +363,27 @@ final class ReliableEngine: Sendable {
     func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64) -> [OutboxRecord] {
         self.state.withLockedValue { state in
             state.sink = sink
-            if state.inboxEpoch != deliveryEpoch {
-                // Another gateway store: its sequence numbers start again.
-                state.inboxEpoch = deliveryEpoch
-                state.processed = 0
-                state.lastReceived = 0
-                state.buffer.removeAll()
-                state.handedOut = nil
-                state.acknowledgedDeliveries = 0
-                state.checkpoint = DeliveryCheckpoint(epoch: deliveryEpoch, lastSequence: 0)
-                state.checkpointDirty = true
-            }
+            Self.adopt(deliveryEpoch, in: &state)
             state.acknowledgedDeliveries = min(state.acknowledgedDeliveries, state.processed)
             return state.records.values.sorted { $0.id < $1.id }
         }
+    }
+
+    /// Switches the inbox to another gateway store, whose sequence numbers start again.
+    ///
+    /// Called for the first DELIVERY of a connection as well as when it is attached: the
+    /// DELIVERYs can arrive before the connection is attached, and must be judged against the
+    /// epoch their connection announced, or the first ones would be dropped as a gap.
+    private static func adopt(_ epoch: UInt64, in state: inout State) {
+        guard state.inboxEpoch != epoch else { return }
+        state.inboxEpoch = epoch
+        state.processed = 0
+        state.lastReceived = 0
+        state.buffer.removeAll()
+        state.handedOut = nil
+        state.acknowledgedDeliveries = 0
+        state.checkpoint = DeliveryCheckpoint(epoch: epoch, lastSequence: 0)
+        state.checkpointDirty = true
     }
 
     /// The connection closed.
@@ -472,9 +479,10 @@ final class ReliableEngine: Sendable {
 
     // MARK: Deliveries
 
-    /// A DELIVERY arrived.
-    func receive(_ delivery: Frame.Delivery) -> DeliveryVerdict {
+    /// A DELIVERY arrived on a connection to the gateway store `epoch`.
+    func receive(_ delivery: Frame.Delivery, epoch: UInt64) -> DeliveryVerdict {
         let (verdict, consumer) = self.state.withLockedValue { state -> (DeliveryVerdict, CheckedContinuation<Frame.Delivery?, Never>?) in
+            Self.adopt(epoch, in: &state)
             if delivery.sequence <= state.lastReceived { return (.duplicate, nil) }
             guard delivery.sequence == state.lastReceived + 1 else { return (.gap(expected: state.lastReceived + 1), nil) }
             state.lastReceived = delivery.sequence

@@ -8,7 +8,8 @@ import TetherCore
 ///
 /// Two loops run for the connection's lifetime: ``runProcessor()`` takes the messages received
 /// so far as a batch, runs their handlers and commits them with their deliveries atomically,
-/// then acknowledges them; ``runPump(from:)`` sends the recipient's stored deliveries in order,
+/// then acknowledges them, holding the client's lane (``ClientLanes``) meanwhile so that a
+/// retransmission on another connection never runs a handler twice; ``runPump(from:)`` sends the recipient's stored deliveries in order,
 /// at most ``Gateway/deliveryWindow`` unacknowledged at a time.
 final class ReliableSession: Sendable {
     private struct Received: Sendable {
@@ -48,6 +49,7 @@ final class ReliableSession: Sendable {
         self.connection = connection
         self.outbound = outbound
         self.logger = logger
+        _ = gateway.clientLanes.checkOut(connection.clientID)  // keeps the lane's cache while connected; see finish()
         self.messagesArrived = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
         self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
@@ -76,24 +78,39 @@ final class ReliableSession: Sendable {
 
     /// The connection is closing: both loops end.
     func finish() {
-        self.state.withLockedValue { $0.finished = true }
+        let first = self.state.withLockedValue { state in
+            defer { state.finished = true }
+            return !state.finished
+        }
+        guard first else { return }
+        self.gateway.clientLanes.checkIn(self.connection.clientID)
         self.messagesArrived.continuation.finish()
         self.pumpWakeups.continuation.finish()
     }
 
     // MARK: Processing the client's messages
 
+    /// Processes the messages as they arrive, until ``finish()``. Must not be cancelled while
+    /// a batch is under way (see the connection's serveFrames).
     func runProcessor() async {
-        var lastProcessed: [String: UInt64] = [:]  // per conversation, as committed
         for await _ in self.messagesArrived.stream {
             while true {
                 let batch: [Received] = self.state.withLockedValue { state in
+                    // After the connection closed, acknowledgements cannot be sent: the client
+                    // sends what is left again.
+                    guard !state.finished else { return [] }
                     var batch: [Received] = []
                     while batch.count < Self.maxBatch, let next = state.inbox.popFirst() { batch.append(next) }
                     return batch
                 }
-                guard !batch.isEmpty, !Task.isCancelled else { break }
-                await self.process(batch, lastProcessed: &lastProcessed)
+                guard !batch.isEmpty else { break }
+                do {
+                    try await self.gateway.clientLanes.exclusively(self.connection.clientID) { lane in
+                        await self.process(batch, lastProcessed: &lane.lastProcessed)
+                    }
+                } catch {
+                    break
+                }
             }
         }
     }
@@ -242,6 +259,7 @@ final class ReliableSession: Sendable {
                         try await self.store.acknowledge(recipient: recipient, upTo: upTo)
                         recorded = upTo
                     } catch {
+                        if Task.isCancelled { return }  // the connection closed; the client's next one acknowledges again
                         self.logger.error("cannot record a delivery acknowledgement", metadata: ["error": "\(error)"])
                     }
                 }
@@ -258,6 +276,7 @@ final class ReliableSession: Sendable {
                         continue
                     }
                 } catch let error as MessageStoreError {
+                    if Task.isCancelled { return }  // the connection closed
                     self.logger.error("cannot read deliveries; retrying", metadata: ["error": "\(error)"])
                     try? await Task.sleep(for: .seconds(1))
                     continue

@@ -1,0 +1,54 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+import Testing
+import TetherCore
+
+@testable import Tether
+
+@Suite("Reliable engine")
+struct ReliableEngineTests {
+    final class Sink: ReliableSink {
+        let acknowledgedUpTo = NIOLockedValueBox<UInt64>(0)
+        func enqueue(_ records: [OutboxRecord]) {}
+        func replace(with tombstone: OutboxRecord) {}
+        func acknowledgeDeliveries(upTo sequence: UInt64) { self.acknowledgedUpTo.withLockedValue { $0 = sequence } }
+    }
+
+    func engine() throws -> ReliableEngine {
+        ReliableEngine(
+            configuration: try .init(outbox: InMemoryOutboxStore()),
+            eventLoop: EmbeddedEventLoop(),
+            logger: Logger(label: "test")
+        )
+    }
+
+    func delivery(_ sequence: UInt64) -> Frame.Delivery {
+        Frame.Delivery(sequence: sequence, topic: "t", body: ByteBuffer(string: "\(sequence)"))
+    }
+
+    @Test("deliveries that arrive before their connection is attached are kept, not taken for a gap")
+    func deliveriesBeforeAttach() async throws {
+        let engine = try self.engine()
+        _ = try await engine.helloFields()  // loads the outbox, as connecting does
+        #expect(engine.receive(self.delivery(1), epoch: 7) == .accepted)
+        #expect(engine.receive(self.delivery(2), epoch: 7) == .accepted)
+        _ = engine.attach(Sink(), deliveryEpoch: 7)
+        #expect(engine.receive(self.delivery(2), epoch: 7) == .duplicate)
+        #expect(engine.receive(self.delivery(4), epoch: 7) == .gap(expected: 3))
+        #expect(try await engine.nextDelivery()?.sequence == 1)
+        #expect(try await engine.nextDelivery()?.sequence == 2)
+    }
+
+    @Test("a connection to another gateway store starts the inbox again")
+    func newEpoch() async throws {
+        let engine = try self.engine()
+        _ = try await engine.helloFields()
+        _ = engine.attach(Sink(), deliveryEpoch: 7)
+        #expect(engine.receive(self.delivery(1), epoch: 7) == .accepted)
+        #expect(engine.receive(self.delivery(1), epoch: 8) == .accepted, "sequence numbers of store 8 start at 1")
+        let resume = try await engine.helloFields().resume
+        #expect(resume?.epoch == 8 && resume?.lastSequence == 1)
+    }
+}
