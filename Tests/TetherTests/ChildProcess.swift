@@ -1,0 +1,83 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+
+/// A `tether` command run as a real child process, whose standard output is collected in a
+/// file (so that nothing is lost when it is killed) and read line by line.
+final class ChildProcess: @unchecked Sendable {
+    // Process is not Sendable; it is only used through the lock.
+    private let process = NIOLockedValueBox(Process())
+    private let outputPath: String
+    let arguments: [String]
+
+    /// The `tether` executable built next to this test bundle (`swift build` builds it), or the
+    /// one `TETHER_CLI` names.
+    static func tetherExecutable(sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+        if let path = ProcessInfo.processInfo.environment["TETHER_CLI"] { return path }
+        let bundle = Bundle.main.executableURL ?? URL(fileURLWithPath: CommandLine.arguments[0])
+        let candidate = bundle.deletingLastPathComponent().appendingPathComponent("tether").path
+        guard FileManager.default.isExecutableFile(atPath: candidate) else {
+            Issue.record("the tether executable is not at \(candidate): run `swift build` first", sourceLocation: sourceLocation)
+            throw CancellationError()
+        }
+        return candidate
+    }
+
+    /// Starts `tether ARGUMENTS`; it is killed when the harness finishes, if still running.
+    init(_ arguments: [String], in harness: Harness) throws {
+        self.arguments = arguments
+        self.outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("tether-child-\(UUID().uuidString).out").path
+        FileManager.default.createFile(atPath: self.outputPath, contents: nil)
+        let executable = try Self.tetherExecutable()
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.outputPath))
+        try self.process.withLockedValue { process in
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments
+            process.standardOutput = output
+            process.standardError = output
+            try process.run()
+        }
+        try output.close()
+        let outputPath = self.outputPath
+        harness.onExit {
+            self.kill()
+            try? FileManager.default.removeItem(atPath: outputPath)
+        }
+    }
+
+    /// Everything it printed so far, by line (a line cut by a kill is left out).
+    var lines: [String] {
+        guard let data = FileManager.default.contents(atPath: self.outputPath) else { return [] }
+        var lines = String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        lines.removeLast()  // empty after a final newline, or an unfinished line
+        return lines
+    }
+
+    /// Sends SIGKILL: the process ends at once, without any cleanup.
+    func kill() {
+        self.process.withLockedValue { process in
+            if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+
+    /// Waits until it exits; returns its exit status (or signal number, if killed).
+    func exitStatus(timeout: Duration = .seconds(60)) async throws -> Int32 {
+        try await eventually("\(self.arguments.first ?? "tether") exits", timeout: timeout) {
+            !self.process.withLockedValue { $0.isRunning }
+        }
+        return self.process.withLockedValue { $0.terminationStatus }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+func freePort() async throws -> Int {
+    let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+        .bind(host: "127.0.0.1", port: 0)
+        .get()
+    let port = channel.localAddress!.port!
+    try await channel.close()
+    return port
+}
