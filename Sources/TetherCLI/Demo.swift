@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import Tether
 import TetherCore
@@ -12,8 +13,9 @@ struct Demo: AsyncParsableCommand {
         abstract: "Start a gateway and two clients in this process and show Tether at work.",
         discussion: """
             Shows requests and responses, pushes to a room, a dropped connection that heals itself,
-            a silent (blackholed) link found by the heartbeat, timeouts, cancellation and a graceful
-            shutdown, then a summary. Bob's traffic goes through a fault-injecting TCP proxy.
+            a silent (blackholed) link found by the heartbeat, reliable messages that survive
+            dropped connections, timeouts, cancellation and a graceful shutdown, then a summary.
+            Both clients' traffic goes through fault-injecting TCP proxies.
             """
     )
 
@@ -38,6 +40,7 @@ final class DemoRun: Sendable {
     let requestsOK = Counter()
     let requestsFailedAsExpected = Counter()
     let pushesReceived = Counter()
+    let reliable = ReliableTally()
 
     func say(_ text: String) {
         let elapsed = ContinuousClock.now - self.start
@@ -50,14 +53,15 @@ final class DemoRun: Sendable {
     }
 
     func run() async throws {
-        self.step("1. A gateway, and a fault-injecting proxy for Bob's \"mobile network\"")
+        self.step("1. A gateway, and fault-injecting proxies for Alice's and Bob's \"mobile networks\"")
         var gatewayConfiguration = GatewayConfiguration.defaults
         gatewayConfiguration.listen = .init(host: "127.0.0.1", port: 0)
         gatewayConfiguration.timeouts.heartbeatInterval = .seconds(1)
         gatewayConfiguration.timeouts.idle = .seconds(5)
         gatewayConfiguration.timeouts.shutdownGracePeriod = .seconds(2)
         gatewayConfiguration.serverName = "demo-gateway"
-        let gateway = try Gateway(configuration: gatewayConfiguration)
+        // Reliable messages are kept in a message store: in memory here; `tether serve` uses SQLite.
+        let gateway = try Gateway(configuration: gatewayConfiguration, messageStore: InMemoryMessageStore())
         DemoService.install(on: gateway, observations: self.observations)
 
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -65,11 +69,12 @@ final class DemoRun: Sendable {
             let address = try await gateway.listeningAddress
             let direct = Endpoint(host: "127.0.0.1", port: address.port!)
             let proxy = TCPFaultProxy(upstream: direct)
-            let proxyAddress = try await proxy.start()
-            let viaProxy = Endpoint(host: "127.0.0.1", port: proxyAddress.port!)
-            self.say("gateway listening on \(direct); proxy on \(viaProxy)")
+            let viaProxy = Endpoint(host: "127.0.0.1", port: try await proxy.start().port!)
+            let aliceProxy = TCPFaultProxy(upstream: direct)
+            let viaAliceProxy = Endpoint(host: "127.0.0.1", port: try await aliceProxy.start().port!)
+            self.say("gateway listening on \(direct); alice's proxy on \(viaAliceProxy), bob's on \(viaProxy)")
 
-            let alice = try self.client("alice", endpoint: direct)
+            let alice = try self.client("alice", endpoint: viaAliceProxy)
             let bob = try self.client("bob", endpoint: viaProxy)
             let aliceEvents = EventLog(name: "alice", client: alice, demo: self)
             let bobEvents = EventLog(name: "bob", client: bob, demo: self)
@@ -84,17 +89,22 @@ final class DemoRun: Sendable {
                     self.pushesReceived.increment()
                 }
             }
+            group.addTask {
+                for try await delivery in bob.deliveries() { self.reliable.received(String(buffer: delivery.body)) }
+            }
 
             try await self.requests(alice: alice, bob: bob)
             try await self.pushes(alice: alice, bob: bob)
             let reconnect = try await self.networkDrop(bob: bob, events: bobEvents, proxy: proxy)
             let detection = try await self.blackhole(bob: bob, events: bobEvents, proxy: proxy, gateway: gatewayConfiguration)
+            try await self.reliableMessages(alice: alice, bob: bob, proxies: [aliceProxy, proxy], bobEvents: bobEvents)
             try await self.timeoutsAndCancellation(alice: alice)
             try await self.shutdown(gateway: gateway, alice: alice, events: aliceEvents)
 
             alice.shutdown()
             bob.shutdown()
             await proxy.stop()
+            await aliceProxy.stop()
             try await group.waitForAll()
             self.summary(reconnect: reconnect, detection: detection, alice: aliceEvents, bob: bobEvents)
         }
@@ -106,6 +116,7 @@ final class DemoRun: Sendable {
         configuration.connection.handshakeTimeout = .seconds(1)
         configuration.reconnect.backoff = try Backoff(initial: .milliseconds(100), maximum: .seconds(1))
         configuration.requests.defaultTimeout = .seconds(5)
+        configuration.reliability = try .init(outbox: InMemoryOutboxStore())  // an app passes SQLiteOutboxStore(path:)
         return try TetherClient(configuration: configuration)
     }
 
@@ -193,8 +204,39 @@ final class DemoRun: Sendable {
         return detection
     }
 
+    private func reliableMessages(alice: TetherClient, bob: TetherClient, proxies: [TCPFaultProxy], bobEvents: EventLog) async throws {
+        self.step("6. Reliable messages: alice sends 2,000 to bob; both connections are cut twice on the way")
+        let total = 2_000
+        let started = ContinuousClock.now
+        let sender = Task {
+            var receipts: [MessageReceipt] = []
+            for index in 1...total {
+                receipts.append(try await alice.send("dm", body: ByteBuffer(string: "message \(index)"), conversation: "bob"))
+            }
+            return receipts
+        }
+        for threshold in [total / 4, total * 2 / 3] {
+            try await self.waitUntil("bob has \(threshold) messages", timeout: .seconds(30)) { self.reliable.count >= threshold }
+            for proxy in proxies { proxy.cutAll() }
+            let pending = try await alice.pendingMessages().count
+            self.say("proxies: all connections cut, with bob at \(self.reliable.count) messages and \(pending) not yet acknowledged")
+        }
+        let receipts = try await sender.value
+        var acknowledged = 0
+        for receipt in receipts where await alice.outcome(of: receipt) == .acknowledged { acknowledged += 1 }
+        try await self.waitUntil("bob has every message", timeout: .seconds(30)) { self.reliable.count >= total }
+        let elapsed = ContinuousClock.now - started
+        let expected = (1...total).map { "message \($0)" }
+        self.reliable.verdict =
+            self.reliable.bodies == expected ? "all \(total) delivered once each, in order" : "NOT in order or not once each"
+        self.say("alice: \(acknowledged) of \(total) acknowledged; bob: \(self.reliable.verdict), in \(Self.format(elapsed))")
+        guard self.reliable.bodies == expected, acknowledged == total else {
+            throw DemoError(message: "reliable delivery failed: \(self.reliable.count) received, \(acknowledged) acknowledged")
+        }
+    }
+
     private func timeoutsAndCancellation(alice: TetherClient) async throws {
-        self.step("6. Timeouts and cancellation")
+        self.step("7. Timeouts and cancellation")
         let stoppedBefore = self.observations.cancelledHandlers.count
         do {
             _ = try await alice.request("demo.slow", body: ByteBuffer(string: "2000"), timeout: .milliseconds(300))
@@ -218,7 +260,7 @@ final class DemoRun: Sendable {
     }
 
     private func shutdown(gateway: Gateway, alice: TetherClient, events: EventLog) async throws {
-        self.step("7. Graceful shutdown: GOAWAY, requests in flight finish")
+        self.step("8. Graceful shutdown: GOAWAY, requests in flight finish")
         async let slow = alice.request("demo.slow", body: ByteBuffer(string: "500"))
         try await Task.sleep(for: .milliseconds(100))
         gateway.shutdown()
@@ -236,8 +278,10 @@ final class DemoRun: Sendable {
         print("  pushes received by bob:         \(self.pushesReceived.count)")
         print("  bob reconnected after a cut in: \(Self.format(reconnect))")
         print("  silent link detected after:     \(Self.format(detection))")
+        print("  reliable messages through cuts: \(self.reliable.verdict)")
         print("  connections: alice \(alice.connects), bob \(bob.connects)")
-        print("\nDone. Run `swift run tether serve` and `swift run tether chat --user you` to try it by hand.")
+        print("\nDone. Run `swift run tether serve` and `swift run tether chat --user you` to try it by hand,")
+        print("or `tether send --as alice --to bob hello` and `tether receive --as bob` for reliable messages.")
     }
 
     func waitUntil(_ what: String, timeout: Duration = .seconds(5), _ condition: @Sendable () -> Bool) async throws {
@@ -290,6 +334,19 @@ final class EventLog: Sendable {
             }
             self.demo.say("\(self.name): \(event)")
         }
+    }
+}
+
+/// What bob's app received as reliable deliveries.
+final class ReliableTally: Sendable {
+    private let state = NIOLockedValueBox((bodies: [String](), verdict: "not run"))
+
+    func received(_ body: String) { self.state.withLockedValue { $0.bodies.append(body) } }
+    var bodies: [String] { self.state.withLockedValue { $0.bodies } }
+    var count: Int { self.state.withLockedValue { $0.bodies.count } }
+    var verdict: String {
+        get { self.state.withLockedValue { $0.verdict } }
+        set { self.state.withLockedValue { $0.verdict = newValue } }
     }
 }
 
