@@ -58,5 +58,56 @@ extension IntegrationTests {
             gateway.shutdown()
             try await gatewayRun.value
         }
+
+        @Test("the reliable messaging examples work together")
+        func reliableExamples() async throws {
+            try await withHarness { harness in
+                // --- README: "Reliable messages", the gateway (on an ephemeral port here) ---
+                var gatewayConfiguration = GatewayConfiguration.defaults
+                gatewayConfiguration.listen = .init(host: "127.0.0.1", port: 0)
+                let gatewayPath = temporaryFile("readme-gateway", in: harness)
+                let gateway = try Gateway(configuration: gatewayConfiguration, messageStore: try SQLiteMessageStore(path: gatewayPath))
+                gateway.onMessage("dm") { message, context in
+                    try context.deliver(to: message.conversation, topic: "dm", body: message.body)
+                }
+                harness.spawn { try? await gateway.run() }
+                harness.onExit { gateway.shutdown() }
+                let port = try await gateway.listeningAddress.port!
+
+                // --- README: "Reliable messages", the client ---
+                let printed = NIOLockedValueBox<[String]>([])
+                @Sendable func print(_ text: String) { printed.withLockedValue { $0.append(text) } }
+                let outboxPath = temporaryFile("readme-alice", in: harness)
+                var configuration = ClientConfiguration(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "alice")
+                configuration.reliability = try .init(outbox: try SQLiteOutboxStore(path: outboxPath))  // or InMemoryOutboxStore()
+                let client = try TetherClient(configuration: configuration)
+                harness.spawn { try? await client.run() }
+                harness.onExit { client.shutdown() }
+                let receipt = try await client.send("dm", body: ByteBuffer(string: "hello"), conversation: "bob", ttl: .seconds(60))
+                switch await client.outcome(of: receipt) {
+                case .acknowledged: print("processed once")
+                case .refused(let status): print("the handler refused it: \(status)")
+                case .expired, nil: print("not acknowledged within its time to live")
+                }
+                #expect(printed.withLockedValue { $0 } == ["processed once"])
+
+                // --- README: "Reliable messages", the deliveries loop (as bob) ---
+                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: port)], clientID: "bob") {
+                    $0.reliability = try! .init(outbox: InMemoryOutboxStore())
+                }
+                let saved = NIOLockedValueBox<[String]>([])
+                @Sendable func save(_ delivery: Delivery) throws { saved.withLockedValue { $0.append(delivery.body.string) } }
+                harness.spawn {
+                    do {
+                        for try await delivery in bob.deliveries() {
+                            try save(delivery)  // acknowledged (and never handed out again) once the loop moves on
+                        }
+                    } catch {
+                        Issue.record("\(error)")
+                    }
+                }
+                try await eventually("bob saves the message") { saved.withLockedValue { $0 } == ["hello"] }
+            }
+        }
     }
 }
