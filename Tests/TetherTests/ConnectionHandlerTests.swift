@@ -9,7 +9,7 @@ import Testing
 @testable import TetherGateway
 @testable import TetherNIO
 
-private let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "alice")
+private let defaultHello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "alice")
 private let welcome = Frame.Welcome(
     version: 1,
     features: .checksum,
@@ -29,8 +29,16 @@ final class ClientHandlerFixture {
     let handler: ClientConnectionHandler
     let pushes = NIOLockedValueBox<[Frame.Push]>([])
     let goAways = NIOLockedValueBox<[Frame.GoAway]>([])
+    let hello: Frame.Hello
 
-    init(handshakeTimeout: TimeAmount = .seconds(5), heartbeatTimeout: TimeAmount = .seconds(5)) throws {
+    init(
+        handshakeTimeout: TimeAmount = .seconds(5),
+        heartbeatTimeout: TimeAmount = .seconds(5),
+        hello: Frame.Hello = defaultHello,
+        reliability: (window: Int, retransmission: RTTEstimator)? = nil,
+        reliable: ReliableCallbacks? = nil
+    ) throws {
+        self.hello = hello
         self.channel = EmbeddedChannel(loop: self.loop)
         self.established = self.loop.makePromise()
         self.closed = self.loop.makePromise()
@@ -42,11 +50,13 @@ final class ClientHandlerFixture {
                 handshakeTimeout: handshakeTimeout,
                 heartbeatInterval: nil,
                 heartbeatTimeout: heartbeatTimeout,
-                maxInboundBodySize: 1 << 20
+                maxInboundBodySize: 1 << 20,
+                reliability: reliability
             ),
             callbacks: .init(
                 push: { push in pushes.withLockedValue { $0.append(push) } },
-                goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } }
+                goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } },
+                reliable: reliable
             ),
             established: self.established,
             closed: self.closed,
@@ -58,8 +68,8 @@ final class ClientHandlerFixture {
 
     func readFrame() throws -> Frame? { try self.channel.readOutbound(as: Frame.self) }
 
-    func establish() throws {
-        #expect(try self.readFrame()?.payload == .hello(hello))
+    func establish(welcome: Frame.Welcome = welcome) throws {
+        #expect(try self.readFrame()?.payload == .hello(self.hello))
         try self.channel.writeInbound(Frame(.welcome(welcome), flags: .checksum))
         #expect(try self.established.futureResult.wait().connectionID == 1)
     }
@@ -84,7 +94,7 @@ struct ClientConnectionHandlerTests {
     func sendsHello() throws {
         let fixture = try ClientHandlerFixture()
         let frame = try fixture.readFrame()
-        #expect(frame?.payload == .hello(hello) && frame?.flags == .checksum)
+        #expect(frame?.payload == .hello(defaultHello) && frame?.flags == .checksum)
         _ = try? fixture.channel.finish()
     }
 
@@ -301,7 +311,7 @@ final class GatewayHandlerFixture {
     }
 
     func establish() throws {
-        try self.channel.writeInbound(Frame(.hello(hello), flags: .checksum))
+        try self.channel.writeInbound(Frame(.hello(defaultHello), flags: .checksum))
         #expect(try self.channel.readInbound(as: Frame.self)?.type == .hello)
         try self.channel.writeOutbound(Frame(.welcome(welcome)))
         let sent = try self.readOutbound()
@@ -450,6 +460,67 @@ struct GatewayConnectionHandlerTests {
         fixture.channel.writeAndFlush(Frame(.push(.init(topic: "big", body: ByteBuffer(repeating: 0, count: 2000)))), promise: dropped)
         #expect(throws: (any Error).self) { try dropped.futureResult.wait() }
         #expect(try fixture.readOutbound() == nil)
+        _ = try? fixture.channel.finish()
+    }
+}
+
+@Suite("Client connection handler, reliable messages")
+struct ClientReliableHandlerTests {
+    func record(_ id: UInt64) -> OutboxRecord {
+        OutboxRecord(
+            id: id,
+            topic: "t",
+            conversation: "c",
+            sequence: id,
+            priority: .normal,
+            expiresAt: nil,
+            body: ByteBuffer(string: "\(id)")
+        )
+    }
+
+    @Test("messages go only while the channel is writable; PONGs and DELIVERY_ACKs never wait behind them")
+    func controlFramesFirst() throws {
+        let acknowledged = NIOLockedValueBox<[UInt64]>([])
+        var reliableHello = defaultHello
+        reliableHello.features.insert(.reliableDelivery)
+        reliableHello.outboxEpoch = 5
+        let fixture = try ClientHandlerFixture(
+            hello: reliableHello,
+            reliability: (window: 100, retransmission: RTTEstimator()),
+            reliable: ReliableCallbacks(
+                acknowledged: { entries in acknowledged.withLockedValue { $0 += entries.map(\.id) } },
+                sent: { _ in },
+                delivery: { _, _ in .accepted }
+            )
+        )
+        var reliableWelcome = welcome
+        reliableWelcome.features.insert(.reliableDelivery)
+        reliableWelcome.deliveryEpoch = 7
+        try fixture.establish(welcome: reliableWelcome)
+
+        // The socket's buffer is full: queued messages stay in the scheduler, not in the channel.
+        fixture.channel.isWritable = false
+        fixture.handler.enqueueMessages((1...50).map(self.record))
+        #expect(try fixture.readFrame() == nil, "no message is written while the channel is not writable")
+
+        // Control frames still go out at once.
+        try fixture.channel.writeInbound(Frame(.ping(.init(id: 9)), flags: .checksum))
+        #expect(try fixture.readFrame()?.payload == .pong(.init(id: 9)))
+        fixture.handler.acknowledgeDeliveries(upTo: 3)
+        #expect(try fixture.readFrame()?.payload == .deliveryAck(.init(sequence: 3)))
+        #expect(try fixture.readFrame() == nil)
+
+        // Writable again: the messages follow, in order, up to the window.
+        fixture.channel.isWritable = true
+        fixture.channel.pipeline.fireChannelWritabilityChanged()
+        var sent: [UInt64] = []
+        while let frame = try fixture.readFrame() {
+            guard case .message(let message) = frame.payload else { continue }
+            sent.append(message.id)
+        }
+        #expect(sent == Array(1...50))
+        try fixture.channel.writeInbound(Frame(.messageAck(.init(entries: [.init(id: 1, status: .ok)])), flags: .checksum))
+        #expect(acknowledged.withLockedValue { $0 } == [1])
         _ = try? fixture.channel.finish()
     }
 }
