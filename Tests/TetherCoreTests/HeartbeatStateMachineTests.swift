@@ -67,3 +67,122 @@ struct HeartbeatStateMachineTests {
         #expect(heartbeat.timerFired(at: self.at(15_000)) == .linkDead(silentFor: .seconds(15)))
     }
 }
+
+@Suite("Heartbeat state machine, adaptive")
+struct AdaptiveHeartbeatTests {
+    let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+
+    func at(_ milliseconds: Int64) -> NIODeadline { self.start + .milliseconds(milliseconds) }
+
+    func configuration(jitter: Double = 0, suspensionThreshold: TimeAmount? = .seconds(2)) -> HeartbeatStateMachine.Configuration {
+        .init(
+            interval: .seconds(10),
+            jitter: jitter,
+            timeout: RTTEstimator(initialTimeout: .seconds(5), minimumTimeout: .seconds(1), maximumTimeout: .seconds(8)),
+            suspensionThreshold: suspensionThreshold,
+            probeTimeout: .seconds(2)
+        )
+    }
+
+    /// Pings at the deadline and answers after `roundTrip`; returns the next deadline.
+    mutating func exchange(_ heartbeat: inout HeartbeatStateMachine, roundTrip: TimeAmount) -> TimeAmount {
+        let sentAt = heartbeat.nextDeadline
+        guard case .sendPing(let id) = heartbeat.timerFired(at: sentAt) else {
+            Issue.record("expected a PING")
+            return .zero
+        }
+        heartbeat.frameReceived(at: sentAt + roundTrip)
+        heartbeat.pongReceived(id: id, at: sentAt + roundTrip)
+        return heartbeat.timeout
+    }
+
+    @Test("the PONG timeout starts at its initial value, then follows the round trips within floor and ceiling")
+    mutating func adaptiveTimeout() {
+        var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
+        #expect(heartbeat.timeout == .seconds(5))
+        var timeout = TimeAmount.zero
+        for _ in 0..<10 { timeout = self.exchange(&heartbeat, roundTrip: .milliseconds(50)) }
+        #expect(timeout == .seconds(1), "a fast link: the floor")
+        for _ in 0..<3 { timeout = self.exchange(&heartbeat, roundTrip: .milliseconds(1_500)) }
+        #expect(timeout > .seconds(2) && timeout <= .seconds(8), "slower round trips stretch it: \(timeout)")
+        for _ in 0..<20 { timeout = self.exchange(&heartbeat, roundTrip: .seconds(20)) }
+        #expect(timeout == .seconds(8), "never beyond the ceiling")
+        // The PING after the exchanges waits exactly the derived timeout.
+        let sentAt = heartbeat.nextDeadline
+        #expect(heartbeat.timerFired(at: sentAt) != .none)
+        #expect(heartbeat.nextDeadline == sentAt + .seconds(8))
+        guard case .linkDead = heartbeat.timerFired(at: sentAt + .seconds(8)) else {
+            Issue.record("no answer within the derived timeout: the link is dead")
+            return
+        }
+    }
+
+    @Test("jitter shortens each interval by up to its fraction, reproducibly for a seed")
+    func jitter() {
+        func intervals(seed: UInt64) -> [TimeAmount] {
+            var heartbeat = HeartbeatStateMachine(
+                configuration: self.configuration(jitter: 0.2),
+                now: self.start,
+                generator: SplitMix64(seed: seed)
+            )
+            var result: [TimeAmount] = []
+            var last = self.start
+            for _ in 0..<20 {
+                let deadline = heartbeat.nextDeadline
+                result.append(deadline - last)
+                _ = heartbeat.timerFired(at: deadline)
+                heartbeat.frameReceived(at: deadline)
+                last = deadline
+            }
+            return result
+        }
+        let first = intervals(seed: 1)
+        #expect(first.allSatisfy { $0 > .seconds(8) && $0 <= .seconds(10) })
+        #expect(Set(first).count > 10, "they vary")
+        #expect(intervals(seed: 1) == first)
+        #expect(intervals(seed: 2) != first)
+    }
+
+    @Test("a timer that fires long after its deadline sends a quick probe instead of judging the link")
+    func suspensionWhileIdle() {
+        var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
+        // Due at 10 s; the process was suspended until 70 s.
+        #expect(heartbeat.timerFired(at: self.at(70_000)) == .sendPing(id: 1))
+        #expect(heartbeat.suspensions == 1)
+        #expect(heartbeat.nextDeadline == self.at(72_000), "the probe's short timeout")
+        #expect(heartbeat.timerFired(at: self.at(72_000)) == .linkDead(silentFor: .seconds(72)))
+    }
+
+    @Test("a PONG wait interrupted by a suspension is not a dead link: a new probe decides")
+    func suspensionWhileWaiting() {
+        var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
+        #expect(heartbeat.timerFired(at: self.at(10_000)) == .sendPing(id: 1))
+        // The PONG timeout (5 s) would end at 15 s; the timer runs at 45 s, after a suspension.
+        #expect(heartbeat.timerFired(at: self.at(45_000)) == .sendPing(id: 2))
+        // The answer to the first PING was waiting in the socket: the link is alive.
+        heartbeat.frameReceived(at: self.at(45_001))
+        #expect(heartbeat.pongReceived(id: 1, at: self.at(45_001)) == nil, "no round trip measured across a suspension")
+        #expect(heartbeat.timeout == .seconds(5))
+        #expect(heartbeat.nextDeadline == self.at(55_000), "one interval after the probe was sent")
+    }
+
+    @Test("a small delay is not a suspension; detection can be turned off")
+    func lateButNotSuspended() {
+        var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
+        #expect(heartbeat.timerFired(at: self.at(11_000)) == .sendPing(id: 1))
+        #expect(heartbeat.suspensions == 0)
+        #expect(heartbeat.nextDeadline == self.at(16_000))
+        var off = HeartbeatStateMachine(configuration: self.configuration(suspensionThreshold: nil), now: self.start)
+        #expect(off.timerFired(at: self.at(10_000)) == .sendPing(id: 1))
+        #expect(off.timerFired(at: self.at(60_000)) == .linkDead(silentFor: .seconds(60)))
+    }
+
+    @Test("a new interval (background mode) applies from the next deadline")
+    func setInterval() {
+        var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
+        heartbeat.setInterval(.seconds(25))
+        #expect(heartbeat.nextDeadline == self.at(25_000))
+        heartbeat.setInterval(.seconds(4))
+        #expect(heartbeat.timerFired(at: self.at(4_000)) == .sendPing(id: 1))
+    }
+}

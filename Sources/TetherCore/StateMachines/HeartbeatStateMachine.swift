@@ -3,9 +3,17 @@ public import NIOCore
 /// Decides when to PING and when a silent link is dead.
 ///
 /// Any inbound frame proves the link is alive. The machine asks for a PING when nothing was
-/// received, or nothing was sent, for one ``interval`` (so the gateway, too, sees the client
-/// at least that often). If nothing at all arrives within ``timeout`` of a PING, the link is
+/// received, or nothing was sent, for one interval (so the gateway, too, sees the client at
+/// least that often). If nothing at all arrives within the PONG timeout of a PING, the link is
 /// dead: that catches a gateway that stopped answering while its TCP connection stays open.
+///
+/// - **Adaptive timeout**: the PONG timeout follows the measured round trips (smoothed RTT plus
+///   four times its variation, as TCP's RTO), within a floor and a ceiling.
+/// - **Jitter**: each interval is shortened by a random fraction, so that many clients do not
+///   ping in lockstep.
+/// - **Suspension-safe**: a timer that fires much later than due means the process was
+///   suspended (or the event loop was blocked). The link is not judged on stale timers: the
+///   machine sends a fresh probe with a short timeout, and only its silence kills the link.
 ///
 /// Time is passed in; the machine never reads a clock. Its driver arms one timer for
 /// ``nextDeadline`` and calls ``timerFired(at:)`` when it expires.
@@ -19,6 +27,37 @@ public import NIOCore
 /// }
 /// ```
 public struct HeartbeatStateMachine: Sendable {
+    /// How the machine paces and judges the link.
+    public struct Configuration: Sendable, Hashable {
+        /// The longest the link may be idle in either direction before a PING is sent.
+        public var interval: TimeAmount
+        /// Each interval is shortened by up to this fraction (0 to 0.5), at random.
+        public var jitter: Double
+        /// The PONG timeout's estimator: its initial timeout is used until a PONG is measured,
+        /// and its minimum and maximum bound the derived timeout.
+        public var timeout: RTTEstimator
+        /// A timer at least this late means a suspension; `nil` turns the detection off.
+        public var suspensionThreshold: TimeAmount?
+        /// How long the probe sent after a suspension waits for an answer.
+        public var probeTimeout: TimeAmount
+
+        public init(
+            interval: TimeAmount,
+            jitter: Double = 0,
+            timeout: RTTEstimator,
+            suspensionThreshold: TimeAmount? = nil,
+            probeTimeout: TimeAmount = .seconds(2)
+        ) {
+            precondition(interval > .zero && probeTimeout > .zero, "heartbeat interval and probe timeout must be positive")
+            precondition((0...0.5).contains(jitter), "heartbeat jitter must be between 0 and 0.5")
+            self.interval = interval
+            self.jitter = jitter
+            self.timeout = timeout
+            self.suspensionThreshold = suspensionThreshold
+            self.probeTimeout = probeTimeout
+        }
+    }
+
     /// What the driver must do when the timer fires.
     public enum TimerAction: Hashable, Sendable {
         case none
@@ -28,43 +67,60 @@ public struct HeartbeatStateMachine: Sendable {
         case linkDead(silentFor: TimeAmount)
     }
 
-    /// The longest the link may be idle in either direction before a PING is sent.
-    public let interval: TimeAmount
-    /// How long to wait for any inbound frame after a PING.
-    public let timeout: TimeAmount
+    public private(set) var configuration: Configuration
+    private var generator: SplitMix64
 
     private var lastReceived: NIODeadline
     private var lastSent: NIODeadline
-    /// When the unanswered PING was sent; `nil` if the link proved alive since.
-    private var awaitingSince: NIODeadline?
+    /// This round's interval: the configured one, less the jitter.
+    private var currentInterval: TimeAmount
+    /// When the unanswered PING was sent and how long it may wait; `nil` if the link proved
+    /// alive since.
+    private var awaiting: (since: NIODeadline, timeout: TimeAmount)?
     /// The last PING, for round-trip measurement by its PONG.
     private var probe: (id: UInt64, sentAt: NIODeadline)?
     private var nextPingID: UInt64 = 1
 
     /// The most recent round-trip time measured by a PING and its PONG.
     public private(set) var lastRoundTrip: TimeAmount?
+    /// How many suspensions (late timers) were detected.
+    public private(set) var suspensions = 0
+
+    /// The longest the link may be idle in either direction before a PING is sent.
+    public var interval: TimeAmount { self.configuration.interval }
+
+    /// How long a PING waits for an answer now: derived from the round trips measured so far.
+    public var timeout: TimeAmount { TimeAmount(self.configuration.timeout.retransmissionTimeout) }
 
     /// Creates a machine for a link that was just established.
-    public init(interval: TimeAmount, timeout: TimeAmount, now: NIODeadline) {
-        precondition(interval > .zero && timeout > .zero, "heartbeat interval and timeout must be positive")
-        self.interval = interval
-        self.timeout = timeout
+    public init(configuration: Configuration, now: NIODeadline, generator: SplitMix64 = SplitMix64()) {
+        self.configuration = configuration
+        self.generator = generator
         self.lastReceived = now
         self.lastSent = now
+        self.currentInterval = configuration.interval
+        self.currentInterval = self.drawInterval()
+    }
+
+    /// A machine with a fixed interval and PONG timeout, no jitter and no suspension detection.
+    public init(interval: TimeAmount, timeout: TimeAmount, now: NIODeadline) {
+        precondition(interval > .zero && timeout > .zero, "heartbeat interval and timeout must be positive")
+        let fixed = RTTEstimator(initialTimeout: Duration(timeout), minimumTimeout: Duration(timeout), maximumTimeout: Duration(timeout))
+        self.init(configuration: Configuration(interval: interval, timeout: fixed), now: now)
     }
 
     /// When the driver's timer must fire next.
     public var nextDeadline: NIODeadline {
-        if let awaitingSince = self.awaitingSince {
-            return awaitingSince + self.timeout
+        if let awaiting = self.awaiting {
+            return awaiting.since + awaiting.timeout
         }
-        return min(self.lastReceived, self.lastSent) + self.interval
+        return min(self.lastReceived, self.lastSent) + self.currentInterval
     }
 
     /// A frame arrived.
     public mutating func frameReceived(at now: NIODeadline) {
         self.lastReceived = now
-        self.awaitingSince = nil
+        self.awaiting = nil
     }
 
     /// A frame was sent.
@@ -73,28 +129,57 @@ public struct HeartbeatStateMachine: Sendable {
     }
 
     /// A PONG arrived (after ``frameReceived(at:)`` was reported for it).
-    /// - Returns: The round-trip time, if the PONG answers the last PING.
+    /// - Returns: The round-trip time, if the PONG answers the last PING; it also refines the
+    ///   PONG timeout.
     @discardableResult
     public mutating func pongReceived(id: UInt64, at now: NIODeadline) -> TimeAmount? {
         guard let probe = self.probe, probe.id == id else { return nil }
         self.probe = nil
         let roundTrip = now - probe.sentAt
         self.lastRoundTrip = roundTrip
+        self.configuration.timeout.record(sample: Duration(roundTrip))
         return roundTrip
+    }
+
+    /// Changes the interval (the app went to the background, say). The driver re-arms its
+    /// timer for ``nextDeadline``.
+    public mutating func setInterval(_ interval: TimeAmount) {
+        precondition(interval > .zero, "heartbeat interval must be positive")
+        self.configuration.interval = interval
+        self.currentInterval = self.drawInterval()
     }
 
     /// The driver's timer fired.
     public mutating func timerFired(at now: NIODeadline) -> TimerAction {
-        if let awaitingSince = self.awaitingSince {
-            guard now >= awaitingSince + self.timeout else { return .none }
+        let due = self.nextDeadline
+        guard now >= due else { return .none }
+        if let threshold = self.configuration.suspensionThreshold, now - due >= threshold {
+            // Suspended (or blocked) past the deadline: frames may be waiting unread, and the
+            // gateway may have closed the connection meanwhile. Probe quickly before judging.
+            self.suspensions += 1
+            return self.ping(at: now, timeout: self.configuration.probeTimeout)
+        }
+        if self.awaiting != nil {
             return .linkDead(silentFor: now - self.lastReceived)
         }
-        guard now >= min(self.lastReceived, self.lastSent) + self.interval else { return .none }
+        return self.ping(at: now, timeout: self.timeout)
+    }
+
+    private mutating func ping(at now: NIODeadline, timeout: TimeAmount) -> TimerAction {
         let id = self.nextPingID
         self.nextPingID &+= 1
-        self.awaitingSince = now
+        self.awaiting = (now, timeout)
         self.probe = (id, now)
         self.lastSent = now
+        self.currentInterval = self.drawInterval()
         return .sendPing(id: id)
+    }
+
+    private mutating func drawInterval() -> TimeAmount {
+        let jitter = self.configuration.jitter
+        guard jitter > 0 else { return self.configuration.interval }
+        let fraction = Double.random(in: 0..<jitter, using: &self.generator)
+        let nanoseconds = Double(self.configuration.interval.nanoseconds) * (1 - fraction)
+        return .nanoseconds(max(1, Int64(nanoseconds)))
     }
 }
