@@ -129,25 +129,78 @@ public struct ClientConfiguration: Sendable {
 
     /// Liveness checking (PROTOCOL.md, "Liveness").
     public struct Heartbeat: Sendable, Hashable {
-        /// How often to ping an idle link; `nil` uses the gateway's interval from WELCOME.
-        /// Never more than half the gateway's idle timeout.
+        /// How often to ping an idle link in the foreground; `nil` uses the gateway's interval
+        /// from WELCOME. Every interval is capped at half the gateway's idle timeout.
         public var interval: Duration?
-        /// How long to wait for any frame after a PING before the link is declared dead.
+        /// The interval in ``HeartbeatMode/background``; `nil` pings as rarely as the gateway
+        /// allows (half its idle timeout), to save battery.
+        public var backgroundInterval: Duration?
+        /// The interval in ``HeartbeatMode/lowPower``; `nil` pings as rarely as the gateway allows.
+        public var lowPowerInterval: Duration?
+        /// The longest wait for any frame after a PING before the link is declared dead, and the
+        /// wait used until a round trip has been measured. After that, the wait follows the
+        /// measured round trips (smoothed RTT + 4 × its variation), between
+        /// ``minimumTimeout`` and this.
         public var timeout: Duration
+        /// The shortest wait for an answer to a PING, however fast the link (capped at ``timeout``).
+        public var minimumTimeout: Duration
+        /// Each interval is shortened by up to this fraction (0 to 0.5), at random, so that
+        /// clients do not ping in lockstep.
+        public var jitter: Double
+        /// A heartbeat timer this late means the app was suspended: instead of declaring the link
+        /// dead on stale timers, the client sends a probe that waits ``probeTimeout``. `nil`
+        /// turns this off.
+        public var suspensionThreshold: Duration?
+        /// How long the probe sent after a suspension waits for an answer.
+        public var probeTimeout: Duration
 
-        public init(interval: Duration? = nil, timeout: Duration = .seconds(5)) throws(ConfigurationError) {
+        public init(
+            interval: Duration? = nil,
+            backgroundInterval: Duration? = nil,
+            lowPowerInterval: Duration? = nil,
+            timeout: Duration = .seconds(5),
+            minimumTimeout: Duration = .seconds(1),
+            jitter: Double = 0.1,
+            suspensionThreshold: Duration? = .seconds(2),
+            probeTimeout: Duration = .seconds(2)
+        ) throws(ConfigurationError) {
             self.interval = interval
+            self.backgroundInterval = backgroundInterval
+            self.lowPowerInterval = lowPowerInterval
             self.timeout = timeout
+            self.minimumTimeout = minimumTimeout
+            self.jitter = jitter
+            self.suspensionThreshold = suspensionThreshold
+            self.probeTimeout = probeTimeout
             try self.validate()
         }
 
         public static var defaults: Heartbeat { try! Heartbeat() }
 
         public func validate() throws(ConfigurationError) {
-            if let interval = self.interval, interval <= .zero {
-                throw ConfigurationError("heartbeat.interval must be positive (or nil for the gateway's)")
+            for (name, value) in [
+                ("interval", self.interval), ("backgroundInterval", self.backgroundInterval), ("lowPowerInterval", self.lowPowerInterval),
+            ] {
+                if let value, value <= .zero {
+                    throw ConfigurationError("heartbeat.\(name) must be positive (or nil for the default)")
+                }
             }
             guard self.timeout > .zero else { throw ConfigurationError("heartbeat.timeout must be positive") }
+            guard self.minimumTimeout > .zero else { throw ConfigurationError("heartbeat.minimumTimeout must be positive") }
+            guard (0...0.5).contains(self.jitter) else { throw ConfigurationError("heartbeat.jitter must be from 0 to 0.5") }
+            if let threshold = self.suspensionThreshold, threshold <= .zero {
+                throw ConfigurationError("heartbeat.suspensionThreshold must be positive (or nil to turn detection off)")
+            }
+            guard self.probeTimeout > .zero else { throw ConfigurationError("heartbeat.probeTimeout must be positive") }
+        }
+
+        /// The configured interval for `mode`; `nil` means the default for that mode.
+        func interval(for mode: HeartbeatMode) -> Duration? {
+            switch mode {
+            case .foreground: self.interval
+            case .background: self.backgroundInterval
+            case .lowPower: self.lowPowerInterval
+            }
         }
     }
 

@@ -70,13 +70,15 @@ extension TetherClient {
             }
         }
 
-        let (next, waiters) = self.state.withLockedValue { state in
+        let (next, waiters, mode) = self.state.withLockedValue { state in
             let next = state.machine.connectSucceeded()
-            guard next == .none else { return (next, State.Waiters()) }
+            guard next == .none else { return (next, State.Waiters(), state.heartbeatMode) }
             state.ready = connection
             state.current = connection
-            return (next, state.takeWaiters())
+            return (next, state.takeWaiters(), state.heartbeatMode)
         }
+        // The mode may have changed while connecting; from now on setHeartbeatMode reaches it.
+        if mode != .foreground { connection.setHeartbeatMode(mode) }
         if next == .closeConnection {
             // Shut down while connecting.
             connection.close()
@@ -138,8 +140,8 @@ extension TetherClient {
         let handlerConfiguration = ClientConnectionHandler.Configuration(
             hello: hello,
             handshakeTimeout: TimeAmount(connectionConfiguration.handshakeTimeout),
-            heartbeatInterval: self.configuration.heartbeat.interval.map { TimeAmount($0) },
-            heartbeatTimeout: TimeAmount(self.configuration.heartbeat.timeout),
+            heartbeat: self.configuration.heartbeat,
+            heartbeatMode: self.heartbeatMode,
             maxInboundBodySize: connectionConfiguration.maxBodySize,
             reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
         )

@@ -48,8 +48,13 @@ final class ClientHandlerFixture {
             configuration: .init(
                 hello: hello,
                 handshakeTimeout: handshakeTimeout,
-                heartbeatInterval: nil,
-                heartbeatTimeout: heartbeatTimeout,
+                heartbeat: try .init(
+                    timeout: Duration(heartbeatTimeout),
+                    minimumTimeout: Duration(heartbeatTimeout),
+                    jitter: 0,
+                    suspensionThreshold: nil
+                ),
+                heartbeatMode: .foreground,
                 maxInboundBodySize: 1 << 20,
                 reliability: reliability
             ),
@@ -127,6 +132,27 @@ struct ClientConnectionHandlerTests {
         #expect(fixture.channel.isActive, "the PONG proved the link alive")
         fixture.loop.advanceTime(by: .seconds(1))
         #expect(try fixture.readFrame()?.type == .ping, "next PING one interval after the last one")
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("background mode pings as rarely as the gateway's idle timeout allows; foreground again uses its interval")
+    func heartbeatModes() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()  // the gateway: interval 10 s, idle timeout 30 s
+        fixture.handler.setHeartbeatMode(.background)
+        fixture.loop.advanceTime(by: .seconds(14))
+        #expect(try fixture.readFrame() == nil, "no PING at 10 s in the background")
+        fixture.loop.advanceTime(by: .seconds(1))
+        guard case .ping(let ping)? = try fixture.readFrame()?.payload else {
+            Issue.record("expected a PING at half the idle timeout")
+            return
+        }
+        try fixture.channel.writeInbound(Frame(.pong(ping), flags: .checksum))
+        fixture.handler.setHeartbeatMode(.foreground)
+        fixture.loop.advanceTime(by: .seconds(9))
+        #expect(try fixture.readFrame() == nil)
+        fixture.loop.advanceTime(by: .seconds(1))
+        #expect(try fixture.readFrame()?.type == .ping, "the gateway's interval again")
         _ = try? fixture.channel.finish()
     }
 

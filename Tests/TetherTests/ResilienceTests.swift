@@ -177,11 +177,15 @@ extension IntegrationTests {
                 let client = try harness.client([dead, live])
                 let events = EventRecorder(client, in: harness)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
-                let attempts = events.all.compactMap { event -> Endpoint? in
-                    if case .connecting(let endpoint, _) = event { return endpoint }
-                    return nil
+                @Sendable func attempts() -> [Endpoint] {
+                    events.all.compactMap { event -> Endpoint? in
+                        if case .connecting(let endpoint, _) = event { return endpoint }
+                        return nil
+                    }
                 }
-                #expect(attempts.prefix(2) == [dead, live])
+                // The recorder reads the event stream on its own task: wait for it to catch up.
+                try await eventually("both attempts are recorded") { attempts().count >= 2 }
+                #expect(attempts().prefix(2) == [dead, live])
                 #expect(client.connectionState == .connected(live))
             }
         }
@@ -260,6 +264,7 @@ extension IntegrationTests {
                 }
 
                 await clock.waitForSleepers(1)
+                try await eventually("the recorder sees the first backoff") { lastDelay() != nil }
                 #expect(attempts() == 1)
                 #expect(lastDelay() == .seconds(1))
                 // Real time passes, the manual clock does not: no second attempt.

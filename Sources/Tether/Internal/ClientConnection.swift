@@ -50,6 +50,12 @@ final class ClientConnection: Sendable {
         self.channel.eventLoop.execute { handler.value.drain() }
     }
 
+    /// Switches the heartbeat to `mode`.
+    func setHeartbeatMode(_ mode: HeartbeatMode) {
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.setHeartbeatMode(mode) }
+    }
+
     /// Closes at once.
     func close() {
         self.channel.close(promise: nil)

@@ -29,9 +29,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     struct Configuration: Sendable {
         var hello: Frame.Hello
         var handshakeTimeout: TimeAmount
-        /// The application's heartbeat interval; `nil` uses the gateway's.
-        var heartbeatInterval: TimeAmount?
-        var heartbeatTimeout: TimeAmount
+        /// The application's heartbeat settings.
+        var heartbeat: ClientConfiguration.Heartbeat
+        /// The heartbeat mode the connection starts in.
+        var heartbeatMode: HeartbeatMode
         var maxInboundBodySize: Int
         /// With reliable messaging: the window and retransmission bounds.
         var reliability: (window: Int, retransmission: RTTEstimator)?
@@ -63,6 +64,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private(set) var session: ClientSessionStateMachine
     var heartbeat: HeartbeatStateMachine?
     private var heartbeatTimer: Scheduled<Void>?
+    /// The gateway's heartbeat interval and the longest interval it allows (half its idle timeout).
+    private var heartbeatBounds: (gateway: TimeAmount, ceiling: TimeAmount)?
     private var handshakeTimer: Scheduled<Void>?
     private var pending: [UInt64: PendingRequest] = [:]
     /// Ids of requests waiting for a slot, oldest first (some may have been settled meanwhile).
@@ -268,18 +271,49 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             TetherChannelEvent.limitsNegotiated(maxInboundBodySize: self.configuration.maxInboundBodySize),
             promise: nil
         )
-        let gatewayInterval = TimeAmount(negotiated.heartbeatInterval)
-        let ceiling = TimeAmount.nanoseconds(TimeAmount(negotiated.idleTimeout).nanoseconds / 2)
-        let interval = max(.milliseconds(1), min(self.configuration.heartbeatInterval ?? gatewayInterval, ceiling))
+        let bounds = (
+            gateway: TimeAmount(negotiated.heartbeatInterval),
+            ceiling: TimeAmount.nanoseconds(TimeAmount(negotiated.idleTimeout).nanoseconds / 2)
+        )
+        self.heartbeatBounds = bounds
         if negotiated.features.contains(.reliableDelivery), let reliability = self.configuration.reliability {
             self.reliable = ReliableConnectionState(
                 scheduler: MessageScheduler(window: reliability.window),
                 retransmission: reliability.retransmission
             )
         }
-        self.heartbeat = HeartbeatStateMachine(interval: interval, timeout: self.configuration.heartbeatTimeout, now: now)
+        let settings = self.configuration.heartbeat
+        self.heartbeat = HeartbeatStateMachine(
+            configuration: .init(
+                interval: self.heartbeatInterval(for: self.configuration.heartbeatMode, bounds: bounds),
+                jitter: settings.jitter,
+                timeout: RTTEstimator(
+                    initialTimeout: settings.timeout,
+                    minimumTimeout: min(settings.minimumTimeout, settings.timeout),
+                    maximumTimeout: settings.timeout
+                ),
+                suspensionThreshold: settings.suspensionThreshold.map { TimeAmount($0) },
+                probeTimeout: TimeAmount(settings.probeTimeout)
+            ),
+            now: now
+        )
         self.scheduleHeartbeat(context: context)
         self.established.succeed(negotiated)
+    }
+
+    /// The interval for `mode`: configured, or the default for the mode, and never more than
+    /// the gateway's idle timeout allows.
+    private func heartbeatInterval(for mode: HeartbeatMode, bounds: (gateway: TimeAmount, ceiling: TimeAmount)) -> TimeAmount {
+        let configured = self.configuration.heartbeat.interval(for: mode).map { TimeAmount($0) }
+        let wanted = configured ?? (mode == .foreground ? bounds.gateway : bounds.ceiling)
+        return max(.milliseconds(1), min(wanted, bounds.ceiling))
+    }
+
+    /// Switches the heartbeat to `mode`'s interval (called by the client, on the event loop).
+    func setHeartbeatMode(_ mode: HeartbeatMode) {
+        guard let context, self.heartbeat != nil, let bounds = self.heartbeatBounds else { return }
+        self.heartbeat!.setInterval(self.heartbeatInterval(for: mode, bounds: bounds))
+        self.scheduleHeartbeat(context: context)
     }
 
     private func scheduleHeartbeat(context: ChannelHandlerContext) {
