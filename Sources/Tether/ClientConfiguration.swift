@@ -26,6 +26,9 @@ public struct ClientConfiguration: Sendable {
     public var connection: Connection
     /// Liveness checking.
     public var heartbeat: Heartbeat
+    /// Reports network changes: reconnect at once when a network comes back or changes, wait
+    /// while there is none. `nil`: no monitor; the heartbeat and backoff do all the work.
+    public var pathMonitor: (any NetworkPathMonitor)?
     /// Reconnection after failures.
     public var reconnect: Reconnect
     /// Push delivery to subscribers.

@@ -20,6 +20,8 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
     case disconnected(DisconnectReason)
     /// The client waits this long before its next attempt.
     case backingOff(Duration, next: Endpoint)
+    /// The network-path monitor reports no network: the client waits for one, then connects at once.
+    case waitingForNetwork(next: Endpoint)
     /// The client gave up (attempt limit reached); it no longer connects.
     case failed(TetherError)
 
@@ -30,6 +32,7 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
         case .connectFailed(let endpoint, let error): "could not connect to \(endpoint): \(error)"
         case .disconnected(let reason): "disconnected: \(reason)"
         case .backingOff(let delay, let next): "retrying \(next) in \(delay.shortDescription)"
+        case .waitingForNetwork(let next): "waiting for a network before connecting to \(next)"
         case .failed(let error): "failed: \(error)"
         }
     }
@@ -75,6 +78,8 @@ public enum ConnectionState: Hashable, Sendable, CustomStringConvertible {
     /// The gateway sent GOAWAY; requests in flight finish, new ones wait for the next connection.
     case draining(Endpoint)
     case backingOff(next: Endpoint)
+    /// No network: the client connects as soon as one is reported.
+    case waitingForNetwork(next: Endpoint)
     /// The client gave up after too many failed attempts.
     case failed
     case shutDown
@@ -86,6 +91,7 @@ public enum ConnectionState: Hashable, Sendable, CustomStringConvertible {
         case .connected(let endpoint): self = .connected(endpoint)
         case .draining(let endpoint): self = .draining(endpoint)
         case .backingOff(_, let next): self = .backingOff(next: next)
+        case .waitingForPath(let next): self = .waitingForNetwork(next: next)
         case .failed: self = .failed
         case .shutDown: self = .shutDown
         }
@@ -98,6 +104,7 @@ public enum ConnectionState: Hashable, Sendable, CustomStringConvertible {
         case .connected(let endpoint): "connected to \(endpoint)"
         case .draining(let endpoint): "draining \(endpoint)"
         case .backingOff(let next): "backing off before \(next)"
+        case .waitingForNetwork(let next): "waiting for a network before \(next)"
         case .failed: "failed"
         case .shutDown: "shut down"
         }

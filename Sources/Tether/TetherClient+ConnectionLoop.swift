@@ -20,7 +20,33 @@ extension TetherClient {
                 self.logger.debug("backing off", metadata: ["delay": "\(delay)", "next": "\(next)"])
                 self.eventBroadcaster.yield(.backingOff(delay, next: next))
                 await self.sleep(for: delay)
-                action = self.state.withLockedValue { $0.machine.backoffElapsed() }
+                action = self.state.withLockedValue { state in
+                    // A network that came back cut the delay short: its decision stands.
+                    if let pending = state.pendingAction {
+                        state.pendingAction = nil
+                        self.wakeup.reset()
+                        return pending
+                    }
+                    return state.machine.backoffElapsed()
+                }
+
+            case .waitForPath(let next):
+                self.logger.info("no network; waiting for one", metadata: ["next": "\(next)"])
+                self.eventBroadcaster.yield(.waitingForNetwork(next: next))
+                var decided: ConnectivityStateMachine.Action?
+                while decided == nil {
+                    await self.wakeup.wait()
+                    decided = self.state.withLockedValue { state in
+                        if let pending = state.pendingAction {
+                            state.pendingAction = nil
+                            return pending
+                        }
+                        if case .shutDown = state.machine.state { return .stop }
+                        return nil
+                    }
+                    if decided == nil, Task.isCancelled { decided = .stop }
+                }
+                action = decided!
 
             case .fail(let attempts):
                 let error = self.state.withLockedValue { state in
@@ -43,6 +69,45 @@ extension TetherClient {
             case .none, .stopDispatching, .closeConnection:
                 assertionFailure("the run loop got \(action)")
                 return
+            }
+        }
+    }
+
+    /// The connection loop, with the configured path monitor's reports fed to it.
+    func runConnectionLoopFollowingPaths() async throws {
+        guard let monitor = self.configuration.pathMonitor else {
+            try await self.runConnectionLoop()
+            return
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await self.follow(monitor) }
+            do {
+                try await self.runConnectionLoop()
+            } catch {
+                group.cancelAll()
+                throw error
+            }
+            group.cancelAll()
+        }
+    }
+
+    /// Feeds the monitor's paths to the state machine and carries out what it decides.
+    private func follow(_ monitor: any NetworkPathMonitor) async {
+        for await path in monitor.paths() {
+            let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.Action, ClientConnection?) in
+                let action = state.machine.pathChanged(path)
+                if case .connect = action { state.pendingAction = action }
+                return (action, state.current)
+            }
+            self.logger.debug("network path", metadata: ["path": "\(path)", "action": "\(action)"])
+            switch action {
+            case .connect:
+                self.wakeup.signal()  // the run loop is waiting: for a path, or in a backoff
+            case .closeConnection:
+                self.logger.info("the network changed; reconnecting", metadata: ["path": "\(path)"])
+                connection?.close()
+            default:
+                break
             }
         }
     }

@@ -113,13 +113,13 @@ public final class TetherClient: Service, Sendable {
         }
         try await withTaskCancellationOrGracefulShutdownHandler {
             guard let reliable = self.reliable else {
-                try await self.runConnectionLoop()
+                try await self.runConnectionLoopFollowingPaths()
                 return
             }
             try await withThrowingDiscardingTaskGroup { group in
                 group.addTask { await reliable.runMaintenance() }
                 // `finishRun` ends the maintenance loop once the connection loop is done.
-                try await self.runConnectionLoop()
+                try await self.runConnectionLoopFollowingPaths()
             }
         } onCancelOrGracefulShutdown: {
             self.shutdown()

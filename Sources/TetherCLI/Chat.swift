@@ -45,7 +45,7 @@ struct Chat: AsyncParsableCommand {
                         }
                     case .disconnected, .failed:
                         print("* \(event)")
-                    case .connecting, .connectFailed, .backingOff:
+                    case .connecting, .connectFailed, .backingOff, .waitingForNetwork:
                         break
                     }
                 }

@@ -329,7 +329,7 @@ final class EventLog: Sendable {
             case .disconnected(let reason):
                 self.disconnectCount.increment()
                 if case .goingAway = reason { self.goAwayCount.increment() }
-            case .connecting, .connectFailed, .backingOff, .failed:
+            case .connecting, .connectFailed, .backingOff, .waitingForNetwork, .failed:
                 break
             }
             self.demo.say("\(self.name): \(event)")

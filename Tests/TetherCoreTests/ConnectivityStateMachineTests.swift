@@ -227,3 +227,66 @@ struct BackoffTests {
         }
     }
 }
+
+@Suite("Connectivity state machine, network path")
+struct ConnectivityPathTests {
+    let a = Endpoint(host: "a", port: 1)
+    let b = Endpoint(host: "b", port: 2)
+    let wifi = NetworkPath(isAvailable: true, identity: "wifi")
+    let cellular = NetworkPath(isAvailable: true, identity: "cellular")
+
+    func machine(endpoints: [Endpoint]? = nil, maxAttempts: Int? = nil) throws -> ConnectivityStateMachine {
+        let backoff = try Backoff(initial: .seconds(1), maximum: .seconds(30), multiplier: 2, jitter: 0, maxAttempts: maxAttempts)
+        return ConnectivityStateMachine(
+            configuration: .init(endpoints: endpoints ?? [self.a], backoff: backoff, stableAfter: .seconds(10)),
+            generator: SplitMix64(seed: 1)
+        )
+    }
+
+    @Test("without a network, a failed attempt waits for one (no backoff, no other endpoint, not counted)")
+    func waitsForPath() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b], maxAttempts: 2)
+        #expect(machine.pathChanged(self.wifi) == .none)
+        _ = machine.start()
+        #expect(machine.pathChanged(.unavailable) == .none, "the attempt in flight ends by itself")
+        #expect(machine.connectFailed() == .waitForPath(next: self.a))
+        #expect(machine.state == .waitingForPath(next: self.a))
+        #expect(machine.failures == 0, "no network is not the gateway's fault")
+        #expect(machine.pathChanged(.unavailable) == .none)
+        #expect(machine.pathChanged(self.wifi) == .connect(self.a, attempt: 1), "at once when it comes back")
+    }
+
+    @Test("a network that comes back cuts a backoff short and resets it")
+    func restoredDuringBackoff() throws {
+        var machine = try self.machine()
+        _ = machine.start()
+        #expect(machine.connectFailed() == .backOff(.seconds(1), next: self.a))
+        #expect(machine.backoffElapsed() == .connect(self.a, attempt: 2))
+        #expect(machine.connectFailed() == .backOff(.seconds(2), next: self.a))
+        #expect(machine.pathChanged(self.wifi) == .none, "the first report is no change")
+        #expect(machine.pathChanged(self.cellular) == .connect(self.a, attempt: 3))
+        #expect(machine.connectFailed() == .backOff(.seconds(1), next: self.a), "the backoff starts over")
+    }
+
+    @Test("a path change under an established connection closes it and reconnects without delay")
+    func changedWhileConnected() throws {
+        var machine = try self.machine()
+        #expect(machine.pathChanged(self.wifi) == .none)
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        #expect(machine.pathChanged(self.wifi) == .none, "the same network: nothing to do")
+        #expect(machine.pathChanged(self.cellular) == .closeConnection)
+        #expect(machine.connectionClosed(uptime: .seconds(1)) == .connect(self.a, attempt: 1))
+    }
+
+    @Test("a connection lost while there is no network waits for one")
+    func lostWithoutNetwork() throws {
+        var machine = try self.machine()
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        #expect(machine.pathChanged(.unavailable) == .none, "TCP may survive a short outage")
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .waitForPath(next: self.a))
+        #expect(machine.shutdown() == .stop)
+        #expect(machine.pathChanged(self.wifi) == .none, "shut down: nothing more")
+    }
+}

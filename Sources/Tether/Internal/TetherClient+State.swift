@@ -43,6 +43,8 @@ extension TetherClient {
         var lastError: TetherError?
         /// Set once the client gave up or shut down; requests fail with it.
         var terminalError: TetherError?
+        /// What a path change decided while the run loop waited; the loop performs it on waking.
+        var pendingAction: ConnectivityStateMachine.Action?
         /// The heartbeat mode the app set; new connections start in it.
         var heartbeatMode = HeartbeatMode.foreground
 

@@ -45,6 +45,13 @@ final class Wakeup: Sendable {
         waiter?.resume()
     }
 
+    /// Forgets a signal that nobody waited for.
+    func reset() {
+        self.state.withLockedValue { state in
+            if case .signalled = state { state = .idle }
+        }
+    }
+
     private func resumeWaiter() {
         let waiter: CheckedContinuation<Void, Never>? = self.state.withLockedValue { state in
             guard case .waiting(let continuation) = state else { return nil }

@@ -21,6 +21,10 @@
 /// - After a stable connection drops, the first reconnect waits a random delay between zero
 ///   and the initial backoff, which spreads the reconnects of many clients.
 /// - GOAWAY's retry-after and alternate endpoint are honoured once the connection closes.
+/// - Network path (``pathChanged(_:)``): while no network is available the machine waits for
+///   one instead of backing off; when one comes back it connects at once, with the backoff
+///   reset; when the path changes under an established connection, it closes it and
+///   reconnects at once.
 public struct ConnectivityStateMachine: Sendable {
     /// The machine's fixed inputs.
     public struct Configuration: Sendable, Hashable {
@@ -46,6 +50,8 @@ public struct ConnectivityStateMachine: Sendable {
         case connected(Endpoint)
         case draining(Endpoint)
         case backingOff(Duration, next: Endpoint)
+        /// No network: waiting for ``ConnectivityStateMachine/pathChanged(_:)`` to report one.
+        case waitingForPath(next: Endpoint)
         case failed(attempts: Int)
         case shutDown
     }
@@ -58,6 +64,8 @@ public struct ConnectivityStateMachine: Sendable {
         case connect(Endpoint, attempt: Int)
         /// Wait this long, then report ``ConnectivityStateMachine/backoffElapsed()``.
         case backOff(Duration, next: Endpoint)
+        /// Wait until ``ConnectivityStateMachine/pathChanged(_:)`` returns what to do.
+        case waitForPath(next: Endpoint)
         /// Send no new requests on the current connection (it received GOAWAY).
         case stopDispatching
         /// Close the current connection once its requests are answered (shutting down).
@@ -81,6 +89,10 @@ public struct ConnectivityStateMachine: Sendable {
     private var triedInRound = 0
     /// GOAWAY's instructions, applied when the draining connection closes.
     private var goAway: (retryAfter: Duration, alternate: Endpoint?)?
+    /// The last network path reported; `nil` until a monitor reports one (assumed available).
+    private var path: NetworkPath?
+    /// The connection is closing because the path changed: reconnect without delay.
+    private var reconnectAtOnce = false
 
     /// Creates a machine in the idle state.
     /// - Parameters:
@@ -101,7 +113,7 @@ public struct ConnectivityStateMachine: Sendable {
             return self.connect(to: self.configuration.endpoints[self.preferredIndex])
         case .shutDown:
             return .stop
-        case .connecting, .connected, .draining, .backingOff, .failed:
+        case .connecting, .connected, .draining, .backingOff, .waitingForPath, .failed:
             return .none
         }
     }
@@ -118,7 +130,7 @@ public struct ConnectivityStateMachine: Sendable {
             return .none
         case .shutDown:
             return .closeConnection
-        case .idle, .connected, .draining, .backingOff, .failed:
+        case .idle, .connected, .draining, .backingOff, .waitingForPath, .failed:
             assertionFailure("connectSucceeded in state \(self.state)")
             return .none
         }
@@ -128,6 +140,11 @@ public struct ConnectivityStateMachine: Sendable {
     public mutating func connectFailed() -> Action {
         switch self.state {
         case .connecting(let endpoint, _):
+            if let path = self.path, !path.isAvailable {
+                // No network: not the endpoint's fault, and no point trying the others.
+                self.state = .waitingForPath(next: endpoint)
+                return .waitForPath(next: endpoint)
+            }
             self.consecutiveFailures += 1
             if let limit = self.configuration.backoff.maxAttempts, self.consecutiveFailures >= limit {
                 self.state = .failed(attempts: self.consecutiveFailures)
@@ -151,7 +168,7 @@ public struct ConnectivityStateMachine: Sendable {
             )
         case .shutDown:
             return .stop
-        case .idle, .connected, .draining, .backingOff, .failed:
+        case .idle, .connected, .draining, .backingOff, .waitingForPath, .failed:
             assertionFailure("connectFailed in state \(self.state)")
             return .none
         }
@@ -170,7 +187,7 @@ public struct ConnectivityStateMachine: Sendable {
         case .draining:
             self.goAway = (retryAfter, alternate)
             return .none
-        case .idle, .connecting, .backingOff, .failed, .shutDown:
+        case .idle, .connecting, .backingOff, .waitingForPath, .failed, .shutDown:
             return .none
         }
     }
@@ -184,7 +201,7 @@ public struct ConnectivityStateMachine: Sendable {
             endpoint = current
         case .shutDown:
             return .stop
-        case .idle, .connecting, .backingOff, .failed:
+        case .idle, .connecting, .backingOff, .waitingForPath, .failed:
             assertionFailure("connectionClosed in state \(self.state)")
             return .none
         }
@@ -193,6 +210,17 @@ public struct ConnectivityStateMachine: Sendable {
         if wasStable {
             self.consecutiveFailures = 0
             self.failedRounds = 0
+        }
+        if let path = self.path, !path.isAvailable {
+            self.goAway = nil
+            self.state = .waitingForPath(next: endpoint)
+            return .waitForPath(next: endpoint)
+        }
+        if self.reconnectAtOnce {
+            // Closed because the network changed: not the gateway's fault, no delay.
+            self.reconnectAtOnce = false
+            self.goAway = nil
+            return self.connect(to: endpoint)
         }
         if let goAway = self.goAway {
             self.goAway = nil
@@ -224,8 +252,36 @@ public struct ConnectivityStateMachine: Sendable {
             return self.connect(to: next)
         case .shutDown:
             return .stop
-        case .idle, .connecting, .connected, .draining, .failed:
+        case .idle, .connecting, .connected, .draining, .waitingForPath, .failed:
             assertionFailure("backoffElapsed in state \(self.state)")
+            return .none
+        }
+    }
+
+    /// The network-path monitor reported `path`.
+    /// - Returns: ``Action/connect(_:attempt:)`` when a network came back while the machine
+    ///   waited (for a path, or in a backoff: the rest of the delay is skipped);
+    ///   ``Action/closeConnection`` when the path changed under the established connection
+    ///   (``connectionClosed(uptime:)`` then reconnects at once); otherwise ``Action/none``.
+    public mutating func pathChanged(_ path: NetworkPath) -> Action {
+        let previous = self.path
+        self.path = path
+        guard path.isAvailable else { return .none }  // attempts wait for a path from now on
+        let restored = previous.map { !$0.isAvailable } ?? false
+        let changed = previous.map { $0.isAvailable && $0.identity != path.identity } ?? false
+        switch self.state {
+        case .waitingForPath(let next):
+            self.failedRounds = 0
+            self.triedInRound = 0
+            return self.connect(to: next)
+        case .backingOff(_, let next) where restored || changed:
+            self.failedRounds = 0
+            self.triedInRound = 0
+            return self.connect(to: next)
+        case .connected where changed || restored:
+            self.reconnectAtOnce = true
+            return .closeConnection
+        case .idle, .connecting, .connected, .draining, .backingOff, .failed, .shutDown:
             return .none
         }
     }
@@ -236,7 +292,7 @@ public struct ConnectivityStateMachine: Sendable {
         case .connected, .draining:
             self.state = .shutDown
             return .closeConnection
-        case .idle, .connecting, .backingOff, .failed:
+        case .idle, .connecting, .backingOff, .waitingForPath, .failed:
             // A connect in progress ends by itself (bounded by the connect timeout); the driver
             // then reports it and gets `.closeConnection` or `.stop`.
             self.state = .shutDown
@@ -253,6 +309,10 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     private mutating func backOff(_ delay: Duration, next: Endpoint) -> Action {
+        if let path = self.path, !path.isAvailable {
+            self.state = .waitingForPath(next: next)
+            return .waitForPath(next: next)
+        }
         self.state = .backingOff(delay, next: next)
         return .backOff(delay, next: next)
     }

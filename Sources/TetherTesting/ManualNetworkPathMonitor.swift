@@ -1,0 +1,52 @@
+import NIOConcurrencyHelpers
+public import Tether
+public import TetherCore
+
+/// A ``NetworkPathMonitor`` driven by the test: it reports whatever path the test sets.
+///
+/// ```swift
+/// let paths = ManualNetworkPathMonitor()
+/// configuration.pathMonitor = paths
+/// paths.set(.unavailable)                                              // airplane mode
+/// paths.set(NetworkPath(isAvailable: true, identity: "cellular"))     // back, on another network
+/// ```
+public final class ManualNetworkPathMonitor: NetworkPathMonitor {
+    private struct State {
+        var current: NetworkPath
+        var subscribers: [Int: AsyncStream<NetworkPath>.Continuation] = [:]
+        var nextID = 0
+    }
+
+    private let state: NIOLockedValueBox<State>
+
+    /// Starts with `initial` (by default an available network called "wifi").
+    public init(initial: NetworkPath = NetworkPath(isAvailable: true, identity: "wifi")) {
+        self.state = NIOLockedValueBox(State(current: initial))
+    }
+
+    /// The path reported now.
+    public var current: NetworkPath { self.state.withLockedValue { $0.current } }
+
+    /// Reports `path` to every subscriber.
+    public func set(_ path: NetworkPath) {
+        let subscribers = self.state.withLockedValue { state in
+            state.current = path
+            return Array(state.subscribers.values)
+        }
+        for subscriber in subscribers { subscriber.yield(path) }
+    }
+
+    public func paths() -> AsyncStream<NetworkPath> {
+        let (stream, continuation) = AsyncStream.makeStream(of: NetworkPath.self, bufferingPolicy: .unbounded)
+        let id = self.state.withLockedValue { state in
+            defer { state.nextID += 1 }
+            state.subscribers[state.nextID] = continuation
+            continuation.yield(state.current)
+            return state.nextID
+        }
+        continuation.onTermination = { _ in
+            _ = self.state.withLockedValue { $0.subscribers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+}
