@@ -59,6 +59,18 @@ extension IntegrationTests {
             try await gatewayRun.value
         }
 
+        @Test("the mobile-network example compiles and switches modes")
+        func mobileExample() throws {
+            // --- README: "Staying connected on mobile networks" (not run: no such gateway) ---
+            var configuration = ClientConfiguration(endpoints: [Endpoint(host: "gw.example.com", port: 7700)], clientID: "alice")
+            configuration.pathMonitor = PollingNetworkPathMonitor()  // or your NWPathMonitor-backed one
+            let client = try TetherClient(configuration: configuration)
+            client.setHeartbeatMode(.background)  // when the app goes to the background
+            #expect(client.heartbeatMode == .background)
+            client.setHeartbeatMode(.foreground)  // and back
+            #expect(client.heartbeatMode == .foreground)
+        }
+
         @Test("the reliable messaging examples work together")
         func reliableExamples() async throws {
             try await withHarness { harness in
