@@ -21,30 +21,40 @@ struct NetworkPathMonitorTests {
 extension IntegrationTests {
     @Suite("Network path", .timeLimit(.minutes(1)))
     struct NetworkPathTests {
-        /// A client whose backoff is far longer than the test waits: only a path report can
-        /// explain a prompt reconnect.
-        func client(_ harness: Harness, network: LocalNetwork, endpoint: Endpoint, paths: ManualNetworkPathMonitor) throws -> TetherClient {
-            try harness.client([endpoint], transport: network.transport) {
+        /// A connected client, on an in-process network, with a manual path monitor and a
+        /// backoff far longer than the tests wait: only a path report can explain a prompt reconnect.
+        struct Setup {
+            var network: LocalNetwork
+            var endpoint: Endpoint
+            var paths: ManualNetworkPathMonitor
+            var client: TetherClient
+            var events: EventRecorder
+        }
+
+        func connectedClient(_ harness: Harness) async throws -> Setup {
+            let network = LocalNetwork()
+            let endpoint = Endpoint(host: "gateway", port: 1)
+            let gateway = try harness.localGateway(network: network, at: endpoint)
+            gateway.handle("echo") { request, _ in request.body }
+            let paths = ManualNetworkPathMonitor()
+            let client = try harness.client([endpoint], transport: network.transport) {
                 $0.reconnect.backoff = try! Backoff(initial: .seconds(60), maximum: .seconds(60), jitter: 0)
                 $0.reconnect.stableAfter = .seconds(3_600)
                 $0.pathMonitor = paths
             }
+            let events = EventRecorder(client, in: harness)
+            try await eventually("connected") { events.connects == 1 }
+            return Setup(network: network, endpoint: endpoint, paths: paths, client: client, events: events)
         }
 
         @Test("no network: the client waits for one without attempts, then reconnects at once when it is back")
         func waitsThenReconnects() async throws {
             try await withHarness { harness in
-                let network = LocalNetwork()
-                let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint)
-                gateway.handle("echo") { request, _ in request.body }
-                let paths = ManualNetworkPathMonitor()
-                let client = try self.client(harness, network: network, endpoint: endpoint, paths: paths)
-                let events = EventRecorder(client, in: harness)
-                try await eventually("connected") { events.connects == 1 }
+                let setup = try await self.connectedClient(harness)
+                let (network, paths, client, events) = (setup.network, setup.paths, setup.client, setup.events)
 
                 paths.set(.unavailable)  // airplane mode: the connection drops, nothing answers
-                network.faults.refuse(endpoint)
+                network.faults.refuse(setup.endpoint)
                 network.faults.dropConnections()
                 try await eventually("the client waits for a network") {
                     events.all.contains { if case .waitingForNetwork = $0 { true } else { false } }
@@ -64,14 +74,8 @@ extension IntegrationTests {
         @Test("a path change under a live connection replaces it at once")
         func changeReplacesConnection() async throws {
             try await withHarness { harness in
-                let network = LocalNetwork()
-                let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint)
-                gateway.handle("echo") { request, _ in request.body }
-                let paths = ManualNetworkPathMonitor()
-                let client = try self.client(harness, network: network, endpoint: endpoint, paths: paths)
-                let events = EventRecorder(client, in: harness)
-                try await eventually("connected") { events.connects == 1 }
+                let setup = try await self.connectedClient(harness)
+                let (paths, client, events) = (setup.paths, setup.client, setup.events)
                 paths.set(NetworkPath(isAvailable: true, identity: "cellular"))
                 try await eventually("a new connection", timeout: .seconds(5)) { events.connects == 2 }
                 #expect(events.disconnectReasons.count == 1)
