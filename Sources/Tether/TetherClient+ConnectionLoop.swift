@@ -135,15 +135,16 @@ extension TetherClient {
             }
         }
 
-        let (next, waiters, mode) = self.state.withLockedValue { state in
+        let (next, waiters) = self.state.withLockedValue { state in
             let next = state.machine.connectSucceeded()
-            guard next == .none else { return (next, State.Waiters(), state.heartbeatMode) }
+            guard next == .none else { return (next, State.Waiters()) }
             state.ready = connection
             state.current = connection
-            return (next, state.takeWaiters(), state.heartbeatMode)
+            return (next, state.takeWaiters())
         }
-        // The mode may have changed while connecting; from now on setHeartbeatMode reaches it.
-        if mode != .foreground { connection.setHeartbeatMode(mode) }
+        // A mode set while the handshake was under way reached no connection: catch up. Later
+        // changes reach this one through setHeartbeatMode.
+        connection.refreshHeartbeatMode()
         if next == .closeConnection {
             // Shut down while connecting.
             connection.close()
@@ -206,7 +207,6 @@ extension TetherClient {
             hello: hello,
             handshakeTimeout: TimeAmount(connectionConfiguration.handshakeTimeout),
             heartbeat: self.configuration.heartbeat,
-            heartbeatMode: self.heartbeatMode,
             maxInboundBodySize: connectionConfiguration.maxBodySize,
             reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
         )
@@ -219,7 +219,8 @@ extension TetherClient {
                     sent: { engine.sent($0) },
                     delivery: { engine.receive($0, epoch: $1) }
                 )
-            }
+            },
+            heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground }
         )
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)

@@ -21,6 +21,6 @@ extension TetherClient {
             state.heartbeatMode = mode
             return state.current
         }
-        connection?.setHeartbeatMode(mode)
+        connection?.refreshHeartbeatMode()
     }
 }

@@ -29,6 +29,8 @@ final class ClientHandlerFixture {
     let handler: ClientConnectionHandler
     let pushes = NIOLockedValueBox<[Frame.Push]>([])
     let goAways = NIOLockedValueBox<[Frame.GoAway]>([])
+    /// The heartbeat mode the "app" wants.
+    let heartbeatMode = NIOLockedValueBox(HeartbeatMode.foreground)
     let hello: Frame.Hello
 
     init(
@@ -54,14 +56,14 @@ final class ClientHandlerFixture {
                     jitter: 0,
                     suspensionThreshold: nil
                 ),
-                heartbeatMode: .foreground,
                 maxInboundBodySize: 1 << 20,
                 reliability: reliability
             ),
             callbacks: .init(
                 push: { push in pushes.withLockedValue { $0.append(push) } },
                 goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } },
-                reliable: reliable
+                reliable: reliable,
+                heartbeatMode: { [heartbeatMode] in heartbeatMode.withLockedValue { $0 } }
             ),
             established: self.established,
             closed: self.closed,
@@ -139,7 +141,8 @@ struct ClientConnectionHandlerTests {
     func heartbeatModes() throws {
         let fixture = try ClientHandlerFixture()
         try fixture.establish()  // the gateway: interval 10 s, idle timeout 30 s
-        fixture.handler.setHeartbeatMode(.background)
+        fixture.heartbeatMode.withLockedValue { $0 = .background }
+        fixture.handler.refreshHeartbeatMode()
         fixture.loop.advanceTime(by: .seconds(14))
         #expect(try fixture.readFrame() == nil, "no PING at 10 s in the background")
         fixture.loop.advanceTime(by: .seconds(1))
@@ -148,7 +151,8 @@ struct ClientConnectionHandlerTests {
             return
         }
         try fixture.channel.writeInbound(Frame(.pong(ping), flags: .checksum))
-        fixture.handler.setHeartbeatMode(.foreground)
+        fixture.heartbeatMode.withLockedValue { $0 = .foreground }
+        fixture.handler.refreshHeartbeatMode()
         fixture.loop.advanceTime(by: .seconds(9))
         #expect(try fixture.readFrame() == nil)
         fixture.loop.advanceTime(by: .seconds(1))

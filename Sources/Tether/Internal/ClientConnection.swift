@@ -50,10 +50,10 @@ final class ClientConnection: Sendable {
         self.channel.eventLoop.execute { handler.value.drain() }
     }
 
-    /// Switches the heartbeat to `mode`.
-    func setHeartbeatMode(_ mode: HeartbeatMode) {
+    /// Makes the heartbeat follow the client's current heartbeat mode.
+    func refreshHeartbeatMode() {
         let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.setHeartbeatMode(mode) }
+        self.channel.eventLoop.execute { handler.value.refreshHeartbeatMode() }
     }
 
     /// Closes at once.

@@ -31,8 +31,6 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var handshakeTimeout: TimeAmount
         /// The application's heartbeat settings.
         var heartbeat: ClientConfiguration.Heartbeat
-        /// The heartbeat mode the connection starts in.
-        var heartbeatMode: HeartbeatMode
         var maxInboundBodySize: Int
         /// With reliable messaging: the window and retransmission bounds.
         var reliability: (window: Int, retransmission: RTTEstimator)?
@@ -42,6 +40,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var push: @Sendable (Frame.Push) -> Void
         var goAway: @Sendable (Frame.GoAway) -> Void
         var reliable: ReliableCallbacks?
+        /// The heartbeat mode the app wants now; read when the heartbeat starts and on
+        /// ``ClientConnectionHandler/refreshHeartbeatMode()``.
+        var heartbeatMode: @Sendable () -> HeartbeatMode = { .foreground }
     }
 
     private struct PendingRequest {
@@ -285,7 +286,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         let settings = self.configuration.heartbeat
         self.heartbeat = HeartbeatStateMachine(
             configuration: .init(
-                interval: self.heartbeatInterval(for: self.configuration.heartbeatMode, bounds: bounds),
+                interval: self.heartbeatInterval(for: self.callbacks.heartbeatMode(), bounds: bounds),
                 jitter: settings.jitter,
                 timeout: RTTEstimator(
                     initialTimeout: settings.timeout,
@@ -309,10 +310,14 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         return max(.milliseconds(1), min(wanted, bounds.ceiling))
     }
 
-    /// Switches the heartbeat to `mode`'s interval (called by the client, on the event loop).
-    func setHeartbeatMode(_ mode: HeartbeatMode) {
+    /// Switches the heartbeat to the interval of the mode the app wants now (called by the
+    /// client, on the event loop). Reading the mode here, not passing it, means that calls
+    /// queued in any order leave the latest mode in force.
+    func refreshHeartbeatMode() {
         guard let context, self.heartbeat != nil, let bounds = self.heartbeatBounds else { return }
-        self.heartbeat!.setInterval(self.heartbeatInterval(for: mode, bounds: bounds))
+        let interval = self.heartbeatInterval(for: self.callbacks.heartbeatMode(), bounds: bounds)
+        guard interval != self.heartbeat!.interval else { return }
+        self.heartbeat!.setInterval(interval)
         self.scheduleHeartbeat(context: context)
     }
 
