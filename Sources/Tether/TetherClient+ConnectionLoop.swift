@@ -22,8 +22,7 @@ extension TetherClient {
                 await self.sleep(for: delay)
                 action = self.state.withLockedValue { state in
                     // A network that came back cut the delay short: its decision stands.
-                    if let pending = state.pendingAction {
-                        state.pendingAction = nil
+                    if let pending = state.takePendingAction() {
                         self.wakeup.reset()
                         return pending
                     }
@@ -37,10 +36,7 @@ extension TetherClient {
                 while decided == nil {
                     await self.wakeup.wait()
                     decided = self.state.withLockedValue { state in
-                        if let pending = state.pendingAction {
-                            state.pendingAction = nil
-                            return pending
-                        }
+                        if let pending = state.takePendingAction() { return pending }
                         if case .shutDown = state.machine.state { return .stop }
                         return nil
                     }

@@ -26,6 +26,16 @@ func firstDifference(_ actual: [String], _ expected: [String]) -> String? {
     return "at \(index): got \(got), expected \(wanted) (\(actual.count) vs \(expected.count) items)"
 }
 
+/// The first message whose outcome is not `.acknowledged`, described; `nil` if all are.
+/// (One line for the first failure, rather than one per message of thousands.)
+func firstUnacknowledged(_ receipts: [MessageReceipt], of client: TetherClient) async -> String? {
+    for receipt in receipts {
+        let outcome = await client.outcome(of: receipt)
+        if outcome != .acknowledged { return "message \(receipt.id): \(String(describing: outcome))" }
+    }
+    return nil
+}
+
 /// A temporary file path that is removed when the test ends.
 func temporaryFile(_ name: String, in harness: Harness) -> String {
     let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-\(name)-\(UUID().uuidString).sqlite").path
@@ -114,12 +124,9 @@ extension IntegrationTests {
 
                 let receipts = try await sender.value
                 #expect(receipts.map(\.sequence) == (1...UInt64(total)).map { $0 })
-                for receipt in receipts {
-                    let outcome = await alice.outcome(of: receipt)
-                    guard outcome == .acknowledged else {
-                        Issue.record("message \(receipt.id): \(String(describing: outcome))")
-                        return
-                    }
+                if let failure = await firstUnacknowledged(receipts, of: alice) {
+                    Issue.record(Comment(rawValue: failure))
+                    return
                 }
                 try await eventually("bob has every message", timeout: .seconds(60)) { inbox.count >= total }
                 try await Task.sleep(for: .milliseconds(100))  // time for a duplicate to show up

@@ -104,12 +104,9 @@ extension IntegrationTests {
                     gateway = try ChildProcess(serve, in: harness)
                 }
                 let receipts = try await sender.value
-                for receipt in receipts {
-                    let outcome = await alice.outcome(of: receipt)
-                    guard outcome == .acknowledged else {
-                        Issue.record("message \(receipt.id): \(String(describing: outcome))")
-                        return
-                    }
+                if let failure = await firstUnacknowledged(receipts, of: alice) {
+                    Issue.record(Comment(rawValue: failure))
+                    return
                 }
                 try await eventually("bob has every message", timeout: .seconds(60)) { inbox.count >= total }
                 try await Task.sleep(for: .milliseconds(100))  // time for a duplicate to show up

@@ -52,6 +52,12 @@ extension TetherClient {
             self.machine = machine
         }
 
+        /// Removes and returns what a path change decided, if anything.
+        mutating func takePendingAction() -> ConnectivityStateMachine.Action? {
+            defer { self.pendingAction = nil }
+            return self.pendingAction
+        }
+
         /// Removes and returns every registered waiter (not the early-cancelled markers).
         mutating func takeWaiters() -> Waiters {
             var taken = Waiters()

@@ -140,10 +140,9 @@ public struct ConnectivityStateMachine: Sendable {
     public mutating func connectFailed() -> Action {
         switch self.state {
         case .connecting(let endpoint, _):
-            if let path = self.path, !path.isAvailable {
+            if self.offline {
                 // No network: not the endpoint's fault, and no point trying the others.
-                self.state = .waitingForPath(next: endpoint)
-                return .waitForPath(next: endpoint)
+                return self.waitForPath(next: endpoint)
             }
             self.consecutiveFailures += 1
             if let limit = self.configuration.backoff.maxAttempts, self.consecutiveFailures >= limit {
@@ -211,10 +210,9 @@ public struct ConnectivityStateMachine: Sendable {
             self.consecutiveFailures = 0
             self.failedRounds = 0
         }
-        if let path = self.path, !path.isAvailable {
+        if self.offline {
             self.goAway = nil
-            self.state = .waitingForPath(next: endpoint)
-            return .waitForPath(next: endpoint)
+            return self.waitForPath(next: endpoint)
         }
         if self.reconnectAtOnce {
             // Closed because the network changed: not the gateway's fault, no delay.
@@ -308,11 +306,15 @@ public struct ConnectivityStateMachine: Sendable {
         return .connect(endpoint, attempt: attempt)
     }
 
+    /// Whether the monitor reports no network (without a monitor, the network is assumed there).
+    private var offline: Bool { self.path?.isAvailable == false }
+
+    private mutating func waitForPath(next: Endpoint) -> Action {
+        self.state = .waitingForPath(next: next)
+        return .waitForPath(next: next)
+    }
+
     private mutating func backOff(_ delay: Duration, next: Endpoint) -> Action {
-        if let path = self.path, !path.isAvailable {
-            self.state = .waitingForPath(next: next)
-            return .waitForPath(next: next)
-        }
         self.state = .backingOff(delay, next: next)
         return .backOff(delay, next: next)
     }

@@ -56,7 +56,4 @@ final class ClientLanes: Sendable {
         defer { lane.turn.release() }
         return try await body(lane)
     }
-
-    /// The number of clients with a lane (for tests).
-    var count: Int { self.lanes.withLockedValue { $0.count } }
 }

@@ -6,11 +6,13 @@ import TetherCore
 /// Reliable delivery on one connection (PROTOCOL.md, section 9): processes the client's
 /// MESSAGEs exactly once, in order per conversation, and pumps its DELIVERYs.
 ///
-/// Two loops run for the connection's lifetime: ``runProcessor()`` takes the messages received
-/// so far as a batch, runs their handlers and commits them with their deliveries atomically,
-/// then acknowledges them, holding the client's lane (``ClientLanes``) meanwhile so that a
-/// retransmission on another connection never runs a handler twice; ``runPump(from:)`` sends the recipient's stored deliveries in order,
-/// at most ``Gateway/deliveryWindow`` unacknowledged at a time.
+/// Two loops run for the connection's lifetime:
+/// - ``runProcessor()`` takes the messages received so far as a batch, runs their handlers and
+///   commits them with their deliveries atomically, then acknowledges them. It holds the
+///   client's lane (``ClientLanes``) meanwhile, so that a retransmission on another connection
+///   never runs a handler twice.
+/// - ``runPump(from:)`` sends the recipient's stored deliveries in order, at most
+///   ``Gateway/deliveryWindow`` unacknowledged at a time.
 final class ReliableSession: Sendable {
     private struct Received: Sendable {
         var message: Frame.Message
