@@ -10,6 +10,7 @@ import PackageDescription
 //   TetherGateway  the gateway (server) library
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
+//   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
 //   tether         the command-line tool (serve, call, chat, demo)
 
 let strictSwift6: [SwiftSetting] = [
@@ -110,12 +111,26 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        .target(
+            name: "TetherLab",
+            dependencies: [
+                "TetherCore",
+                "Tether",
+                "TetherTesting",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
         .executableTarget(
             name: "TetherCLI",
             dependencies: [
                 "Tether",
                 "TetherGateway",
                 "TetherTesting",
+                "TetherLab",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -103,17 +103,34 @@ public struct ClientConfiguration: Sendable {
         public var maxBodySize: Int
         /// Whether to offer CRC-32C checksums on every frame.
         public var checksums: Bool
+        /// Connection racing ("happy eyeballs"): while an attempt has no answer yet, another
+        /// connection starts this long after the previous one (to the next endpoint, or to the
+        /// same one again, which beats the kernel's 1 s, 2 s, 4 s … SYN retransmissions on a lossy
+        /// link); the first to complete the handshake is kept and the others are closed.
+        /// `nil` opens one connection at a time.
+        public var raceDelay: Duration?
+        /// The most connections one attempt has open at once.
+        public var maximumRacers: Int
+        /// An endpoint that refused a connection or failed its handshake is tried after the others
+        /// for this long.
+        public var failedEndpointPenalty: Duration
 
         public init(
             connectTimeout: Duration = .seconds(5),
             handshakeTimeout: Duration = .seconds(5),
             maxBodySize: Int = 1 << 20,
-            checksums: Bool = true
+            checksums: Bool = true,
+            raceDelay: Duration? = .milliseconds(250),
+            maximumRacers: Int = 3,
+            failedEndpointPenalty: Duration = .seconds(30)
         ) throws(ConfigurationError) {
             self.connectTimeout = connectTimeout
             self.handshakeTimeout = handshakeTimeout
             self.maxBodySize = maxBodySize
             self.checksums = checksums
+            self.raceDelay = raceDelay
+            self.maximumRacers = maximumRacers
+            self.failedEndpointPenalty = failedEndpointPenalty
             try self.validate()
         }
 
@@ -122,6 +139,11 @@ public struct ClientConfiguration: Sendable {
         public func validate() throws(ConfigurationError) {
             guard self.connectTimeout > .zero else { throw ConfigurationError("connection.connectTimeout must be positive") }
             guard self.handshakeTimeout > .zero else { throw ConfigurationError("connection.handshakeTimeout must be positive") }
+            if let raceDelay = self.raceDelay, raceDelay <= .zero {
+                throw ConfigurationError("connection.raceDelay must be positive (or nil to open one connection at a time)")
+            }
+            guard self.maximumRacers >= 1 else { throw ConfigurationError("connection.maximumRacers must be at least 1") }
+            guard self.failedEndpointPenalty >= .zero else { throw ConfigurationError("connection.failedEndpointPenalty must not be negative") }
             guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
                 throw ConfigurationError(
                     "connection.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)"

@@ -112,9 +112,18 @@ extension TetherClient {
     private func attempt(_ endpoint: Endpoint, attempt: Int) async -> ConnectivityStateMachine.Action {
         self.logger.debug("connecting", metadata: ["endpoint": "\(endpoint)", "attempt": "\(attempt)"])
         self.eventBroadcaster.yield(.connecting(endpoint, attempt: attempt))
+        // Backoff counts from the start of the attempt, on the injected clock.
+        var outcome: Result<ClientConnection, any Error>?
+        let elapsed = await self.clock.measure {
+            do {
+                outcome = .success(try await self.race(from: endpoint))
+            } catch {
+                outcome = .failure(error)
+            }
+        }
         let connection: ClientConnection
         do {
-            connection = try await self.establish(endpoint)
+            connection = try outcome!.get()
         } catch {
             let error =
                 (error as? TetherError)
@@ -127,12 +136,12 @@ extension TetherClient {
             self.eventBroadcaster.yield(.connectFailed(endpoint, error))
             return self.state.withLockedValue { state in
                 state.lastError = error
-                return state.machine.connectFailed()
+                return state.machine.connectFailed(after: elapsed)
             }
         }
 
         let (next, waiters) = self.state.withLockedValue { state in
-            let next = state.machine.connectSucceeded()
+            let next = state.machine.connectSucceeded(via: connection.endpoint)
             guard next == .none else { return (next, State.Waiters()) }
             state.ready = connection
             state.current = connection
@@ -157,9 +166,9 @@ extension TetherClient {
         }
         self.logger.info(
             "connected",
-            metadata: ["endpoint": "\(endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)"]
+            metadata: ["endpoint": "\(connection.endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)"]
         )
-        self.eventBroadcaster.yield(.connected(endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
+        self.eventBroadcaster.yield(.connected(connection.endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
         waiters.resume(returning: connection)
 
         let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
@@ -171,12 +180,122 @@ extension TetherClient {
             state.current = nil
             return state.machine.connectionClosed(uptime: closure.uptime)
         }
-        self.logger.info("disconnected", metadata: ["endpoint": "\(endpoint)", "reason": "\(closure.reason)"])
+        self.logger.info("disconnected", metadata: ["endpoint": "\(connection.endpoint)", "reason": "\(closure.reason)"])
         self.eventBroadcaster.yield(.disconnected(closure.reason))
         return afterClose
     }
 
-    /// Opens a transport connection to `endpoint` and completes the handshake.
+    /// One connection attempt, racing connections as ``ClientConfiguration/Connection-swift.struct/raceDelay``
+    /// says: the first to complete the handshake wins, the others are closed.
+    ///
+    /// A new racer starts every `raceDelay` while none has answered, fewer than `maximumRacers`
+    /// are open and the connect timeout has not passed since the attempt began; one that fails
+    /// fast (refused) makes room for the next endpoint at once. Endpoints that refused recently
+    /// go last. The attempt fails when every racer failed and no more may start.
+    private func race(from first: Endpoint) async throws -> ClientConnection {
+        let settings = self.configuration.connection
+        guard let raceDelay = settings.raceDelay else { return try await self.establish(first) }
+        let order = self.racingOrder(from: first)
+        let deadline = ContinuousClock.now + settings.connectTimeout
+
+        enum Outcome: Sendable {
+            case won(ClientConnection)
+            case failed(Endpoint, any Error, fast: Bool)
+            case tick
+        }
+        return try await withThrowingTaskGroup(of: Outcome.self) { group in
+            var started = 0
+            var open = 0
+            var lastError: (any Error)?
+            var winner: ClientConnection?
+            var done = false
+            let clock = self.clock
+            func start() {
+                let endpoint = order[started % order.count]
+                started += 1
+                open += 1
+                group.addTask {
+                    let began = ContinuousClock.now
+                    do {
+                        return .won(try await self.establish(endpoint))
+                    } catch {
+                        return .failed(endpoint, error, fast: ContinuousClock.now - began < raceDelay)
+                    }
+                }
+            }
+            start()
+            group.addTask {
+                try? await clock.sleep(for: raceDelay)
+                return .tick
+            }
+            while let outcome = try await group.next() {
+                switch outcome {
+                case .won(let connection):
+                    open -= 1
+                    if winner == nil {
+                        winner = connection
+                        done = true
+                        group.cancelAll()  // the other racers close their connections
+                    } else {
+                        connection.close()
+                    }
+                case .failed(let endpoint, let error, let fast):
+                    open -= 1
+                    guard !done else { break }  // a loser, cancelled
+                    lastError = error
+                    if fast { self.penalize(endpoint) }
+                    // A refusal frees its place for an endpoint not tried yet in this attempt.
+                    if winner == nil, fast, started < order.count, ContinuousClock.now < deadline { start() }
+                case .tick:
+                    guard !done, ContinuousClock.now < deadline else { break }
+                    let everyEndpointRefused = started >= order.count && open == 0
+                    if open < settings.maximumRacers && !everyEndpointRefused { start() }
+                    group.addTask {
+                        try? await clock.sleep(for: raceDelay)
+                        return .tick
+                    }
+                }
+                if !done, open == 0, started >= order.count, lastError != nil {
+                    // Every racer failed and every endpoint has been tried: the attempt failed.
+                    done = true
+                    group.cancelAll()
+                }
+            }
+            if let winner {
+                if started > 1 {
+                    self.logger.debug("won a connection race", metadata: ["endpoint": "\(winner.endpoint)", "racers": "\(started)"])
+                }
+                return winner
+            }
+            throw lastError ?? TetherError(code: .notConnected, message: "no connection to \(first) within the connect timeout")
+        }
+    }
+
+    /// The endpoints in the order an attempt starting at `first` tries them: the list from
+    /// `first` on, those that refused recently last.
+    private func racingOrder(from first: Endpoint) -> [Endpoint] {
+        let endpoints = self.configuration.endpoints
+        let start = endpoints.firstIndex(of: first)
+        var rotation = start.map { Array(endpoints[$0...] + endpoints[..<$0]) } ?? [first] + endpoints
+        let now = ContinuousClock.now
+        let penalized = self.state.withLockedValue { state in
+            state.penalized = state.penalized.filter { $0.value > now }
+            return state.penalized
+        }
+        if rotation.count > 1 {
+            rotation = rotation.filter { penalized[$0] == nil } + rotation.filter { penalized[$0] != nil }
+        }
+        return rotation
+    }
+
+    private func penalize(_ endpoint: Endpoint) {
+        guard self.configuration.endpoints.count > 1 else { return }
+        let until = ContinuousClock.now + self.configuration.connection.failedEndpointPenalty
+        self.state.withLockedValue { $0.penalized[endpoint] = until }
+    }
+
+    /// Opens a transport connection to `endpoint` and completes the handshake; cancelling the
+    /// task closes the connection.
     private func establish(_ endpoint: Endpoint) async throws -> ClientConnection {
         let token: ByteBuffer?
         switch self.configuration.authentication {
@@ -218,6 +337,31 @@ extension TetherClient {
             },
             heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground }
         )
+        // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
+        let cancellation = NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>((false, nil))
+        return try await withTaskCancellationHandler {
+            try await self.establish(
+                endpoint,
+                handlerConfiguration: handlerConfiguration,
+                callbacks: callbacks,
+                cancellation: cancellation
+            )
+        } onCancel: {
+            let channel = cancellation.withLockedValue { state -> (any Channel)? in
+                state.cancelled = true
+                return state.channel
+            }
+            channel?.close(promise: nil)
+        }
+    }
+
+    private func establish(
+        _ endpoint: Endpoint,
+        handlerConfiguration: ClientConnectionHandler.Configuration,
+        callbacks: ClientConnectionHandler.Callbacks,
+        cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>
+    ) async throws -> ClientConnection {
+        let connectionConfiguration = self.configuration.connection
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
         let handlerBox = NIOLockedValueBox<NIOLoopBound<ClientConnectionHandler>?>(nil)
@@ -230,6 +374,11 @@ extension TetherClient {
                 timeout: connectionConfiguration.connectTimeout,
                 eventLoop: self.eventLoop
             ) { channel in
+                let cancelled = cancellation.withLockedValue { state in
+                    state.channel = channel
+                    return state.cancelled
+                }
+                if cancelled { throw CancellationError() }
                 let handler = ClientConnectionHandler(
                     configuration: handlerConfiguration,
                     callbacks: callbacks,

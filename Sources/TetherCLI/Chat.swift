@@ -23,7 +23,7 @@ struct Chat: AsyncParsableCommand {
         try self.logging.bootstrap(default: .critical)
         let client = try TetherClient(configuration: ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.user))
         let room = self.room
-        let lines = Self.standardInputLines()
+        let lines = standardInputLines()
         print("* connecting to \(self.gateway.endpoint) as \(self.user); type to talk in #\(room), Ctrl-D to leave")
 
         try await withThrowingDiscardingTaskGroup { group in
@@ -77,15 +77,15 @@ struct Chat: AsyncParsableCommand {
             }
         }
     }
+}
 
-    /// Lines typed on standard input; ends at end of file.
-    private static func standardInputLines() -> AsyncStream<String> {
-        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
-        let reader = Thread {
-            while let line = readLine() { continuation.yield(line) }
-            continuation.finish()
-        }
-        reader.start()
-        return stream
+/// Lines typed on standard input; ends at end of file.
+func standardInputLines() -> AsyncStream<String> {
+    let (stream, continuation) = AsyncStream.makeStream(of: String.self)
+    let reader = Thread {
+        while let line = readLine() { continuation.yield(line) }
+        continuation.finish()
     }
+    reader.start()
+    return stream
 }

@@ -3,13 +3,15 @@ public import NIOCore
 import NIOPosix
 public import TetherCore
 
-/// A TCP proxy between clients and a gateway that can break the path on demand: stop
-/// forwarding while keeping connections open (a blackhole, the half-open case), cut every
-/// connection at once (a network switch), or refuse new connections.
+/// A TCP proxy between clients and a gateway that can degrade or break the path on demand:
+/// add latency, jitter and a bandwidth cap, stop forwarding while keeping connections open (a
+/// blackhole, the half-open case), cut every connection at once, abandon the current connections
+/// while new ones work (a network switch), or refuse new connections.
 ///
 /// ```swift
 /// let proxy = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: gatewayPort))
 /// let address = try await proxy.start()
+/// proxy.impairment = try .init(latency: .milliseconds(100), jitter: .milliseconds(300))
 /// proxy.mode = .blackhole
 /// proxy.cutAll()
 /// ```
@@ -24,11 +26,43 @@ public final class TCPFaultProxy: Sendable {
         case refuse
     }
 
+    /// How the proxy degrades the bytes it forwards, in each direction separately.
+    ///
+    /// Each chunk read from one side is written to the other after
+    /// `latency + uniform(0...jitter)`, never before the chunk read ahead of it (a TCP stream is
+    /// not reordered), and no faster than `bytesPerSecond` allows.
+    public struct Impairment: Sendable, Hashable {
+        /// The one-way delay added to every chunk; the round trip gains twice this.
+        public var latency: Duration
+        /// The largest random delay added on top of `latency`, drawn per chunk.
+        public var jitter: Duration
+        /// The bandwidth cap per direction and connection; `nil` for none.
+        public var bytesPerSecond: Int?
+
+        /// - Throws: ``ConfigurationError`` for a negative delay or a cap below 1 byte/s.
+        public init(latency: Duration = .zero, jitter: Duration = .zero, bytesPerSecond: Int? = nil) throws(ConfigurationError) {
+            guard latency >= .zero, jitter >= .zero else { throw ConfigurationError("latency and jitter must not be negative") }
+            if let bytesPerSecond, bytesPerSecond < 1 { throw ConfigurationError("the bandwidth cap must be at least 1 byte/s") }
+            self.latency = latency
+            self.jitter = jitter
+            self.bytesPerSecond = bytesPerSecond
+        }
+
+        /// No impairment: bytes are forwarded as soon as they are read.
+        public static var none: Impairment { try! Impairment() }
+
+        var isNone: Bool { self.latency == .zero && self.jitter == .zero && self.bytesPerSecond == nil }
+    }
+
     private struct State {
         var mode = Mode.forward
+        var impairment = Impairment.none
         var server: (any Channel)?
         var connections: [ObjectIdentifier: any Channel] = [:]
+        var abandoned: Set<ObjectIdentifier> = []
         var accepted = 0
+        var bytesToUpstream = 0
+        var bytesToClient = 0
     }
 
     /// The gateway the proxy forwards to.
@@ -48,6 +82,17 @@ public final class TCPFaultProxy: Sendable {
     public var mode: Mode {
         get { self.state.withLockedValue { $0.mode } }
         set { self.state.withLockedValue { $0.mode = newValue } }
+    }
+
+    /// How forwarded bytes are delayed and throttled; changing it applies to the next chunk.
+    public var impairment: Impairment {
+        get { self.state.withLockedValue { $0.impairment } }
+        set { self.state.withLockedValue { $0.impairment = newValue } }
+    }
+
+    /// The bytes forwarded so far from clients to the gateway, and from the gateway to clients.
+    public var forwardedBytes: (toUpstream: Int, toClient: Int) {
+        self.state.withLockedValue { ($0.bytesToUpstream, $0.bytesToClient) }
     }
 
     /// The number of client connections accepted so far.
@@ -77,6 +122,15 @@ public final class TCPFaultProxy: Sendable {
     public func cutAll() {
         let connections = self.state.withLockedValue { Array($0.connections.values) }
         for connection in connections { connection.close(promise: nil) }
+    }
+
+    /// Silently stops forwarding on every current connection, for good, while new connections
+    /// work: the old network is gone (its packets go nowhere) and a new one is up, as after a
+    /// switch from Wi-Fi to cellular. Nothing tells the endpoints; they must find out.
+    public func abandonAll() {
+        self.state.withLockedValue { state in
+            state.abandoned.formUnion(state.connections.keys)
+        }
     }
 
     /// Stops listening and closes every connection.
@@ -120,31 +174,54 @@ public final class TCPFaultProxy: Sendable {
         let key = ObjectIdentifier(channel)
         self.state.withLockedValue { $0.connections[key] = channel }
         channel.closeFuture.whenComplete { _ in
-            self.state.withLockedValue { _ = $0.connections.removeValue(forKey: key) }
+            self.state.withLockedValue { state in
+                state.connections.removeValue(forKey: key)
+                state.abandoned.remove(key)
+            }
         }
     }
 
-    var isBlackholed: Bool { self.mode == .blackhole }
+    /// Whether bytes read from `channel` are dropped, what delays the rest, and counts them.
+    fileprivate func admit(_ bytes: Int, from channel: any Channel, toUpstream: Bool) -> Impairment? {
+        self.state.withLockedValue { state in
+            guard state.mode != .blackhole, !state.abandoned.contains(ObjectIdentifier(channel)) else { return nil }
+            if toUpstream { state.bytesToUpstream += bytes } else { state.bytesToClient += bytes }
+            return state.impairment
+        }
+    }
 }
 
-/// Forwards bytes to its partner on the other side of the proxy (both live on one event loop).
+/// Forwards bytes to its partner on the other side of the proxy (both live on one event loop),
+/// delayed and throttled as the proxy's ``TCPFaultProxy/Impairment`` says.
 private final class RelayHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
+    /// Reading pauses while this many delayed bytes wait to be written to the partner.
+    private static let delayedBytesLimit = 256 * 1024
+
     private let proxy: TCPFaultProxy
+    /// Whether this handler reads from the client (and writes to the gateway).
+    private let fromClient: Bool
     private var partner: RelayHandler?
     private var context: ChannelHandlerContext?
     private var pendingRead = false
+    /// When the last delayed chunk is due: later chunks never overtake it.
+    private var lastDue = NIODeadline.distantPast
+    /// When the capped link has sent everything read so far.
+    private var linkFreeAt = NIODeadline.distantPast
+    private var delayedBytes = 0
+    private var random = SystemRandomNumberGenerator()
 
-    private init(proxy: TCPFaultProxy) {
+    private init(proxy: TCPFaultProxy, fromClient: Bool) {
         self.proxy = proxy
+        self.fromClient = fromClient
     }
 
     static func pair(proxy: TCPFaultProxy) -> (RelayHandler, RelayHandler) {
-        let first = RelayHandler(proxy: proxy)
-        let second = RelayHandler(proxy: proxy)
+        let first = RelayHandler(proxy: proxy, fromClient: true)
+        let second = RelayHandler(proxy: proxy, fromClient: false)
         first.partner = second
         second.partner = first
         return (first, second)
@@ -160,8 +237,36 @@ private final class RelayHandler: ChannelDuplexHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !self.proxy.isBlackholed else { return }
-        self.partner?.forward(data)
+        let buffer = self.unwrapInboundIn(data)
+        // An abandoned connection is judged by its client side: both directions stop.
+        let clientChannel = self.fromClient ? context.channel : self.partner?.context?.channel
+        guard let clientChannel,
+            let impairment = self.proxy.admit(buffer.readableBytes, from: clientChannel, toUpstream: self.fromClient)
+        else { return }
+        if impairment.isNone && self.delayedBytes == 0 {
+            self.partner?.forward(data)
+            return
+        }
+        let now = NIODeadline.now()
+        var due = now
+        if let rate = impairment.bytesPerSecond {
+            let sendTime = TimeAmount.nanoseconds(Int64(Double(buffer.readableBytes) / Double(rate) * 1e9))
+            self.linkFreeAt = max(self.linkFreeAt, now) + sendTime
+            due = self.linkFreeAt
+        }
+        var delay = TimeAmount(impairment.latency)
+        if impairment.jitter > .zero {
+            delay = delay + .nanoseconds(Int64.random(in: 0...TimeAmount(impairment.jitter).nanoseconds, using: &self.random))
+        }
+        due = max(due + delay, self.lastDue)
+        self.lastDue = due
+        self.delayedBytes += buffer.readableBytes
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: due) {
+            self.delayedBytes -= buffer.readableBytes
+            self.partner?.forward(data)
+            self.partner?.context?.flush()
+            if self.delayedBytes < Self.delayedBytesLimit / 2 { self.resumeReading() }
+        }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -181,8 +286,9 @@ private final class RelayHandler: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        // Backpressure: read only while the partner can write.
-        if let partner = self.partner, let partnerContext = partner.context, !partnerContext.channel.isWritable {
+        // Backpressure: read only while the partner can write and few delayed bytes wait.
+        let partnerBlocked = self.partner?.context.map { !$0.channel.isWritable } ?? false
+        if partnerBlocked || self.delayedBytes >= Self.delayedBytesLimit {
             self.pendingRead = true
         } else {
             context.read()

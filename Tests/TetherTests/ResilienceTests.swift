@@ -174,7 +174,7 @@ extension IntegrationTests {
                 let (gateway, live) = try await harness.gateway()
                 gateway.handle("echo") { request, _ in request.body }
                 let dead = try await Self.unusedEndpoint()
-                let client = try harness.client([dead, live])
+                let client = try harness.client([dead, live]) { $0.connection.raceDelay = nil }
                 let events = EventRecorder(client, in: harness)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
                 @Sendable func attempts() -> [Endpoint] {
@@ -187,6 +187,43 @@ extension IntegrationTests {
                 try await eventually("both attempts are recorded") { attempts().count >= 2 }
                 #expect(attempts().prefix(2) == [dead, live])
                 #expect(client.connectionState == .connected(live))
+            }
+        }
+
+        @Test("racing: a refused endpoint hands over to the next within the same attempt")
+        func racingFailover() async throws {
+            try await withHarness { harness in
+                let (gateway, live) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                let dead = try await Self.unusedEndpoint()
+                let client = try harness.client([dead, live])
+                let events = EventRecorder(client, in: harness)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
+                try await eventually("the connection is recorded") { events.connects == 1 }
+                let attempts = events.all.filter { if case .connecting = $0 { true } else { false } }
+                #expect(attempts.count == 1, "one attempt, two racers")
+                #expect(client.connectionState == .connected(live))
+            }
+        }
+
+        @Test("racing: a silent endpoint does not hold the attempt up; the first handshake wins, the others close")
+        func racingSilentEndpoint() async throws {
+            try await withHarness { harness in
+                let (gateway, live) = try await harness.gateway()
+                gateway.handle("echo") { request, _ in request.body }
+                // A proxy that accepts and then drops every byte: connects, never answers HELLO.
+                let silent = TCPFaultProxy(upstream: live)
+                let silentAddress = try await silent.start()
+                silent.mode = .blackhole
+                harness.onExit { silent.cutAll() }
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: silentAddress.port!), live]) {
+                    $0.connection.handshakeTimeout = .seconds(10)
+                }
+                let started = ContinuousClock.now
+                #expect(try await client.request("echo", body: ByteBuffer(string: "raced")).string == "raced")
+                #expect(ContinuousClock.now - started < .seconds(5), "the second racer starts after 250 ms, not after the 10 s timeout")
+                #expect(client.connectionState == .connected(live))
+                try await eventually("the losing racer is closed") { silent.openConnections == 0 }
             }
         }
 

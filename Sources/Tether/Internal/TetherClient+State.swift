@@ -33,6 +33,8 @@ extension TetherClient {
         }
 
         var machine: ConnectivityStateMachine
+        /// Endpoints that refused or failed a handshake recently, and until when they are tried last.
+        var penalized: [Endpoint: ContinuousClock.Instant] = [:]
         var run: RunPhase = .notStarted
         /// The connection new requests go to; `nil` while connecting, draining or stopped.
         var ready: ClientConnection?

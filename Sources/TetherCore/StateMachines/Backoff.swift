@@ -2,7 +2,9 @@
 ///
 /// The delay before retry number `n` (1-based) is
 /// `min(maximum, initial × multiplier^(n-1))`, then moved by a uniformly random factor in
-/// `[1 - jitter, 1 + jitter]` and clamped to `[0, maximum]`.
+/// `[1 - jitter, 1 + jitter]` and clamped to `[0, maximum]`. The default jitter of 1 is "full
+/// jitter": anything from 0 to twice the delay, so that clients dropped at the same moment (a
+/// gateway restart) come back spread out rather than in waves.
 ///
 /// ```swift
 /// let backoff = try Backoff(initial: .milliseconds(250), maximum: .seconds(30), multiplier: 2, jitter: 0.2)
@@ -25,7 +27,7 @@ public struct Backoff: Hashable, Sendable {
         initial: Duration = .milliseconds(250),
         maximum: Duration = .seconds(30),
         multiplier: Double = 2,
-        jitter: Double = 0.2,
+        jitter: Double = 1,
         maxAttempts: Int? = nil
     ) throws(ConfigurationError) {
         self.initial = initial
@@ -36,7 +38,7 @@ public struct Backoff: Hashable, Sendable {
         try self.validate()
     }
 
-    /// Defaults: 250 ms, doubling, up to 30 s, ±20 % jitter, unlimited attempts.
+    /// Defaults: 250 ms, doubling, up to 30 s, full jitter (0 to twice the delay), unlimited attempts.
     public static var defaults: Backoff { try! Backoff() }
 
     /// Checks every value; called by the initialiser and by the configurations that embed this.

@@ -119,9 +119,11 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// The connection attempt succeeded, including the handshake.
-    public mutating func connectSucceeded() -> Action {
+    /// - Parameter winner: The endpoint that answered, if the attempt raced several.
+    public mutating func connectSucceeded(via winner: Endpoint? = nil) -> Action {
         switch self.state {
-        case .connecting(let endpoint, _):
+        case .connecting(let attempted, _):
+            let endpoint = winner ?? attempted
             if let index = self.configuration.endpoints.firstIndex(of: endpoint) {
                 self.preferredIndex = index
             }
@@ -137,7 +139,9 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// The connection attempt failed (refused, timed out, or the handshake failed).
-    public mutating func connectFailed() -> Action {
+    /// - Parameter elapsed: How long the attempt took. Backoff delays count from the start of
+    ///   the attempt: one that timed out after 5 s already spaced the attempts by 5 s.
+    public mutating func connectFailed(after elapsed: Duration = .zero) -> Action {
         switch self.state {
         case .connecting(let endpoint, _):
             if self.offline {
@@ -161,10 +165,8 @@ public struct ConnectivityStateMachine: Sendable {
             }
             self.triedInRound = 0
             self.failedRounds += 1
-            return self.backOff(
-                self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit()),
-                next: next
-            )
+            let delay = self.configuration.backoff.delay(forAttempt: self.failedRounds, random: self.generator.nextUnit())
+            return self.backOff(max(.zero, delay - elapsed), next: next)
         case .shutDown:
             return .stop
         case .idle, .connected, .draining, .backingOff, .waitingForPath, .failed:

@@ -1,0 +1,183 @@
+public import Foundation
+
+/// Turns lab results into the Markdown report: the tables, the targets met or missed, the
+/// machine, and the command that made it.
+public enum LabReport {
+    /// The machine the lab ran on: cores, memory, kernel.
+    public static func machine() -> String {
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        let memory = Double(ProcessInfo.processInfo.physicalMemory) / 1_073_741_824
+        var system = utsname()
+        uname(&system)
+        let release = withUnsafeBytes(of: &system.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let sysname = withUnsafeBytes(of: &system.sysname) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return String(format: "%d cores, %.0f GiB memory, %@ %@", cores, memory, sysname, release)
+    }
+
+    /// The report for `results`.
+    public static func markdown(_ results: [ScenarioResult], machine: String, command: String, date: Date = Date()) -> String {
+        var lines: [String] = []
+        lines.append("# Tether weak-network lab report")
+        lines.append("")
+        lines.append("- Made by: `\(command)`")
+        lines.append("- Machine: \(machine)")
+        lines.append("- Date: \(date.formatted(.iso8601))")
+        lines.append(
+            "- Setup: a `tether serve` gateway process (SQLite store) and the clients in the lab's process, all with the default "
+                + "client configuration; every client's link is a proxy of the lab on loopback inside a network namespace the lab "
+                + "created; packet loss and blackholes are iptables DROP rules on those links (real kernel TCP retransmits), "
+                + "latency and jitter come from the proxy. Alice sends reliable messages to Bob (20/s, then a backlog) and makes "
+                + "one echo request at a time; Carol is idle; observers are idle clients that give the reconnection samples."
+        )
+        lines.append("")
+        lines.append("## Targets")
+        lines.append("")
+        for check in Self.targets(results) { lines.append("- \(check)") }
+        lines.append("")
+        lines.append("## Delivery (reliable messages, Alice → gateway → Bob's app)")
+        lines.append("")
+        lines.append(
+            "| Scenario | Conditions | Accepted | ≤ 5 s | ≤ 30 s | Eventually | Dup / order | Latency p50 / p90 / p99 (ms) | Backlog: drained in / p99 | Requests ok | Request p50 / p99 (ms) |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for result in results {
+            guard result.skipped == nil, let delivery = result.delivery else {
+                lines.append("| \(result.name) | \(result.summary) | skipped: \(result.skipped ?? "no data") | | | | | | | | |")
+                continue
+            }
+            let backlog = result.backlog.map { backlog in
+                "\(backlog.messages): " + (backlog.drainSeconds.map { Self.number($0, 1) + " s" } ?? "not drained")
+                    + " / " + (backlog.latency.map { Self.number($0.p99, 0) + " ms" } ?? "–")
+            }
+            lines.append(
+                "| \(result.name) | \(result.summary) | \(delivery.accepted) | \(Self.percent(delivery.within5s, of: delivery.accepted)) | "
+                    + "\(Self.percent(delivery.within30s, of: delivery.accepted)) | \(Self.percent(delivery.eventually, of: delivery.accepted)) | "
+                    + "\(delivery.duplicates) / \(delivery.orderViolations) | \(Self.triple(delivery.latency)) | \(backlog ?? "–") | "
+                    + "\(result.requests.map { Self.percent($0.succeeded, of: $0.sent) } ?? "–") | "
+                    + "\(result.requests?.latency.map { Self.number($0.p50, 1) + " / " + Self.number($0.p99, 0) } ?? "–") |"
+            )
+        }
+        lines.append("")
+        lines.append("## Connection")
+        lines.append("")
+        lines.append(
+            "| Scenario | First connect p50 / p90 (ms) | Restored → connected p50 / p90 / p95 (s) | Signal | Samples | Never reconnected | Blackhole detected after p50 / max (s) | Disconnects |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for result in results where result.skipped == nil {
+            let reconnection = result.reconnection
+            let restored = reconnection?.restoredToConnected.map {
+                "\(Self.number($0.p50, 2)) / \(Self.number($0.p90, 2)) / \(Self.number($0.p95, 2))"
+            }
+            let detection = reconnection?.detection.map { "\(Self.number($0.p50, 1)) / \(Self.number($0.max, 1))" }
+            let disconnects = result.disconnects.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+            lines.append(
+                "| \(result.name) | \(result.firstConnect.map { "\(Self.number($0.p50, 1)) / \(Self.number($0.p90, 1))" } ?? "–") | "
+                    + "\(restored ?? "–") | \(reconnection.map { $0.signalled ? "yes" : "no" } ?? "–") | "
+                    + "\(reconnection?.restoredToConnected?.count ?? 0) | \(reconnection.map { "\($0.neverReconnected)" } ?? "–") | "
+                    + "\(detection ?? "–") | \(disconnects.isEmpty ? "none" : disconnects) |"
+            )
+        }
+        let herds = results.filter { $0.herd != nil }
+        if !herds.isEmpty {
+            lines.append("")
+            lines.append("## Gateway restart with many clients (thundering herd)")
+            lines.append("")
+            lines.append("| Scenario | Clients | Peak handshakes/s | Peak attempts/s | All reconnected after (s) |")
+            lines.append("|---|---|---|---|---|")
+            for result in herds {
+                let herd = result.herd!
+                lines.append(
+                    "| \(result.name) | \(herd.clients) | \(Self.number(herd.peakConnectsPerSecond, 0)) | \(Self.number(herd.peakAttemptsPerSecond, 0)) | "
+                        + "\(herd.secondsToAllReconnected.map { Self.number($0, 2) } ?? "not all") |"
+                )
+            }
+        }
+        lines.append("")
+        lines.append("## Cost of staying connected")
+        lines.append("")
+        for result in results where result.heartbeatBytesPerHour != nil || result.overheadBytesPerMessage != nil {
+            var parts: [String] = []
+            if let bytes = result.heartbeatBytesPerHour {
+                parts.append("an idle connection exchanges \(Self.number(bytes / 1024, 1)) KiB per hour (heartbeats, both ways, TCP/IP headers not counted)")
+            }
+            if let overhead = result.overheadBytesPerMessage {
+                parts.append("a reliable message costs \(Self.number(overhead, 0)) bytes on the wire beyond its body (MESSAGE, MESSAGE_ACK, DELIVERY, DELIVERY_ACK)")
+            }
+            lines.append("- \(result.name): " + parts.joined(separator: "; "))
+        }
+        if let probe = results.compactMap(\.ttlProbe).first {
+            lines.append("- A message sent into the blackhole with a 5 s TTL ended as: \(probe)")
+        }
+        lines.append("")
+        return lines.joined(separator: "\n")
+    }
+
+    /// The issue's done-when targets that these results can judge, met (✅) or missed (❌).
+    public static func targets(_ results: [ScenarioResult]) -> [String] {
+        var checks: [String] = []
+        func check(_ met: Bool, _ text: String) { checks.append((met ? "✅ " : "❌ ") + text) }
+        func result(_ name: String) -> ScenarioResult? { results.first { $0.name == name && $0.skipped == nil } }
+        for name in ["loss-30", "loss-50"] {
+            guard let result = result(name), let delivery = result.delivery else { continue }
+            check(
+                delivery.eventually == delivery.accepted && delivery.duplicates == 0 && delivery.orderViolations == 0,
+                "\(name): \(delivery.eventually) of \(delivery.accepted) delivered eventually, \(delivery.duplicates) duplicates, \(delivery.orderViolations) order violations"
+            )
+        }
+        if let backlog = result("loss-30")?.backlog {
+            let drain = backlog.drainSeconds
+            check((drain ?? .infinity) <= 10, "loss-30: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 10 s)")
+            if let p99 = backlog.latency?.p99 {
+                check(p99 <= 5000, "loss-30: backlog p99 latency \(Self.number(p99, 0)) ms (target ≤ 5,000 ms)")
+            }
+        }
+        if let backlog = result("loss-50")?.backlog {
+            let drain = backlog.drainSeconds
+            check((drain ?? .infinity) <= 120, "loss-50: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 120 s)")
+        }
+        for name in ["switch", "flap"] {
+            if let restored = result(name)?.reconnection?.restoredToConnected {
+                check(
+                    restored.p50 <= 0.5 && restored.p90 <= 1,
+                    "\(name) (path signal): restored → connected p50 \(Self.number(restored.p50, 2)) s, p90 \(Self.number(restored.p90, 2)) s (targets ≤ 0.5 s, ≤ 1 s)"
+                )
+            }
+        }
+        if let blackhole = result("blackhole"), let reconnection = blackhole.reconnection {
+            if let restored = reconnection.restoredToConnected {
+                check(restored.p95 <= 2, "blackhole lifted (no signal): restored → connected p95 \(Self.number(restored.p95, 2)) s (target ≤ 2 s)")
+            }
+            if let detection = reconnection.detection {
+                check(
+                    detection.max <= 16,
+                    "blackhole detected after at most \(Self.number(detection.max, 1)) s (target: heartbeat interval 10 s + timeout 5 s + 1 s = 16 s)"
+                )
+            }
+            if let probe = blackhole.ttlProbe {
+                check(probe == "expired", "a message that missed its TTL in the blackhole ended as \(probe)")
+            }
+        }
+        if let herd = result("herd")?.herd {
+            check(
+                herd.secondsToAllReconnected != nil,
+                "herd: \(herd.clients) clients, all reconnected: \(herd.secondsToAllReconnected.map { "yes, within \(Self.number($0, 2)) s" } ?? "no"); peak \(Self.number(herd.peakConnectsPerSecond, 0)) handshakes/s"
+            )
+        }
+        return checks
+    }
+
+    static func number(_ value: Double, _ digits: Int) -> String {
+        String(format: "%.\(digits)f", value)
+    }
+
+    static func percent(_ part: Int, of whole: Int) -> String {
+        guard whole > 0 else { return "–" }
+        return part == whole ? "100 %" : String(format: "%.1f %%", Double(part) / Double(whole) * 100)
+    }
+
+    static func triple(_ percentiles: Percentiles?) -> String {
+        guard let percentiles else { return "–" }
+        return "\(Self.number(percentiles.p50, 0)) / \(Self.number(percentiles.p90, 0)) / \(Self.number(percentiles.p99, 0))"
+    }
+}

@@ -1,0 +1,335 @@
+import Foundation
+import Logging
+public import NIOCore
+import Tether
+import TetherCore
+import TetherTesting
+
+/// Runs lab scenarios against a real gateway process and real clients.
+///
+/// ```swift
+/// let lab = Lab(executable: "/usr/local/bin/tether", directory: "/tmp/lab", packetFilter: try PacketFilter())
+/// let result = try await lab.run(Scenario.named("loss-30")!)
+/// ```
+public struct Lab: Sendable {
+    /// The `tether` executable, started as `tether serve` for the gateway.
+    public var executable: String
+    /// Where stores, outboxes and logs go (one directory per scenario).
+    public var directory: String
+    /// Drops packets, or `nil` where the machine cannot (those scenarios are skipped).
+    public var packetFilter: PacketFilter?
+    /// Why there is no packet filter, for the skipped scenarios.
+    public var packetFilterUnavailable: String?
+    /// Progress lines.
+    public var progress: @Sendable (String) -> Void
+
+    public init(
+        executable: String,
+        directory: String,
+        packetFilter: PacketFilter?,
+        packetFilterUnavailable: String? = nil,
+        progress: @escaping @Sendable (String) -> Void = { print($0) }
+    ) {
+        self.executable = executable
+        self.directory = directory
+        self.packetFilter = packetFilter
+        self.packetFilterUnavailable = packetFilterUnavailable
+        self.progress = progress
+    }
+
+    /// Runs one scenario and returns what it measured (or why it was skipped).
+    public func run(_ scenario: Scenario) async throws -> ScenarioResult {
+        if scenario.needsPacketFilter && self.packetFilter == nil {
+            let reason = self.packetFilterUnavailable ?? "no packet filter"
+            self.progress("\(scenario.name): skipped: \(reason)")
+            return ScenarioResult(name: scenario.name, summary: scenario.summary, skipped: reason)
+        }
+        let directory = "\(self.directory)/\(scenario.name)"
+        try? FileManager.default.removeItem(atPath: directory)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let run = ScenarioRun(scenario: scenario, lab: self, directory: directory)
+        defer { try? self.packetFilter?.clear() }
+        return try await run.run()
+    }
+}
+
+/// One run of one scenario.
+private struct ScenarioRun: Sendable {
+    static let requestBody = ByteBuffer(repeating: UInt8(ascii: "r"), count: 32)
+
+    let scenario: Scenario
+    let lab: Lab
+    let directory: String
+    let recorder = LabRecorder()
+
+    func say(_ text: String) {
+        self.lab.progress(String(format: "%@ [%6.2fs] %@", self.scenario.name, self.recorder.now(), text))
+    }
+
+    func run() async throws -> ScenarioResult {
+        let scenario = self.scenario
+        let gateway = GatewayProcess(
+            executable: self.lab.executable,
+            port: try await GatewayProcess.freePort(),
+            store: "\(self.directory)/gateway.sqlite",
+            heartbeat: scenario.heartbeatInterval,
+            logFile: "\(self.directory)/gateway.log"
+        )
+        try await gateway.start()
+        defer { gateway.kill() }
+        let upstream = Endpoint(host: "127.0.0.1", port: gateway.port)
+        let impairment = try TCPFaultProxy.Impairment(latency: scenario.latency, jitter: scenario.jitter)
+
+        // Each client's link is a proxy: it counts bytes, adds delay, and can go silent. A
+        // thousand clients go straight to the gateway (the proxy would measure itself).
+        let observersDirect = scenario.observers > 100
+        var proxies: [String: TCPFaultProxy] = [:]
+        var endpoints: [String: Endpoint] = [:]
+        for link in ["alice", "bob", "carol"] + (observersDirect || scenario.observers == 0 ? [] : ["observers"]) {
+            let proxy = TCPFaultProxy(upstream: upstream)
+            proxy.impairment = impairment
+            endpoints[link] = Endpoint(host: "127.0.0.1", port: try await proxy.start().port!)
+            proxies[link] = proxy
+        }
+        endpoints["observers"] = endpoints["observers"] ?? upstream
+        let clientPorts = proxies.keys.sorted().map { endpoints[$0]!.port }
+        defer { for proxy in proxies.values { Task { await proxy.stop() } } }
+        if scenario.loss > 0 { try self.lab.packetFilter?.drop(probability: scenario.loss, ports: clientPorts) }
+
+        let path = ManualNetworkPathMonitor()
+        let alice = try self.client("alice", endpoint: endpoints["alice"]!, path: path, outbox: "alice")
+        let bob = try self.client("bob", endpoint: endpoints["bob"]!, path: path, outbox: "bob")
+        let carol = try self.client("carol", endpoint: endpoints["carol"]!, path: path, outbox: nil)
+        var clients: [(String, TetherClient)] = [("alice", alice), ("bob", bob), ("carol", carol)]
+        for index in 0..<scenario.observers {
+            clients.append(("o\(index)", try self.client("o\(index)", endpoint: endpoints["observers"]!, path: path, outbox: nil)))
+        }
+        self.say(
+            "gateway on \(gateway.port), \(clients.count) clients"
+                + (scenario.loss > 0 ? String(format: ", dropping %.0f %% of packets on ports %@", scenario.loss * 100, "\(clientPorts)") : "")
+        )
+
+        let links = proxies
+        let allProxies = Array(proxies.values)
+        let everyone = clients
+        var result = ScenarioResult(name: scenario.name, summary: scenario.summary)
+        let ttlProbe = TTLProbeBox()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (name, client) in everyone {
+                let events = client.events
+                group.addTask { await self.record(events, of: name) }
+                group.addTask {
+                    self.recorder.event(name, .started)
+                    do { try await client.run() } catch { self.say("\(name) stopped: \(error)") }
+                }
+            }
+            group.addTask {
+                do {
+                    for try await delivery in bob.deliveries() {
+                        guard let number = Int(String(buffer: delivery.body)) else { continue }
+                        self.recorder.delivered(number)
+                    }
+                } catch {}
+            }
+            group.addTask {
+                try await self.disrupt(gateway: gateway, proxies: allProxies, ports: clientPorts, path: path, alice: alice, ttl: ttlProbe)
+            }
+            let steadyEnd = Double(scenario.steadyDuration.components.seconds)
+            group.addTask { await self.requests(alice, until: steadyEnd) }
+
+            // The steady phase.
+            let count = scenario.messageRate * Int(steadyEnd)
+            for index in 0..<count {
+                let due = Double(index) / Double(scenario.messageRate)
+                let wait = due - self.recorder.now()
+                if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
+                try await self.send(alice, backlog: false)
+            }
+            let carolBytes = links["carol"]!.forwardedBytes
+            self.say("steady phase over: \(count) messages sent")
+            let idleStart = self.recorder.now()
+
+            if scenario.backlog > 0 {
+                await self.waitUntil(seconds: 60) { self.recorder.allDelivered }
+                let before = (links["alice"]!.forwardedBytes, links["bob"]!.forwardedBytes)
+                self.say("backlog: \(scenario.backlog) messages at once")
+                for _ in 0..<scenario.backlog { try await self.send(alice, backlog: true) }
+                await self.waitUntil(seconds: 180) { self.recorder.allDelivered }
+                let after = (links["alice"]!.forwardedBytes, links["bob"]!.forwardedBytes)
+                let wire = (after.0.toUpstream + after.0.toClient + after.1.toUpstream + after.1.toClient)
+                    - (before.0.toUpstream + before.0.toClient + before.1.toUpstream + before.1.toClient)
+                let bodies = (count..<(count + scenario.backlog)).reduce(0) { $0 + "\($1)".utf8.count }
+                result.overheadBytesPerMessage = Double(wire - bodies) / Double(scenario.backlog)
+            }
+            await self.waitUntil(seconds: 180) { self.recorder.allDelivered }
+            if scenario.loss == 0, scenario.disruption == nil {
+                // Carol did nothing but keep her connection alive since the handshake.
+                let carolNow = links["carol"]!.forwardedBytes
+                let seconds = self.recorder.now() - idleStart
+                if seconds > 1 {
+                    let bytes = carolNow.toUpstream + carolNow.toClient - carolBytes.toUpstream - carolBytes.toClient
+                    result.heartbeatBytesPerHour = Double(bytes) / seconds * 3600
+                }
+            }
+            self.say(self.recorder.allDelivered ? "all delivered" : "gave up waiting: not all delivered")
+            for (_, client) in everyone { client.shutdown() }
+            try await group.waitForAll()
+        }
+        result.seconds = self.recorder.now()
+        result.ttlProbe = ttlProbe.outcome
+        result.analyze(self.recorder.snapshot, clients: clients.map(\.0), scenario: scenario)
+        if observersDirect {
+            result.herd = self.herd(clients: scenario.observers)
+        }
+        return result
+    }
+
+    private func client(_ name: String, endpoint: Endpoint, path: ManualNetworkPathMonitor, outbox: String?) throws -> TetherClient {
+        // The defaults a user gets, plus the device's network path.
+        var configuration = ClientConfiguration(endpoints: [endpoint], clientID: name)
+        configuration.pathMonitor = path
+        if let outbox {
+            configuration.reliability = try .init(outbox: try SQLiteOutboxStore(path: "\(self.directory)/\(outbox).sqlite"))
+        }
+        var logger = Logger(label: "tether.lab.\(name)")
+        logger.logLevel = .critical
+        return try TetherClient(configuration: configuration, logger: logger)
+    }
+
+    private func send(_ alice: TetherClient, backlog: Bool) async throws {
+        let number = self.recorder.accepted(backlog: backlog)
+        _ = try await alice.send("dm", body: ByteBuffer(string: "\(number)"), conversation: "bob")
+    }
+
+    private func record(_ events: AsyncStream<ConnectionEvent>, of client: String) async {
+        for await event in events {
+            switch event {
+            case .connecting: self.recorder.event(client, .connecting)
+            case .connected: self.recorder.event(client, .connected)
+            case .disconnected(.shutdown): break  // the end of the run
+            case .disconnected(.heartbeatTimeout): self.recorder.event(client, .disconnected(heartbeatTimeout: true))
+            case .disconnected: self.recorder.event(client, .disconnected(heartbeatTimeout: false))
+            default: break
+            }
+        }
+    }
+
+    /// One echo request at a time, five per second, until `end`.
+    private func requests(_ alice: TetherClient, until end: Double) async {
+        while self.recorder.now() < end, !Task.isCancelled {
+            let started = self.recorder.now()
+            do {
+                _ = try await alice.request("echo", body: Self.requestBody, timeout: .seconds(10))
+                self.recorder.request(started: started, latency: self.recorder.now() - started)
+            } catch {
+                self.recorder.request(started: started, latency: nil)
+            }
+            try? await Task.sleep(for: .milliseconds(200))
+        }
+    }
+
+    /// Breaks the path as the scenario says, recording when it broke and came back.
+    private func disrupt(
+        gateway: GatewayProcess,
+        proxies: [TCPFaultProxy],
+        ports: [Int],
+        path: ManualNetworkPathMonitor,
+        alice: TetherClient,
+        ttl: TTLProbeBox
+    ) async throws {
+        switch self.scenario.disruption {
+        case nil:
+            return
+        case .blackhole(let at, let lasting):
+            try await self.sleep(until: at)
+            try self.lab.packetFilter!.drop(probability: 1, ports: ports)
+            let start = self.recorder.now()
+            self.say("blackhole: dropping every packet of the clients' links")
+            // A message that cannot make its TTL must fail visibly.
+            let receipt = try await alice.send("dm", body: ByteBuffer(string: "ttl-probe"), conversation: "carol", ttl: .seconds(5))
+            try await Task.sleep(for: lasting)
+            try self.lab.packetFilter!.clear()
+            self.recorder.window(DisruptionWindow(start: start, restored: self.recorder.now(), signalled: false))
+            self.say("blackhole lifted")
+            ttl.outcome = (await alice.outcome(of: receipt)).map { "\($0)" } ?? "unknown"
+
+        case .networkSwitch(let at):
+            try await self.sleep(until: at)
+            for proxy in proxies { proxy.abandonAll() }
+            path.set(NetworkPath(isAvailable: true, identity: "cellular"))
+            let now = self.recorder.now()
+            self.recorder.window(DisruptionWindow(start: now, restored: now, signalled: true))
+            self.say("network switch: old connections silent, the device reports a new network")
+
+        case .flap(let at, let up, let down, let cycles):
+            try await self.sleep(until: at)
+            for _ in 0..<cycles {
+                try self.lab.packetFilter!.drop(probability: 1, ports: ports)
+                path.set(.unavailable)
+                let start = self.recorder.now()
+                try await Task.sleep(for: down)
+                try self.lab.packetFilter!.clear()
+                path.set(NetworkPath(isAvailable: true, identity: "wifi"))
+                self.recorder.window(DisruptionWindow(start: start, restored: self.recorder.now(), signalled: true))
+                try await Task.sleep(for: up)
+            }
+            self.say("flapping over")
+
+        case .gatewayRestart(let at, let downFor):
+            try await self.sleep(until: at)
+            gateway.kill()
+            let start = self.recorder.now()
+            self.say("gateway killed")
+            try await Task.sleep(for: downFor)
+            try await gateway.start()
+            self.recorder.window(DisruptionWindow(start: start, restored: self.recorder.now(), signalled: false))
+            self.say("gateway back")
+        }
+    }
+
+    private func herd(clients: Int) -> ScenarioResult.Herd? {
+        let recorded = self.recorder.snapshot
+        guard let window = recorded.windows.first else { return nil }
+        let observers = recorded.events.filter { $0.client.hasPrefix("o") && $0.time >= window.start }
+        let connects = observers.filter { $0.kind == .connected && $0.time >= window.start }.map(\.time)
+        let attempts = observers.filter { $0.kind == .connecting }.map(\.time)
+        func buckets(_ times: [Double], from origin: Double) -> [Int] {
+            guard let last = times.max(), last >= origin else { return [] }
+            var counts = [Int](repeating: 0, count: Int((last - origin) / 0.1) + 1)
+            for time in times where time >= origin { counts[Int((time - origin) / 0.1)] += 1 }
+            return counts
+        }
+        let perClient = Dictionary(grouping: observers.filter { $0.kind == .connected }, by: \.client)
+        let reconnected = perClient.count
+        return ScenarioResult.Herd(
+            clients: clients,
+            peakConnectsPerSecond: Double(buckets(connects, from: window.start).max() ?? 0) * 10,
+            peakAttemptsPerSecond: Double(buckets(attempts, from: window.start).max() ?? 0) * 10,
+            secondsToAllReconnected: reconnected == clients ? perClient.values.compactMap { $0.first?.time }.max()! - window.restored : nil,
+            connectsPer100ms: buckets(connects, from: window.restored)
+        )
+    }
+
+    private func sleep(until offset: Duration) async throws {
+        let target = Double(offset.components.seconds) + Double(offset.components.attoseconds) / 1e18
+        let wait = target - self.recorder.now()
+        if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
+    }
+
+    private func waitUntil(seconds: Double, _ condition: () -> Bool) async {
+        let deadline = self.recorder.now() + seconds
+        while !condition(), self.recorder.now() < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
+
+/// The outcome of the blackhole scenario's TTL probe, set by the disruption task.
+private final class TTLProbeBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: String?
+    var outcome: String? {
+        get { self.lock.withLock { self.value } }
+        set { self.lock.withLock { self.value = newValue } }
+    }
+}

@@ -1,0 +1,123 @@
+import Foundation
+
+/// Drops packets on the loopback interface of the lab's network namespace with iptables, by
+/// port: real loss that the kernel's TCP must recover from (there is no `tc netem` here).
+///
+/// The rules live in a chain of their own, `TETHER_LAB`, jumped to from `INPUT` for `lo`, so
+/// clearing the lab's rules never touches anything else.
+public struct PacketFilter: Sendable {
+    /// The chain holding the lab's rules.
+    static let chain = "TETHER_LAB"
+
+    /// Why packet loss cannot be injected here, or `nil` if it can: the lab needs root and iptables.
+    public static func unavailableReason() -> String? {
+        guard geteuid() == 0 else {
+            return "dropping packets needs root (iptables in a network namespace); run `sudo tether lab run`"
+        }
+        guard Shell.which("iptables") != nil, Shell.which("ip") != nil else {
+            return "dropping packets needs iptables and iproute2 (Debian: apt-get install iptables iproute2)"
+        }
+        return nil
+    }
+
+    /// Creates the lab's chain in the current network namespace (the lab's own).
+    public init() throws {
+        _ = try? Shell.run("iptables", "-w", "-N", Self.chain)
+        try Shell.run("iptables", "-w", "-F", Self.chain)
+        if (try? Shell.run("iptables", "-w", "-C", "INPUT", "-i", "lo", "-j", Self.chain)) == nil {
+            try Shell.run("iptables", "-w", "-I", "INPUT", "-i", "lo", "-j", Self.chain)
+        }
+    }
+
+    /// Drops each TCP packet to or from `ports` with probability `probability` (1 drops all).
+    public func drop(probability: Double, ports: [Int]) throws {
+        precondition((0...1).contains(probability), "a probability is between 0 and 1")
+        try self.clear()
+        guard probability > 0 else { return }
+        let statistic = probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
+        for port in ports {
+            for direction in ["--dport", "--sport"] {
+                try Shell.run(["iptables", "-w", "-A", Self.chain, "-p", "tcp", direction, "\(port)"] + statistic + ["-j", "DROP"])
+            }
+        }
+    }
+
+    /// Removes every lab rule: packets flow again.
+    public func clear() throws {
+        try Shell.run("iptables", "-w", "-F", Self.chain)
+    }
+}
+
+/// A network namespace made by the lab, with its loopback up; removed by ``remove()``.
+public struct LabNamespace: Sendable {
+    /// The namespace's name (`ip netns` lists it while the lab runs).
+    public let name: String
+
+    /// Creates `tether-lab-PID`.
+    public init() throws {
+        self.name = "tether-lab-\(getpid())"
+        try Shell.run("ip", "netns", "add", self.name)
+        do {
+            try Shell.run("ip", "-n", self.name, "link", "set", "lo", "up")
+        } catch {
+            self.remove()
+            throw error
+        }
+    }
+
+    /// The command line that runs `arguments` inside the namespace.
+    public func command(_ arguments: [String]) -> [String] {
+        ["ip", "netns", "exec", self.name] + arguments
+    }
+
+    /// Deletes the namespace (and with it the lab's iptables rules).
+    public func remove() {
+        _ = try? Shell.run("ip", "netns", "delete", self.name)
+    }
+}
+
+/// Runs external commands for the lab.
+enum Shell {
+    struct Failure: Error, CustomStringConvertible {
+        var command: [String]
+        var status: Int32
+        var output: String
+        var description: String { "`\(self.command.joined(separator: " "))` exited with \(self.status): \(self.output)" }
+    }
+
+    /// The full path of `program` on `PATH` (plus the sbin directories), if any.
+    static func which(_ program: String) -> String? {
+        let path = (ProcessInfo.processInfo.environment["PATH"] ?? "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
+        for directory in path.split(separator: ":") {
+            let candidate = "\(directory)/\(program)"
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+        }
+        return nil
+    }
+
+    @discardableResult
+    static func run(_ arguments: String...) throws -> String {
+        try Self.run(arguments)
+    }
+
+    /// Runs the command to completion; throws with its output if it fails.
+    @discardableResult
+    static func run(_ arguments: [String]) throws -> String {
+        guard let executable = Self.which(arguments[0]) else {
+            throw Failure(command: arguments, status: 127, output: "\(arguments[0]) not found")
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = Array(arguments.dropFirst())
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw Failure(command: arguments, status: process.terminationStatus, output: output)
+        }
+        return output
+    }
+}

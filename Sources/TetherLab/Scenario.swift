@@ -1,0 +1,183 @@
+public import TetherCore
+
+/// One weak-network condition the lab reproduces, and the traffic it measures under it.
+///
+/// Every scenario runs a real gateway (a `tether serve` process with its SQLite store) and real
+/// clients in the lab's process: alice sends reliable messages to bob at a steady rate and makes
+/// one request at a time; carol only keeps her connection alive (heartbeat bytes); observers are
+/// more idle clients whose reconnects give the time-to-reconnect samples.
+public struct Scenario: Sendable, Hashable {
+    /// An event that breaks the path during the run.
+    public enum Disruption: Sendable, Hashable {
+        /// All packets of the clients' links are dropped for `lasting` (the half-open case: no
+        /// RST, no FIN, no path signal), then flow again.
+        case blackhole(at: Duration, lasting: Duration)
+        /// The current connections go silent for good and the device reports a new network at
+        /// once, as when Wi-Fi hands over to cellular.
+        case networkSwitch(at: Duration)
+        /// The link goes down (packets dropped, the device reports no network) for `down`, then
+        /// up for `up`, `cycles` times.
+        case flap(at: Duration, up: Duration, down: Duration, cycles: Int)
+        /// The gateway process is killed (SIGKILL) and started again `downFor` later on the same
+        /// port and store.
+        case gatewayRestart(at: Duration, downFor: Duration)
+    }
+
+    /// A short identifier, used on the command line and in the report.
+    public var name: String
+    /// What the scenario reproduces, in a few words.
+    public var summary: String
+    /// The probability that a packet on the clients' links is dropped (each way), 0 for none.
+    public var loss: Double
+    /// The one-way delay added by the lab's proxy, each way.
+    public var latency: Duration
+    /// The largest extra random one-way delay, drawn per chunk (order is kept).
+    public var jitter: Duration
+    /// What breaks during the run, if anything.
+    public var disruption: Disruption?
+    /// How long alice sends at the steady rate.
+    public var steadyDuration: Duration
+    /// Alice's steady sending rate, messages per second.
+    public var messageRate: Int
+    /// How many messages alice queues at once after the steady phase (0 for none).
+    public var backlog: Int
+    /// How many idle clients measure reconnection.
+    public var observers: Int
+    /// The heartbeat interval the gateway announces.
+    public var heartbeatInterval: Duration
+
+    public init(
+        name: String,
+        summary: String,
+        loss: Double = 0,
+        latency: Duration = .zero,
+        jitter: Duration = .zero,
+        disruption: Disruption? = nil,
+        steadyDuration: Duration = .seconds(30),
+        messageRate: Int = 20,
+        backlog: Int = 0,
+        observers: Int = 0,
+        heartbeatInterval: Duration = .seconds(10)
+    ) {
+        self.name = name
+        self.summary = summary
+        self.loss = loss
+        self.latency = latency
+        self.jitter = jitter
+        self.disruption = disruption
+        self.steadyDuration = steadyDuration
+        self.messageRate = messageRate
+        self.backlog = backlog
+        self.observers = observers
+        self.heartbeatInterval = heartbeatInterval
+    }
+
+    /// Whether the scenario drops packets with iptables (root and a lab network namespace).
+    public var needsPacketFilter: Bool {
+        if self.loss > 0 { return true }
+        switch self.disruption {
+        case .blackhole, .flap: return true
+        case .networkSwitch, .gatewayRestart, nil: return false
+        }
+    }
+
+    /// Whether the clients' links go through the lab's userspace proxy.
+    var usesProxyImpairment: Bool { self.latency > .zero || self.jitter > .zero }
+
+    /// The scenarios of a full lab run (`quick` shortens them for CI).
+    public static func catalog(quick: Bool = false) -> [Scenario] {
+        quick ? Self.quickCatalog : Self.fullCatalog
+    }
+
+    /// The scenario called `name`, in the full or quick catalog.
+    public static func named(_ name: String, quick: Bool = false) -> Scenario? {
+        Self.catalog(quick: quick).first { $0.name == name }
+    }
+
+    private static var fullCatalog: [Scenario] {
+        [
+            Scenario(name: "clean", summary: "loopback, no impairment", backlog: 1000, observers: 20),
+            Scenario(name: "loss-10", summary: "10 % packet loss each way", loss: 0.1, backlog: 1000),
+            Scenario(name: "loss-30", summary: "30 % packet loss each way", loss: 0.3, backlog: 1000),
+            Scenario(name: "loss-50", summary: "50 % packet loss each way", loss: 0.5, backlog: 1000),
+            Scenario(
+                name: "latency",
+                summary: "200–800 ms round trip (100 ms + 0–300 ms jitter each way)",
+                latency: .milliseconds(100),
+                jitter: .milliseconds(300),
+                backlog: 1000
+            ),
+            Scenario(
+                name: "blackhole",
+                summary: "every packet dropped for 30 s, no signal",
+                disruption: .blackhole(at: .seconds(10), lasting: .seconds(30)),
+                steadyDuration: .seconds(60),
+                observers: 20
+            ),
+            Scenario(
+                name: "switch",
+                summary: "network switch: old connections go silent, a new network is reported",
+                disruption: .networkSwitch(at: .seconds(10)),
+                steadyDuration: .seconds(25),
+                observers: 20
+            ),
+            Scenario(
+                name: "flap",
+                summary: "link up 5 s / down 3 s, reported by the device, 5 times",
+                disruption: .flap(at: .seconds(5), up: .seconds(5), down: .seconds(3), cycles: 5),
+                steadyDuration: .seconds(50),
+                observers: 20
+            ),
+            Scenario(
+                name: "restart",
+                summary: "gateway killed (SIGKILL), back 2 s later",
+                disruption: .gatewayRestart(at: .seconds(10), downFor: .seconds(2)),
+                steadyDuration: .seconds(30),
+                observers: 20
+            ),
+            Scenario(
+                name: "loss-30+latency",
+                summary: "30 % loss each way and 300 ms round trip",
+                loss: 0.3,
+                latency: .milliseconds(150),
+                backlog: 1000
+            ),
+            Scenario(
+                name: "herd",
+                summary: "gateway restart with 1,000 connected clients",
+                disruption: .gatewayRestart(at: .seconds(10), downFor: .seconds(2)),
+                steadyDuration: .seconds(40),
+                observers: 1000
+            ),
+        ]
+    }
+
+    private static var quickCatalog: [Scenario] {
+        [
+            Scenario(name: "clean", summary: "loopback, no impairment", steadyDuration: .seconds(3), backlog: 300, observers: 5),
+            Scenario(name: "loss-30", summary: "30 % packet loss each way", loss: 0.3, steadyDuration: .seconds(4), backlog: 1000),
+            Scenario(
+                name: "blackhole",
+                summary: "every packet dropped for 8 s, no signal (2 s heartbeat)",
+                disruption: .blackhole(at: .seconds(2), lasting: .seconds(8)),
+                steadyDuration: .seconds(12),
+                observers: 10,
+                heartbeatInterval: .seconds(2)
+            ),
+            Scenario(
+                name: "switch",
+                summary: "network switch: old connections go silent, a new network is reported",
+                disruption: .networkSwitch(at: .seconds(2)),
+                steadyDuration: .seconds(5),
+                observers: 10
+            ),
+            Scenario(
+                name: "herd",
+                summary: "gateway restart with 300 connected clients",
+                disruption: .gatewayRestart(at: .seconds(3), downFor: .seconds(1)),
+                steadyDuration: .seconds(10),
+                observers: 300
+            ),
+        ]
+    }
+}

@@ -1,0 +1,183 @@
+/// What one scenario measured; encoded to `results.json` and summarised in the report.
+public struct ScenarioResult: Codable, Sendable {
+    public struct Delivery: Codable, Sendable {
+        /// Messages accepted by alice's `send` (steady phase and backlog).
+        public var accepted: Int
+        public var within5s: Int
+        public var within30s: Int
+        public var eventually: Int
+        /// Seen twice by bob's app: must be 0.
+        public var duplicates: Int
+        /// Seen out of order by bob's app: must be 0.
+        public var orderViolations: Int
+        /// Acceptance to bob's app, steady-phase messages, milliseconds.
+        public var latency: Percentiles?
+    }
+
+    public struct Backlog: Codable, Sendable {
+        public var messages: Int
+        /// From the first message accepted to the last one delivered, seconds.
+        public var drainSeconds: Double?
+        /// Acceptance to bob's app, milliseconds.
+        public var latency: Percentiles?
+    }
+
+    public struct Requests: Codable, Sendable {
+        public var sent: Int
+        public var succeeded: Int
+        /// Milliseconds, successful requests.
+        public var latency: Percentiles?
+    }
+
+    public struct Reconnection: Codable, Sendable {
+        /// Path restored → connected again, seconds, one sample per client and restoration.
+        public var restoredToConnected: Percentiles?
+        /// Whether the restorations were signalled by the device.
+        public var signalled: Bool
+        /// Clients that did not lose their connection.
+        public var stayedConnected: Int
+        /// Clients that had not reconnected when the scenario ended: must be 0.
+        public var neverReconnected: Int
+        /// Start of a blackhole → the client declares the link dead, seconds.
+        public var detection: Percentiles?
+    }
+
+    public struct Herd: Codable, Sendable {
+        public var clients: Int
+        /// Handshakes completed per second, highest 100 ms window × 10.
+        public var peakConnectsPerSecond: Double
+        /// Connection attempts started per second, highest 100 ms window × 10.
+        public var peakAttemptsPerSecond: Double
+        /// Gateway back → the last client connected, seconds.
+        public var secondsToAllReconnected: Double?
+        /// Handshakes completed per 100 ms after the gateway came back.
+        public var connectsPer100ms: [Int]
+    }
+
+    public var name: String
+    public var summary: String
+    /// Why the scenario did not run, if it did not.
+    public var skipped: String?
+    public var seconds: Double = 0
+    public var delivery: Delivery?
+    public var backlog: Backlog?
+    public var requests: Requests?
+    /// `run()` called → connected, milliseconds, all clients.
+    public var firstConnect: Percentiles?
+    public var reconnection: Reconnection?
+    public var herd: Herd?
+    /// Bytes on the wire (application level, both ways) of one idle connection, per hour.
+    public var heartbeatBytesPerHour: Double?
+    /// Bytes on the wire (both links, both ways) per backlog message, minus its body.
+    public var overheadBytesPerMessage: Double?
+    /// A message with a 5 s TTL sent into the blackhole: its outcome (should be "expired").
+    public var ttlProbe: String?
+    /// Disconnections by reason.
+    public var disconnects: [String: Int] = [:]
+    public var windows: [DisruptionWindow] = []
+    /// [accepted, delivered or -1] per message, seconds since the start (for the plots).
+    public var messages: [[Double]] = []
+
+    public init(name: String, summary: String, skipped: String? = nil) {
+        self.name = name
+        self.summary = summary
+        self.skipped = skipped
+    }
+}
+
+extension ScenarioResult {
+    /// Fills the figures in from what the run recorded.
+    mutating func analyze(_ recorded: LabRecorder.State, clients: [String], scenario: Scenario) {
+        let messages = recorded.messages
+        func latency(_ message: LabRecorder.Message) -> Double? { message.delivered.map { ($0 - message.accepted) * 1000 } }
+        let latencies = messages.compactMap(latency)
+        self.delivery = Delivery(
+            accepted: messages.count,
+            within5s: latencies.filter { $0 <= 5000 }.count,
+            within30s: latencies.filter { $0 <= 30000 }.count,
+            eventually: latencies.count,
+            duplicates: recorded.arrivals.duplicates,
+            orderViolations: recorded.arrivals.orderViolations,
+            latency: Percentiles(messages.filter { !$0.backlog }.compactMap(latency))
+        )
+        let backlog = messages.filter(\.backlog)
+        if !backlog.isEmpty {
+            let drained = backlog.allSatisfy { $0.delivered != nil }
+            self.backlog = Backlog(
+                messages: backlog.count,
+                drainSeconds: drained ? backlog.compactMap(\.delivered).max()! - backlog[0].accepted : nil,
+                latency: Percentiles(backlog.compactMap(latency))
+            )
+        }
+        self.requests = Requests(
+            sent: recorded.requests.count,
+            succeeded: recorded.requests.filter { $0.latency != nil }.count,
+            latency: Percentiles(recorded.requests.compactMap { $0.latency.map { $0 * 1000 } })
+        )
+        self.messages = messages.map { [$0.accepted, $0.delivered ?? -1] }
+        self.windows = recorded.windows
+
+        let byClient = Dictionary(grouping: recorded.events, by: \.client)
+        self.firstConnect = Percentiles(
+            clients.compactMap { client in
+                guard let timeline = byClient[client], let started = timeline.first(where: { $0.kind == .started }),
+                    let connected = timeline.first(where: { $0.kind == .connected })
+                else { return nil }
+                return (connected.time - started.time) * 1000
+            }
+        )
+        for event in recorded.events {
+            if case .disconnected(let heartbeat) = event.kind {
+                self.disconnects[heartbeat ? "heartbeat timeout" : "closed or reset", default: 0] += 1
+            }
+        }
+        if !recorded.windows.isEmpty {
+            self.reconnection = Self.reconnection(recorded.windows, events: byClient, clients: clients, scenario: scenario)
+        }
+    }
+
+    private static func reconnection(
+        _ windows: [DisruptionWindow],
+        events: [String: [ClientEvent]],
+        clients: [String],
+        scenario: Scenario
+    ) -> Reconnection {
+        var restored: [Double] = []
+        var detection: [Double] = []
+        var stayed = 0
+        var never = 0
+        for (index, window) in windows.enumerated() {
+            let nextStart = index + 1 < windows.count ? windows[index + 1].start : .infinity
+            for client in clients {
+                let timeline = events[client] ?? []
+                guard let lost = timeline.first(where: { $0.time >= window.start && $0.time < nextStart && $0.kind.isDisconnect })
+                else {
+                    stayed += 1
+                    continue
+                }
+                if case .blackhole = scenario.disruption, lost.kind == .disconnected(heartbeatTimeout: true) {
+                    detection.append(lost.time - window.start)
+                }
+                guard let back = timeline.first(where: { $0.time > lost.time && $0.kind == .connected }) else {
+                    never += 1
+                    continue
+                }
+                restored.append(max(0, back.time - window.restored))
+            }
+        }
+        return Reconnection(
+            restoredToConnected: Percentiles(restored),
+            signalled: windows.allSatisfy(\.signalled),
+            stayedConnected: stayed,
+            neverReconnected: never,
+            detection: Percentiles(detection)
+        )
+    }
+}
+
+extension ClientEvent.Kind {
+    var isDisconnect: Bool {
+        if case .disconnected = self { return true }
+        return false
+    }
+}
