@@ -168,6 +168,7 @@ let package = Package(
                 "TetherGateway",
                 "TetherProtobuf",
                 "TetherTesting",
+                "TetherLab",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

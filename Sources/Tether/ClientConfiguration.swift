@@ -143,7 +143,9 @@ public struct ClientConfiguration: Sendable {
                 throw ConfigurationError("connection.raceDelay must be positive (or nil to open one connection at a time)")
             }
             guard self.maximumRacers >= 1 else { throw ConfigurationError("connection.maximumRacers must be at least 1") }
-            guard self.failedEndpointPenalty >= .zero else { throw ConfigurationError("connection.failedEndpointPenalty must not be negative") }
+            guard self.failedEndpointPenalty >= .zero else {
+                throw ConfigurationError("connection.failedEndpointPenalty must not be negative")
+            }
             guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
                 throw ConfigurationError(
                     "connection.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)"
@@ -178,6 +180,11 @@ public struct ClientConfiguration: Sendable {
         public var suspensionThreshold: Duration?
         /// How long the probe sent after a suspension waits for an answer.
         public var probeTimeout: Duration
+        /// While the link is in use (the client sent something after the last frame it
+        /// received), this much silence is probed with a PING at once, judged with the adaptive
+        /// timeout: a connection stuck in TCP's retransmission backoff on a lossy link is
+        /// replaced in seconds. Idle links are not affected. `nil` turns this off.
+        public var stallInterval: Duration?
 
         public init(
             interval: Duration? = nil,
@@ -187,7 +194,8 @@ public struct ClientConfiguration: Sendable {
             minimumTimeout: Duration = .seconds(1),
             jitter: Double = 0.1,
             suspensionThreshold: Duration? = .seconds(2),
-            probeTimeout: Duration = .seconds(2)
+            probeTimeout: Duration = .seconds(2),
+            stallInterval: Duration? = .seconds(1)
         ) throws(ConfigurationError) {
             self.interval = interval
             self.backgroundInterval = backgroundInterval
@@ -197,6 +205,7 @@ public struct ClientConfiguration: Sendable {
             self.jitter = jitter
             self.suspensionThreshold = suspensionThreshold
             self.probeTimeout = probeTimeout
+            self.stallInterval = stallInterval
             try self.validate()
         }
 
@@ -212,6 +221,9 @@ public struct ClientConfiguration: Sendable {
             }
             guard self.timeout > .zero else { throw ConfigurationError("heartbeat.timeout must be positive") }
             guard self.minimumTimeout > .zero else { throw ConfigurationError("heartbeat.minimumTimeout must be positive") }
+            if let stall = self.stallInterval, stall <= .zero {
+                throw ConfigurationError("heartbeat.stallInterval must be positive (or nil to turn it off)")
+            }
             guard (0...0.5).contains(self.jitter) else { throw ConfigurationError("heartbeat.jitter must be from 0 to 0.5") }
             if let threshold = self.suspensionThreshold, threshold <= .zero {
                 throw ConfigurationError("heartbeat.suspensionThreshold must be positive (or nil to turn detection off)")

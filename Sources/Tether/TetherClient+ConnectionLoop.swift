@@ -166,7 +166,9 @@ extension TetherClient {
         }
         self.logger.info(
             "connected",
-            metadata: ["endpoint": "\(connection.endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)"]
+            metadata: [
+                "endpoint": "\(connection.endpoint)", "connection": "\(negotiated.connectionID)", "version": "\(negotiated.version)",
+            ]
         )
         self.eventBroadcaster.yield(.connected(connection.endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
         waiters.resume(returning: connection)

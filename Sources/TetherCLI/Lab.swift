@@ -113,7 +113,7 @@ struct Lab: AsyncParsableCommand {
 
         private static func executable() -> String {
             #if os(Linux)
-            if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
+                if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
             #endif
             return Bundle.main.executablePath ?? CommandLine.arguments[0]
         }

@@ -99,10 +99,14 @@ public enum LabReport {
         for result in results where result.heartbeatBytesPerHour != nil || result.overheadBytesPerMessage != nil {
             var parts: [String] = []
             if let bytes = result.heartbeatBytesPerHour {
-                parts.append("an idle connection exchanges \(Self.number(bytes / 1024, 1)) KiB per hour (heartbeats, both ways, TCP/IP headers not counted)")
+                parts.append(
+                    "an idle connection exchanges \(Self.number(bytes / 1024, 1)) KiB per hour (heartbeats, both ways, TCP/IP headers not counted)"
+                )
             }
             if let overhead = result.overheadBytesPerMessage {
-                parts.append("a reliable message costs \(Self.number(overhead, 0)) bytes on the wire beyond its body (MESSAGE, MESSAGE_ACK, DELIVERY, DELIVERY_ACK)")
+                parts.append(
+                    "a reliable message costs \(Self.number(overhead, 0)) bytes on the wire beyond its body (MESSAGE, MESSAGE_ACK, DELIVERY, DELIVERY_ACK)"
+                )
             }
             lines.append("- \(result.name): " + parts.joined(separator: "; "))
         }
@@ -127,14 +131,20 @@ public enum LabReport {
         }
         if let backlog = result("loss-30")?.backlog {
             let drain = backlog.drainSeconds
-            check((drain ?? .infinity) <= 10, "loss-30: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 10 s)")
+            check(
+                (drain ?? .infinity) <= 10,
+                "loss-30: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 10 s)"
+            )
             if let p99 = backlog.latency?.p99 {
                 check(p99 <= 5000, "loss-30: backlog p99 latency \(Self.number(p99, 0)) ms (target ≤ 5,000 ms)")
             }
         }
         if let backlog = result("loss-50")?.backlog {
             let drain = backlog.drainSeconds
-            check((drain ?? .infinity) <= 120, "loss-50: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 120 s)")
+            check(
+                (drain ?? .infinity) <= 120,
+                "loss-50: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 120 s)"
+            )
         }
         for name in ["switch", "flap"] {
             if let restored = result(name)?.reconnection?.restoredToConnected {
@@ -146,7 +156,10 @@ public enum LabReport {
         }
         if let blackhole = result("blackhole"), let reconnection = blackhole.reconnection {
             if let restored = reconnection.restoredToConnected {
-                check(restored.p95 <= 2, "blackhole lifted (no signal): restored → connected p95 \(Self.number(restored.p95, 2)) s (target ≤ 2 s)")
+                check(
+                    restored.p95 <= 2,
+                    "blackhole lifted (no signal): restored → connected p95 \(Self.number(restored.p95, 2)) s (target ≤ 2 s)"
+                )
             }
             if let detection = reconnection.detection {
                 check(

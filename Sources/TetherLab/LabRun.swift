@@ -106,7 +106,8 @@ private struct ScenarioRun: Sendable {
         }
         self.say(
             "gateway on \(gateway.port), \(clients.count) clients"
-                + (scenario.loss > 0 ? String(format: ", dropping %.0f %% of packets on ports %@", scenario.loss * 100, "\(clientPorts)") : "")
+                + (scenario.loss > 0
+                    ? String(format: ", dropping %.0f %% of packets on ports %@", scenario.loss * 100, "\(clientPorts)") : "")
         )
 
         let links = proxies
@@ -136,6 +137,16 @@ private struct ScenarioRun: Sendable {
             }
             let steadyEnd = Double(scenario.steadyDuration.components.seconds)
             group.addTask { await self.requests(alice, until: steadyEnd) }
+            // Carol does nothing but keep her connection alive: her bytes are the heartbeat's.
+            let idleStart = IdleSample()
+            if scenario.loss == 0, scenario.disruption == nil {
+                group.addTask {
+                    await self.waitUntil(seconds: 10) { if case .connected = carol.connectionState { true } else { false } }
+                    try? await Task.sleep(for: .seconds(1))
+                    let bytes = links["carol"]!.forwardedBytes
+                    idleStart.set(time: self.recorder.now(), bytes: bytes.toUpstream + bytes.toClient)
+                }
+            }
 
             // The steady phase.
             let count = scenario.messageRate * Int(steadyEnd)
@@ -145,9 +156,11 @@ private struct ScenarioRun: Sendable {
                 if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
                 try await self.send(alice, backlog: false)
             }
-            let carolBytes = links["carol"]!.forwardedBytes
+            if let (time, bytes) = idleStart.value {
+                let now = links["carol"]!.forwardedBytes
+                result.heartbeatBytesPerHour = Double(now.toUpstream + now.toClient - bytes) / (self.recorder.now() - time) * 3600
+            }
             self.say("steady phase over: \(count) messages sent")
-            let idleStart = self.recorder.now()
 
             if scenario.backlog > 0 {
                 await self.waitUntil(seconds: 60) { self.recorder.allDelivered }
@@ -156,22 +169,18 @@ private struct ScenarioRun: Sendable {
                 for _ in 0..<scenario.backlog { try await self.send(alice, backlog: true) }
                 await self.waitUntil(seconds: 180) { self.recorder.allDelivered }
                 let after = (links["alice"]!.forwardedBytes, links["bob"]!.forwardedBytes)
-                let wire = (after.0.toUpstream + after.0.toClient + after.1.toUpstream + after.1.toClient)
+                let wire =
+                    (after.0.toUpstream + after.0.toClient + after.1.toUpstream + after.1.toClient)
                     - (before.0.toUpstream + before.0.toClient + before.1.toUpstream + before.1.toClient)
                 let bodies = (count..<(count + scenario.backlog)).reduce(0) { $0 + "\($1)".utf8.count }
                 result.overheadBytesPerMessage = Double(wire - bodies) / Double(scenario.backlog)
             }
             await self.waitUntil(seconds: 180) { self.recorder.allDelivered }
-            if scenario.loss == 0, scenario.disruption == nil {
-                // Carol did nothing but keep her connection alive since the handshake.
-                let carolNow = links["carol"]!.forwardedBytes
-                let seconds = self.recorder.now() - idleStart
-                if seconds > 1 {
-                    let bytes = carolNow.toUpstream + carolNow.toClient - carolBytes.toUpstream - carolBytes.toClient
-                    result.heartbeatBytesPerHour = Double(bytes) / seconds * 3600
-                }
-            }
             self.say(self.recorder.allDelivered ? "all delivered" : "gave up waiting: not all delivered")
+            // None may fail for good: wait for every client to be connected again.
+            await self.waitUntil(seconds: 60) {
+                everyone.allSatisfy { if case .connected = $0.1.connectionState { true } else { false } }
+            }
             for (_, client) in everyone { client.shutdown() }
             try await group.waitForAll()
         }
@@ -277,8 +286,8 @@ private struct ScenarioRun: Sendable {
 
         case .gatewayRestart(let at, let downFor):
             try await self.sleep(until: at)
-            gateway.kill()
             let start = self.recorder.now()
+            gateway.kill()
             self.say("gateway killed")
             try await Task.sleep(for: downFor)
             try await gateway.start()
@@ -322,6 +331,14 @@ private struct ScenarioRun: Sendable {
             try? await Task.sleep(for: .milliseconds(20))
         }
     }
+}
+
+/// Carol's byte count once her connection settled, set by its own task.
+private final class IdleSample: @unchecked Sendable {
+    private let lock = NSLock()
+    private var sample: (Double, Int)?
+    func set(time: Double, bytes: Int) { self.lock.withLock { self.sample = (time, bytes) } }
+    var value: (Double, Int)? { self.lock.withLock { self.sample } }
 }
 
 /// The outcome of the blackhole scenario's TTL probe, set by the disruption task.

@@ -17,6 +17,15 @@ public struct PacketFilter: Sendable {
         guard Shell.which("iptables") != nil, Shell.which("ip") != nil else {
             return "dropping packets needs iptables and iproute2 (Debian: apt-get install iptables iproute2)"
         }
+        // Root in a container may still lack CAP_NET_ADMIN: try it.
+        let probe = "tether-lab-probe-\(getpid())"
+        do {
+            try Shell.run("ip", "netns", "add", probe)
+            defer { _ = try? Shell.run("ip", "netns", "delete", probe) }
+            try Shell.run("ip", "netns", "exec", probe, "iptables", "-w", "-L", "INPUT", "-n")
+        } catch {
+            return "cannot create a network namespace with iptables rules here (\(error)); the lab needs CAP_NET_ADMIN"
+        }
         return nil
     }
 
@@ -34,7 +43,8 @@ public struct PacketFilter: Sendable {
         precondition((0...1).contains(probability), "a probability is between 0 and 1")
         try self.clear()
         guard probability > 0 else { return }
-        let statistic = probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
+        let statistic =
+            probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
         for port in ports {
             for direction in ["--dport", "--sport"] {
                 try Shell.run(["iptables", "-w", "-A", Self.chain, "-p", "tcp", direction, "\(port)"] + statistic + ["-j", "DROP"])

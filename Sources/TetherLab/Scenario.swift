@@ -145,7 +145,7 @@ public struct Scenario: Sendable, Hashable {
             Scenario(
                 name: "herd",
                 summary: "gateway restart with 1,000 connected clients",
-                disruption: .gatewayRestart(at: .seconds(10), downFor: .seconds(2)),
+                disruption: .gatewayRestart(at: .seconds(15), downFor: .seconds(2)),
                 steadyDuration: .seconds(40),
                 observers: 1000
             ),

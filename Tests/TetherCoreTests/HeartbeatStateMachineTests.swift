@@ -51,6 +51,34 @@ struct HeartbeatStateMachineTests {
         #expect(heartbeat.nextDeadline == self.at(40_000))
     }
 
+    @Test("a link in use that falls silent is probed after the stall interval, not the full interval")
+    func stalledLink() {
+        let fixed = RTTEstimator(initialTimeout: .seconds(2), minimumTimeout: .seconds(2), maximumTimeout: .seconds(2))
+        var heartbeat = HeartbeatStateMachine(
+            configuration: .init(interval: .seconds(10), timeout: fixed, stallInterval: .seconds(1)),
+            now: self.start
+        )
+        // Answers keep coming: no probe.
+        heartbeat.frameSent(at: self.at(100))
+        heartbeat.frameReceived(at: self.at(150))
+        #expect(heartbeat.nextDeadline == self.at(10_100))
+        // Sent after the last answer, then silence (TCP stuck retransmitting): probe at 1 s.
+        heartbeat.frameSent(at: self.at(500))
+        #expect(heartbeat.nextDeadline == self.at(1_150))
+        #expect(heartbeat.timerFired(at: self.at(1_150)) == .sendPing(id: 1))
+        #expect(heartbeat.timerFired(at: self.at(3_150)) == .linkDead(silentFor: .milliseconds(3_000)))
+
+        // The PONG arrives instead: back to the idle interval.
+        var healthy = HeartbeatStateMachine(
+            configuration: .init(interval: .seconds(10), timeout: fixed, stallInterval: .seconds(1)),
+            now: self.start
+        )
+        healthy.frameSent(at: self.at(500))
+        #expect(healthy.timerFired(at: self.at(1_000)) == .sendPing(id: 1))
+        healthy.frameReceived(at: self.at(1_200))
+        #expect(healthy.nextDeadline == self.at(11_000))
+    }
+
     @Test("a client that only receives still pings so that the gateway sees it")
     func receiveOnly() {
         var heartbeat = HeartbeatStateMachine(interval: .seconds(10), timeout: .seconds(5), now: self.start)

@@ -294,7 +294,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
                     maximumTimeout: settings.timeout
                 ),
                 suspensionThreshold: settings.suspensionThreshold.map { TimeAmount($0) },
-                probeTimeout: TimeAmount(settings.probeTimeout)
+                probeTimeout: TimeAmount(settings.probeTimeout),
+                stallInterval: settings.stallInterval.map { TimeAmount($0) }
             ),
             now: now
         )

@@ -40,21 +40,29 @@ public struct HeartbeatStateMachine: Sendable {
         public var suspensionThreshold: TimeAmount?
         /// How long the probe sent after a suspension waits for an answer.
         public var probeTimeout: TimeAmount
+        /// While the link is in use (the last frame sent is newer than the last one received,
+        /// so an answer may be due), a silence this long is probed with a PING at once instead
+        /// of after `interval`: a TCP connection stuck in retransmission backoff on a lossy link
+        /// is found in seconds, not left to the kernel's growing timer. `nil` turns this off.
+        public var stallInterval: TimeAmount?
 
         public init(
             interval: TimeAmount,
             jitter: Double = 0,
             timeout: RTTEstimator,
             suspensionThreshold: TimeAmount? = nil,
-            probeTimeout: TimeAmount = .seconds(2)
+            probeTimeout: TimeAmount = .seconds(2),
+            stallInterval: TimeAmount? = nil
         ) {
             precondition(interval > .zero && probeTimeout > .zero, "heartbeat interval and probe timeout must be positive")
+            precondition(stallInterval.map { $0 > .zero } ?? true, "the stall interval must be positive")
             precondition((0...0.5).contains(jitter), "heartbeat jitter must be between 0 and 0.5")
             self.interval = interval
             self.jitter = jitter
             self.timeout = timeout
             self.suspensionThreshold = suspensionThreshold
             self.probeTimeout = probeTimeout
+            self.stallInterval = stallInterval
         }
     }
 
@@ -114,7 +122,11 @@ public struct HeartbeatStateMachine: Sendable {
         if let awaiting = self.awaiting {
             return awaiting.since + awaiting.timeout
         }
-        return min(self.lastReceived, self.lastSent) + self.currentInterval
+        let idle = min(self.lastReceived, self.lastSent) + self.currentInterval
+        if let stall = self.configuration.stallInterval, self.lastSent > self.lastReceived {
+            return min(idle, self.lastReceived + stall)
+        }
+        return idle
     }
 
     /// A frame arrived.

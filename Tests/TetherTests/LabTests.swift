@@ -1,0 +1,80 @@
+import Foundation
+import Testing
+import TetherLab
+
+/// The short version of the weak-network lab (`tether lab run --quick`), run as a real child
+/// process: a gateway process, real clients, real dropped packets where the machine allows.
+extension IntegrationTests {
+    @Suite("Weak-network lab (quick)")
+    struct LabTests {
+        /// Why packet loss cannot be injected on this machine (`nil` if it can).
+        static let packetFilterUnavailable = PacketFilter.unavailableReason()
+
+        static func run(_ scenarios: [String], in harness: Harness) async throws -> [String: ScenarioResult] {
+            let output = FileManager.default.temporaryDirectory.appendingPathComponent("tether-lab-\(UUID().uuidString)").path
+            harness.onExit { try? FileManager.default.removeItem(atPath: output) }
+            let lab = try ChildProcess(["lab", "run", "--quick", "--output", output] + scenarios, in: harness)
+            let status = try await lab.exitStatus(timeout: .seconds(240))
+            try #require(status == 0, "tether lab run failed:\n\(lab.lines.suffix(30).joined(separator: "\n"))")
+            let data = try Data(contentsOf: URL(fileURLWithPath: "\(output)/results.json"))
+            let results = try JSONDecoder().decode([ScenarioResult].self, from: data)
+            #expect(FileManager.default.fileExists(atPath: "\(output)/REPORT.md"))
+            return Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
+        }
+
+        /// Every accepted message reached Bob's app, once, in order.
+        static func expectEverythingDelivered(_ result: ScenarioResult?, sourceLocation: SourceLocation = #_sourceLocation) throws {
+            let result = try #require(result, sourceLocation: sourceLocation)
+            #expect(result.skipped == nil, sourceLocation: sourceLocation)
+            let delivery = try #require(result.delivery, sourceLocation: sourceLocation)
+            #expect(delivery.accepted > 0, sourceLocation: sourceLocation)
+            #expect(delivery.eventually == delivery.accepted, "\(result.name): not all delivered", sourceLocation: sourceLocation)
+            #expect(delivery.duplicates == 0, sourceLocation: sourceLocation)
+            #expect(delivery.orderViolations == 0, sourceLocation: sourceLocation)
+        }
+
+        @Test("clean, network switch with a path signal, gateway restart with 300 clients")
+        func withoutPacketLoss() async throws {
+            try await withHarness { harness in
+                let results = try await Self.run(["clean", "switch", "herd"], in: harness)
+                for name in ["clean", "switch", "herd"] { try Self.expectEverythingDelivered(results[name]) }
+
+                let switched = try #require(results["switch"]?.reconnection)
+                #expect(switched.signalled)
+                #expect(switched.neverReconnected == 0)
+                let restored = try #require(switched.restoredToConnected)
+                #expect(restored.count >= 10, "every client lost its silent connection and came back")
+                // With the signal the client reconnects at once, not after a heartbeat timeout.
+                #expect(restored.max < 3, "restored → connected took up to \(restored.max) s")
+
+                let herd = try #require(results["herd"]?.herd)
+                #expect(herd.clients == 300)
+                #expect(herd.secondsToAllReconnected != nil, "every client reconnected after the restart")
+                #expect(results["herd"]?.reconnection?.neverReconnected == 0)
+            }
+        }
+
+        @Test(
+            "30 % packet loss and a blackhole without signal (real dropped packets)",
+            .enabled(if: Self.packetFilterUnavailable == nil, "skipped: \(Self.packetFilterUnavailable ?? "")")
+        )
+        func withPacketLoss() async throws {
+            try await withHarness { harness in
+                let results = try await Self.run(["loss-30", "blackhole"], in: harness)
+                try Self.expectEverythingDelivered(results["loss-30"])
+                #expect(results["loss-30"]?.backlog?.drainSeconds != nil, "the 1,000-message backlog drained")
+
+                try Self.expectEverythingDelivered(results["blackhole"])
+                let blackhole = try #require(results["blackhole"])
+                let reconnection = try #require(blackhole.reconnection)
+                #expect(!reconnection.signalled)
+                #expect(reconnection.neverReconnected == 0)
+                // Detected by the heartbeat: 2 s interval + at most 5 s timeout, plus a second.
+                let detection = try #require(reconnection.detection)
+                #expect(detection.count >= 10)
+                #expect(detection.max <= 8, "a blackholed link was detected only after \(detection.max) s")
+                #expect(blackhole.ttlProbe == "expired", "a message that missed its TTL fails visibly")
+            }
+        }
+    }
+}
