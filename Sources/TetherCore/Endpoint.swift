@@ -65,10 +65,15 @@ public struct EndpointParseError: Error, Hashable, Sendable, CustomStringConvert
 }
 
 extension Duration {
+    /// The duration in seconds, with its fraction: `.milliseconds(1500).totalSeconds == 1.5`.
+    public var totalSeconds: Double {
+        let (seconds, attoseconds) = self.components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+
     /// A short human-readable form: `850 µs`, `12.3 ms`, `2.50 s`, `3 min 20 s`.
     public var shortDescription: String {
-        let (seconds, attoseconds) = self.components
-        let total = Double(seconds) + Double(attoseconds) / 1e18
+        let total = self.totalSeconds
         let magnitude = abs(total)
         func rounded(_ value: Double, _ digits: Int) -> String {
             var factor = 1.0

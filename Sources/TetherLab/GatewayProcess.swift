@@ -2,6 +2,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import TetherCore
 
 /// A `tether serve` process with an SQLite store, which the lab can kill and start again.
 final class GatewayProcess: @unchecked Sendable {
@@ -29,9 +30,9 @@ final class GatewayProcess: @unchecked Sendable {
     func start() async throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: self.executable)
-        let seconds = Double(self.heartbeat.components.seconds) + Double(self.heartbeat.components.attoseconds) / 1e18
         process.arguments = [
-            "serve", "--port", "\(self.port)", "--store", self.store, "--heartbeat", "\(seconds)", "--log-level", "warning",
+            "serve", "--port", "\(self.port)", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)",
+            "--log-level", "warning",
         ]
         if !FileManager.default.fileExists(atPath: self.logFile) {
             FileManager.default.createFile(atPath: self.logFile, contents: nil)

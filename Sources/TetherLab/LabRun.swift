@@ -135,7 +135,7 @@ private struct ScenarioRun: Sendable {
             group.addTask {
                 try await self.disrupt(gateway: gateway, proxies: allProxies, ports: clientPorts, path: path, alice: alice, ttl: ttlProbe)
             }
-            let steadyEnd = Double(scenario.steadyDuration.components.seconds)
+            let steadyEnd = scenario.steadyDuration.totalSeconds
             group.addTask { await self.requests(alice, until: steadyEnd) }
             // Carol does nothing but keep her connection alive: her bytes are the heartbeat's.
             let idleStart = IdleSample()
@@ -320,8 +320,7 @@ private struct ScenarioRun: Sendable {
     }
 
     private func sleep(until offset: Duration) async throws {
-        let target = Double(offset.components.seconds) + Double(offset.components.attoseconds) / 1e18
-        let wait = target - self.recorder.now()
+        let wait = offset.totalSeconds - self.recorder.now()
         if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
     }
 

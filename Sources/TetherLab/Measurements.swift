@@ -1,4 +1,5 @@
 import NIOConcurrencyHelpers
+import TetherCore
 
 /// Percentiles of a set of samples (in the unit the samples are in).
 public struct Percentiles: Codable, Sendable, Hashable {
@@ -86,8 +87,7 @@ final class LabRecorder: Sendable {
 
     /// Seconds since the scenario started.
     func now() -> Double {
-        let elapsed = ContinuousClock.now - self.start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        (ContinuousClock.now - self.start).totalSeconds
     }
 
     /// Records that alice's `send` returned for the next message; returns its number.

@@ -66,8 +66,7 @@ public struct Backoff: Hashable, Sendable {
     }
 
     static func seconds(_ duration: Duration) -> Double {
-        let (seconds, attoseconds) = duration.components
-        return Double(seconds) + Double(attoseconds) / 1e18
+        duration.totalSeconds
     }
 
     private func pow(_ base: Double, _ exponent: Double) -> Double {
