@@ -225,11 +225,14 @@ extension TetherClient {
                     }
                 }
             }
-            start()
-            group.addTask {
-                try? await clock.sleep(for: raceDelay)
-                return .tick
+            func scheduleTick() {
+                group.addTask {
+                    try? await clock.sleep(for: raceDelay)
+                    return .tick
+                }
             }
+            start()
+            scheduleTick()
             while let outcome = try await group.next() {
                 switch outcome {
                 case .won(let connection):
@@ -247,15 +250,12 @@ extension TetherClient {
                     lastError = error
                     if fast { self.penalize(endpoint) }
                     // A refusal frees its place for an endpoint not tried yet in this attempt.
-                    if winner == nil, fast, started < order.count, ContinuousClock.now < deadline { start() }
+                    if fast, started < order.count, ContinuousClock.now < deadline { start() }
                 case .tick:
+                    // (With every racer failed and every endpoint tried, `done` is already set.)
                     guard !done, ContinuousClock.now < deadline else { break }
-                    let everyEndpointRefused = started >= order.count && open == 0
-                    if open < settings.maximumRacers && !everyEndpointRefused { start() }
-                    group.addTask {
-                        try? await clock.sleep(for: raceDelay)
-                        return .tick
-                    }
+                    if open < settings.maximumRacers { start() }
+                    scheduleTick()
                 }
                 if !done, open == 0, started >= order.count, lastError != nil {
                     // Every racer failed and every endpoint has been tried: the attempt failed.
