@@ -58,20 +58,24 @@ struct Lab: AsyncParsableCommand {
         func run() async throws {
             let selected = Scenario.catalog(quick: self.quick).filter { self.scenarios.isEmpty || self.scenarios.contains($0.name) }
             let executable = Self.executable()
-            if self.insideNamespace == nil, !self.noNamespace, selected.contains(where: \.needsPacketFilter) {
-                if let reason = PacketFilter.unavailableReason() {
-                    print("note: \(reason); the scenarios that drop packets are skipped")
+            // Inside the lab's namespace packets can be dropped; outside, find out why not, once.
+            var unavailable: String?
+            if self.insideNamespace == nil, selected.contains(where: \.needsPacketFilter) {
+                unavailable = PacketFilter.unavailableReason()
+                if self.noNamespace {
+                    unavailable = unavailable ?? "not run inside a lab network namespace (--no-namespace)"
+                } else if let unavailable {
+                    print("note: \(unavailable); the scenarios that drop packets are skipped")
                 } else {
                     try self.runInNamespace(executable: executable)
                     return
                 }
             }
-            let filter: PacketFilter? = self.insideNamespace == nil ? nil : try PacketFilter()
             let lab = TetherLab.Lab(
                 executable: executable,
                 directory: self.output,
-                packetFilter: filter,
-                packetFilterUnavailable: PacketFilter.unavailableReason() ?? "not run inside a lab network namespace (--no-namespace)"
+                packetFilter: self.insideNamespace == nil ? nil : try PacketFilter(),
+                packetFilterUnavailable: unavailable
             )
             var results: [ScenarioResult] = []
             for scenario in selected {
@@ -100,15 +104,8 @@ struct Lab: AsyncParsableCommand {
             fflush(nil)
             var arguments = ["lab", "run", "--output", self.output, "--inside-namespace", namespace.name] + self.scenarios
             if self.quick { arguments.append("--quick") }
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/sbin/ip").standardized
-            if !FileManager.default.isExecutableFile(atPath: "/usr/sbin/ip") {
-                process.executableURL = URL(fileURLWithPath: "/sbin/ip")
-            }
-            process.arguments = Array(namespace.command([executable] + arguments).dropFirst())
-            try process.run()
-            process.waitUntilExit()
-            guard process.terminationStatus == 0 else { throw ExitCode(process.terminationStatus) }
+            let status = try namespace.run([executable] + arguments)
+            guard status == 0 else { throw ExitCode(status) }
         }
 
         private static func executable() -> String {

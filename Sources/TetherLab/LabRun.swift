@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 public import NIOCore
 import Tether
 import TetherCore
@@ -80,9 +81,8 @@ private struct ScenarioRun: Sendable {
         let upstream = Endpoint(host: "127.0.0.1", port: gateway.port)
         let impairment = try TCPFaultProxy.Impairment(latency: scenario.latency, jitter: scenario.jitter)
 
-        // Each client's link is a proxy: it counts bytes, adds delay, and can go silent. A
-        // thousand clients go straight to the gateway (the proxy would measure itself).
-        let observersDirect = scenario.observers > 100
+        // Each client's link is a proxy: it counts bytes, adds delay, and can go silent.
+        let observersDirect = scenario.observersConnectDirectly
         var proxies: [String: TCPFaultProxy] = [:]
         var endpoints: [String: Endpoint] = [:]
         for link in ["alice", "bob", "carol"] + (observersDirect || scenario.observers == 0 ? [] : ["observers"]) {
@@ -114,7 +114,7 @@ private struct ScenarioRun: Sendable {
         let allProxies = Array(proxies.values)
         let everyone = clients
         var result = ScenarioResult(name: scenario.name, summary: scenario.summary)
-        let ttlProbe = TTLProbeBox()
+        let ttlProbe = NIOLockedValueBox<String?>(nil)  // set by the blackhole scenario
         try await withThrowingTaskGroup(of: Void.self) { group in
             for (name, client) in everyone {
                 let events = client.events
@@ -138,13 +138,14 @@ private struct ScenarioRun: Sendable {
             let steadyEnd = scenario.steadyDuration.totalSeconds
             group.addTask { await self.requests(alice, until: steadyEnd) }
             // Carol does nothing but keep her connection alive: her bytes are the heartbeat's.
-            let idleStart = IdleSample()
+            let idleStart = NIOLockedValueBox<(time: Double, bytes: Int)?>(nil)
             if scenario.loss == 0, scenario.disruption == nil {
                 group.addTask {
                     await self.waitUntil(seconds: 10) { if case .connected = carol.connectionState { true } else { false } }
                     try? await Task.sleep(for: .seconds(1))
                     let bytes = links["carol"]!.forwardedBytes
-                    idleStart.set(time: self.recorder.now(), bytes: bytes.toUpstream + bytes.toClient)
+                    let sample = (time: self.recorder.now(), bytes: bytes.toUpstream + bytes.toClient)
+                    idleStart.withLockedValue { $0 = sample }
                 }
             }
 
@@ -156,7 +157,7 @@ private struct ScenarioRun: Sendable {
                 if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
                 try await self.send(alice, backlog: false)
             }
-            if let (time, bytes) = idleStart.value {
+            if let (time, bytes) = idleStart.withLockedValue({ $0 }) {
                 let now = links["carol"]!.forwardedBytes
                 result.heartbeatBytesPerHour = Double(now.toUpstream + now.toClient - bytes) / (self.recorder.now() - time) * 3600
             }
@@ -185,11 +186,8 @@ private struct ScenarioRun: Sendable {
             try await group.waitForAll()
         }
         result.seconds = self.recorder.now()
-        result.ttlProbe = ttlProbe.outcome
+        result.ttlProbe = ttlProbe.withLockedValue { $0 }
         result.analyze(self.recorder.snapshot, clients: clients.map(\.0), scenario: scenario)
-        if observersDirect {
-            result.herd = self.herd(clients: scenario.observers)
-        }
         return result
     }
 
@@ -244,7 +242,7 @@ private struct ScenarioRun: Sendable {
         ports: [Int],
         path: ManualNetworkPathMonitor,
         alice: TetherClient,
-        ttl: TTLProbeBox
+        ttl: NIOLockedValueBox<String?>
     ) async throws {
         switch self.scenario.disruption {
         case nil:
@@ -260,7 +258,8 @@ private struct ScenarioRun: Sendable {
             try self.lab.packetFilter!.clear()
             self.recorder.window(DisruptionWindow(start: start, restored: self.recorder.now(), signalled: false))
             self.say("blackhole lifted")
-            ttl.outcome = (await alice.outcome(of: receipt)).map { "\($0)" } ?? "unknown"
+            let outcome = (await alice.outcome(of: receipt)).map { "\($0)" } ?? "unknown"
+            ttl.withLockedValue { $0 = outcome }
 
         case .networkSwitch(let at):
             try await self.sleep(until: at)
@@ -296,29 +295,6 @@ private struct ScenarioRun: Sendable {
         }
     }
 
-    private func herd(clients: Int) -> ScenarioResult.Herd? {
-        let recorded = self.recorder.snapshot
-        guard let window = recorded.windows.first else { return nil }
-        let observers = recorded.events.filter { $0.client.hasPrefix("o") && $0.time >= window.start }
-        let connects = observers.filter { $0.kind == .connected && $0.time >= window.start }.map(\.time)
-        let attempts = observers.filter { $0.kind == .connecting }.map(\.time)
-        func buckets(_ times: [Double], from origin: Double) -> [Int] {
-            guard let last = times.max(), last >= origin else { return [] }
-            var counts = [Int](repeating: 0, count: Int((last - origin) / 0.1) + 1)
-            for time in times where time >= origin { counts[Int((time - origin) / 0.1)] += 1 }
-            return counts
-        }
-        let perClient = Dictionary(grouping: observers.filter { $0.kind == .connected }, by: \.client)
-        let reconnected = perClient.count
-        return ScenarioResult.Herd(
-            clients: clients,
-            peakConnectsPerSecond: Double(buckets(connects, from: window.start).max() ?? 0) * 10,
-            peakAttemptsPerSecond: Double(buckets(attempts, from: window.start).max() ?? 0) * 10,
-            secondsToAllReconnected: reconnected == clients ? perClient.values.compactMap { $0.first?.time }.max()! - window.restored : nil,
-            connectsPer100ms: buckets(connects, from: window.restored)
-        )
-    }
-
     private func sleep(until offset: Duration) async throws {
         let wait = offset.totalSeconds - self.recorder.now()
         if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
@@ -329,23 +305,5 @@ private struct ScenarioRun: Sendable {
         while !condition(), self.recorder.now() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
-    }
-}
-
-/// Carol's byte count once her connection settled, set by its own task.
-private final class IdleSample: @unchecked Sendable {
-    private let lock = NSLock()
-    private var sample: (Double, Int)?
-    func set(time: Double, bytes: Int) { self.lock.withLock { self.sample = (time, bytes) } }
-    var value: (Double, Int)? { self.lock.withLock { self.sample } }
-}
-
-/// The outcome of the blackhole scenario's TTL probe, set by the disruption task.
-private final class TTLProbeBox: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: String?
-    var outcome: String? {
-        get { self.lock.withLock { self.value } }
-        set { self.lock.withLock { self.value = newValue } }
     }
 }

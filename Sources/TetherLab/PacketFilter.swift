@@ -75,9 +75,10 @@ public struct LabNamespace: Sendable {
         }
     }
 
-    /// The command line that runs `arguments` inside the namespace.
-    public func command(_ arguments: [String]) -> [String] {
-        ["ip", "netns", "exec", self.name] + arguments
+    /// Runs `arguments` inside the namespace, sharing this process's standard output and
+    /// error, and returns its exit status.
+    public func run(_ arguments: [String]) throws -> Int32 {
+        try Shell.runAttached(["ip", "netns", "exec", self.name] + arguments)
     }
 
     /// Deletes the namespace (and with it the lab's iptables rules).
@@ -113,12 +114,7 @@ enum Shell {
     /// Runs the command to completion; throws with its output if it fails.
     @discardableResult
     static func run(_ arguments: [String]) throws -> String {
-        guard let executable = Self.which(arguments[0]) else {
-            throw Failure(command: arguments, status: 127, output: "\(arguments[0]) not found")
-        }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = Array(arguments.dropFirst())
+        let process = try Self.process(arguments)
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
@@ -129,5 +125,25 @@ enum Shell {
             throw Failure(command: arguments, status: process.terminationStatus, output: output)
         }
         return output
+    }
+
+    /// Runs the command to completion with this process's standard output and error; returns
+    /// its exit status.
+    static func runAttached(_ arguments: [String]) throws -> Int32 {
+        let process = try Self.process(arguments)
+        try process.run()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// A process for `arguments`, its program found with ``which(_:)``.
+    private static func process(_ arguments: [String]) throws -> Process {
+        guard let executable = Self.which(arguments[0]) else {
+            throw Failure(command: arguments, status: 127, output: "\(arguments[0]) not found")
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = Array(arguments.dropFirst())
+        return process
     }
 }

@@ -81,6 +81,10 @@ public struct Scenario: Sendable, Hashable {
         }
     }
 
+    /// Whether the observers connect straight to the gateway: a thousand of them would make the
+    /// proxy measure itself. Such a run is a herd measurement (``ScenarioResult/herd``).
+    var observersConnectDirectly: Bool { self.observers > 100 }
+
     /// Whether the clients' links go through the lab's userspace proxy.
     var usesProxyImpairment: Bool { self.latency > .zero || self.jitter > .zero }
 

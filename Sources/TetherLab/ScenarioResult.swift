@@ -134,6 +134,33 @@ extension ScenarioResult {
         if !recorded.windows.isEmpty {
             self.reconnection = Self.reconnection(recorded.windows, events: byClient, clients: clients, scenario: scenario)
         }
+        if scenario.observersConnectDirectly {
+            self.herd = Self.herd(recorded, clients: scenario.observers)
+        }
+    }
+
+    /// How the observers came back after the first disruption (a gateway restart).
+    private static func herd(_ recorded: LabRecorder.State, clients: Int) -> Herd? {
+        guard let window = recorded.windows.first else { return nil }
+        let observers = recorded.events.filter { $0.client.hasPrefix("o") && $0.time >= window.start }
+        let connected = observers.filter { $0.kind == .connected }
+        let connects = connected.map(\.time)
+        let attempts = observers.filter { $0.kind == .connecting }.map(\.time)
+        func buckets(_ times: [Double], from origin: Double) -> [Int] {
+            guard let last = times.max(), last >= origin else { return [] }
+            var counts = [Int](repeating: 0, count: Int((last - origin) / 0.1) + 1)
+            for time in times where time >= origin { counts[Int((time - origin) / 0.1)] += 1 }
+            return counts
+        }
+        let perClient = Dictionary(grouping: connected, by: \.client)
+        return Herd(
+            clients: clients,
+            peakConnectsPerSecond: Double(buckets(connects, from: window.start).max() ?? 0) * 10,
+            peakAttemptsPerSecond: Double(buckets(attempts, from: window.start).max() ?? 0) * 10,
+            secondsToAllReconnected: perClient.count == clients
+                ? perClient.values.compactMap { $0.first?.time }.max()! - window.restored : nil,
+            connectsPer100ms: buckets(connects, from: window.restored)
+        )
     }
 
     private static func reconnection(
