@@ -40,6 +40,40 @@ struct HeartbeatStateMachineTests {
         #expect(heartbeat.pongReceived(id: 1, at: self.at(1_040)) == nil, "a PONG counts once")
     }
 
+    @Test("a PING after a whole interval of silence both ways is an idle probe; its answer or the link's death reports it")
+    func idleProbes() {
+        var heartbeat = HeartbeatStateMachine(interval: .seconds(10), timeout: .seconds(5), now: self.start)
+        #expect(heartbeat.timerFired(at: self.at(10_000)) == .sendPing(id: 1))
+        let probe = HeartbeatStateMachine.IdleProbe(interval: .seconds(10), silence: .seconds(10))
+        #expect(heartbeat.outstandingIdleProbe == probe)
+        #expect(heartbeat.frameReceived(at: self.at(10_050)) == probe)
+        #expect(heartbeat.outstandingIdleProbe == nil)
+        #expect(heartbeat.frameReceived(at: self.at(10_060)) == nil, "an answer counts once")
+
+        // Sent 4 s ago (a request, say), received nothing for 10 s: the PING is due, but the
+        // link was not silent both ways for a whole interval, so it proves nothing about a NAT.
+        var busy = HeartbeatStateMachine(interval: .seconds(10), timeout: .seconds(5), now: self.start)
+        busy.frameSent(at: self.at(6_000))
+        #expect(busy.timerFired(at: self.at(10_000)) == .sendPing(id: 1))
+        #expect(busy.outstandingIdleProbe == nil)
+
+        // The link dies while an idle probe waits: the probe is still there for the driver.
+        var dying = HeartbeatStateMachine(interval: .seconds(10), timeout: .seconds(5), now: self.start)
+        #expect(dying.timerFired(at: self.at(10_000)) == .sendPing(id: 1))
+        #expect(dying.timerFired(at: self.at(15_000)) == .linkDead(silentFor: .seconds(15)))
+        #expect(dying.outstandingIdleProbe?.interval == .seconds(10))
+    }
+
+    @Test("a probe on demand pings at once, unless a PING already waits for its answer")
+    func probeNow() {
+        var heartbeat = HeartbeatStateMachine(interval: .seconds(60), timeout: .seconds(3), now: self.start)
+        #expect(heartbeat.probeNow(at: self.at(2_000)) == .sendPing(id: 1))
+        #expect(heartbeat.outstandingIdleProbe == nil, "an on-demand probe is not an idle probe")
+        #expect(heartbeat.nextDeadline == self.at(5_000))
+        #expect(heartbeat.probeNow(at: self.at(2_500)) == .none)
+        #expect(heartbeat.timerFired(at: self.at(5_000)) == .linkDead(silentFor: .seconds(5)))
+    }
+
     @Test("traffic in both directions postpones the PING")
     func busyLink() {
         var heartbeat = HeartbeatStateMachine(interval: .seconds(10), timeout: .seconds(5), now: self.start)

@@ -15,6 +15,11 @@ public import NIOCore
 ///   suspended (or the event loop was blocked). The link is not judged on stale timers: the
 ///   machine sends a fresh probe with a short timeout, and only its silence kills the link.
 ///
+/// - **Idle probes**: a PING sent after the link was silent both ways for a whole interval tells
+///   whether the path (a NAT, a firewall) keeps an idle connection that long. The machine
+///   reports its fate (``frameReceived(at:)`` returns it when answered,
+///   ``outstandingIdleProbe`` holds it when the link dies) for ``NATTimeoutProber``.
+///
 /// Time is passed in; the machine never reads a clock. Its driver arms one timer for
 /// ``nextDeadline`` and calls ``timerFired(at:)`` when it expires.
 ///
@@ -75,6 +80,14 @@ public struct HeartbeatStateMachine: Sendable {
         case linkDead(silentFor: TimeAmount)
     }
 
+    /// A PING sent after the link was silent both ways for at least a whole interval.
+    public struct IdleProbe: Sendable, Hashable {
+        /// The heartbeat interval in force when it was sent (before jitter).
+        public var interval: TimeAmount
+        /// How long the link had been silent both ways.
+        public var silence: TimeAmount
+    }
+
     public private(set) var configuration: Configuration
     private var generator: SplitMix64
 
@@ -88,6 +101,8 @@ public struct HeartbeatStateMachine: Sendable {
     /// The last PING, for round-trip measurement by its PONG.
     private var probe: (id: UInt64, sentAt: NIODeadline)?
     private var nextPingID: UInt64 = 1
+    /// The unanswered PING, if it was an idle probe.
+    private var idleProbe: IdleProbe?
 
     /// The most recent round-trip time measured by a PING and its PONG.
     public private(set) var lastRoundTrip: TimeAmount?
@@ -129,10 +144,19 @@ public struct HeartbeatStateMachine: Sendable {
         return idle
     }
 
+    /// The unanswered PING, if it was sent after a whole interval of silence both ways. If the
+    /// link dies now, the path probably forgot the idle connection.
+    public var outstandingIdleProbe: IdleProbe? { self.idleProbe }
+
     /// A frame arrived.
-    public mutating func frameReceived(at now: NIODeadline) {
+    /// - Returns: The idle probe this frame answers, if one was outstanding: the path kept the
+    ///   connection through that much silence.
+    @discardableResult
+    public mutating func frameReceived(at now: NIODeadline) -> IdleProbe? {
         self.lastReceived = now
         self.awaiting = nil
+        defer { self.idleProbe = nil }
+        return self.idleProbe
     }
 
     /// A frame was sent.
@@ -161,6 +185,14 @@ public struct HeartbeatStateMachine: Sendable {
         self.currentInterval = self.drawInterval()
     }
 
+    /// Probes the link at once, judged with the adaptive timeout: the app came back to the
+    /// foreground, say, and wants to know now whether the connection survived.
+    /// - Returns: The PING to send, or `.none` if one is already awaiting its answer.
+    public mutating func probeNow(at now: NIODeadline) -> TimerAction {
+        guard self.awaiting == nil else { return .none }
+        return self.ping(at: now, timeout: self.timeout, idleProbe: nil)
+    }
+
     /// The driver's timer fired.
     public mutating func timerFired(at now: NIODeadline) -> TimerAction {
         let due = self.nextDeadline
@@ -169,17 +201,20 @@ public struct HeartbeatStateMachine: Sendable {
             // Suspended (or blocked) past the deadline: frames may be waiting unread, and the
             // gateway may have closed the connection meanwhile. Probe quickly before judging.
             self.suspensions += 1
-            return self.ping(at: now, timeout: self.configuration.probeTimeout)
+            return self.ping(at: now, timeout: self.configuration.probeTimeout, idleProbe: nil)
         }
         if self.awaiting != nil {
             return .linkDead(silentFor: now - self.lastReceived)
         }
-        return self.ping(at: now, timeout: self.timeout)
+        let silence = now - max(self.lastReceived, self.lastSent)
+        let idle = silence >= self.currentInterval ? IdleProbe(interval: self.configuration.interval, silence: silence) : nil
+        return self.ping(at: now, timeout: self.timeout, idleProbe: idle)
     }
 
-    private mutating func ping(at now: NIODeadline, timeout: TimeAmount) -> TimerAction {
+    private mutating func ping(at now: NIODeadline, timeout: TimeAmount, idleProbe: IdleProbe?) -> TimerAction {
         let id = self.nextPingID
         self.nextPingID &+= 1
+        self.idleProbe = idleProbe
         self.awaiting = (now, timeout)
         self.probe = (id, now)
         self.lastSent = now
