@@ -185,6 +185,14 @@ public struct ClientConfiguration: Sendable {
         /// timeout: a connection stuck in TCP's retransmission backoff on a lossy link is
         /// replaced in seconds. Idle links are not affected. `nil` turns this off.
         public var stallInterval: Duration?
+        /// NAT-timeout probing ("smart heartbeat"): learn, per network, the longest interval
+        /// the path keeps an idle connection open, and never ping less often than that. It
+        /// matters in the background, where the default interval is as long as the gateway
+        /// allows and a NAT that forgets idle connections sooner would silently cut the app
+        /// off from its pushes. Networks are told apart by ``NetworkPath/identity``, so it
+        /// works best with a ``ClientConfiguration/pathMonitor``. `nil` (the default) turns it
+        /// off. See ``NATTimeoutProber``.
+        public var natProbing: NATTimeoutProber.Configuration?
 
         public init(
             interval: Duration? = nil,
@@ -195,7 +203,8 @@ public struct ClientConfiguration: Sendable {
             jitter: Double = 0.1,
             suspensionThreshold: Duration? = .seconds(2),
             probeTimeout: Duration = .seconds(2),
-            stallInterval: Duration? = .seconds(1)
+            stallInterval: Duration? = .seconds(1),
+            natProbing: NATTimeoutProber.Configuration? = nil
         ) throws(ConfigurationError) {
             self.interval = interval
             self.backgroundInterval = backgroundInterval
@@ -206,6 +215,7 @@ public struct ClientConfiguration: Sendable {
             self.suspensionThreshold = suspensionThreshold
             self.probeTimeout = probeTimeout
             self.stallInterval = stallInterval
+            self.natProbing = natProbing
             try self.validate()
         }
 
@@ -229,6 +239,7 @@ public struct ClientConfiguration: Sendable {
                 throw ConfigurationError("heartbeat.suspensionThreshold must be positive (or nil to turn detection off)")
             }
             guard self.probeTimeout > .zero else { throw ConfigurationError("heartbeat.probeTimeout must be positive") }
+            try self.natProbing?.validate()
         }
 
         /// The configured interval for `mode`; `nil` means the default for that mode.

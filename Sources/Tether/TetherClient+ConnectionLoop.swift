@@ -92,6 +92,7 @@ extension TetherClient {
         for await path in monitor.paths() {
             let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.Action, ClientConnection?) in
                 let action = state.machine.pathChanged(path)
+                if path.isAvailable { state.network = path.identity }
                 if case .connect = action { state.pendingAction = action }
                 return (action, state.current)
             }
@@ -327,6 +328,8 @@ extension TetherClient {
             maxInboundBodySize: connectionConfiguration.maxBodySize,
             reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
         )
+        // The connection belongs to the network it was made on; a new network means a new connection.
+        let network = self.state.withLockedValue { $0.network }
         let callbacks = ClientConnectionHandler.Callbacks(
             push: { [weak self] push in self?.deliver(push) },
             goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
@@ -337,7 +340,11 @@ extension TetherClient {
                     delivery: { engine.receive($0, epoch: $1) }
                 )
             },
-            heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground }
+            heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground },
+            learnedInterval: { [weak self] in
+                self?.state.withLockedValue { state in state.natProber?.interval(for: network) }
+            },
+            idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered, network: network) }
         )
         // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
         let cancellation = NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>((false, nil))

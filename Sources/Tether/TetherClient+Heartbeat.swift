@@ -24,3 +24,42 @@ extension TetherClient {
         connection?.refreshHeartbeatMode()
     }
 }
+
+extension TetherClient {
+    /// What NAT-timeout probing learned so far, per network; `nil` when it is off
+    /// (``ClientConfiguration/Heartbeat/natProbing``).
+    ///
+    /// An app can log it, or show it in a diagnostics screen.
+    public var natTimeoutProber: NATTimeoutProber? {
+        self.state.withLockedValue { $0.natProber }
+    }
+
+    /// An idle probe on a connection made on `network` was answered, or not: teach the prober,
+    /// and move the current connection to the new interval if it changed.
+    func idleProbeSettled(_ probe: HeartbeatStateMachine.IdleProbe, answered: Bool, network: String) {
+        let interval = Duration(probe.interval)
+        let (change, connection) = self.state.withLockedValue { state -> (NATTimeoutProber.Change, ClientConnection?) in
+            guard state.natProber != nil else { return (.unchanged, nil) }
+            let change =
+                answered
+                ? state.natProber!.probeSucceeded(network: network, interval: interval)
+                : state.natProber!.probeFailed(network: network, interval: interval)
+            return (change, state.current)
+        }
+        switch change {
+        case .unchanged:
+            if !answered {
+                self.logger.info("idle probe unanswered", metadata: ["network": "\(network)", "interval": "\(interval)"])
+            }
+        case .grew(let next):
+            self.logger.debug("the network kept the connection through the idle interval; trying longer", metadata: ["interval": "\(next)"])
+            connection?.refreshHeartbeatMode()
+        case .backedOff(let next):
+            self.logger.notice(
+                "the network drops connections idle for \(interval.shortDescription); heartbeat every \(next.shortDescription) now",
+                metadata: ["network": "\(network)"]
+            )
+            connection?.refreshHeartbeatMode()
+        }
+    }
+}

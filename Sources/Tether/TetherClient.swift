@@ -79,7 +79,9 @@ public final class TetherClient: Service, Sendable {
                 stableAfter: configuration.reconnect.stableAfter
             )
         )
-        self.state = NIOLockedValueBox(State(machine: machine))
+        var state = State(machine: machine)
+        state.natProber = configuration.heartbeat.natProbing.map { NATTimeoutProber(configuration: $0) }
+        self.state = NIOLockedValueBox(state)
         self.pushRouter = PushRouter(bufferSize: configuration.pushes.bufferSize)
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
         let eventLoop = self.eventLoop

@@ -6,7 +6,8 @@ public import TetherCore
 /// A TCP proxy between clients and a gateway that can degrade or break the path on demand:
 /// add latency, jitter and a bandwidth cap, stop forwarding while keeping connections open (a
 /// blackhole, the half-open case), cut every connection at once, abandon the current connections
-/// while new ones work (a network switch), or refuse new connections.
+/// while new ones work (a network switch), forget connections left idle too long (a NAT), or
+/// refuse new connections.
 ///
 /// ```swift
 /// let proxy = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: gatewayPort))
@@ -63,6 +64,8 @@ public final class TCPFaultProxy: Sendable {
         var accepted = 0
         var bytesToUpstream = 0
         var bytesToClient = 0
+        var natTimeout: Duration?
+        var natExpired = 0
     }
 
     /// The gateway the proxy forwards to.
@@ -89,6 +92,17 @@ public final class TCPFaultProxy: Sendable {
         get { self.state.withLockedValue { $0.impairment } }
         set { self.state.withLockedValue { $0.impairment = newValue } }
     }
+
+    /// Like a NAT or a stateful firewall: a connection that carried nothing either way for this
+    /// long is forgotten. Its later bytes go nowhere, both ways, and neither end is told (the
+    /// silent kind of NAT; some send a reset instead). `nil` (the default) forgets nothing.
+    public var natTimeout: Duration? {
+        get { self.state.withLockedValue { $0.natTimeout } }
+        set { self.state.withLockedValue { $0.natTimeout = newValue } }
+    }
+
+    /// How many connections the NAT timeout has forgotten so far.
+    public var natExpiredConnections: Int { self.state.withLockedValue { $0.natExpired } }
 
     /// The bytes forwarded so far from clients to the gateway, and from the gateway to clients.
     public var forwardedBytes: (toUpstream: Int, toClient: Int) {
@@ -181,10 +195,17 @@ public final class TCPFaultProxy: Sendable {
         }
     }
 
-    /// Whether bytes read from `channel` are dropped, what delays the rest, and counts them.
-    fileprivate func admit(_ bytes: Int, from channel: any Channel, toUpstream: Bool) -> Impairment? {
+    /// Whether bytes read from `channel` (the client side of its connection) are dropped, what
+    /// delays the rest, and counts them. `idle` is how long the connection carried nothing.
+    fileprivate func admit(_ bytes: Int, from channel: any Channel, toUpstream: Bool, idle: TimeAmount) -> Impairment? {
         self.state.withLockedValue { state in
-            guard state.mode != .blackhole, !state.abandoned.contains(ObjectIdentifier(channel)) else { return nil }
+            let key = ObjectIdentifier(channel)
+            guard state.mode != .blackhole, !state.abandoned.contains(key) else { return nil }
+            if let timeout = state.natTimeout, idle > TimeAmount(timeout) {
+                state.abandoned.insert(key)
+                state.natExpired += 1
+                return nil
+            }
             if toUpstream { state.bytesToUpstream += bytes } else { state.bytesToClient += bytes }
             return state.impairment
         }
@@ -213,6 +234,8 @@ private final class RelayHandler: ChannelDuplexHandler {
     private var linkFreeAt = NIODeadline.distantPast
     private var delayedBytes = 0
     private var random = SystemRandomNumberGenerator()
+    /// When bytes last passed either way (kept by the client side's handler).
+    private var lastActivity = NIODeadline.now()
 
     private init(proxy: TCPFaultProxy, fromClient: Bool) {
         self.proxy = proxy
@@ -239,15 +262,21 @@ private final class RelayHandler: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = self.unwrapInboundIn(data)
         // An abandoned connection is judged by its client side: both directions stop.
-        let clientChannel = self.fromClient ? context.channel : self.partner?.context?.channel
-        guard let clientChannel,
-            let impairment = self.proxy.admit(buffer.readableBytes, from: clientChannel, toUpstream: self.fromClient)
+        guard let clientSide = self.fromClient ? self : self.partner, let clientChannel = clientSide.context?.channel else { return }
+        let now = NIODeadline.now()
+        guard
+            let impairment = self.proxy.admit(
+                buffer.readableBytes,
+                from: clientChannel,
+                toUpstream: self.fromClient,
+                idle: now - clientSide.lastActivity
+            )
         else { return }
+        clientSide.lastActivity = now
         if impairment.isNone && self.delayedBytes == 0 {
             self.partner?.forward(data)
             return
         }
-        let now = NIODeadline.now()
         var due = now
         if let rate = impairment.bytesPerSecond {
             let sendTime = TimeAmount.nanoseconds(Int64(Double(buffer.readableBytes) / Double(rate) * 1e9))

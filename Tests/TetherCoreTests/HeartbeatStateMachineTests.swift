@@ -49,6 +49,9 @@ struct HeartbeatStateMachineTests {
         #expect(heartbeat.frameReceived(at: self.at(10_050)) == probe)
         #expect(heartbeat.outstandingIdleProbe == nil)
         #expect(heartbeat.frameReceived(at: self.at(10_060)) == nil, "an answer counts once")
+        // The next PING comes one interval after the last one, a round trip less after its PONG.
+        #expect(heartbeat.timerFired(at: self.at(20_000)) == .sendPing(id: 2))
+        #expect(heartbeat.outstandingIdleProbe == .init(interval: .seconds(10), silence: .milliseconds(9_940)))
 
         // Sent 4 s ago (a request, say), received nothing for 10 s: the PING is due, but the
         // link was not silent both ways for a whole interval, so it proves nothing about a NAT.

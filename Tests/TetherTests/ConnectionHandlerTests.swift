@@ -2,6 +2,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
+import NIOPosix
 import Testing
 
 @testable import Tether
@@ -31,6 +32,10 @@ final class ClientHandlerFixture {
     let goAways = NIOLockedValueBox<[Frame.GoAway]>([])
     /// The heartbeat mode the "app" wants.
     let heartbeatMode = NIOLockedValueBox(HeartbeatMode.foreground)
+    /// What NAT-timeout probing would say the network tolerates.
+    let learnedInterval = NIOLockedValueBox<Duration?>(nil)
+    /// The idle probes reported, with whether each was answered.
+    let idleProbes = NIOLockedValueBox<[(HeartbeatStateMachine.IdleProbe, Bool)]>([])
     let hello: Frame.Hello
 
     init(
@@ -63,7 +68,9 @@ final class ClientHandlerFixture {
                 push: { push in pushes.withLockedValue { $0.append(push) } },
                 goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } },
                 reliable: reliable,
-                heartbeatMode: { [heartbeatMode] in heartbeatMode.withLockedValue { $0 } }
+                heartbeatMode: { [heartbeatMode] in heartbeatMode.withLockedValue { $0 } },
+                learnedInterval: { [learnedInterval] in learnedInterval.withLockedValue { $0 } },
+                idleProbe: { [idleProbes] probe, answered in idleProbes.withLockedValue { $0.append((probe, answered)) } }
             ),
             established: self.established,
             closed: self.closed,
@@ -151,13 +158,90 @@ struct ClientConnectionHandlerTests {
             return
         }
         try fixture.channel.writeInbound(Frame(.pong(ping), flags: .checksum))
+        fixture.loop.advanceTime(by: .seconds(5))
         fixture.heartbeatMode.withLockedValue { $0 = .foreground }
         fixture.handler.refreshHeartbeatMode()
+        guard case .ping(let probe)? = try fixture.readFrame()?.payload else {
+            Issue.record("expected a PING at once: back in the foreground, the link is checked now")
+            return
+        }
+        try fixture.channel.writeInbound(Frame(.pong(probe), flags: .checksum))
         fixture.loop.advanceTime(by: .seconds(9))
         #expect(try fixture.readFrame() == nil)
         fixture.loop.advanceTime(by: .seconds(1))
         #expect(try fixture.readFrame()?.type == .ping, "the gateway's interval again")
         _ = try? fixture.channel.finish()
+    }
+
+    @Test("back in the foreground, a link that died in the background is found within one PONG timeout")
+    func foregroundProbeFindsDeadLink() throws {
+        let fixture = try ClientHandlerFixture(heartbeatTimeout: .seconds(2))
+        try fixture.establish()
+        fixture.heartbeatMode.withLockedValue { $0 = .background }
+        fixture.handler.refreshHeartbeatMode()
+        fixture.loop.advanceTime(by: .seconds(3))
+        fixture.heartbeatMode.withLockedValue { $0 = .foreground }
+        fixture.handler.refreshHeartbeatMode()
+        #expect(try fixture.readFrame()?.type == .ping)
+        fixture.loop.advanceTime(by: .seconds(2))
+        #expect(!fixture.channel.isActive, "no answer within 2 s: dead, 5 s after the app came back")
+        guard case .heartbeatTimeout? = try fixture.closure()?.reason else {
+            Issue.record("expected a heartbeat timeout")
+            return
+        }
+        #expect(fixture.idleProbes.withLockedValue { $0.isEmpty }, "a probe on demand says nothing about the NAT")
+    }
+
+    @Test("NAT-timeout probing: the learned interval caps the heartbeat, and idle probes are reported answered or not")
+    func idleProbesReported() throws {
+        let fixture = try ClientHandlerFixture(heartbeatTimeout: .seconds(2))
+        fixture.learnedInterval.withLockedValue { $0 = .seconds(12) }
+        fixture.heartbeatMode.withLockedValue { $0 = .background }
+        try fixture.establish()  // the gateway allows 15 s in the background; the network 12 s
+        fixture.loop.advanceTime(by: .seconds(11))
+        #expect(try fixture.readFrame() == nil)
+        fixture.loop.advanceTime(by: .seconds(1))
+        guard case .ping(let ping)? = try fixture.readFrame()?.payload else {
+            Issue.record("expected a PING at the learned interval")
+            return
+        }
+        fixture.loop.advanceTime(by: .milliseconds(40))
+        try fixture.channel.writeInbound(Frame(.pong(ping), flags: .checksum))
+        var reports = fixture.idleProbes.withLockedValue { $0 }
+        #expect(reports.count == 1 && reports[0].0.interval == .seconds(12) && reports[0].1, "answered")
+
+        // The prober grows the interval to 14 s: the next PING waits that long, and dies.
+        fixture.learnedInterval.withLockedValue { $0 = .seconds(14) }
+        fixture.handler.refreshHeartbeatMode()
+        fixture.loop.advanceTime(by: .seconds(14))
+        #expect(try fixture.readFrame()?.type == .ping)
+        fixture.loop.advanceTime(by: .seconds(2))
+        #expect(!fixture.channel.isActive)
+        reports = fixture.idleProbes.withLockedValue { $0 }
+        #expect(reports.count == 2 && reports[1].0.interval == .seconds(14) && !reports[1].1, "unanswered")
+        _ = try fixture.closure()
+        #expect(fixture.idleProbes.withLockedValue { $0.count } == 2, "reported once, not again when the channel closes")
+    }
+
+    @Test("a connection reset while an idle probe waits is the probe's failure; a close the client asked for is not")
+    func idleProbeReset() throws {
+        let fixture = try ClientHandlerFixture(heartbeatTimeout: .seconds(2))
+        try fixture.establish()
+        fixture.loop.advanceTime(by: .seconds(10))
+        #expect(try fixture.readFrame()?.type == .ping)
+        fixture.channel.pipeline.fireErrorCaught(IOError(errnoCode: 104, reason: "read"))  // ECONNRESET
+        #expect(!fixture.channel.isActive)
+        let reports = fixture.idleProbes.withLockedValue { $0 }
+        #expect(reports.count == 1 && reports[0].0.interval == .seconds(10) && !reports[0].1)
+
+        let other = try ClientHandlerFixture(heartbeatTimeout: .seconds(2))
+        try other.establish()
+        other.loop.advanceTime(by: .seconds(10))
+        #expect(try other.readFrame()?.type == .ping)
+        other.handler.closeAtClientRequest()
+        other.loop.run()
+        #expect(!other.channel.isActive)
+        #expect(other.idleProbes.withLockedValue { $0.isEmpty })
     }
 
     @Test("no frame within the PONG timeout: the link is dead and the connection closes")

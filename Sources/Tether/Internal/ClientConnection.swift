@@ -56,8 +56,14 @@ final class ClientConnection: Sendable {
         self.channel.eventLoop.execute { handler.value.refreshHeartbeatMode() }
     }
 
-    /// Closes at once.
+    /// Closes at once, on the client's own decision.
     func close() {
+        let handler = self.handler
+        if self.channel.eventLoop.inEventLoop {
+            handler.value.closeAtClientRequest()
+        } else {
+            self.channel.eventLoop.execute { handler.value.closeAtClientRequest() }
+        }
         self.channel.close(promise: nil)
     }
 }

@@ -43,6 +43,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         /// The heartbeat mode the app wants now; read when the heartbeat starts and on
         /// ``ClientConnectionHandler/refreshHeartbeatMode()``.
         var heartbeatMode: @Sendable () -> HeartbeatMode = { .foreground }
+        /// With NAT-timeout probing: the longest interval the network is known (or being tested)
+        /// to keep an idle connection; read with the mode.
+        var learnedInterval: @Sendable () -> Duration? = { nil }
+        /// An idle probe was answered (`true`) or the link died while it waited (`false`).
+        var idleProbe: @Sendable (HeartbeatStateMachine.IdleProbe, _ answered: Bool) -> Void = { _, _ in }
     }
 
     private struct PendingRequest {
@@ -67,6 +72,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var heartbeatTimer: Scheduled<Void>?
     /// The gateway's heartbeat interval and the longest interval it allows (half its idle timeout).
     private var heartbeatBounds: (gateway: TimeAmount, ceiling: TimeAmount)?
+    /// The heartbeat mode in force, to notice the return to the foreground.
+    private var heartbeatMode = HeartbeatMode.foreground
+    /// The client closed this connection on purpose: an idle probe waiting then did not fail.
+    private var closedByClient = false
     private var handshakeTimer: Scheduled<Void>?
     private var pending: [UInt64: PendingRequest] = [:]
     /// Ids of requests waiting for a slot, oldest first (some may have been settled meanwhile).
@@ -135,7 +144,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = Self.unwrapInboundIn(data)
-        self.heartbeat?.frameReceived(at: context.eventLoop.now)
+        if let probe = self.heartbeat?.frameReceived(at: context.eventLoop.now) {
+            self.callbacks.idleProbe(probe, true)
+        }
 
         switch self.session.received(frame) {
         case .established(let negotiated):
@@ -284,10 +295,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             )
         }
         let settings = self.configuration.heartbeat
+        self.heartbeatMode = self.callbacks.heartbeatMode()
+        let pace = self.heartbeatPace(for: self.heartbeatMode, bounds: bounds)
         self.heartbeat = HeartbeatStateMachine(
             configuration: .init(
-                interval: self.heartbeatInterval(for: self.callbacks.heartbeatMode(), bounds: bounds),
-                jitter: settings.jitter,
+                interval: pace.interval,
+                jitter: pace.jitter,
                 timeout: RTTEstimator(
                     initialTimeout: settings.timeout,
                     minimumTimeout: min(settings.minimumTimeout, settings.timeout),
@@ -303,23 +316,49 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         self.established.succeed(negotiated)
     }
 
-    /// The interval for `mode`: configured, or the default for the mode, and never more than
-    /// the gateway's idle timeout allows.
-    private func heartbeatInterval(for mode: HeartbeatMode, bounds: (gateway: TimeAmount, ceiling: TimeAmount)) -> TimeAmount {
+    /// The interval for `mode` (configured, or the default for the mode; never longer than the
+    /// gateway's idle timeout allows) and its jitter.
+    ///
+    /// With NAT-timeout probing, the interval is never longer than the network is known (or
+    /// being tested) to keep an idle connection. When that is what decides it, the interval is
+    /// used exactly, without jitter: every idle probe then tests the interval it reports.
+    private func heartbeatPace(
+        for mode: HeartbeatMode,
+        bounds: (gateway: TimeAmount, ceiling: TimeAmount)
+    ) -> (interval: TimeAmount, jitter: Double) {
         let configured = self.configuration.heartbeat.interval(for: mode).map { TimeAmount($0) }
-        let wanted = configured ?? (mode == .foreground ? bounds.gateway : bounds.ceiling)
-        return max(.milliseconds(1), min(wanted, bounds.ceiling))
+        let wanted = max(.milliseconds(1), min(configured ?? (mode == .foreground ? bounds.gateway : bounds.ceiling), bounds.ceiling))
+        if let learned = self.callbacks.learnedInterval().map({ TimeAmount($0) }), learned <= wanted {
+            return (learned, 0)
+        }
+        return (wanted, self.configuration.heartbeat.jitter)
     }
 
-    /// Switches the heartbeat to the interval of the mode the app wants now (called by the
-    /// client, on the event loop). Reading the mode here, not passing it, means that calls
-    /// queued in any order leave the latest mode in force.
+    /// Switches the heartbeat to the interval of the mode the app wants now, and of what the
+    /// NAT-timeout prober learned (called by the client, on the event loop). Reading the mode
+    /// here, not passing it, means that calls queued in any order leave the latest in force.
+    ///
+    /// Back in the foreground, the link is probed at once: the app is about to use it, and a
+    /// connection that died in the background is found in one round trip, not one interval.
     func refreshHeartbeatMode() {
         guard let context, self.heartbeat != nil, let bounds = self.heartbeatBounds else { return }
-        let interval = self.heartbeatInterval(for: self.callbacks.heartbeatMode(), bounds: bounds)
-        guard interval != self.heartbeat!.interval else { return }
-        self.heartbeat!.setInterval(interval)
+        let mode = self.callbacks.heartbeatMode()
+        let previous = self.heartbeatMode
+        self.heartbeatMode = mode
+        let pace = self.heartbeatPace(for: mode, bounds: bounds)
+        if pace.interval != self.heartbeat!.interval || pace.jitter != self.heartbeat!.configuration.jitter {
+            self.heartbeat!.setInterval(pace.interval, jitter: pace.jitter)
+        }
+        if mode == .foreground, previous != .foreground, case .sendPing(let id) = self.heartbeat!.probeNow(at: context.eventLoop.now) {
+            self.send(.ping(.init(id: id)), context: context)
+        }
         self.scheduleHeartbeat(context: context)
+    }
+
+    /// The client is closing this connection on purpose (a network change, a shutdown).
+    func closeAtClientRequest() {
+        self.closedByClient = true
+        self.context?.close(promise: nil)
     }
 
     private func scheduleHeartbeat(context: ChannelHandlerContext) {
@@ -337,6 +376,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             self.send(.ping(.init(id: id)), context: context)
         case .linkDead(let silence):
             self.logger.warning("no sign of life from the gateway; closing the connection", metadata: ["silent": "\(silence)"])
+            self.reportFailedIdleProbe()
             self.close(reason: .heartbeatTimeout(silentFor: Duration(silence)), context: context)
             return
         case .none:
@@ -455,8 +495,19 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         context.close(promise: nil)
     }
 
+    /// Tells the client that the idle probe waiting now went unanswered: the link died, or
+    /// broke (a reset from a NAT that forgot the connection), while the probe waited.
+    private func reportFailedIdleProbe() {
+        guard !self.closedByClient, let probe = self.heartbeat?.outstandingIdleProbe else { return }
+        self.callbacks.idleProbe(probe, false)
+    }
+
     /// Settles everything when the channel goes away: pending requests, promises, timers.
     private func finish(context: ChannelHandlerContext) {
+        switch self.closeReason {
+        case nil, .closedByPeer, .transportError: self.reportFailedIdleProbe()
+        default: break  // decided here (a heartbeat timeout reports itself), or by the gateway
+        }
         self.session.closed()
         self.stopReliable()
         self.handshakeTimer?.cancel()

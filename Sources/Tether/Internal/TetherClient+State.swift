@@ -49,6 +49,10 @@ extension TetherClient {
         var pendingAction: ConnectivityStateMachine.Action?
         /// The heartbeat mode the app set; new connections start in it.
         var heartbeatMode = HeartbeatMode.foreground
+        /// What NAT-timeout probing learned, if it is on.
+        var natProber: NATTimeoutProber?
+        /// The network the path monitor reports now ("" without a monitor).
+        var network = ""
 
         init(machine: ConnectivityStateMachine) {
             self.machine = machine

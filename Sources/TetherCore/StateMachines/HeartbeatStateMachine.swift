@@ -15,7 +15,7 @@ public import NIOCore
 ///   suspended (or the event loop was blocked). The link is not judged on stale timers: the
 ///   machine sends a fresh probe with a short timeout, and only its silence kills the link.
 ///
-/// - **Idle probes**: a PING sent after the link was silent both ways for a whole interval tells
+/// - **Idle probes**: a PING sent after the link was silent both ways for an interval tells
 ///   whether the path (a NAT, a firewall) keeps an idle connection that long. The machine
 ///   reports its fate (``frameReceived(at:)`` returns it when answered,
 ///   ``outstandingIdleProbe`` holds it when the link dies) for ``NATTimeoutProber``.
@@ -80,7 +80,8 @@ public struct HeartbeatStateMachine: Sendable {
         case linkDead(silentFor: TimeAmount)
     }
 
-    /// A PING sent after the link was silent both ways for at least a whole interval.
+    /// A PING sent after the link was silent both ways for about a whole interval: since the
+    /// previous PING's answer, which came up to one PONG timeout after it, nothing else passed.
     public struct IdleProbe: Sendable, Hashable {
         /// The heartbeat interval in force when it was sent (before jitter).
         public var interval: TimeAmount
@@ -179,8 +180,15 @@ public struct HeartbeatStateMachine: Sendable {
 
     /// Changes the interval (the app went to the background, say). The driver re-arms its
     /// timer for ``nextDeadline``.
-    public mutating func setInterval(_ interval: TimeAmount) {
+    /// - Parameters:
+    ///   - interval: The new interval.
+    ///   - jitter: A new jitter fraction (0 to 0.5), or `nil` to keep the current one.
+    public mutating func setInterval(_ interval: TimeAmount, jitter: Double? = nil) {
         precondition(interval > .zero, "heartbeat interval must be positive")
+        if let jitter {
+            precondition((0...0.5).contains(jitter), "heartbeat jitter must be between 0 and 0.5")
+            self.configuration.jitter = jitter
+        }
         self.configuration.interval = interval
         self.currentInterval = self.drawInterval()
     }
@@ -206,8 +214,10 @@ public struct HeartbeatStateMachine: Sendable {
         if self.awaiting != nil {
             return .linkDead(silentFor: now - self.lastReceived)
         }
+        // On an idle link the last frames were the previous PING and, a round trip later, its
+        // PONG: the silence is the interval less that round trip, which the timeout bounds.
         let silence = now - max(self.lastReceived, self.lastSent)
-        let idle = silence >= self.currentInterval ? IdleProbe(interval: self.configuration.interval, silence: silence) : nil
+        let idle = silence + self.timeout >= self.currentInterval ? IdleProbe(interval: self.configuration.interval, silence: silence) : nil
         return self.ping(at: now, timeout: self.timeout, idleProbe: idle)
     }
 

@@ -1,0 +1,81 @@
+import NIOCore
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherTesting
+
+extension IntegrationTests {
+    /// NAT-timeout probing against a proxy that forgets idle connections, as a NAT does.
+    @Suite("NAT-timeout probing", .timeLimit(.minutes(2)))
+    struct NATProbingTests {
+        @Test("in the background, the client learns how long the NAT keeps an idle connection, then stops losing it")
+        func learnsTheNATTimeout() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { configuration in
+                    configuration.timeouts.heartbeatInterval = .milliseconds(200)
+                    configuration.timeouts.idle = .seconds(10)  // background pings may be 5 s apart
+                }
+                gateway.handle("echo") { request, _ in request.body }
+                let nat = TCPFaultProxy(upstream: endpoint)
+                nat.natTimeout = .milliseconds(1500)
+                let address = try await nat.start()
+                harness.onExit { Task { await nat.stop() } }
+
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)]) { configuration in
+                    configuration.heartbeat.timeout = .milliseconds(500)
+                    configuration.heartbeat.natProbing = try! .init(
+                        initialInterval: .milliseconds(400),
+                        step: .milliseconds(400),
+                        minimumInterval: .milliseconds(200),
+                        maximumInterval: .seconds(5)
+                    )
+                }
+                client.setHeartbeatMode(.background)
+                let events = EventRecorder(client, in: harness)
+                try await eventually("connected") { events.connects == 1 }
+
+                // 0.4, 0.8 and 1.2 s of silence are kept; 1.6 s is not, twice: back to 1.2 s.
+                try await eventually("the prober settles", timeout: .seconds(30)) {
+                    client.natTimeoutProber?.isSettled("") == true
+                }
+                #expect(client.natTimeoutProber?.interval(for: "") == .milliseconds(1200))
+                #expect(client.natTimeoutProber?.networks[""]?.failedAt == .milliseconds(1600))
+                let lost = events.disconnectReasons
+                #expect(lost.count == 2, "\(lost)")
+                #expect(lost.allSatisfy { if case .heartbeatTimeout = $0 { true } else { false } }, "\(lost)")
+                #expect(nat.natExpiredConnections == 2)
+
+                // Settled: the connection now survives idle periods, and still works.
+                try await eventually("connected again") { events.connects == 3 }
+                try await Task.sleep(for: .seconds(4))
+                #expect(events.disconnectReasons.count == 2, "no connection lost at the learned interval")
+                #expect(nat.natExpiredConnections == 2)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "still here")).string == "still here")
+            }
+        }
+
+        @Test("without probing, a background interval longer than the NAT timeout loses the connection every time")
+        func fixedIntervalKeepsDying() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway { configuration in
+                    configuration.timeouts.heartbeatInterval = .milliseconds(200)
+                    configuration.timeouts.idle = .seconds(4)  // background pings 2 s apart
+                }
+                let nat = TCPFaultProxy(upstream: endpoint)
+                nat.natTimeout = .milliseconds(1500)
+                let address = try await nat.start()
+                harness.onExit { Task { await nat.stop() } }
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)]) { configuration in
+                    configuration.heartbeat.timeout = .milliseconds(500)
+                    configuration.heartbeat.jitter = 0
+                }
+                client.setHeartbeatMode(.background)
+                let events = EventRecorder(client, in: harness)
+                try await eventually("the connection is lost twice", timeout: .seconds(15)) { events.disconnectReasons.count >= 2 }
+                #expect(nat.natExpiredConnections >= 2)
+                #expect(client.natTimeoutProber == nil)
+            }
+        }
+    }
+}
