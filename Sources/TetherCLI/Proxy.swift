@@ -5,17 +5,19 @@ import TetherTesting
 
 struct Proxy: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "A TCP proxy that degrades the path to a gateway: latency, jitter, bandwidth, blackholes, cuts, flapping.",
+        abstract: "A TCP proxy that degrades the path to a gateway: latency, jitter, bandwidth, blackholes, cuts, flapping, NAT timeouts.",
         discussion: """
             Point a client at the proxy's port. While it runs, type a command and Enter:
               forward | blackhole | refuse      what happens to bytes and new connections
               cut                               close every connection (both sides)
               abandon                           current connections go silent for good (a network switch)
               latency MS | jitter MS | bandwidth BYTES_PER_S|off
+              nat SECONDS|off                   forget connections idle that long, silently (a NAT)
               status | quit
             Examples:
               tether proxy --upstream 127.0.0.1:7700 --port 7701 --latency 150 --jitter 100
               tether proxy --upstream 127.0.0.1:7700 --port 7701 --flap 5,3
+              tether proxy --upstream 127.0.0.1:7700 --port 7701 --nat-timeout 30
             """
     )
 
@@ -40,15 +42,22 @@ struct Proxy: AsyncParsableCommand {
     @Option(help: "Flap the link: UP,DOWN seconds (blackholed while down), until stopped.")
     var flap: String?
 
+    @Option(help: "Forget a connection idle (no bytes either way) this many seconds, as a NAT does: its bytes then go nowhere.")
+    var natTimeout: Double?
+
     func validate() throws {
         _ = try self.impairment()
         _ = try self.flapTimes()
+        if let natTimeout, !(natTimeout > 0 && natTimeout.isFinite) {
+            throw ValidationError("--nat-timeout must be a positive number of seconds")
+        }
         _ = try Endpoint(parsing: self.upstream)
     }
 
     func run() async throws {
         let proxy = TCPFaultProxy(upstream: try Endpoint(parsing: self.upstream))
         proxy.impairment = try self.impairment()
+        proxy.natTimeout = self.natTimeout.map { .milliseconds(Int64($0 * 1000)) }
         let address = try await proxy.start(host: self.host, port: self.port)
         print("proxying \(address) → \(self.upstream); type 'status', 'blackhole', 'forward', 'cut', 'abandon' or 'quit'")
         try await withThrowingDiscardingTaskGroup { group in
@@ -85,6 +94,15 @@ struct Proxy: AsyncParsableCommand {
         case "refuse": proxy.mode = .refuse
         case "cut": proxy.cutAll()
         case "abandon": proxy.abandonAll()
+        case "nat":
+            if words.count > 1, words[1] == "off" {
+                proxy.natTimeout = nil
+            } else if words.count > 1, let seconds = Double(words[1]), seconds > 0, seconds.isFinite {
+                proxy.natTimeout = .milliseconds(Int64(seconds * 1000))
+            } else {
+                print("usage: nat SECONDS|off")
+                return true
+            }
         case "latency", "jitter", "bandwidth":
             var impairment = proxy.impairment
             if command == "bandwidth", words.count > 1, words[1] == "off" {
@@ -109,6 +127,7 @@ struct Proxy: AsyncParsableCommand {
         print(
             "mode \(proxy.mode), \(proxy.openConnections) open, \(proxy.acceptedConnections) accepted, "
                 + "\(bytes.toUpstream) bytes up, \(bytes.toClient) down, impairment \(proxy.impairment)"
+                + (proxy.natTimeout.map { ", NAT timeout \($0), \(proxy.natExpiredConnections) forgotten" } ?? "")
         )
         return true
     }

@@ -21,6 +21,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("heartbeat"), help: "The heartbeat interval announced to clients, in seconds.")
     var heartbeatSeconds: Double = 10
 
+    @Option(
+        name: .customLong("idle-timeout"),
+        help: "Close a connection silent this many seconds; must exceed the heartbeat (default: 3 × the heartbeat)."
+    )
+    var idleSeconds: Double?
+
     @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
     var store = "tether-gateway.sqlite"
 
@@ -34,7 +40,9 @@ struct Serve: AsyncParsableCommand {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: self.host, port: self.port)
         configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
-        configuration.timeouts.idle = configuration.timeouts.heartbeatInterval * 3
+        configuration.timeouts.idle =
+            try self.idleSeconds.map { try duration(seconds: $0, option: "idle-timeout") } ?? configuration.timeouts.heartbeatInterval * 3
+        try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
         let logger = Logger(label: "tether.serve")
         let messageStore: any MessageStore

@@ -14,15 +14,18 @@ final class GatewayProcess: @unchecked Sendable {
     let port: Int
     let store: String
     let heartbeat: Duration
+    /// `nil`: `tether serve`'s default (three heartbeats).
+    let idleTimeout: Duration?
     let logFile: String
     private let lock = NIOLock()
     private var process: Process?
 
-    init(executable: String, port: Int, store: String, heartbeat: Duration, logFile: String) {
+    init(executable: String, port: Int, store: String, heartbeat: Duration, idleTimeout: Duration? = nil, logFile: String) {
         self.executable = executable
         self.port = port
         self.store = store
         self.heartbeat = heartbeat
+        self.idleTimeout = idleTimeout
         self.logFile = logFile
     }
 
@@ -30,10 +33,11 @@ final class GatewayProcess: @unchecked Sendable {
     func start() async throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: self.executable)
-        process.arguments = [
-            "serve", "--port", "\(self.port)", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)",
-            "--log-level", "warning",
-        ]
+        process.arguments =
+            [
+                "serve", "--port", "\(self.port)", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)",
+                "--log-level", "warning",
+            ] + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
         if !FileManager.default.fileExists(atPath: self.logFile) {
             FileManager.default.createFile(atPath: self.logFile, contents: nil)
         }

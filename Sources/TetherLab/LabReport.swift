@@ -40,7 +40,7 @@ public enum LabReport {
             "| Scenario | Conditions | Accepted | ≤ 5 s | ≤ 30 s | Eventually | Dup / order | Latency p50 / p90 / p99 (ms) | Backlog: drained in / p99 | Requests ok | Request p50 / p99 (ms) |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
-        for result in results {
+        for result in results where result.natTimeout == nil {
             guard result.skipped == nil, let delivery = result.delivery else {
                 lines.append("| \(result.name) | \(result.summary) | skipped: \(result.skipped ?? "no data") | | | | | | | | |")
                 continue
@@ -64,7 +64,7 @@ public enum LabReport {
             "| Scenario | First connect p50 / p90 (ms) | Restored → connected p50 / p90 / p95 (s) | Signal | Samples | Never reconnected | Blackhole detected after p50 / max (s) | Disconnects |"
         )
         lines.append("|---|---|---|---|---|---|---|---|")
-        for result in results where result.skipped == nil {
+        for result in results where result.skipped == nil && result.natTimeout == nil {
             let reconnection = result.reconnection
             let restored = reconnection?.restoredToConnected.map {
                 "\(Self.number($0.p50, 2)) / \(Self.number($0.p90, 2)) / \(Self.number($0.p95, 2))"
@@ -92,6 +92,35 @@ public enum LabReport {
                         + "\(herd.secondsToAllReconnected.map { Self.number($0, 2) } ?? "not all") |"
                 )
             }
+        }
+        for result in results {
+            guard let nat = result.natTimeout else { continue }
+            lines.append("")
+            lines.append("## NAT timeout (smart heartbeat)")
+            lines.append("")
+            lines.append(
+                "\(result.summary). Idle clients in the background mode; the NAT (the lab's proxy) silently forgets a connection "
+                    + "that carried nothing for \(Self.number(nat.natTimeoutSeconds, 0)) s. Fixed: the default background interval, "
+                    + "half the gateway's idle timeout (\(Self.number(nat.fixedIntervalSeconds, 0)) s). Probing: "
+                    + "`heartbeat.natProbing` as configured in the scenario. \(Self.number(result.seconds, 0)) s run."
+            )
+            lines.append("")
+            let learned = Set(nat.learnedSeconds).sorted().map { Self.number($0, 0) + " s" }.joined(separator: ", ")
+            lines.append("| Group | Clients | Interval | Connections lost | Time unreachable | Bytes per client-hour |")
+            lines.append("|---|---|---|---|---|---|")
+            let probing = nat.probing
+            lines.append(
+                "| probing | \(probing.clients) | learned: \(learned); all settled after \(nat.settledAfterSeconds.map { Self.number($0, 0) + " s" } ?? "—") | "
+                    + "\(probing.linksLost) (\(probing.linksLostAfterSettled.map { "\($0)" } ?? "–") after settling) | "
+                    + "\(Self.number(probing.unreachableFraction * 100, 1)) % | "
+                    + "\(probing.bytesPerHourPerClient.map { Self.number($0 / 1024, 1) + " KiB (settled)" } ?? "–") |"
+            )
+            let fixed = nat.fixed
+            lines.append(
+                "| fixed | \(fixed.clients) | \(Self.number(nat.fixedIntervalSeconds, 0)) s | \(fixed.linksLost) | "
+                    + "\(Self.number(fixed.unreachableFraction * 100, 1)) % | "
+                    + "\(fixed.bytesPerHourPerClient.map { Self.number($0 / 1024, 1) + " KiB" } ?? "–") |"
+            )
         }
         lines.append("")
         lines.append("## Cost of staying connected")
@@ -170,6 +199,15 @@ public enum LabReport {
             if let probe = blackhole.ttlProbe {
                 check(probe == "expired", "a message that missed its TTL in the blackhole ended as \(probe)")
             }
+        }
+        if let nat = result("nat")?.natTimeout {
+            let longest = nat.learnedSeconds.max() ?? 0
+            check(
+                nat.settledAfterSeconds != nil && longest < nat.natTimeoutSeconds && nat.probing.linksLostAfterSettled == 0,
+                "nat: every probing client settled (after \(nat.settledAfterSeconds.map { Self.number($0, 0) + " s" } ?? "—")) below the "
+                    + "\(Self.number(nat.natTimeoutSeconds, 0)) s NAT timeout (longest \(Self.number(longest, 0)) s) and lost no connection after; "
+                    + "unreachable \(Self.number(nat.probing.unreachableFraction * 100, 1)) % of the time vs \(Self.number(nat.fixed.unreachableFraction * 100, 1)) % at the fixed interval"
+            )
         }
         if let herd = result("herd")?.herd {
             check(

@@ -50,12 +50,13 @@ public struct Lab: Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let run = ScenarioRun(scenario: scenario, lab: self, directory: directory)
         defer { try? self.packetFilter?.clear() }
+        if let nat = scenario.nat { return try await run.run(nat) }
         return try await run.run()
     }
 }
 
 /// One run of one scenario.
-private struct ScenarioRun: Sendable {
+struct ScenarioRun: Sendable {
     static let requestBody = ByteBuffer(repeating: UInt8(ascii: "r"), count: 32)
 
     let scenario: Scenario
@@ -208,7 +209,7 @@ private struct ScenarioRun: Sendable {
         _ = try await alice.send("dm", body: ByteBuffer(string: "\(number)"), conversation: "bob")
     }
 
-    private func record(_ events: AsyncStream<ConnectionEvent>, of client: String) async {
+    func record(_ events: AsyncStream<ConnectionEvent>, of client: String) async {
         for await event in events {
             switch event {
             case .connecting: self.recorder.event(client, .connecting)
@@ -295,7 +296,7 @@ private struct ScenarioRun: Sendable {
         }
     }
 
-    private func sleep(until offset: Duration) async throws {
+    func sleep(until offset: Duration) async throws {
         let wait = offset.totalSeconds - self.recorder.now()
         if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
     }

@@ -23,6 +23,21 @@ public struct Scenario: Sendable, Hashable {
         case gatewayRestart(at: Duration, downFor: Duration)
     }
 
+    /// A NAT that forgets idle connections, and two groups of idle background clients behind
+    /// it: one with NAT-timeout probing, one with the default fixed interval.
+    public struct NATSetup: Sendable, Hashable {
+        /// How long the NAT keeps a connection that carries nothing.
+        public var natTimeout: Duration
+        /// The gateway's idle timeout: background clients ping every half of it by default.
+        public var gatewayIdleTimeout: Duration
+        /// The probing clients' search.
+        public var probing: NATTimeoutProber.Configuration
+        /// Clients in each group.
+        public var clientsPerGroup: Int
+        /// How long the clients run.
+        public var duration: Duration
+    }
+
     /// A short identifier, used on the command line and in the report.
     public var name: String
     /// What the scenario reproduces, in a few words.
@@ -45,6 +60,8 @@ public struct Scenario: Sendable, Hashable {
     public var observers: Int
     /// The heartbeat interval the gateway announces.
     public var heartbeatInterval: Duration
+    /// The NAT-timeout experiment instead of the usual traffic, if set.
+    public var nat: NATSetup?
 
     public init(
         name: String,
@@ -57,7 +74,8 @@ public struct Scenario: Sendable, Hashable {
         messageRate: Int = 20,
         backlog: Int = 0,
         observers: Int = 0,
-        heartbeatInterval: Duration = .seconds(10)
+        heartbeatInterval: Duration = .seconds(10),
+        nat: NATSetup? = nil
     ) {
         self.name = name
         self.summary = summary
@@ -70,6 +88,7 @@ public struct Scenario: Sendable, Hashable {
         self.backlog = backlog
         self.observers = observers
         self.heartbeatInterval = heartbeatInterval
+        self.nat = nat
     }
 
     /// Whether the scenario drops packets with iptables (root and a lab network namespace).
@@ -145,6 +164,22 @@ public struct Scenario: Sendable, Hashable {
                 loss: 0.3,
                 latency: .milliseconds(150),
                 backlog: 1000
+            ),
+            Scenario(
+                name: "nat",
+                summary: "a NAT that forgets connections idle 20 s; background clients, probing or not",
+                nat: NATSetup(
+                    natTimeout: .seconds(20),
+                    gatewayIdleTimeout: .seconds(120),
+                    probing: try! .init(
+                        initialInterval: .seconds(8),
+                        step: .seconds(4),
+                        minimumInterval: .seconds(4),
+                        maximumInterval: .seconds(60)
+                    ),
+                    clientsPerGroup: 10,
+                    duration: .seconds(180)
+                )
             ),
             Scenario(
                 name: "herd",

@@ -54,6 +54,34 @@ public struct ScenarioResult: Codable, Sendable {
         public var connectsPer100ms: [Int]
     }
 
+    /// The NAT-timeout experiment: idle background clients behind a NAT that forgets idle
+    /// connections, with NAT-timeout probing and without.
+    public struct NATTimeout: Codable, Sendable {
+        public struct Group: Codable, Sendable {
+            public var clients: Int
+            /// Connections lost (the NAT forgot them and the heartbeat found out).
+            public var linksLost: Int
+            /// Of those, lost after the group's search had settled (probing group).
+            public var linksLostAfterSettled: Int?
+            /// The share of client-time spent on a connection the NAT had forgotten: pushes
+            /// then go nowhere until the heartbeat notices.
+            public var unreachableFraction: Double
+            /// Bytes on the wire per client and hour, both ways (after settling, for the
+            /// probing group), reconnections included.
+            public var bytesPerHourPerClient: Double?
+        }
+
+        public var natTimeoutSeconds: Double
+        /// The fixed group's interval (half the gateway's idle timeout).
+        public var fixedIntervalSeconds: Double
+        /// The interval each probing client ended with, seconds.
+        public var learnedSeconds: [Double]
+        /// Start → the last probing client settled, seconds; `nil` if some had not.
+        public var settledAfterSeconds: Double?
+        public var probing: Group
+        public var fixed: Group
+    }
+
     public var name: String
     public var summary: String
     /// Why the scenario did not run, if it did not.
@@ -66,6 +94,7 @@ public struct ScenarioResult: Codable, Sendable {
     public var firstConnect: Percentiles?
     public var reconnection: Reconnection?
     public var herd: Herd?
+    public var natTimeout: NATTimeout?
     /// Bytes on the wire (application level, both ways) of one idle connection, per hour.
     public var heartbeatBytesPerHour: Double?
     /// Bytes on the wire (both links, both ways) per backlog message, minus its body.

@@ -66,6 +66,10 @@ public final class TCPFaultProxy: Sendable {
         var bytesToClient = 0
         var natTimeout: Duration?
         var natExpired = 0
+        /// When the NAT forgot each connection still open, by client channel.
+        var natExpiredAt: [ObjectIdentifier: NIODeadline] = [:]
+        /// Time spent forgotten by connections since closed.
+        var natUnreachable = TimeAmount.zero
     }
 
     /// The gateway the proxy forwards to.
@@ -103,6 +107,15 @@ public final class TCPFaultProxy: Sendable {
 
     /// How many connections the NAT timeout has forgotten so far.
     public var natExpiredConnections: Int { self.state.withLockedValue { $0.natExpired } }
+
+    /// The time connections spent forgotten by the NAT timeout but still open (their client
+    /// unaware, its pushes going nowhere), summed over connections, until now.
+    public var natUnreachableTime: Duration {
+        let now = NIODeadline.now()
+        return self.state.withLockedValue { state in
+            Duration(state.natExpiredAt.values.reduce(state.natUnreachable) { $0 + (now - $1) })
+        }
+    }
 
     /// The bytes forwarded so far from clients to the gateway, and from the gateway to clients.
     public var forwardedBytes: (toUpstream: Int, toClient: Int) {
@@ -188,9 +201,13 @@ public final class TCPFaultProxy: Sendable {
         let key = ObjectIdentifier(channel)
         self.state.withLockedValue { $0.connections[key] = channel }
         channel.closeFuture.whenComplete { _ in
+            let now = NIODeadline.now()
             self.state.withLockedValue { state in
                 state.connections.removeValue(forKey: key)
                 state.abandoned.remove(key)
+                if let expiredAt = state.natExpiredAt.removeValue(forKey: key) {
+                    state.natUnreachable = state.natUnreachable + (now - expiredAt)
+                }
             }
         }
     }
@@ -204,6 +221,7 @@ public final class TCPFaultProxy: Sendable {
             if let timeout = state.natTimeout, idle > TimeAmount(timeout) {
                 state.abandoned.insert(key)
                 state.natExpired += 1
+                state.natExpiredAt[key] = .now() - idle + TimeAmount(timeout)
                 return nil
             }
             if toUpstream { state.bytesToUpstream += bytes } else { state.bytesToClient += bytes }

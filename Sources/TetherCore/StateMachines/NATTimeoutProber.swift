@@ -13,9 +13,9 @@
 ///   ``Configuration/step``, up to ``Configuration/maximumInterval``.
 /// - An idle probe that goes unanswered (the link died) counts as a failure of its interval.
 ///   After ``Configuration/failuresToBackOff`` consecutive failures the prober backs off to the
-///   longest interval proven safe (or one step down if none is) and stops growing below the
-///   failed interval: the network has settled. One failure is not enough, since a link can die
-///   for reasons other than the NAT.
+///   longest interval proven safe, less ``Configuration/settleMargin`` (or one step down if
+///   none is), and stops growing: the network has settled. One failure is not enough, since a
+///   link can die for reasons other than the NAT.
 /// - Optionally, after ``Configuration/reprobeAfter`` successes at a settled interval, it tries
 ///   the next step again, in case the network's timeout grew.
 ///
@@ -53,6 +53,10 @@ public struct NATTimeoutProber: Sendable, Hashable {
         public var reprobeAfter: Int?
         /// How many networks are remembered.
         public var maximumNetworks: Int
+        /// After failures, the interval settles this fraction (0 to 0.5) below the longest one
+        /// proven safe: an interval that only just survived sits at the NAT's edge, where a
+        /// late timer or a slow answer decides.
+        public var settleMargin: Double
 
         /// - Throws: ``ConfigurationError`` if a value is out of range.
         public init(
@@ -63,7 +67,8 @@ public struct NATTimeoutProber: Sendable, Hashable {
             successesPerStep: Int = 1,
             failuresToBackOff: Int = 2,
             reprobeAfter: Int? = nil,
-            maximumNetworks: Int = 32
+            maximumNetworks: Int = 32,
+            settleMargin: Double = 0.1
         ) throws(ConfigurationError) {
             self.initialInterval = initialInterval
             self.step = step
@@ -73,11 +78,13 @@ public struct NATTimeoutProber: Sendable, Hashable {
             self.failuresToBackOff = failuresToBackOff
             self.reprobeAfter = reprobeAfter
             self.maximumNetworks = maximumNetworks
+            self.settleMargin = settleMargin
             try self.validate()
         }
 
         /// Start at 60 s, grow by 30 s per answered probe up to 10 minutes, never below 15 s;
-        /// back off after two failures; no re-probing; 32 networks remembered.
+        /// back off after two failures to 10 % below the longest safe interval; no
+        /// re-probing; 32 networks remembered.
         public static var defaults: Configuration { try! Configuration() }
 
         /// Checks every value; called by the initialiser and by the configurations that embed this.
@@ -93,6 +100,7 @@ public struct NATTimeoutProber: Sendable, Hashable {
                 throw ConfigurationError("natProbing.reprobeAfter must be at least 1 (or nil to never re-probe)")
             }
             guard self.maximumNetworks >= 1 else { throw ConfigurationError("natProbing.maximumNetworks must be at least 1") }
+            guard (0...0.5).contains(self.settleMargin) else { throw ConfigurationError("natProbing.settleMargin must be from 0 to 0.5") }
         }
     }
 
@@ -103,16 +111,14 @@ public struct NATTimeoutProber: Sendable, Hashable {
         /// The longest interval an idle probe survived, if any.
         public internal(set) var longestSafe: Duration?
         /// The shortest interval whose probes failed ``Configuration/failuresToBackOff`` times in
-        /// a row: the prober does not grow to it. `nil` while none has.
+        /// a row: while there is one, the prober does not grow. `nil` while none has.
         public internal(set) var failedAt: Duration?
         var successes = 0
         var failures = 0
         var lastUsed: UInt64 = 0
 
-        func isSettled(step: Duration, maximum: Duration) -> Bool {
-            if self.interval >= maximum { return true }
-            guard let failedAt = self.failedAt else { return false }
-            return self.interval + step >= failedAt
+        func isSettled(maximum: Duration) -> Bool {
+            self.failedAt != nil || self.interval >= maximum
         }
     }
 
@@ -140,11 +146,10 @@ public struct NATTimeoutProber: Sendable, Hashable {
         self.networks[network]?.interval ?? self.configuration.initialInterval
     }
 
-    /// Whether the search on `network` is over: its interval cannot grow without reaching one
-    /// that failed, or the maximum.
+    /// Whether the search on `network` is over: an interval failed, or the maximum is reached.
     public func isSettled(_ network: String) -> Bool {
         (self.networks[network] ?? Network(interval: self.configuration.initialInterval))
-            .isSettled(step: self.configuration.step, maximum: self.configuration.maximumInterval)
+            .isSettled(maximum: self.configuration.maximumInterval)
     }
 
     /// An idle probe sent after `interval` of silence was answered on `network`.
@@ -164,7 +169,7 @@ public struct NATTimeoutProber: Sendable, Hashable {
         record.failures = 0
         record.successes += 1
         let configuration = self.configuration
-        if record.isSettled(step: configuration.step, maximum: configuration.maximumInterval) {
+        if record.isSettled(maximum: configuration.maximumInterval) {
             // Re-probe a settled network now and then: its timeout may have grown.
             guard let reprobeAfter = configuration.reprobeAfter, record.successes >= reprobeAfter,
                 record.interval < configuration.maximumInterval
@@ -195,7 +200,7 @@ public struct NATTimeoutProber: Sendable, Hashable {
         let failed = record.interval
         record.failedAt = min(record.failedAt ?? failed, failed)
         if let safe = record.longestSafe, safe < failed {
-            record.interval = max(self.configuration.minimumInterval, safe)
+            record.interval = max(self.configuration.minimumInterval, safe * (1 - self.configuration.settleMargin))
         } else {
             // Even the interval once proven safe fails now: the network changed its mind.
             record.longestSafe = nil
