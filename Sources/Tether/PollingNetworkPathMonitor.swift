@@ -13,7 +13,7 @@ public import TetherCore
 /// list of those interfaces and addresses.
 ///
 /// Portable and dependency-free; on Linux a change is seen within one poll interval. (Apple
-/// apps should prefer Network.framework's path monitor.)
+/// apps should prefer `NWPathNetworkMonitor`, which the system notifies at once.)
 public struct PollingNetworkPathMonitor: NetworkPathMonitor {
     /// How often the interfaces are read.
     public var interval: Duration

@@ -99,10 +99,12 @@ public enum LabReport {
             lines.append("## NAT timeout (smart heartbeat)")
             lines.append("")
             lines.append(
-                "\(result.summary). Idle clients in the background mode; the NAT (the lab's proxy) silently forgets a connection "
-                    + "that carried nothing for \(Self.number(nat.natTimeoutSeconds, 0)) s. Fixed: the default background interval, "
-                    + "half the gateway's idle timeout (\(Self.number(nat.fixedIntervalSeconds, 0)) s). Probing: "
-                    + "`heartbeat.natProbing` as configured in the scenario. \(Self.number(result.seconds, 0)) s run."
+                "Idle clients in the background mode, for \(Self.number(result.seconds, 0)) s, behind a NAT (the lab's proxy) that "
+                    + "silently forgets a connection that carried nothing for \(Self.number(nat.natTimeoutSeconds, 0)) s. Fixed: the "
+                    + "default background interval, half the gateway's idle timeout (\(Self.number(nat.fixedIntervalSeconds, 0)) s). "
+                    + "Probing: `heartbeat.natProbing` starting at \(Self.number(nat.probingInitialSeconds, 0)) s, "
+                    + "\(Self.number(nat.probingStepSeconds, 0)) s steps (scaled down; the defaults are 60 s and 30 s). Time unreachable: client-time on a connection the NAT had forgotten, when pushes go nowhere. Bytes "
+                    + "include the reconnections."
             )
             lines.append("")
             let learned = Set(nat.learnedSeconds).sorted().map { Self.number($0, 0) + " s" }.joined(separator: ", ")

@@ -94,6 +94,8 @@ extension ScenarioRun {
         result.natTimeout = ScenarioResult.NATTimeout(
             natTimeoutSeconds: nat.natTimeout.totalSeconds,
             fixedIntervalSeconds: nat.gatewayIdleTimeout.totalSeconds / 2,
+            probingInitialSeconds: nat.probing.initialInterval.totalSeconds,
+            probingStepSeconds: nat.probing.step.totalSeconds,
             learnedSeconds: probing.map { ($0.1.natTimeoutProber?.interval(for: "") ?? .zero).totalSeconds },
             settledAfterSeconds: settled,
             probing: .init(

@@ -74,6 +74,9 @@ public struct ScenarioResult: Codable, Sendable {
         public var natTimeoutSeconds: Double
         /// The fixed group's interval (half the gateway's idle timeout).
         public var fixedIntervalSeconds: Double
+        /// The probing group's first interval and step.
+        public var probingInitialSeconds: Double
+        public var probingStepSeconds: Double
         /// The interval each probing client ended with, seconds.
         public var learnedSeconds: [Double]
         /// Start → the last probing client settled, seconds; `nil` if some had not.

@@ -63,8 +63,10 @@ extension IntegrationTests {
         func mobileExample() throws {
             // --- README: "Staying connected on mobile networks" (not run: no such gateway) ---
             var configuration = ClientConfiguration(endpoints: [Endpoint(host: "gw.example.com", port: 7700)], clientID: "alice")
-            configuration.pathMonitor = PollingNetworkPathMonitor()  // or your NWPathMonitor-backed one
+            configuration.pathMonitor = PollingNetworkPathMonitor()  // NWPathNetworkMonitor() on Apple platforms
+            configuration.heartbeat.natProbing = .defaults  // learn each network's NAT timeout
             let client = try TetherClient(configuration: configuration)
+            #expect(client.natTimeoutProber?.interval(for: "wifi") == .seconds(60))
             client.setHeartbeatMode(.background)  // when the app goes to the background
             #expect(client.heartbeatMode == .background)
             client.setHeartbeatMode(.foreground)  // and back
