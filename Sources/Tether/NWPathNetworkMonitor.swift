@@ -16,8 +16,10 @@
     /// configuration.pathMonitor = NWPathNetworkMonitor()
     /// ```
     ///
-    /// Note: this file is compiled only where Network.framework exists; the project's CI runs
-    /// on Linux, so it is checked by Apple builds of the package, not by CI.
+    /// Note: this file is compiled only where Network.framework exists. The project's CI runs
+    /// on Linux; there it was type-checked (Swift 6 mode) against a stand-in module declaring
+    /// the documented `NWPathMonitor`, `NWPath` and `NWInterface` API, in both its
+    /// `@preconcurrency` and `@Sendable` forms, but never built against the real SDK.
     @available(macOS 10.14, iOS 12.0, tvOS 12.0, watchOS 5.0, *)
     public struct NWPathNetworkMonitor: NetworkPathMonitor {
         public init() {}

@@ -277,24 +277,14 @@ extension TetherClient {
     /// The endpoints in the order an attempt starting at `first` tries them: the list from
     /// `first` on, those that refused recently last.
     private func racingOrder(from first: Endpoint) -> [Endpoint] {
-        let endpoints = self.configuration.endpoints
-        let start = endpoints.firstIndex(of: first)
-        var rotation = start.map { Array(endpoints[$0...] + endpoints[..<$0]) } ?? [first] + endpoints
         let now = ContinuousClock.now
-        let penalized = self.state.withLockedValue { state in
-            state.penalized = state.penalized.filter { $0.value > now }
-            return state.penalized
-        }
-        if rotation.count > 1 {
-            rotation = rotation.filter { penalized[$0] == nil } + rotation.filter { penalized[$0] != nil }
-        }
-        return rotation
+        return self.state.withLockedValue { $0.penalties.order(self.configuration.endpoints, from: first, at: now) }
     }
 
     private func penalize(_ endpoint: Endpoint) {
         guard self.configuration.endpoints.count > 1 else { return }
-        let until = ContinuousClock.now + self.configuration.connection.failedEndpointPenalty
-        self.state.withLockedValue { $0.penalized[endpoint] = until }
+        let now = ContinuousClock.now
+        self.state.withLockedValue { $0.penalties.penalize(endpoint, at: now) }
     }
 
     /// Opens a transport connection to `endpoint` and completes the handshake; cancelling the

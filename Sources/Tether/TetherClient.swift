@@ -79,7 +79,7 @@ public final class TetherClient: Service, Sendable {
                 stableAfter: configuration.reconnect.stableAfter
             )
         )
-        var state = State(machine: machine)
+        var state = State(machine: machine, endpointPenalty: configuration.connection.failedEndpointPenalty)
         state.natProber = configuration.heartbeat.natProbing.map { NATTimeoutProber(configuration: $0) }
         self.state = NIOLockedValueBox(state)
         self.pushRouter = PushRouter(bufferSize: configuration.pushes.bufferSize)

@@ -33,8 +33,8 @@ extension TetherClient {
         }
 
         var machine: ConnectivityStateMachine
-        /// Endpoints that refused or failed a handshake recently, and until when they are tried last.
-        var penalized: [Endpoint: ContinuousClock.Instant] = [:]
+        /// Endpoints that refused or failed a handshake recently: tried last for a while.
+        var penalties: EndpointPenalties<ContinuousClock.Instant>
         var run: RunPhase = .notStarted
         /// The connection new requests go to; `nil` while connecting, draining or stopped.
         var ready: ClientConnection?
@@ -54,8 +54,9 @@ extension TetherClient {
         /// The network the path monitor reports now ("" without a monitor).
         var network = ""
 
-        init(machine: ConnectivityStateMachine) {
+        init(machine: ConnectivityStateMachine, endpointPenalty: Duration) {
             self.machine = machine
+            self.penalties = EndpointPenalties(duration: endpointPenalty)
         }
 
         /// Removes and returns what a path change decided, if anything.
