@@ -41,6 +41,8 @@ extension IntegrationTests {
                 }
                 #expect(client.natTimeoutProber?.interval(for: "") == .milliseconds(1080))
                 #expect(client.natTimeoutProber?.networks[""]?.failedAt == .milliseconds(1600))
+                // The prober hears of the second failure just before the client reports the disconnection.
+                try await eventually("the second lost connection is reported") { events.disconnectReasons.count >= 2 }
                 let lost = events.disconnectReasons
                 #expect(lost.count == 2, "\(lost)")
                 #expect(lost.allSatisfy { if case .heartbeatTimeout = $0 { true } else { false } }, "\(lost)")
