@@ -46,27 +46,17 @@ extension ScenarioRun {
                 + "\(nat.clientsPerGroup) probing + \(nat.clientsPerGroup) fixed clients in the background"
         )
 
-        let settledAt = NIOLockedValueBox<Double?>(nil)
-        let settledSample = NIOLockedValueBox<(time: Double, bytes: Int, unreachable: Double)?>(nil)
+        // When every probing client had settled, and the bytes through their NAT then.
+        let settledSample = NIOLockedValueBox<(time: Double, bytes: Int)?>(nil)
         try await withThrowingTaskGroup(of: Void.self) { group in
-            for (name, client) in everyone {
-                let events = client.events
-                group.addTask { await self.record(events, of: name) }
-                group.addTask {
-                    self.recorder.event(name, .started)
-                    do { try await client.run() } catch { self.say("\(name) stopped: \(error)") }
-                }
-            }
+            self.run(everyone, in: &group)
             group.addTask {
                 // When every probing client has settled, start measuring the settled phase.
                 while self.recorder.now() < nat.duration.totalSeconds {
                     if probingClients.allSatisfy({ $0.1.natTimeoutProber?.isSettled("") == true }) {
                         let bytes = probingNAT.forwardedBytes
                         let now = self.recorder.now()
-                        settledAt.withLockedValue { $0 = now }
-                        settledSample.withLockedValue {
-                            $0 = (now, bytes.toUpstream + bytes.toClient, probingNAT.natUnreachableTime.totalSeconds)
-                        }
+                        settledSample.withLockedValue { $0 = (now, bytes.toUpstream + bytes.toClient) }
                         self.say("every probing client settled: \(Self.intervals(probingClients))")
                         return
                     }
@@ -88,8 +78,8 @@ extension ScenarioRun {
         }
         let clientSeconds = Double(nat.clientsPerGroup) * end
         let fixedBytes = fixedNAT.forwardedBytes
-        let settled = settledAt.withLockedValue { $0 }
         let sample = settledSample.withLockedValue { $0 }
+        let settled = sample?.time
         let probingBytes = probingNAT.forwardedBytes
         result.natTimeout = ScenarioResult.NATTimeout(
             natTimeoutSeconds: nat.natTimeout.totalSeconds,
@@ -115,11 +105,7 @@ extension ScenarioRun {
                 bytesPerHourPerClient: Double(fixedBytes.toUpstream + fixedBytes.toClient) / end * 3600 / Double(nat.clientsPerGroup)
             )
         )
-        for event in recorded.events {
-            if case .disconnected(let heartbeat) = event.kind {
-                result.disconnects[heartbeat ? "heartbeat timeout" : "closed or reset", default: 0] += 1
-            }
-        }
+        result.countDisconnects(recorded.events)
         self.say("probing: \(Self.intervals(probing)); lost \(lost(probing)) vs \(lost(fixed)) connections")
         return result
     }

@@ -117,14 +117,7 @@ struct ScenarioRun: Sendable {
         var result = ScenarioResult(name: scenario.name, summary: scenario.summary)
         let ttlProbe = NIOLockedValueBox<String?>(nil)  // set by the blackhole scenario
         try await withThrowingTaskGroup(of: Void.self) { group in
-            for (name, client) in everyone {
-                let events = client.events
-                group.addTask { await self.record(events, of: name) }
-                group.addTask {
-                    self.recorder.event(name, .started)
-                    do { try await client.run() } catch { self.say("\(name) stopped: \(error)") }
-                }
-            }
+            self.run(everyone, in: &group)
             group.addTask {
                 do {
                     for try await delivery in bob.deliveries() {
@@ -209,7 +202,19 @@ struct ScenarioRun: Sendable {
         _ = try await alice.send("dm", body: ByteBuffer(string: "\(number)"), conversation: "bob")
     }
 
-    func record(_ events: AsyncStream<ConnectionEvent>, of client: String) async {
+    /// Runs each client, and records its connection events, in `group`.
+    func run(_ clients: [(String, TetherClient)], in group: inout ThrowingTaskGroup<Void, any Error>) {
+        for (name, client) in clients {
+            let events = client.events
+            group.addTask { await self.record(events, of: name) }
+            group.addTask {
+                self.recorder.event(name, .started)
+                do { try await client.run() } catch { self.say("\(name) stopped: \(error)") }
+            }
+        }
+    }
+
+    private func record(_ events: AsyncStream<ConnectionEvent>, of client: String) async {
         for await event in events {
             switch event {
             case .connecting: self.recorder.event(client, .connecting)

@@ -158,16 +158,21 @@ extension ScenarioResult {
                 return (connected.time - started.time) * 1000
             }
         )
-        for event in recorded.events {
-            if case .disconnected(let heartbeat) = event.kind {
-                self.disconnects[heartbeat ? "heartbeat timeout" : "closed or reset", default: 0] += 1
-            }
-        }
+        self.countDisconnects(recorded.events)
         if !recorded.windows.isEmpty {
             self.reconnection = Self.reconnection(recorded.windows, events: byClient, clients: clients, scenario: scenario)
         }
         if scenario.observersConnectDirectly {
             self.herd = Self.herd(recorded, clients: scenario.observers)
+        }
+    }
+
+    /// Counts the disconnections in `events` by reason.
+    mutating func countDisconnects(_ events: [ClientEvent]) {
+        for event in events {
+            if case .disconnected(let heartbeat) = event.kind {
+                self.disconnects[heartbeat ? "heartbeat timeout" : "closed or reset", default: 0] += 1
+            }
         }
     }
 

@@ -9,20 +9,25 @@ extension IntegrationTests {
     /// NAT-timeout probing against a proxy that forgets idle connections, as a NAT does.
     @Suite("NAT-timeout probing", .timeLimit(.minutes(2)))
     struct NATProbingTests {
+        /// A gateway with the idle timeout `idle` behind a NAT that forgets connections idle 1.5 s.
+        static func gatewayBehindNAT(_ harness: Harness, idle: Duration) async throws -> (Gateway, TCPFaultProxy, Endpoint) {
+            let (gateway, endpoint) = try await harness.gateway { configuration in
+                configuration.timeouts.heartbeatInterval = .milliseconds(200)
+                configuration.timeouts.idle = idle  // background pings are half of it apart
+            }
+            let nat = TCPFaultProxy(upstream: endpoint)
+            nat.natTimeout = .milliseconds(1500)
+            let address = try await nat.start()
+            harness.onExit { Task { await nat.stop() } }
+            return (gateway, nat, Endpoint(host: "127.0.0.1", port: address.port!))
+        }
+
         @Test("in the background, the client learns how long the NAT keeps an idle connection, then stops losing it")
         func learnsTheNATTimeout() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { configuration in
-                    configuration.timeouts.heartbeatInterval = .milliseconds(200)
-                    configuration.timeouts.idle = .seconds(10)  // background pings may be 5 s apart
-                }
+                let (gateway, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(10))
                 gateway.handle("echo") { request, _ in request.body }
-                let nat = TCPFaultProxy(upstream: endpoint)
-                nat.natTimeout = .milliseconds(1500)
-                let address = try await nat.start()
-                harness.onExit { Task { await nat.stop() } }
-
-                let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)]) { configuration in
+                let client = try harness.client([endpoint]) { configuration in
                     configuration.heartbeat.timeout = .milliseconds(500)
                     configuration.heartbeat.natProbing = try! .init(
                         initialInterval: .milliseconds(400),
@@ -60,15 +65,8 @@ extension IntegrationTests {
         @Test("without probing, a background interval longer than the NAT timeout loses the connection every time")
         func fixedIntervalKeepsDying() async throws {
             try await withHarness { harness in
-                let (_, endpoint) = try await harness.gateway { configuration in
-                    configuration.timeouts.heartbeatInterval = .milliseconds(200)
-                    configuration.timeouts.idle = .seconds(4)  // background pings 2 s apart
-                }
-                let nat = TCPFaultProxy(upstream: endpoint)
-                nat.natTimeout = .milliseconds(1500)
-                let address = try await nat.start()
-                harness.onExit { Task { await nat.stop() } }
-                let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)]) { configuration in
+                let (_, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(4))
+                let client = try harness.client([endpoint]) { configuration in
                     configuration.heartbeat.timeout = .milliseconds(500)
                     configuration.heartbeat.jitter = 0
                 }
