@@ -92,7 +92,6 @@ extension TetherClient {
         for await path in monitor.paths() {
             let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.Action, ClientConnection?) in
                 let action = state.machine.pathChanged(path)
-                if path.isAvailable { state.network = path.identity }
                 if case .connect = action { state.pendingAction = action }
                 return (action, state.current)
             }
@@ -318,8 +317,6 @@ extension TetherClient {
             maxInboundBodySize: connectionConfiguration.maxBodySize,
             reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
         )
-        // The connection belongs to the network it was made on; a new network means a new connection.
-        let network = self.state.withLockedValue { $0.network }
         let callbacks = ClientConnectionHandler.Callbacks(
             push: { [weak self] push in self?.deliver(push) },
             goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
@@ -332,9 +329,9 @@ extension TetherClient {
             },
             heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground },
             learnedInterval: { [weak self] in
-                self?.state.withLockedValue { state in state.natProber?.interval(for: network) }
+                self?.state.withLockedValue { state in state.natProber?.interval(for: state.network) }
             },
-            idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered, network: network) }
+            idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) }
         )
         // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
         let cancellation = NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>((false, nil))

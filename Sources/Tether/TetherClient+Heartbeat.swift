@@ -34,17 +34,18 @@ extension TetherClient {
         self.state.withLockedValue { $0.natProber }
     }
 
-    /// An idle probe on a connection made on `network` was answered, or not: teach the prober,
-    /// and move the current connection to the new interval if it changed.
-    func idleProbeSettled(_ probe: HeartbeatStateMachine.IdleProbe, answered: Bool, network: String) {
+    /// An idle probe was answered, or not: teach the prober about the current network, and move
+    /// the current connection to the new interval if it changed.
+    func idleProbeSettled(_ probe: HeartbeatStateMachine.IdleProbe, answered: Bool) {
         let interval = Duration(probe.interval)
-        let (change, connection) = self.state.withLockedValue { state -> (NATTimeoutProber.Change, ClientConnection?) in
-            guard state.natProber != nil else { return (.unchanged, nil) }
+        let (change, connection, network) = self.state.withLockedValue { state in
+            let network = state.network
+            guard state.natProber != nil else { return (NATTimeoutProber.Change.unchanged, ClientConnection?.none, network) }
             let change =
                 answered
                 ? state.natProber!.probeSucceeded(network: network, interval: interval)
                 : state.natProber!.probeFailed(network: network, interval: interval)
-            return (change, state.current)
+            return (change, state.current, network)
         }
         switch change {
         case .unchanged:

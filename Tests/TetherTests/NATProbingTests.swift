@@ -27,7 +27,9 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let (gateway, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(10))
                 gateway.handle("echo") { request, _ in request.body }
+                let path = ManualNetworkPathMonitor(initial: NetworkPath(isAvailable: true, identity: "wifi"))
                 let client = try harness.client([endpoint]) { configuration in
+                    configuration.pathMonitor = path
                     configuration.heartbeat.timeout = .milliseconds(500)
                     configuration.heartbeat.natProbing = try! .init(
                         initialInterval: .milliseconds(400),
@@ -42,10 +44,10 @@ extension IntegrationTests {
 
                 // 0.4, 0.8 and 1.2 s of silence are kept; 1.6 s is not, twice: back to 10 % below 1.2 s.
                 try await eventually("the prober settles", timeout: .seconds(30)) {
-                    client.natTimeoutProber?.isSettled("") == true
+                    client.natTimeoutProber?.isSettled("wifi") == true
                 }
-                #expect(client.natTimeoutProber?.interval(for: "") == .milliseconds(1080))
-                #expect(client.natTimeoutProber?.networks[""]?.failedAt == .milliseconds(1600))
+                #expect(client.natTimeoutProber?.interval(for: "wifi") == .milliseconds(1080))
+                #expect(client.natTimeoutProber?.networks["wifi"]?.failedAt == .milliseconds(1600))
                 // The prober hears of the second failure just before the client reports the disconnection.
                 try await eventually("the second lost connection is reported") { events.disconnectReasons.count >= 2 }
                 let lost = events.disconnectReasons
@@ -59,6 +61,14 @@ extension IntegrationTests {
                 #expect(events.disconnectReasons.count == 2, "no connection lost at the learned interval")
                 #expect(nat.natExpiredConnections == 2)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "still here")).string == "still here")
+
+                // Another network: learned from the start; what was learned on Wi-Fi stays.
+                path.set(NetworkPath(isAvailable: true, identity: "cellular"))
+                try await eventually("connected on the new network") { events.connects == 4 }
+                try await eventually("cellular is probed from the initial interval") {
+                    client.natTimeoutProber?.interval(for: "cellular") == .milliseconds(800)
+                }
+                #expect(client.natTimeoutProber?.interval(for: "wifi") == .milliseconds(1080))
             }
         }
 

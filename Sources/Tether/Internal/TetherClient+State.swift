@@ -51,8 +51,12 @@ extension TetherClient {
         var heartbeatMode = HeartbeatMode.foreground
         /// What NAT-timeout probing learned, if it is on.
         var natProber: NATTimeoutProber?
-        /// The network the path monitor reports now ("" without a monitor).
-        var network = ""
+
+        /// The network the device is on, as the path monitor last reported it ("" without a
+        /// monitor, or before its first report). Read when the heartbeat needs it, not when a
+        /// connection is made: a monitor's first report may come after the first connection,
+        /// and a later change of network replaces the connection anyway.
+        var network: String { self.machine.path?.identity ?? "" }
 
         init(machine: ConnectivityStateMachine, endpointPenalty: Duration) {
             self.machine = machine

@@ -90,7 +90,7 @@ public struct ConnectivityStateMachine: Sendable {
     /// GOAWAY's instructions, applied when the draining connection closes.
     private var goAway: (retryAfter: Duration, alternate: Endpoint?)?
     /// The last network path reported; `nil` until a monitor reports one (assumed available).
-    private var path: NetworkPath?
+    public private(set) var path: NetworkPath?
     /// The connection is closing because the path changed: reconnect without delay.
     private var reconnectAtOnce = false
 
