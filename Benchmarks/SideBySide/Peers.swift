@@ -1,0 +1,364 @@
+import AsyncHTTPClient
+import GRPCCore
+import GRPCNIOTransportHTTP2
+import Hummingbird
+import HummingbirdWebSocket
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Tether
+import TetherGateway
+import WSClient
+
+/// One request/response round trip through a peer's client, as an app would call it.
+protocol EchoClient: Sendable {
+    /// Sends `body` and returns the size of the echoed response.
+    func echo(_ body: ByteBuffer) async throws -> Int
+}
+
+/// The protocols compared. Each has a server (run in its own process) and a client.
+enum Peer: String, CaseIterable, Sendable {
+    /// The floor: a minimal SwiftNIO length-prefixed echo, driven by a NIO handler (no Swift
+    /// concurrency on the client's hot path either).
+    case rawNIO = "raw-nio"
+    /// Tether request/response over TCP.
+    case tether
+    /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
+    case http = "http1"
+    /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
+    case grpcUnary = "grpc-unary"
+    /// gRPC bidirectional streaming: one stream per client task, one connection.
+    case grpcStream = "grpc-stream"
+    /// A WebSocket with request-id correlation: hummingbird-websocket and WSClient.
+    case webSocket = "websocket"
+
+    static let logger: Logger = {
+        var logger = Logger(label: "tether-bench")
+        logger.logLevel = .error
+        return logger
+    }()
+
+    /// Runs the server on `port` (0 picks one), calls `ready` with the port, and serves until
+    /// the task is cancelled.
+    func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+        switch self {
+        case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
+        case .tether: try await TetherPeer.serve(port: port, ready: ready)
+        case .http: try await HTTPPeer.serve(port: port, ready: ready)
+        case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
+        case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
+        }
+    }
+
+    /// Runs `body` with a connected client.
+    func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
+        switch self {
+        case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
+        case .tether: try await TetherPeer.withClient(port: port, body)
+        case .http: try await HTTPPeer.withClient(port: port, body)
+        case .grpcUnary: try await GRPCPeer.withClient(port: port, streaming: false, body)
+        case .grpcStream: try await GRPCPeer.withClient(port: port, streaming: true, body)
+        case .webSocket: try await WebSocketPeer.withClient(port: port, body)
+        }
+    }
+}
+
+// MARK: - Tether
+
+enum TetherPeer {
+    static func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = .init(host: "127.0.0.1", port: port)
+        configuration.limits.maxConcurrentRequestsPerConnection = 1024
+        let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
+        gateway.handle("echo") { request, _ in request.body }
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { try await gateway.run() }
+            ready(try await gateway.listeningAddress.port!)
+            try await withTaskCancellationHandler {
+                try await Task.sleep(for: .seconds(1_000_000))
+            } onCancel: {
+                gateway.shutdown()
+            }
+        }
+    }
+
+    struct Client: EchoClient {
+        let client: TetherClient
+        func echo(_ body: ByteBuffer) async throws -> Int {
+            try await self.client.request("echo", body: body).readableBytes
+        }
+    }
+
+    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
+        let client = try TetherClient(
+            configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "bench"),
+            logger: Peer.logger
+        )
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await client.run() }
+            defer { client.shutdown() }
+            let result = try await body(Client(client: client))
+            client.shutdown()
+            try await group.waitForAll()
+            return result
+        }
+    }
+}
+
+// MARK: - HTTP/1.1
+
+enum HTTPPeer {
+    static func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+        let router = Router()
+        router.post("/echo") { request, _ -> Response in
+            let body = try await request.body.collect(upTo: 1 << 20)
+            return Response(status: .ok, body: .init(byteBuffer: body))
+        }
+        let app = Application(
+            router: router,
+            configuration: .init(address: .hostname("127.0.0.1", port: port)),
+            onServerRunning: { channel in ready(channel.localAddress!.port!) },
+            logger: Peer.logger
+        )
+        try await app.run()
+    }
+
+    struct Client: EchoClient {
+        let client: HTTPClient
+        let url: String
+        func echo(_ body: ByteBuffer) async throws -> Int {
+            var request = HTTPClientRequest(url: self.url)
+            request.method = .POST
+            request.body = .bytes(body)
+            let response = try await self.client.execute(request, timeout: .seconds(30))
+            return try await response.body.collect(upTo: 1 << 20).readableBytes
+        }
+    }
+
+    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
+        var configuration = HTTPClient.Configuration()
+        // One connection, as for every peer: HTTP/1.1 then answers one request at a time.
+        configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 1)
+        let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
+        do {
+            let result = try await body(Client(client: client, url: "http://127.0.0.1:\(port)/echo"))
+            try await client.shutdown()
+            return result
+        } catch {
+            try? await client.shutdown()
+            throw error
+        }
+    }
+}
+
+// MARK: - gRPC
+
+struct BytesCoder: MessageSerializer, MessageDeserializer {
+    func serialize<Bytes: GRPCContiguousBytes>(_ message: [UInt8]) throws -> Bytes { Bytes(message) }
+    func deserialize<Bytes: GRPCContiguousBytes>(_ serializedMessageBytes: Bytes) throws -> [UInt8] {
+        serializedMessageBytes.withUnsafeBytes { Array($0) }
+    }
+}
+
+enum GRPCPeer {
+    static let unary = MethodDescriptor(fullyQualifiedService: "tether.bench.Echo", method: "Unary")
+    static let stream = MethodDescriptor(fullyQualifiedService: "tether.bench.Echo", method: "Stream")
+
+    /// Echoes every message of every call, unary or streaming.
+    struct EchoService: RegistrableRPCService {
+        func registerMethods<Transport: ServerTransport>(with router: inout RPCRouter<Transport>) {
+            for method in [GRPCPeer.unary, GRPCPeer.stream] {
+                router.registerHandler(forMethod: method, deserializer: BytesCoder(), serializer: BytesCoder()) { request, _ in
+                    StreamingServerResponse(of: [UInt8].self) { writer in
+                        for try await message in request.messages { try await writer.write(message) }
+                        return [:]
+                    }
+                }
+            }
+        }
+    }
+
+    static func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+        let transport = HTTP2ServerTransport.Posix(
+            address: .ipv4(host: "127.0.0.1", port: port),
+            transportSecurity: .plaintext
+        )
+        try await withGRPCServer(transport: transport, services: [EchoService()]) { server in
+            guard let address = try await server.listeningAddress?.ipv4 else { throw CancellationError() }
+            ready(address.port)
+            try await Task.sleep(for: .seconds(1_000_000))
+        }
+    }
+
+    struct UnaryClient: EchoClient {
+        let client: GRPCClient<HTTP2ClientTransport.Posix>
+        func echo(_ body: ByteBuffer) async throws -> Int {
+            try await self.client.unary(
+                request: ClientRequest(message: Array(buffer: body)),
+                descriptor: GRPCPeer.unary,
+                serializer: BytesCoder(),
+                deserializer: BytesCoder(),
+                options: .defaults
+            ) { response in try response.message.count }
+        }
+    }
+
+    static func withClient<R: Sendable>(
+        port: Int,
+        streaming: Bool,
+        _ body: @escaping @Sendable (any EchoClient) async throws -> R
+    ) async throws -> R {
+        let transport = try HTTP2ClientTransport.Posix(
+            target: .ipv4(address: "127.0.0.1", port: port),
+            transportSecurity: .plaintext
+        )
+        return try await withGRPCClient(transport: transport) { client in
+            guard streaming else { return try await body(UnaryClient(client: client)) }
+            // One stream for the whole run; calls are told apart by their request id.
+            let correlator = Correlator()
+            let (outgoing, sink) = AsyncStream.makeStream(of: ByteBuffer.self)
+            return try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    do {
+                        try await client.bidirectionalStreaming(
+                            request: StreamingClientRequest(of: [UInt8].self) { writer in
+                                for await message in outgoing { try await writer.write(Array(buffer: message)) }
+                            },
+                            descriptor: GRPCPeer.stream,
+                            serializer: BytesCoder(),
+                            deserializer: BytesCoder(),
+                            options: .defaults
+                        ) { response in
+                            for try await message in response.messages { correlator.answered(ByteBuffer(bytes: message)) }
+                        }
+                        correlator.failAll(CancellationError())
+                    } catch {
+                        correlator.failAll(error)
+                    }
+                }
+                let result = try await body(CorrelatedClient(correlator: correlator) { sink.yield($0) })
+                sink.finish()
+                try await group.waitForAll()
+                return result
+            }
+        }
+    }
+}
+
+// MARK: - Correlation over one ordered stream (gRPC streaming, WebSocket)
+
+/// Matches answers to calls by an 8-byte request id in front of each message, as an app does
+/// over a WebSocket by hand.
+final class Correlator: Sendable {
+    private struct State {
+        var nextID: UInt64 = 1
+        var waiting: [UInt64: CheckedContinuation<Int, any Error>] = [:]
+        var failure: (any Error)?
+    }
+    private let state = NIOLockedValueBox(State())
+
+    /// Registers a call, then hands its framed message to `send` (under the lock, so that ids
+    /// go out in order).
+    func call(_ body: ByteBuffer, send: (ByteBuffer) -> Void) async throws -> Int {
+        try await withCheckedThrowingContinuation { continuation in
+            self.state.withLockedValue { state in
+                if let failure = state.failure {
+                    continuation.resume(throwing: failure)
+                    return
+                }
+                let id = state.nextID
+                state.nextID += 1
+                state.waiting[id] = continuation
+                var message = ByteBuffer()
+                message.reserveCapacity(8 + body.readableBytes)
+                message.writeInteger(id)
+                message.writeImmutableBuffer(body)
+                send(message)
+            }
+        }
+    }
+
+    /// An answer arrived: resume its call with the size of the echoed body.
+    func answered(_ message: ByteBuffer) {
+        var message = message
+        guard let id = message.readInteger(as: UInt64.self) else { return }
+        let continuation = self.state.withLockedValue { $0.waiting.removeValue(forKey: id) }
+        continuation?.resume(returning: message.readableBytes)
+    }
+
+    func failAll(_ error: any Error) {
+        let waiting = self.state.withLockedValue { state in
+            state.failure = error
+            defer { state.waiting.removeAll() }
+            return state.waiting.values
+        }
+        for continuation in waiting { continuation.resume(throwing: error) }
+    }
+}
+
+struct CorrelatedClient: EchoClient {
+    let correlator: Correlator
+    let send: @Sendable (ByteBuffer) -> Void
+    func echo(_ body: ByteBuffer) async throws -> Int {
+        try await self.correlator.call(body, send: self.send)
+    }
+}
+
+// MARK: - WebSocket
+
+enum WebSocketPeer {
+    static func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+        let router = Router(context: BasicWebSocketRequestContext.self)
+        router.ws("/echo") { _, _ in
+            .upgrade()
+        } onUpgrade: { inbound, outbound, _ in
+            for try await message in inbound.messages(maxSize: 1 << 20) {
+                if case .binary(let buffer) = message { try await outbound.write(.binary(buffer)) }
+            }
+        }
+        let app = Application(
+            router: Router(),
+            server: .http1WebSocketUpgrade(webSocketRouter: router),
+            configuration: .init(address: .hostname("127.0.0.1", port: port)),
+            onServerRunning: { channel in ready(channel.localAddress!.port!) },
+            logger: Peer.logger
+        )
+        try await app.run()
+    }
+
+    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
+        let correlator = Correlator()
+        let result = NIOLockedValueBox<Result<R, any Error>?>(nil)
+        try await WebSocketClient.connect(url: "ws://127.0.0.1:\(port)/echo", logger: Peer.logger) { inbound, outbound, _ in
+            let (outgoing, sink) = AsyncStream.makeStream(of: ByteBuffer.self)
+            await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    for await message in outgoing { try await outbound.write(.binary(message)) }
+                }
+                group.addTask {
+                    do {
+                        for try await message in inbound.messages(maxSize: 1 << 20) {
+                            if case .binary(let buffer) = message { correlator.answered(buffer) }
+                        }
+                        correlator.failAll(CancellationError())
+                    } catch {
+                        correlator.failAll(error)
+                    }
+                }
+                let outcome: Result<R, any Error>
+                do {
+                    outcome = .success(try await body(CorrelatedClient(correlator: correlator) { sink.yield($0) }))
+                } catch {
+                    outcome = .failure(error)
+                }
+                result.withLockedValue { $0 = outcome }
+                sink.finish()
+                group.cancelAll()
+            }
+        }
+        guard let outcome = result.withLockedValue({ $0 }) else { throw CancellationError() }
+        return try outcome.get()
+    }
+}

@@ -1,0 +1,121 @@
+import ArgumentParser
+import Foundation
+import NIOCore
+
+/// `tether-bench`: Tether side by side with a raw SwiftNIO echo, HTTP/1.1, gRPC and a
+/// WebSocket, every server and every client in a process of its own.
+///
+///     swift run -c release tether-bench run --output results     # all peers, 32 B and 4 KiB
+///     swift run -c release tether-bench serve tether --port 7000 # one server, by hand
+@main
+struct TetherBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tether-bench",
+        abstract: "Tether side by side with raw NIO, HTTP/1.1, gRPC and WebSocket peers.",
+        subcommands: [Run.self, Serve.self, Drive.self]
+    )
+}
+
+extension Peer: ExpressibleByArgument {}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run one peer's server; prints 'ready PORT'.")
+
+    @Argument(help: "The peer: \(Peer.allCases.map(\.rawValue).joined(separator: ", ")).")
+    var peer: Peer
+
+    @Option(help: "The port (0 picks one).")
+    var port = 0
+
+    func run() async throws {
+        try await self.peer.serve(port: self.port) { port in
+            emit("ready \(port)")
+        }
+    }
+}
+
+struct Drive: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Drive one peer's server; prints 'start' when the measured part begins, then one JSON line."
+    )
+
+    @Argument(help: "The peer.")
+    var peer: Peer
+
+    @Option(help: "The server's port.")
+    var port: Int
+
+    @Option(help: "Request body size in bytes.")
+    var body = 32
+
+    @Option(help: "Requests in flight on the one connection; 0 for the sequential latency run.")
+    var inFlight = 0
+
+    @Option(help: "Sequential run: requests measured (after as many warm-up requests / 10).")
+    var requests = 20_000
+
+    @Option(help: "Throughput run: seconds measured (after one warm-up second).")
+    var seconds = 3.0
+
+    func run() async throws {
+        let body = ByteBuffer(repeating: UInt8(ascii: "x"), count: self.body)
+        let sequential = self.inFlight == 0
+        var measurement = Measurement(
+            peer: self.peer.rawValue,
+            bodyBytes: self.body,
+            inFlight: max(1, self.inFlight),
+            sequential: sequential,
+            completed: 0,
+            seconds: 0,
+            clientCPUSeconds: 0
+        )
+        @Sendable func start() -> Double {
+            emit("start")
+            return processCPUSeconds()
+        }
+        if self.peer == .rawNIO {
+            _ = try await RawEcho.drive(port: self.port, body: body, inFlight: max(1, self.inFlight), requests: nil, seconds: 1)
+            let cpu = start()
+            let began = Date()
+            let outcome = try await RawEcho.drive(
+                port: self.port,
+                body: body,
+                inFlight: max(1, self.inFlight),
+                requests: sequential ? self.requests : nil,
+                seconds: sequential ? 3600 : self.seconds
+            )
+            measurement.seconds = Date().timeIntervalSince(began)
+            measurement.clientCPUSeconds = processCPUSeconds() - cpu
+            measurement.completed = outcome.completed
+            measurement.setLatency(outcome.latency)
+        } else {
+            let requests = self.requests
+            let seconds = self.seconds
+            let inFlight = self.inFlight
+            let initial = measurement
+            measurement = try await self.peer.withClient(port: self.port) { client in
+                var measurement = initial
+                if sequential {
+                    _ = try await AsyncDriver.sequential(client, body: body, requests: max(100, requests / 10))
+                    let cpu = start()
+                    let (histogram, elapsed) = try await AsyncDriver.sequential(client, body: body, requests: requests)
+                    measurement.clientCPUSeconds = processCPUSeconds() - cpu
+                    measurement.completed = requests
+                    measurement.seconds = elapsed
+                    measurement.setLatency(histogram)
+                } else {
+                    _ = try await AsyncDriver.throughput(client, body: body, inFlight: inFlight, seconds: 1)
+                    let cpu = start()
+                    let (completed, elapsed) = try await AsyncDriver.throughput(client, body: body, inFlight: inFlight, seconds: seconds)
+                    measurement.clientCPUSeconds = processCPUSeconds() - cpu
+                    measurement.completed = completed
+                    measurement.seconds = elapsed
+                }
+                return measurement
+            }
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        emit(String(decoding: try encoder.encode(measurement), as: UTF8.self))
+    }
+}
