@@ -35,6 +35,16 @@ let package = Package(
             path: "Benchmarks/ReliableDelivery",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        .executableTarget(
+            name: "Codec",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "TetherCore", package: "tether"),
+            ],
+            path: "Benchmarks/Codec",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
         // Tether side by side with the protocols an app would otherwise use: each server and
         // each client in a process of its own, one run, the same payloads.
         .executableTarget(
