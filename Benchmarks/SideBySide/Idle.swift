@@ -34,14 +34,11 @@ struct Idle: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let executable = try ChildProcess.thisExecutable()
         var results: [Result] = []
         for count in self.connections {
-            let server = try ChildProcess(executable, ["serve", "tether"])
+            let (server, port) = try ChildProcess.server(.tether, executable: executable)
             defer { server.terminate() }
-            guard let ready = server.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
-                throw BenchError("the gateway did not start")
-            }
             try await Task.sleep(for: .seconds(1))
             let before = residentKiB(pid: server.pid) ?? 0
             let processes = (count + self.perProcess - 1) / self.perProcess
@@ -82,10 +79,7 @@ struct Idle: AsyncParsableCommand {
             )
             results.append(result)
         }
-        try FileManager.default.createDirectory(atPath: self.output, withIntermediateDirectories: true)
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        try encoder.encode(results).write(to: URL(fileURLWithPath: "\(self.output)/idle.json"))
+        try writeJSON(results, to: "\(self.output)/idle.json")
     }
 }
 

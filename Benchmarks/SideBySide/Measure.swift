@@ -105,6 +105,15 @@ enum AsyncDriver {
     }
 }
 
+/// Writes `value` as pretty-printed JSON to `path`, creating its directory.
+func writeJSON(_ value: some Encodable, to path: String) throws {
+    let url = URL(fileURLWithPath: path)
+    try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    try encoder.encode(value).write(to: url)
+}
+
 /// Writes one line to standard output at once (a pipe would otherwise buffer it).
 func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))

@@ -25,15 +25,12 @@ struct Run: AsyncParsableCommand {
     var output = "bench-results"
 
     func run() async throws {
-        let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let executable = try ChildProcess.thisExecutable()
         var measurements: [Measurement] = []
         for body in self.bodies {
             for peer in self.peers {
-                let server = try ChildProcess(executable, ["serve", peer.rawValue])
+                let (server, port) = try ChildProcess.server(peer, executable: executable)
                 defer { server.terminate() }
-                guard let ready = server.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
-                    throw BenchError("\(peer.rawValue) server did not start")
-                }
                 for inFlight in [0] + self.inFlight {
                     var arguments = ["drive", peer.rawValue, "--port", "\(port)", "--body", "\(body)", "--in-flight", "\(inFlight)"]
                     arguments += ["--requests", "\(self.requests)", "--seconds", "\(self.seconds)"]
@@ -51,10 +48,7 @@ struct Run: AsyncParsableCommand {
                 }
             }
         }
-        try FileManager.default.createDirectory(atPath: self.output, withIntermediateDirectories: true)
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        try encoder.encode(measurements).write(to: URL(fileURLWithPath: "\(self.output)/results.json"))
+        try writeJSON(measurements, to: "\(self.output)/results.json")
         let markdown = Report.markdown(measurements)
         try markdown.write(toFile: "\(self.output)/results.md", atomically: true, encoding: .utf8)
         print("\n" + markdown)
@@ -77,6 +71,21 @@ final class ChildProcess {
     }
 
     var pid: Int32 { self.process.processIdentifier }
+
+    /// The running `tether-bench` executable, to start servers and drivers from.
+    static func thisExecutable() throws -> String {
+        try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+    }
+
+    /// Starts `peer`'s server (`tether-bench serve`) and returns it with the port it listens on.
+    static func server(_ peer: Peer, executable: String) throws -> (ChildProcess, port: Int) {
+        let server = try ChildProcess(executable, ["serve", peer.rawValue])
+        guard let ready = server.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
+            server.terminate()
+            throw BenchError("\(peer.rawValue) server did not start: \(server.errors())")
+        }
+        return (server, port)
+    }
 
     /// The next line of standard output, or `nil` at its end.
     func readLine() -> String? {
