@@ -55,6 +55,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Tether", package: "tether"),
+                .product(name: "TetherCore", package: "tether"),
                 .product(name: "TetherGateway", package: "tether"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),

@@ -1,6 +1,7 @@
 import Foundation
 import Histogram
 import NIOCore
+import TetherCore
 
 #if canImport(Glibc)
     import Glibc
@@ -80,7 +81,7 @@ enum AsyncDriver {
             _ = histogram.record(UInt64(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000))
         }
         let total = clock.now - start
-        return (histogram, Double(total.components.seconds) + Double(total.components.attoseconds) / 1e18)
+        return (histogram, total.totalSeconds)
     }
 
     static func throughput(_ client: any EchoClient, body: ByteBuffer, inFlight: Int, seconds: Double) async throws -> (Int, Double) {
@@ -101,7 +102,7 @@ enum AsyncDriver {
             return try await group.reduce(0, +)
         }
         let total = clock.now - start
-        return (completed, Double(total.components.seconds) + Double(total.components.attoseconds) / 1e18)
+        return (completed, total.totalSeconds)
     }
 }
 
