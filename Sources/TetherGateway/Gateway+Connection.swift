@@ -142,13 +142,13 @@ extension Gateway {
                     // Waiting here stops reading from the socket: TCP backpressure, not refusals.
                     // Deadlines and CANCELs still reach running handlers through the registry.
                     try await slots.acquire()
-                    guard let signal = requests.signal(for: request.id) else {
+                    guard requests.isPending(request.id) else {
                         // Answered by its deadline, or cancelled, while it waited: do not run it.
                         slots.release()
                         continue
                     }
                     group.addTask {
-                        await self.execute(request, signal: signal, connection: connection, outbound: outbound, logger: logger)
+                        await self.execute(request, requests: requests, connection: connection, outbound: outbound, logger: logger)
                         slots.release()
                     }
                 case .message(let message):
@@ -168,16 +168,15 @@ extension Gateway {
     private enum Outcome: Sendable {
         case replied(ByteBuffer)
         case threw(any Error)
-        case cancelled
     }
 
-    /// Runs one handler, racing it against cancellation, and writes the RESPONSE.
+    /// Runs one handler and writes its RESPONSE.
     ///
-    /// Deadlines and CANCELs are the protocol handler's job: it answers (or not) and cancels the
-    /// request through `signal`.
+    /// Deadlines and CANCELs are the protocol handler's job: it answers (or not) and settles the
+    /// request in `requests`, which cancels this task; a cancelled handler's answer is not sent.
     private func execute(
         _ request: Frame.Request,
-        signal: RequestSignal,
+        requests: RequestRegistry,
         connection: ConnectionInfo,
         outbound: NIOAsyncChannelOutboundWriter<Frame>,
         logger: Logger
@@ -189,45 +188,29 @@ extension Gateway {
         }
         // The protocol handler set the effective deadline (the client's, capped by ours).
         let timeout = request.timeout ?? self.configuration.timeouts.handler
-        var requestLogger = logger
-        requestLogger[metadataKey: "tether.request"] = "\(request.id)"
-        requestLogger[metadataKey: "tether.method"] = "\(request.method)"
-        let context = RequestContext(connection: connection, logger: requestLogger, gateway: self)
+        let context = RequestContext(connection: connection, logger: logger, request: (request.id, request.method), gateway: self)
         let gatewayRequest = GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
-
-        await withTaskGroup(of: Outcome.self) { group in
-            group.addTask {
-                do {
-                    return .replied(try await handler(gatewayRequest, context))
-                } catch {
-                    return .threw(error)
-                }
+        let outcome = await requests.run(request.id) { () async -> Outcome in
+            do {
+                return .replied(try await handler(gatewayRequest, context))
+            } catch {
+                return .threw(error)
             }
-            group.addTask {
-                // Returns early only when cancelled; if the handler wins, this child is cancelled instead.
-                _ = await signal.wait()
-                return .cancelled
-            }
-            let first = await group.next()!
-            group.cancelAll()
-            // Answer now; a handler that ignores cancellation must not delay the response.
-            guard !signal.isCancelled, !Task.isCancelled,
-                let response = self.response(to: request, outcome: first, logger: requestLogger)
-            else { return }
-            try? await outbound.write(Frame(.response(response)))
         }
+        // Not started (settled while it waited), or cancelled while it ran: nothing to send.
+        guard let outcome, !Task.isCancelled else { return }
+        let response = self.response(to: request, outcome: outcome, logger: context.logger)
+        try? await outbound.write(Frame(.response(response)))
     }
 
-    private func response(to request: Frame.Request, outcome: Outcome, logger: Logger) -> Frame.Response? {
+    private func response(to request: Frame.Request, outcome: Outcome, logger: @autoclosure () -> Logger) -> Frame.Response {
         switch outcome {
         case .replied(let body):
             return Frame.Response(id: request.id, status: .ok, body: body)
-        case .cancelled:
-            return nil
         case .threw(let error as RequestError):
             return Frame.Response(id: request.id, status: error.status, message: error.message)
         case .threw(let error):
-            logger.error("handler failed", metadata: ["error": "\(error)"])
+            logger().error("handler failed", metadata: ["error": "\(error)"])
             let message = self.configuration.exposeHandlerErrors ? "\(error)" : "internal error in '\(request.method)'"
             return Frame.Response(id: request.id, status: .internalError, message: message)
         }

@@ -36,6 +36,8 @@ public final class Gateway: Service, Sendable {
     /// The configuration the gateway was created with.
     public let configuration: GatewayConfiguration
     let eventLoopGroup: any EventLoopGroup
+    /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
+    let executors: EventLoopTaskExecutors?
     let logger: Logger
     let authenticator: Authenticator?
     let routes = NIOLockedValueBox<[String: Handler]>([:])
@@ -73,6 +75,10 @@ public final class Gateway: Service, Sendable {
         }
         self.configuration = configuration
         self.eventLoopGroup = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
+        switch configuration.execution {
+        case .eventLoop: self.executors = EventLoopTaskExecutor.perLoop(of: self.eventLoopGroup)
+        case .globalExecutor: self.executors = nil
+        }
         self.authenticator = authenticate
         self.messageStore = messageStore
         self.logger = logger
@@ -193,7 +199,9 @@ public final class Gateway: Service, Sendable {
                     try await server.executeThenClose { inbound in
                         try await withThrowingDiscardingTaskGroup { connections in
                             for try await connection in inbound {
-                                connections.addTask { await self.serve(connection) }
+                                connections.addTask(executorPreference: self.executor(for: connection)) {
+                                    await self.serve(connection)
+                                }
                             }
                         }
                     }
@@ -202,12 +210,19 @@ public final class Gateway: Service, Sendable {
             group.addTask {
                 await withDiscardingTaskGroup { connections in
                     for await connection in self.handedOver {
-                        connections.addTask { await self.serve(connection) }
+                        connections.addTask(executorPreference: self.executor(for: connection)) {
+                            await self.serve(connection)
+                        }
                     }
                 }
             }
         }
         self.logger.info("stopped")
+    }
+
+    /// Where a connection's task runs: its event loop, or the global executor (`nil`).
+    private func executor(for connection: AcceptedConnection) -> (any TaskExecutor)? {
+        self.executors?.executor(for: connection.channel.channel.eventLoop)
     }
 
     private func bind(_ listen: GatewayConfiguration.Listen) async throws -> NIOAsyncChannel<AcceptedConnection, Never> {

@@ -24,6 +24,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
     /// Whether a handler's unexpected error text is sent to the client (off: the client gets
     /// a generic `internal error` and the error is only logged).
     public var exposeHandlerErrors: Bool
+    /// Where connections and their request handlers run.
+    public var execution: Execution
 
     /// Listens on 127.0.0.1:7700 with the defaults below.
     public static var defaults: GatewayConfiguration {
@@ -34,7 +36,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             timeouts: .defaults,
             checksums: .optional,
             goAway: .defaults,
-            exposeHandlerErrors: false
+            exposeHandlerErrors: false,
+            execution: .eventLoop
         )
     }
 
@@ -45,7 +48,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
         timeouts: Timeouts,
         checksums: ChecksumPolicy,
         goAway: GoAway,
-        exposeHandlerErrors: Bool
+        exposeHandlerErrors: Bool,
+        execution: Execution = .eventLoop
     ) {
         self.listen = listen
         self.serverName = serverName
@@ -54,6 +58,19 @@ public struct GatewayConfiguration: Sendable, Hashable {
         self.checksums = checksums
         self.goAway = goAway
         self.exposeHandlerErrors = exposeHandlerErrors
+        self.execution = execution
+    }
+
+    /// Where a connection's task, and the request handlers it starts, run.
+    public enum Execution: Sendable, Hashable {
+        /// On the connection's event loop (the default). A request goes from the socket to its
+        /// handler and back without a thread hop, and the responses of a batch of requests
+        /// leave in one write. Handlers must not block: `await` slow work (a database, a file)
+        /// instead, which runs elsewhere and resumes on the loop.
+        case eventLoop
+        /// On Swift's global concurrent executor. A handler that blocks or computes for long
+        /// delays only itself, at the cost of two thread hops per request.
+        case globalExecutor
     }
 
     /// Checks every value.

@@ -42,10 +42,36 @@ public struct GatewayRequest: Sendable {
 public struct RequestContext: Sendable {
     /// The connection the request came on.
     public var connection: ConnectionInfo
-    /// A logger carrying the connection and request ids.
-    public var logger: Logger
     /// The gateway, to push to other clients or manage rooms.
     public let gateway: Gateway
+    /// The connection's logger; the request's metadata is added when ``logger`` is read, so a
+    /// handler that does not log costs nothing.
+    private var connectionLogger: Logger
+    /// The request's id and method, or `nil` once ``logger`` was replaced.
+    private var request: (id: UInt64, method: String)?
+
+    init(connection: ConnectionInfo, logger: Logger, request: (id: UInt64, method: String), gateway: Gateway) {
+        self.connection = connection
+        self.connectionLogger = logger
+        self.request = request
+        self.gateway = gateway
+    }
+
+    /// A logger carrying the connection and request ids, and the method.
+    public var logger: Logger {
+        get {
+            var logger = self.connectionLogger
+            if let request = self.request {
+                logger[metadataKey: "tether.request"] = "\(request.id)"
+                logger[metadataKey: "tether.method"] = "\(request.method)"
+            }
+            return logger
+        }
+        set {
+            self.connectionLogger = newValue
+            self.request = nil
+        }
+    }
 
     /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.
     public func join(_ room: String) {

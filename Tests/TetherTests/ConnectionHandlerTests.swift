@@ -424,12 +424,36 @@ final class GatewayHandlerFixture {
         try self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
     }
 
+    /// Starts a stand-in handler for request `id`, as the application layer would, that runs
+    /// until its task is cancelled; the task's value says whether it was (`nil`: not started).
+    func startHandler(_ id: UInt64) async -> Task<Bool?, Never> {
+        let (started, running) = AsyncStream.makeStream(of: Void.self)
+        let requests = self.requests
+        let task = Task {
+            await requests.run(id) {
+                running.yield()
+                try? await Task.sleep(for: .seconds(600))
+                return Task.isCancelled
+            }
+        }
+        var iterator = started.makeAsyncIterator()
+        await iterator.next()
+        return task
+    }
+
     func establish() throws {
         try self.channel.writeInbound(Frame(.hello(defaultHello), flags: .checksum))
         #expect(try self.channel.readInbound(as: Frame.self)?.type == .hello)
-        try self.channel.writeOutbound(Frame(.welcome(welcome)))
+        self.send(Frame(.welcome(welcome)))
         let sent = try self.readOutbound()
         #expect(sent?.type == .welcome && sent?.flags == .checksum)
+    }
+
+    /// Writes and flushes `frame` as the application layer does, and runs the loop: the handler
+    /// flushes at the end of the loop's batch of work.
+    func send(_ frame: Frame) {
+        self.channel.writeAndFlush(frame, promise: nil)
+        self.loop.run()
     }
 
     /// The next frame the handler wrote, decoded from the bytes the encoder produced.
@@ -458,12 +482,12 @@ struct GatewayConnectionHandlerTests {
     }
 
     @Test("a deadline is answered on the event loop, the handler is cancelled, its late answer dropped")
-    func deadline() throws {
+    func deadline() async throws {
         let fixture = try GatewayHandlerFixture(handler: .seconds(2))
         try fixture.establish()
         try fixture.channel.writeInbound(Frame(.request(.init(id: 4, method: "slow", timeout: .seconds(60))), flags: .checksum))
         #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request)
-        let signal = try #require(fixture.requests.signal(for: 4))
+        let handler = await fixture.startHandler(4)
         fixture.loop.advanceTime(by: .seconds(2))
         let answer = try fixture.readOutbound()
         guard case .response(let response)? = answer?.payload else {
@@ -471,38 +495,39 @@ struct GatewayConnectionHandlerTests {
             return
         }
         #expect(response.id == 4 && response.status == .deadlineExceeded)
-        #expect(signal.isCancelled, "the handler is told to stop")
-        #expect(fixture.requests.signal(for: 4) == nil, "settled: a waiting handler would not even start")
-        try fixture.channel.writeOutbound(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
+        #expect(await handler.value == true, "the handler's task is cancelled")
+        #expect(!fixture.requests.isPending(4))
+        #expect(await fixture.requests.run(4) { true } == nil, "settled: a waiting handler would not even start")
+        fixture.send(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
         #expect(try fixture.readOutbound() == nil, "a request is answered once")
         _ = try? fixture.channel.finish()
     }
 
     @Test("CANCEL settles the request: its handler is stopped, nothing is sent, a late answer is dropped")
-    func cancel() throws {
+    func cancel() async throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
         try fixture.channel.writeInbound(Frame(.request(.init(id: 9, method: "m")), flags: .checksum))
-        let signal = try #require(fixture.requests.signal(for: 9))
+        let handler = await fixture.startHandler(9)
         try fixture.channel.writeInbound(Frame(.cancel(.init(requestID: 9)), flags: .checksum))
-        #expect(signal.isCancelled)
+        #expect(await handler.value == true)
         #expect(fixture.requests.count == 0)
         #expect(try fixture.channel.readInbound(as: Frame.self)?.type == .request, "only the REQUEST reached the application")
         #expect(try fixture.channel.readInbound(as: Frame.self) == nil)
-        try fixture.channel.writeOutbound(Frame(.response(.init(id: 9, body: ByteBuffer(string: "late")))))
+        fixture.send(Frame(.response(.init(id: 9, body: ByteBuffer(string: "late")))))
         #expect(try fixture.readOutbound() == nil)
         _ = try? fixture.channel.finish()
     }
 
     @Test("closing the connection stops every handler")
-    func closeSettlesAll() throws {
+    func closeSettlesAll() async throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
         try fixture.channel.writeInbound(Frame(.request(.init(id: 1, method: "m")), flags: .checksum))
         try fixture.channel.writeInbound(Frame(.request(.init(id: 2, method: "m")), flags: .checksum))
-        let signals = [try #require(fixture.requests.signal(for: 1)), try #require(fixture.requests.signal(for: 2))]
+        let handlers = [await fixture.startHandler(1), await fixture.startHandler(2)]
         _ = try? fixture.channel.finish()
-        #expect(signals.allSatisfy { $0.isCancelled })
+        for handler in handlers { #expect(await handler.value == true) }
         #expect(fixture.requests.count == 0)
     }
 
@@ -556,6 +581,56 @@ struct GatewayConnectionHandlerTests {
         #expect(!fixture.channel.isActive)
     }
 
+    @Test("one timer serves every deadline: each request is answered at its own, in order; an answered one never")
+    func deadlineSweep() throws {
+        let fixture = try GatewayHandlerFixture(handler: .seconds(30))
+        try fixture.establish()
+        for (id, seconds) in [(1, 3), (2, 1), (3, 2)] as [(UInt64, Int64)] {
+            try fixture.channel.writeInbound(Frame(.request(.init(id: id, method: "m", timeout: .seconds(seconds))), flags: .checksum))
+        }
+        fixture.loop.advanceTime(by: .milliseconds(500))
+        fixture.send(Frame(.response(.init(id: 3, body: ByteBuffer(string: "ok")))))
+        #expect(try fixture.readOutbound()?.type == .response)
+        var expired: [(UInt64, Int64)] = []
+        for step in 1...6 as ClosedRange<Int64> {
+            fixture.loop.advanceTime(by: .milliseconds(500))
+            while case .response(let response)? = try fixture.readOutbound()?.payload {
+                #expect(response.status == .deadlineExceeded)
+                expired.append((response.id, 500 + step * 500))
+            }
+        }
+        #expect(expired.map(\.0) == [2, 1])
+        #expect(expired.map(\.1) == [1000, 3000], "each at its own deadline (ms)")
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("the responses to a batch of requests leave in one flush, at the end of the loop's batch")
+    func flushCoalescing() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        for id in 1...3 as ClosedRange<UInt64> {
+            try fixture.channel.writeInbound(Frame(.request(.init(id: id, method: "m")), flags: .checksum))
+        }
+        for id in 1...3 as ClosedRange<UInt64> {
+            fixture.channel.writeAndFlush(Frame(.response(.init(id: id, body: ByteBuffer(string: "ok")))), promise: nil)
+        }
+        #expect(try fixture.readOutbound() == nil, "not flushed yet: other handlers of the batch may still answer")
+        fixture.loop.run()
+        for id in 1...3 as ClosedRange<UInt64> {
+            guard case .response(let response)? = try fixture.readOutbound()?.payload else {
+                Issue.record("expected the response to \(id)")
+                return
+            }
+            #expect(response.id == id)
+        }
+        // Closing flushes what was written first.
+        fixture.channel.write(Frame(.push(.init(topic: "last", body: ByteBuffer()))), promise: nil)
+        fixture.channel.flush()
+        fixture.channel.close(promise: nil)
+        #expect(try fixture.readOutbound()?.payload == .push(.init(topic: "last")))
+        _ = try? fixture.channel.finish()
+    }
+
     @Test("pushes written before WELCOME wait for it; pushes over the client's limit are dropped")
     func pushOrdering() throws {
         let fixture = try GatewayHandlerFixture()
@@ -567,7 +642,7 @@ struct GatewayConnectionHandlerTests {
         #expect(try fixture.readOutbound() == nil)
         var smallWelcome = welcome
         smallWelcome.features = []
-        try fixture.channel.writeOutbound(Frame(.welcome(smallWelcome)))
+        fixture.send(Frame(.welcome(smallWelcome)))
         #expect(try fixture.readOutbound()?.type == .welcome)
         #expect(try fixture.readOutbound()?.payload == .push(.init(topic: "early")))
         let dropped = fixture.loop.makePromise(of: Void.self)

@@ -52,7 +52,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var handshakeTimer: Scheduled<Void>?
     private var idleTimer: Scheduled<Void>?
     private var graceTimer: Scheduled<Void>?
-    private var deadlines: [UInt64: Scheduled<Void>] = [:]
+    /// The deadlines of the requests in flight, served by one timer (`deadlineTimer`).
+    private var deadlines = DeadlineQueue<UInt64, NIODeadline>()
+    private var methods: [UInt64: String] = [:]
+    private var deadlineTimer: (at: NIODeadline, task: Scheduled<Void>)?
+    /// A flush from the application is deferred to the end of the loop's current batch of
+    /// work, so that the responses to a batch of requests leave in one write.
+    private var flushPending = false
     private var closing = false
 
     init(configuration: Configuration, requests: RequestRegistry, logger: Logger) {
@@ -107,12 +113,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let id = request.id
             let method = request.method
             self.requests.add(id)
-            self.deadlines[id] = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
-                self.deadlinePassed(id: id, method: method, context: context)
-            }
+            self.methods[id] = method
+            self.deadlines.insert(id, deadline: context.eventLoop.now + timeout)
+            self.armDeadlineTimer(context: context)
             context.fireChannelRead(Self.wrapInboundOut(Frame(.request(request), stream: frame.stream, flags: frame.flags)))
         case .cancelRequest(let cancel):
-            self.deadlines.removeValue(forKey: cancel.requestID)?.cancel()
+            self.forgetDeadline(cancel.requestID)
             self.requests.settle(cancel.requestID)
         case .forwardMessage, .forwardDeliveryAck:
             context.fireChannelRead(data)
@@ -146,7 +152,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             self.write(frame.payload, context: context, promise: promise)
             self.welcomeSent(welcome, context: context)
         case .response(let response):
-            self.deadlines.removeValue(forKey: response.id)?.cancel()
+            self.forgetDeadline(response.id)
             self.sendResponse(response, context: context, promise: promise)
         case .error(let report):
             self.sendErrorAndClose(ProtocolError(code: report.code, message: report.message), context: context, promise: promise)
@@ -179,6 +185,26 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         default:
             self.write(frame.payload, context: context, promise: promise)
         }
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        // Flushes come from the application layer; its writes go straight down, but the flush
+        // waits for the tasks already queued on the loop (the other handlers of the batch).
+        guard !self.flushPending else { return }
+        self.flushPending = true
+        context.eventLoop.assumeIsolated().execute {
+            self.flushPending = false
+            context.flush()
+        }
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        // What was written before the close goes out first.
+        if self.flushPending {
+            self.flushPending = false
+            context.flush()
+        }
+        context.close(mode: mode, promise: promise)
     }
 
     func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
@@ -220,15 +246,40 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
     }
 
-    private func deadlinePassed(id: UInt64, method: String, context: ChannelHandlerContext) {
-        self.deadlines[id] = nil
-        guard self.session.isInFlight(id) else { return }
-        self.sendResponse(
-            Frame.Response(id: id, status: .deadlineExceeded, message: "'\(method)' did not finish in time"),
-            context: context,
-            promise: nil
-        )
-        context.flush()
+    private func forgetDeadline(_ id: UInt64) {
+        self.deadlines.remove(id)
+        self.methods[id] = nil
+    }
+
+    /// Makes the deadline timer fire at the earliest deadline (a timer that fires early, for a
+    /// request answered meanwhile, just re-arms).
+    private func armDeadlineTimer(context: ChannelHandlerContext) {
+        guard let earliest = self.deadlines.earliest else { return }
+        if let timer = self.deadlineTimer {
+            guard earliest < timer.at else { return }
+            timer.task.cancel()
+        }
+        let task = context.eventLoop.assumeIsolated().scheduleTask(deadline: earliest) {
+            self.deadlineTimer = nil
+            self.deadlinesPassed(context: context)
+        }
+        self.deadlineTimer = (earliest, task)
+    }
+
+    private func deadlinesPassed(context: ChannelHandlerContext) {
+        var answered = false
+        for id in self.deadlines.popExpired(at: context.eventLoop.now) {
+            let method = self.methods.removeValue(forKey: id) ?? ""
+            guard self.session.isInFlight(id) else { continue }
+            self.sendResponse(
+                Frame.Response(id: id, status: .deadlineExceeded, message: "'\(method)' did not finish in time"),
+                context: context,
+                promise: nil
+            )
+            answered = true
+        }
+        if answered { context.flush() }
+        self.armDeadlineTimer(context: context)
     }
 
     private func welcomeSent(_ welcome: Frame.Welcome, context: ChannelHandlerContext) {
@@ -334,8 +385,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     private func cancelTimers() {
         self.requests.settleAll()
-        for (_, deadline) in self.deadlines { deadline.cancel() }
-        self.deadlines.removeAll()
+        _ = self.deadlines.removeAll()
+        self.methods.removeAll()
+        self.deadlineTimer?.task.cancel()
+        self.deadlineTimer = nil
         let held = self.heldUntilWelcome
         self.heldUntilWelcome.removeAll()
         for (_, promise) in held { promise?.fail(ChannelError.ioOnClosedChannel) }
