@@ -296,6 +296,26 @@ struct ClientConnectionHandlerTests {
         _ = try? fixture.channel.finish()
     }
 
+    @Test("one timer serves every request's deadline: each fails at its own; an answered one never")
+    func requestDeadlines() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let responses = [(1, 3), (2, 1), (3, 2)].map { id, seconds in fixture.request(id: UInt64(id), timeout: .seconds(Int64(seconds))) }
+        for _ in 1...3 { #expect(try fixture.readFrame()?.type == .request) }
+        try fixture.channel.writeInbound(Frame(.response(.init(id: 3, body: ByteBuffer(string: "ok"))), flags: .checksum))
+        #expect(try responses[2].wait() == ByteBuffer(string: "ok"))
+        var failed: [UInt64] = []
+        for _ in 1...6 {
+            fixture.loop.advanceTime(by: .milliseconds(500))
+            while case .cancel(let cancel)? = try fixture.readFrame()?.payload { failed.append(cancel.requestID) }
+        }
+        #expect(failed == [2, 1])
+        for response in responses[0...1] {
+            #expect(throws: TetherError.self) { try response.wait() }
+        }
+        _ = try? fixture.channel.finish()
+    }
+
     @Test("pushes go to the callback; PINGs are answered")
     func pushesAndPings() throws {
         let fixture = try ClientHandlerFixture()

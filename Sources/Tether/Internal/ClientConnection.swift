@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
 
@@ -11,6 +12,14 @@ final class ClientConnection: Sendable {
     /// Completes when the channel has closed, with the reason.
     let closeFuture: EventLoopFuture<ConnectionClosure>
     private let handler: NIOLoopBound<ClientConnectionHandler>
+    /// Requests submitted from outside the event loop, waiting for the one hop that sends them
+    /// all: many callers at once cost one wake-up of the loop and one write, not one each.
+    private let submissions = NIOLockedValueBox(Submissions())
+
+    private struct Submissions: Sendable {
+        var requests: [ClientConnectionHandler.RequestSubmission] = []
+        var hopScheduled = false
+    }
 
     init(
         channel: any Channel,
@@ -34,7 +43,12 @@ final class ClientConnection: Sendable {
         if eventLoop.inEventLoop {
             handler.value.sendRequest(request, deadline: deadline, promise: promise)
         } else {
-            eventLoop.execute { handler.value.sendRequest(request, deadline: deadline, promise: promise) }
+            let hop = self.submissions.withLockedValue { submissions in
+                submissions.requests.append((request, deadline, promise))
+                defer { submissions.hopScheduled = true }
+                return !submissions.hopScheduled
+            }
+            if hop { eventLoop.execute { self.sendSubmitted() } }
         }
         let id = request.id
         return try await withTaskCancellationHandler {
@@ -42,6 +56,16 @@ final class ClientConnection: Sendable {
         } onCancel: {
             eventLoop.execute { handler.value.cancelRequest(id: id) }
         }
+    }
+
+    /// Sends every request submitted so far. On the event loop.
+    private func sendSubmitted() {
+        let requests = self.submissions.withLockedValue { submissions in
+            submissions.hopScheduled = false
+            defer { submissions.requests.removeAll(keepingCapacity: true) }
+            return submissions.requests
+        }
+        self.handler.value.sendRequests(requests)
     }
 
     /// Stops new requests and closes once those in flight are answered.

@@ -50,11 +50,13 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var idleProbe: @Sendable (HeartbeatStateMachine.IdleProbe, _ answered: Bool) -> Void = { _, _ in }
     }
 
+    /// A request to send, its deadline, and the promise its response completes.
+    typealias RequestSubmission = (request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>)
+
     private struct PendingRequest {
         var method: String
         var deadline: NIODeadline
         var promise: EventLoopPromise<ByteBuffer>
-        var timer: Scheduled<Void>
         /// The request while it waits for a slot; `nil` once sent.
         var unsent: Frame.Request?
     }
@@ -78,6 +80,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var closedByClient = false
     private var handshakeTimer: Scheduled<Void>?
     private var pending: [UInt64: PendingRequest] = [:]
+    /// The deadlines of `pending`, served by one timer (`deadlineTimer`).
+    private var deadlines = DeadlineQueue<UInt64, NIODeadline>()
+    private var deadlineTimer: (at: NIODeadline, task: Scheduled<Void>)?
     /// Ids of requests waiting for a slot, oldest first (some may have been settled meanwhile).
     private var waiting = CircularBuffer<UInt64>()
     /// Requests on the wire and not yet answered.
@@ -211,31 +216,56 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     /// Sends a request; `promise` completes with the response body or a ``TetherError``, at the
     /// latest when `deadline` passes.
     func sendRequest(_ request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>) {
+        self.sendRequests(CollectionOfOne((request: request, deadline: deadline, promise: promise)))
+    }
+
+    /// Sends several requests, in one write as far as the gateway's slots allow.
+    func sendRequests(_ requests: some Sequence<RequestSubmission>) {
         guard let context, self.session.acceptsRequests, let negotiated = self.session.negotiated else {
-            promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
+            for (_, _, promise) in requests {
+                promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
+            }
             return
         }
-        let bodySize = 6 + request.method.utf8.count + request.body.readableBytes
-        guard bodySize <= negotiated.peerMaxBodySize else {
-            promise.fail(
-                TetherError(
-                    code: .requestTooLarge,
-                    message: "the request body is \(bodySize) bytes; the gateway accepts at most \(negotiated.peerMaxBodySize)"
+        for (request, deadline, promise) in requests {
+            let bodySize = 6 + request.method.utf8.count + request.body.readableBytes
+            guard bodySize <= negotiated.peerMaxBodySize else {
+                promise.fail(
+                    TetherError(
+                        code: .requestTooLarge,
+                        message: "the request body is \(bodySize) bytes; the gateway accepts at most \(negotiated.peerMaxBodySize)"
+                    )
                 )
-            )
-            return
+                continue
+            }
+            guard self.pending[request.id] == nil else {
+                promise.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
+                continue
+            }
+            self.pending[request.id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, unsent: request)
+            self.deadlines.insert(request.id, deadline: deadline)
+            self.waiting.append(request.id)
         }
-        guard self.pending[request.id] == nil else {
-            promise.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
-            return
-        }
-        let id = request.id
-        let timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-            self.requestTimedOut(id: id)
-        }
-        self.pending[id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, timer: timer, unsent: request)
-        self.waiting.append(id)
+        self.armDeadlineTimer(context: context)
         self.sendWaiting(context: context)
+    }
+
+    /// Makes the deadline timer fire at the earliest deadline (one that fires early, for a
+    /// request answered meanwhile, just re-arms).
+    private func armDeadlineTimer(context: ChannelHandlerContext) {
+        guard let earliest = self.deadlines.earliest else { return }
+        if let timer = self.deadlineTimer {
+            guard earliest < timer.at else { return }
+            timer.task.cancel()
+        }
+        let task = context.eventLoop.assumeIsolated().scheduleTask(deadline: earliest) {
+            self.deadlineTimer = nil
+            for id in self.deadlines.popExpired(at: context.eventLoop.now) {
+                self.requestTimedOut(id: id)
+            }
+            if self.context != nil { self.armDeadlineTimer(context: context) }
+        }
+        self.deadlineTimer = (earliest, task)
     }
 
     /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.
@@ -398,7 +428,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     /// on the wire, sends queued requests, and closes a drained connection.
     private func settle(_ id: UInt64) -> PendingRequest? {
         guard let request = self.pending.removeValue(forKey: id) else { return nil }
-        request.timer.cancel()
+        self.deadlines.remove(id)
         if let context {
             if request.unsent == nil {
                 self.sentCount -= 1
@@ -435,7 +465,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         for id in self.waiting {
             guard let request = self.pending[id], request.unsent != nil else { continue }
             self.pending[id] = nil
-            request.timer.cancel()
+            self.deadlines.remove(id)
             request.promise.fail(TetherError(code: .notDispatched, message: reason))
         }
         self.waiting.removeAll()
@@ -448,7 +478,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         }
         self.pending[response.id] = nil
         self.sentCount -= 1
-        request.timer.cancel()
+        self.deadlines.remove(response.id)
         defer { self.sendWaiting(context: context) }
         switch response.status {
         case .ok:
@@ -522,8 +552,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         let pending = self.pending
         self.pending.removeAll()
         self.sentCount = 0
+        _ = self.deadlines.removeAll()
+        self.deadlineTimer?.task.cancel()
+        self.deadlineTimer = nil
         for (_, request) in pending {
-            request.timer.cancel()
             request.promise.fail(
                 TetherError(code: .connectionLost, message: "the connection closed while '\(request.method)' was in flight: \(reason)")
             )
