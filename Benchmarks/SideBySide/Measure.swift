@@ -70,6 +70,16 @@ func processCPUSeconds(pid: Int32) -> Double? {
 /// `inFlight` tasks each sending one request after another until `seconds` pass (throughput).
 enum AsyncDriver {
     static func sequential(_ client: any EchoClient, body: ByteBuffer, requests: Int) async throws -> (Histogram<UInt64>, Double) {
+        try await withTaskExecutorPreference(client.preferredExecutor) {
+            try await Self.sequentialLoop(client, body: body, requests: requests)
+        }
+    }
+
+    private static func sequentialLoop(
+        _ client: any EchoClient,
+        body: ByteBuffer,
+        requests: Int
+    ) async throws -> (Histogram<UInt64>, Double) {
         var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000)
         let clock = ContinuousClock()
         let start = clock.now
@@ -90,7 +100,7 @@ enum AsyncDriver {
         let deadline = start + .nanoseconds(Int64(seconds * 1e9))
         let completed = try await withThrowingTaskGroup(of: Int.self) { group in
             for _ in 0..<inFlight {
-                group.addTask {
+                group.addTask(executorPreference: client.preferredExecutor) {
                     var count = 0
                     while clock.now < deadline {
                         _ = try await client.echo(body)

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Foundation
 import GRPCCore
 import GRPCNIOTransportHTTP2
 import Hummingbird
@@ -15,6 +16,12 @@ import WSClient
 protocol EchoClient: Sendable {
     /// Sends `body` and returns the size of the echoed response.
     func echo(_ body: ByteBuffer) async throws -> Int
+    /// Where the driver's tasks should run; `nil`: Swift's global executor.
+    var preferredExecutor: (any TaskExecutor)? { get }
+}
+
+extension EchoClient {
+    var preferredExecutor: (any TaskExecutor)? { nil }
 }
 
 /// The protocols compared. Each has a server (run in its own process) and a client.
@@ -88,6 +95,9 @@ enum TetherPeer {
         let client: TetherClient
         func echo(_ body: ByteBuffer) async throws -> Int {
             try await self.client.request("echo", body: body).readableBytes
+        }
+        var preferredExecutor: (any TaskExecutor)? {
+            ProcessInfo.processInfo.environment["TETHER_BENCH_ON_LOOP"] == "1" ? self.client.taskExecutor : nil
         }
     }
 

@@ -446,6 +446,9 @@ final class GatewayHandlerFixture {
 
     /// Starts a stand-in handler for request `id`, as the application layer would, that runs
     /// until its task is cancelled; the task's value says whether it was (`nil`: not started).
+    /// On the main actor, like the tests that use it, so that the `EmbeddedEventLoop` is only
+    /// ever used from one thread.
+    @MainActor
     func startHandler(_ id: UInt64) async -> Task<Bool?, Never> {
         let (started, running) = AsyncStream.makeStream(of: Void.self)
         let requests = self.requests
@@ -502,6 +505,7 @@ struct GatewayConnectionHandlerTests {
     }
 
     @Test("a deadline is answered on the event loop, the handler is cancelled, its late answer dropped")
+    @MainActor
     func deadline() async throws {
         let fixture = try GatewayHandlerFixture(handler: .seconds(2))
         try fixture.establish()
@@ -517,13 +521,15 @@ struct GatewayConnectionHandlerTests {
         #expect(response.id == 4 && response.status == .deadlineExceeded)
         #expect(await handler.value == true, "the handler's task is cancelled")
         #expect(!fixture.requests.isPending(4))
-        #expect(await fixture.requests.run(4) { true } == nil, "settled: a waiting handler would not even start")
+        let late = await fixture.requests.run(4) { true }
+        #expect(late == nil, "settled: a waiting handler would not even start")
         fixture.send(Frame(.response(.init(id: 4, body: ByteBuffer(string: "late")))))
         #expect(try fixture.readOutbound() == nil, "a request is answered once")
         _ = try? fixture.channel.finish()
     }
 
     @Test("CANCEL settles the request: its handler is stopped, nothing is sent, a late answer is dropped")
+    @MainActor
     func cancel() async throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
@@ -540,6 +546,7 @@ struct GatewayConnectionHandlerTests {
     }
 
     @Test("closing the connection stops every handler")
+    @MainActor
     func closeSettlesAll() async throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()

@@ -14,29 +14,41 @@
 /// if let next = deadlines.earliest { armTimer(at: next) }
 /// ```
 public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
-    fileprivate struct Entry {
-        var deadline: Instant
-        var key: Key
+    @usableFromInline
+    struct Entry {
+        @usableFromInline var deadline: Instant
+        @usableFromInline var key: Key
+
+        @inlinable
+        init(deadline: Instant, key: Key) {
+            self.deadline = deadline
+            self.key = key
+        }
     }
 
     /// A binary min-heap on `deadline`; entries whose key was removed (or re-inserted with
     /// another deadline) are stale and skipped.
-    private var heap: [Entry] = []
+    @usableFromInline var heap: [Entry] = []
     /// The live deadline of each key.
-    private var live: [Key: Instant] = [:]
+    @usableFromInline var live: [Key: Instant] = [:]
 
+    @inlinable
     public init() {}
 
     /// The number of keys with a deadline.
+    @inlinable
     public var count: Int { self.live.count }
 
     /// Whether no key has a deadline.
+    @inlinable
     public var isEmpty: Bool { self.live.isEmpty }
 
     /// The deadline of `key`, if it has one.
+    @inlinable
     public func deadline(of key: Key) -> Instant? { self.live[key] }
 
     /// Sets `key`'s deadline, replacing any earlier one.
+    @inlinable
     public mutating func insert(_ key: Key, deadline: Instant) {
         self.live[key] = deadline
         self.push(Entry(deadline: deadline, key: key))
@@ -45,6 +57,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// Forgets `key`'s deadline.
     /// - Returns: Whether it had one.
+    @inlinable
     @discardableResult
     public mutating func remove(_ key: Key) -> Bool {
         guard self.live.removeValue(forKey: key) != nil else { return false }
@@ -55,6 +68,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     }
 
     /// The earliest live deadline, or `nil` if there is none.
+    @inlinable
     public var earliest: Instant? {
         mutating get {
             self.dropStaleTop()
@@ -63,6 +77,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     }
 
     /// Removes and returns the keys whose deadline is at or before `now`, earliest first.
+    @inlinable
     public mutating func popExpired(at now: Instant) -> [Key] {
         var expired: [Key] = []
         while true {
@@ -77,6 +92,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// Forgets every deadline.
     /// - Returns: The keys that had one.
+    @inlinable
     public mutating func removeAll() -> [Key] {
         let keys = Array(self.live.keys)
         self.live.removeAll()
@@ -86,18 +102,21 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     // MARK: Heap
 
-    private func isLive(_ entry: Entry) -> Bool {
+    @inlinable
+    func isLive(_ entry: Entry) -> Bool {
         self.live[entry.key] == entry.deadline
     }
 
-    private mutating func dropStaleTop() {
+    @inlinable
+    mutating func dropStaleTop() {
         while let top = self.heap.first, !self.isLive(top) {
             self.popTop()
         }
     }
 
     /// Rebuilds the heap from the live keys once stale entries are the majority.
-    private mutating func compactIfNeeded() {
+    @inlinable
+    mutating func compactIfNeeded() {
         guard self.heap.count > 64, self.heap.count > 2 * self.live.count else { return }
         self.heap = self.live.map { Entry(deadline: $0.value, key: $0.key) }
         var index = self.heap.count / 2
@@ -107,7 +126,8 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
         }
     }
 
-    private mutating func push(_ entry: Entry) {
+    @inlinable
+    mutating func push(_ entry: Entry) {
         self.heap.append(entry)
         var child = self.heap.count - 1
         while child > 0 {
@@ -118,14 +138,16 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
         }
     }
 
-    private mutating func popTop() {
+    @inlinable
+    mutating func popTop() {
         let last = self.heap.removeLast()
         guard !self.heap.isEmpty else { return }
         self.heap[0] = last
         self.siftDown(from: 0)
     }
 
-    private mutating func siftDown(from start: Int) {
+    @inlinable
+    mutating func siftDown(from start: Int) {
         var parent = start
         let count = self.heap.count
         while true {

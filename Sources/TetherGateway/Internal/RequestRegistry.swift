@@ -39,7 +39,7 @@ final class RequestRegistry: Sendable {
 
     /// Runs a request's handler in the calling task, which settling the request cancels.
     /// - Returns: What `body` returned, or `nil` if the request was settled before it could start.
-    func run<Result>(_ id: UInt64, _ body: () async -> Result) async -> Result? {
+    func run<Result: Sendable>(_ id: UInt64, _ body: @Sendable () async -> Result) async -> Result? {
         let started = withUnsafeCurrentTask { task -> Bool in
             guard let task else { return false }
             return self.entries.withLockedValue { entries in
