@@ -80,6 +80,24 @@ enum TetherPeer {
         configuration.limits.maxConcurrentRequestsPerConnection = 1024
         let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
+        // For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it.
+        gateway.handle("room.join") { _, context in
+            context.join("bench")
+            return ByteBuffer()
+        }
+        gateway.handle("room.publish") { request, context in
+            guard let count = request.body.getInteger(at: request.body.readerIndex, as: UInt32.self),
+                let size = request.body.getInteger(at: request.body.readerIndex + 4, as: UInt32.self)
+            else { throw RequestError(.invalidRequest, "the body is COUNT and SIZE, two UInt32") }
+            let body = ByteBuffer(repeating: UInt8(ascii: "p"), count: Int(size))
+            var recipients = 0
+            for _ in 0..<count {
+                recipients = try context.gateway.push("bench.tick", body, to: .room("bench"))
+            }
+            var reply = ByteBuffer()
+            reply.writeInteger(UInt32(recipients))
+            return reply
+        }
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { try await gateway.run() }
             ready(try await gateway.listeningAddress.port!)

@@ -24,8 +24,24 @@ extension Gateway {
         }
         let frame = Frame(.push(.init(topic: topic, body: body)))
         let channels = self.registry.channels(for: target)
+        if channels.count == 1 {
+            channels[0].writeAndFlush(frame, promise: nil)
+            return 1
+        }
+        // One hop per event loop, not one per recipient; each connection's handler flushes once
+        // at the end of the loop's batch, so a burst of pushes leaves in few writes.
+        var byLoop: [ObjectIdentifier: (loop: any EventLoop, channels: [any Channel])] = [:]
         for channel in channels {
-            channel.writeAndFlush(frame, promise: nil)
+            byLoop[ObjectIdentifier(channel.eventLoop), default: (channel.eventLoop, [])].channels.append(channel)
+        }
+        for (loop, members) in byLoop.values {
+            if loop.inEventLoop {
+                for channel in members { channel.writeAndFlush(frame, promise: nil) }
+            } else {
+                loop.execute {
+                    for channel in members { channel.writeAndFlush(frame, promise: nil) }
+                }
+            }
         }
         return channels.count
     }

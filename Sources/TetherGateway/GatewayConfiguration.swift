@@ -111,7 +111,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
 
         /// When a push finds more than this many bytes already waiting to be sent to a
         /// connection, the client is not reading fast enough (a "slow consumer"): the gateway
-        /// closes that connection rather than buffer without bound.
+        /// closes that connection rather than buffer without bound. The count is checked once
+        /// the connection stops being writable (its buffer passed the 64 KiB high-water mark),
+        /// so a limit below 64 KiB acts as 64 KiB.
         public var maxBufferedOutboundBytes: Int
         /// How many reliable deliveries a connection may have sent and not yet acknowledged.
         public var deliveryWindow: Int

@@ -170,7 +170,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
                 return
             }
-            if let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
+            // Reading the buffered byte count costs more than the push; a channel is writable
+            // until its buffer passes the (lower) high-water mark, so look only when it is not.
+            if !context.channel.isWritable,
+                let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
                 buffered > self.configuration.maxBufferedOutboundBytes
             {
                 self.logger.warning(

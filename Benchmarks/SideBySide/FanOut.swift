@@ -1,0 +1,300 @@
+import ArgumentParser
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import TetherCore
+import TetherNIO
+
+/// Push fan-out: one room of N members, M pushes to the room, deliveries per second.
+///
+/// The members are wire-level Tether clients (a NIO handler that does the handshake, joins the
+/// room with a REQUEST, answers PINGs and counts PUSH frames, CRC-32C checked by the decoder),
+/// in load-generator processes. They stand for N devices; using the full client for each
+/// would measure the generators' machine (the same 2 cores) more than the gateway.
+struct FanOut: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fanout",
+        abstract: "Push M messages to a room of N members; report deliveries per second."
+    )
+
+    @Option(help: "Room members.")
+    var members = 10_000
+
+    @Option(help: "Members per load-generator process.")
+    var perProcess = 5_000
+
+    @Option(help: "Pushes to the room.")
+    var messages = 100
+
+    @Option(help: "Push body size in bytes.")
+    var body = 32
+
+    @Option(help: "Pushes per publish request (the publisher sends requests one after another).")
+    var perRequest = 10
+
+    @Option(help: "Where fanout.json goes.")
+    var output = "bench-results"
+
+    struct Result: Codable {
+        var members: Int
+        var messages: Int
+        var bodyBytes: Int
+        var delivered: Int
+        /// From the publish request until the last member had every push.
+        var seconds: Double
+        var deliveriesPerSecond: Double
+        var gatewayCPUSeconds: Double
+    }
+
+    func run() async throws {
+        let executable = try ChildProcess.thisExecutable()
+        let (server, port) = try ChildProcess.server(.tether, executable: executable)
+        defer { server.terminate() }
+        let processes = (self.members + self.perProcess - 1) / self.perProcess
+        var generators: [ChildProcess] = []
+        for index in 0..<processes {
+            let share = min(self.perProcess, self.members - index * self.perProcess)
+            generators.append(
+                try ChildProcess(executable, ["listen", "--port", "\(port)", "--count", "\(share)", "--messages", "\(self.messages)"])
+            )
+        }
+        for generator in generators {
+            guard let line = generator.readLine(), line.hasPrefix("joined ") else {
+                throw BenchError("a generator failed: \(generator.errors())")
+            }
+        }
+        let cpuBefore = processCPUSeconds(pid: server.pid) ?? 0
+        let started = Date().timeIntervalSince1970
+        let perRequest = self.perRequest
+        let messages = self.messages
+        let bodySize = self.body
+        let recipients = try await TetherPeer.withClient(port: port) { client in
+            let client = (client as! TetherPeer.Client).client
+            var recipients = 0
+            var sent = 0
+            while sent < messages {
+                let count = min(perRequest, messages - sent)
+                var publish = ByteBuffer()
+                publish.writeInteger(UInt32(count))
+                publish.writeInteger(UInt32(bodySize))
+                let reply = try await client.request("room.publish", body: publish, timeout: .seconds(60))
+                recipients = Int(reply.getInteger(at: reply.readerIndex, as: UInt32.self) ?? 0)
+                sent += count
+            }
+            return recipients
+        }
+        guard recipients == self.members else {
+            throw BenchError("the room has \(recipients) members, not \(self.members)")
+        }
+        var delivered = 0
+        var last = started
+        for generator in generators {
+            // "received N AT": N pushes in all, the last at AT (seconds since 1970).
+            guard let line = generator.readLine(), line.hasPrefix("received ") else {
+                throw BenchError("a generator failed: \(generator.errors())")
+            }
+            let fields = line.split(separator: " ")
+            delivered += Int(fields[1]) ?? 0
+            last = max(last, Double(fields[2]) ?? 0)
+            generator.wait()
+        }
+        let cpu = (processCPUSeconds(pid: server.pid) ?? 0) - cpuBefore
+        let expected = self.members * self.messages
+        guard delivered == expected else { throw BenchError("\(delivered) pushes delivered of \(expected)") }
+        let seconds = last - started
+        let result = Result(
+            members: self.members,
+            messages: self.messages,
+            bodyBytes: self.body,
+            delivered: delivered,
+            seconds: seconds,
+            deliveriesPerSecond: Double(delivered) / seconds,
+            gatewayCPUSeconds: cpu
+        )
+        emit(
+            "\(self.messages) pushes of \(self.body) B to a room of \(self.members): \(delivered) delivered in "
+                + "\(String(format: "%.2f", seconds)) s = \(Int(result.deliveriesPerSecond)) deliveries/s, "
+                + "gateway CPU \(String(format: "%.2f", cpu)) s"
+        )
+        try writeJSON(result, to: "\(self.output)/fanout.json")
+    }
+}
+
+/// Load generator for `fanout`: `count` room members; prints "joined N" once all joined, then
+/// "received N AT" once each has `messages` pushes (or after 120 s).
+struct Listen: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Load generator for `fanout`.")
+
+    @Option var port: Int
+    @Option var count: Int
+    @Option var messages: Int
+    @Option(help: "Connections opened at once.") var batch = 500
+
+    func run() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let tally = RoomMember.Tally(members: self.count, messages: self.messages)
+        var index = 0
+        while index < self.count {
+            let end = min(self.count, index + self.batch)
+            var joins: [EventLoopFuture<Void>] = []
+            for member in index..<end {
+                let joined = group.next().makePromise(of: Void.self)
+                joins.append(joined.futureResult)
+                _ = ClientBootstrap(group: joined.futureResult.eventLoop)
+                    .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                            try channel.pipeline.syncOperations.addHandler(
+                                RoomMember(
+                                    clientID: "member-\(ProcessInfo.processInfo.processIdentifier)-\(member)",
+                                    joined: joined,
+                                    tally: tally
+                                )
+                            )
+                        }
+                    }
+                    .connect(host: "127.0.0.1", port: self.port)
+                    .whenFailure { joined.fail($0) }
+            }
+            for join in joins { try await join.get() }
+            index = end
+        }
+        emit("joined \(self.count)")
+        let (received, last) = await tally.waitForAll(timeout: .seconds(120))
+        emit("received \(received) \(last)")
+    }
+}
+
+/// One room member on the wire: HELLO, then REQUEST room.join, then counts PUSHes.
+final class RoomMember: ChannelInboundHandler {
+    typealias InboundIn = Frame
+    typealias OutboundOut = Frame
+
+    /// Pushes received by every member of the process, and when the last member got its last one.
+    final class Tally: Sendable {
+        private struct State {
+            var received = 0
+            var complete = 0
+            var lastAt = 0.0
+            var waiter: CheckedContinuation<Void, Never>?
+        }
+
+        let members: Int
+        let messages: Int
+        private let state: NIOLockedValueBox<State>
+
+        init(members: Int, messages: Int) {
+            self.members = members
+            self.messages = messages
+            self.state = NIOLockedValueBox(State())
+        }
+
+        /// A member received `count` more pushes; `complete` once it has them all.
+        func add(_ count: Int, complete: Bool) {
+            let waiter = self.state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+                state.received += count
+                guard complete else { return nil }
+                state.complete += 1
+                state.lastAt = Date().timeIntervalSince1970
+                guard state.complete == self.members else { return nil }
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume()
+        }
+
+        func waitForAll(timeout: Duration) async -> (received: Int, lastAt: Double) {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    await withCheckedContinuation { continuation in
+                        let done = self.state.withLockedValue { state in
+                            if state.complete == self.members { return true }
+                            state.waiter = continuation
+                            return false
+                        }
+                        if done { continuation.resume() }
+                    }
+                }
+                group.addTask { try? await Task.sleep(for: timeout) }
+                await group.next()
+                group.cancelAll()
+                // The sleeper ends on cancellation; a waiter still parked is resumed here.
+                self.state.withLockedValue { state in
+                    defer { state.waiter = nil }
+                    return state.waiter
+                }?.resume()
+            }
+            return self.state.withLockedValue { ($0.received, $0.lastAt) }
+        }
+    }
+
+    private let clientID: String
+    private let joined: EventLoopPromise<Void>
+    private let tally: Tally
+    private var flags: FrameFlags = []
+    private var received = 0
+    private var unreported = 0
+    private var joinSettled = false
+
+    init(clientID: String, joined: EventLoopPromise<Void>, tally: Tally) {
+        self.clientID = clientID
+        self.joined = joined
+        self.tally = tally
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: self.clientID)
+        context.writeAndFlush(Self.wrapOutboundOut(Frame(.hello(hello), flags: .checksum)), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = Self.unwrapInboundIn(data)
+        switch frame.payload {
+        case .welcome(let welcome):
+            self.flags = welcome.features.contains(.checksum) ? .checksum : []
+            let join = Frame.Request(id: 1, method: "room.join")
+            context.writeAndFlush(Self.wrapOutboundOut(Frame(.request(join), flags: self.flags)), promise: nil)
+        case .response(let response) where response.id == 1:
+            self.settleJoin(
+                response.status == .ok ? .success(()) : .failure(BenchError("room.join: \(response.status) \(response.message)"))
+            )
+        case .push:
+            self.received += 1
+            self.unreported += 1
+        case .ping(let ping):
+            context.writeAndFlush(Self.wrapOutboundOut(Frame(.pong(ping), flags: self.flags)), promise: nil)
+        case .error(let report):
+            self.settleJoin(.failure(BenchError("the gateway refused: \(report.message)")))
+        default:
+            break
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        // Reported per read, not per push: the tally's lock is shared by the whole process.
+        if self.unreported > 0 {
+            self.tally.add(self.unreported, complete: self.received == self.tally.messages)
+            self.unreported = 0
+        }
+        context.fireChannelReadComplete()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.settleJoin(.failure(ChannelError.ioOnClosedChannel))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.settleJoin(.failure(error))
+        context.close(promise: nil)
+    }
+
+    private func settleJoin(_ result: Result<Void, any Error>) {
+        guard !self.joinSettled else { return }
+        self.joinSettled = true
+        self.joined.completeWith(result)
+    }
+}
