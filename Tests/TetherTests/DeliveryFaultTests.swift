@@ -75,7 +75,7 @@ extension IntegrationTests {
                     outbox: try SQLiteOutboxStore(path: temporaryFile("chaos-alice", in: harness))
                 )
                 let bob = try harness.messagingClient(network: network, endpoint: endpoint, id: "bob")
-                let connections = EventRecorder(alice, in: harness)
+                let connections = harness.events(of: alice)
                 let inbox = DeliveryCollector(bob, in: harness)
                 try await eventually("alice is connected") { connections.connects == 1 }
 
@@ -151,7 +151,7 @@ extension IntegrationTests {
                 let endpoint = Endpoint(host: "gateway", port: 1)
                 let (_, processed) = try harness.messagingGateway(at: endpoint, on: network)
                 let alice = try harness.messagingClient(network: network, endpoint: endpoint, id: "alice")
-                let events = EventRecorder(alice, in: harness)
+                let events = harness.events(of: alice)
                 try await eventually("alice is connected") { events.connects == 1 }
 
                 network.faults.blackhole(.toClient)
@@ -185,7 +185,7 @@ extension IntegrationTests {
                 @Sendable func stored() async throws -> Int { try await store.deliveries(for: "bob", after: 0, limit: 1_000).count }
                 let alice = try harness.messagingClient(network: alicePath, endpoint: endpoint, id: "alice")
                 let bob = try harness.messagingClient(network: bobPath, endpoint: endpoint, id: "bob")
-                let bobEvents = EventRecorder(bob, in: harness)
+                let bobEvents = harness.events(of: bob)
                 let inbox = DeliveryCollector(bob, in: harness)
                 try await eventually("bob is connected") { bobEvents.connects == 1 }
 

@@ -243,7 +243,7 @@ extension IntegrationTests {
                     $0.authentication = .provider { ByteBuffer(string: "guess") }
                     $0.reconnect.backoff.maxAttempts = 1
                 }
-                let events = EventRecorder(bad, in: harness)
+                let events = harness.events(of: bad)
                 let error = await #expect(throws: TetherError.self) { try await bad.request("echo", timeout: .seconds(10)) }
                 #expect(error?.code == .notConnected)
                 try await eventually("the refusal is reported") {

@@ -25,6 +25,7 @@ struct IntegrationTests {}
 final class Harness: Sendable {
     private let tasks = NIOLockedValueBox<[Task<Void, Never>]>([])
     private let exitHandlers = NIOLockedValueBox<[@Sendable () -> Void]>([])
+    private let recorders = NIOLockedValueBox<[ObjectIdentifier: EventRecorder]>([:])
 
     /// Runs `operation` in the background until the harness finishes.
     func spawn(_ operation: @escaping @Sendable () async -> Void) {
@@ -97,9 +98,21 @@ final class Harness: Sendable {
             clock: clock ?? ContinuousClock(),
             logger: testLogger("client")
         )
+        // Subscribe before the client starts, so that `events(of:)` sees its first attempt.
+        let recorder = EventRecorder(client, in: self)
+        self.recorders.withLockedValue { $0[ObjectIdentifier(client)] = recorder }
         self.spawn { try? await client.run() }
         self.onExit { client.shutdown() }
         return client
+    }
+
+    /// Every connection event of a client made by ``client(_:clientID:transport:clock:configure:)``,
+    /// from its first attempt on.
+    func events(of client: TetherClient) -> EventRecorder {
+        guard let recorder = self.recorders.withLockedValue({ $0[ObjectIdentifier(client)] }) else {
+            preconditionFailure("events(of:) needs a client made by the harness")
+        }
+        return recorder
     }
 }
 
@@ -147,7 +160,8 @@ struct TimedOut: Error {
 final class EventRecorder: Sendable {
     private let events = NIOLockedValueBox<[ConnectionEvent]>([])
 
-    init(_ client: TetherClient, in harness: Harness) {
+    /// Subscribes to `client`'s events from now on; ``Harness/events(of:)`` has them from the start.
+    fileprivate init(_ client: TetherClient, in harness: Harness) {
         let stream = client.events
         harness.spawn {
             for await event in stream { self.events.withLockedValue { $0.append(event) } }

@@ -39,7 +39,7 @@ extension IntegrationTests {
                     )
                 }
                 client.setHeartbeatMode(.background)
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 try await eventually("connected") { events.connects == 1 }
 
                 // 0.4, 0.8 and 1.2 s of silence are kept; 1.6 s is not, twice: back to 10 % below 1.2 s.
@@ -81,7 +81,7 @@ extension IntegrationTests {
                     configuration.heartbeat.jitter = 0
                 }
                 client.setHeartbeatMode(.background)
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 try await eventually("the connection is lost twice", timeout: .seconds(15)) { events.disconnectReasons.count >= 2 }
                 #expect(nat.natExpiredConnections >= 2)
                 #expect(client.natTimeoutProber == nil)

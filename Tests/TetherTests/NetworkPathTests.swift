@@ -42,7 +42,7 @@ extension IntegrationTests {
                 $0.reconnect.stableAfter = .seconds(3_600)
                 $0.pathMonitor = paths
             }
-            let events = EventRecorder(client, in: harness)
+            let events = harness.events(of: client)
             try await eventually("connected") { events.connects == 1 }
             return Setup(network: network, endpoint: endpoint, paths: paths, client: client, events: events)
         }

@@ -87,7 +87,7 @@ extension IntegrationTests {
                 let alice = try reliableClient("alice")
                 let bob = try reliableClient("bob")
                 let inbox = DeliveryCollector(bob, in: harness)
-                let aliceEvents = EventRecorder(alice, in: harness)
+                let aliceEvents = harness.events(of: alice)
 
                 let total = 3_000
                 let texts = (1...total).map { "m-\($0)" }

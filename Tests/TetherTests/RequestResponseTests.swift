@@ -95,7 +95,7 @@ extension IntegrationTests {
                     return ByteBuffer(string: "too late")
                 }
                 let client = try harness.client([endpoint])
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 let error = await #expect(throws: TetherError.self) { try await client.request("stubborn", timeout: .seconds(30)) }
                 #expect(error?.status == .deadlineExceeded)
                 #expect(!handlerFinished.withLockedValue { $0 }, "the RESPONSE must not wait for the handler to give up")

@@ -31,7 +31,7 @@ extension IntegrationTests {
                 let proxyAddress = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
                 let client = try harness.client([Endpoint(host: "127.0.0.1", port: proxyAddress.port!)], configure: Self.fastClient)
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
 
                 let silenced = ContinuousClock.now
@@ -61,7 +61,7 @@ extension IntegrationTests {
                 let gateway = try harness.localGateway(network: network, at: endpoint, configure: Self.fastHeartbeat)
                 gateway.handle("echo") { request, _ in request.body }
                 let client = try harness.client([endpoint], transport: network.transport, configure: Self.fastClient)
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
 
                 network.faults.blackhole()
@@ -85,7 +85,7 @@ extension IntegrationTests {
                 gateway.handle("echo") { request, _ in request.body }
                 gateway.handle("hang", hang.handler)
                 let client = try harness.client([endpoint], transport: network.transport)
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 _ = try await client.request("echo")
 
                 let inFlight = Task { try await client.request("hang", timeout: .seconds(60)) }
@@ -116,7 +116,7 @@ extension IntegrationTests {
                 let endpoint = Endpoint(host: "127.0.0.1", port: port)
 
                 let client = try harness.client([endpoint])
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 #expect(try await client.request("who").string == "first")
 
                 first.shutdown()
@@ -152,7 +152,7 @@ extension IntegrationTests {
                 let address = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
                 let client = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)])
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 _ = try await client.request("echo")
                 // The proxy plays the dead host: it refuses new connections and cuts the live ones.
                 proxy.mode = .refuse
@@ -175,7 +175,7 @@ extension IntegrationTests {
                 gateway.handle("echo") { request, _ in request.body }
                 let dead = try await Self.unusedEndpoint()
                 let client = try harness.client([dead, live]) { $0.connection.raceDelay = nil }
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
                 @Sendable func attempts() -> [Endpoint] {
                     events.all.compactMap { event -> Endpoint? in
@@ -197,7 +197,7 @@ extension IntegrationTests {
                 gateway.handle("echo") { request, _ in request.body }
                 let dead = try await Self.unusedEndpoint()
                 let client = try harness.client([dead, live])
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "via b")).string == "via b")
                 try await eventually("the connection is recorded") { events.connects == 1 }
                 let attempts = events.all.filter { if case .connecting = $0 { true } else { false } }
@@ -292,7 +292,7 @@ extension IntegrationTests {
                 let client = try harness.client([endpoint], transport: network.transport, clock: clock) {
                     $0.reconnect.backoff = try! Backoff(initial: .seconds(1), maximum: .seconds(8), multiplier: 2, jitter: 0)
                 }
-                let events = EventRecorder(client, in: harness)
+                let events = harness.events(of: client)
                 let pending = Task { try await client.request("echo", body: ByteBuffer(string: "finally"), timeout: .seconds(30)) }
 
                 @Sendable func attempts() -> Int { events.all.filter { if case .connecting = $0 { true } else { false } }.count }

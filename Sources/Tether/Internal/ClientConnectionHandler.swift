@@ -82,7 +82,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var pending: [UInt64: PendingRequest] = [:]
     /// The deadlines of `pending`, served by one timer (`deadlineTimer`).
     private var deadlines = DeadlineQueue<UInt64, NIODeadline>()
-    private var deadlineTimer: (at: NIODeadline, task: Scheduled<Void>)?
+    private var deadlineTimer = DeadlineTimer()
     /// Ids of requests waiting for a slot, oldest first (some may have been settled meanwhile).
     private var waiting = CircularBuffer<UInt64>()
     /// Requests on the wire and not yet answered.
@@ -250,22 +250,15 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         self.sendWaiting(context: context)
     }
 
-    /// Makes the deadline timer fire at the earliest deadline (one that fires early, for a
-    /// request answered meanwhile, just re-arms).
+    /// Makes the deadline timer fire at the earliest deadline.
     private func armDeadlineTimer(context: ChannelHandlerContext) {
-        guard let earliest = self.deadlines.earliest else { return }
-        if let timer = self.deadlineTimer {
-            guard earliest < timer.at else { return }
-            timer.task.cancel()
-        }
-        let task = context.eventLoop.assumeIsolated().scheduleTask(deadline: earliest) {
-            self.deadlineTimer = nil
+        self.deadlineTimer.arm(at: self.deadlines.earliest, on: context.eventLoop) {
+            self.deadlineTimer.fired()
             for id in self.deadlines.popExpired(at: context.eventLoop.now) {
                 self.requestTimedOut(id: id)
             }
             if self.context != nil { self.armDeadlineTimer(context: context) }
         }
-        self.deadlineTimer = (earliest, task)
     }
 
     /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.
@@ -553,8 +546,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         self.pending.removeAll()
         self.sentCount = 0
         _ = self.deadlines.removeAll()
-        self.deadlineTimer?.task.cancel()
-        self.deadlineTimer = nil
+        self.deadlineTimer.cancel()
         for (_, request) in pending {
             request.promise.fail(
                 TetherError(code: .connectionLost, message: "the connection closed while '\(request.method)' was in flight: \(reason)")

@@ -55,7 +55,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// The deadlines of the requests in flight, served by one timer (`deadlineTimer`).
     private var deadlines = DeadlineQueue<UInt64, NIODeadline>()
     private var methods: [UInt64: String] = [:]
-    private var deadlineTimer: (at: NIODeadline, task: Scheduled<Void>)?
+    private var deadlineTimer = DeadlineTimer()
     /// A flush from the application is deferred to the end of the loop's current batch of
     /// work, so that the responses to a batch of requests leave in one write.
     private var flushPending = false
@@ -254,19 +254,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.methods[id] = nil
     }
 
-    /// Makes the deadline timer fire at the earliest deadline (a timer that fires early, for a
-    /// request answered meanwhile, just re-arms).
+    /// Makes the deadline timer fire at the earliest deadline.
     private func armDeadlineTimer(context: ChannelHandlerContext) {
-        guard let earliest = self.deadlines.earliest else { return }
-        if let timer = self.deadlineTimer {
-            guard earliest < timer.at else { return }
-            timer.task.cancel()
-        }
-        let task = context.eventLoop.assumeIsolated().scheduleTask(deadline: earliest) {
-            self.deadlineTimer = nil
+        self.deadlineTimer.arm(at: self.deadlines.earliest, on: context.eventLoop) {
+            self.deadlineTimer.fired()
             self.deadlinesPassed(context: context)
         }
-        self.deadlineTimer = (earliest, task)
     }
 
     private func deadlinesPassed(context: ChannelHandlerContext) {
@@ -390,8 +383,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.requests.settleAll()
         _ = self.deadlines.removeAll()
         self.methods.removeAll()
-        self.deadlineTimer?.task.cancel()
-        self.deadlineTimer = nil
+        self.deadlineTimer.cancel()
         let held = self.heldUntilWelcome
         self.heldUntilWelcome.removeAll()
         for (_, promise) in held { promise?.fail(ChannelError.ioOnClosedChannel) }
