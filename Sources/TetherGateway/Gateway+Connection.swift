@@ -14,7 +14,7 @@ extension Gateway {
     func serve(_ connection: AcceptedConnection) async {
         let channel = connection.channel.channel
         let remoteAddress = channel.remoteAddress?.description
-        if let goAway = self.registry.add(connection.id, channel: channel, remoteAddress: remoteAddress) {
+        if let goAway = self.registry.add(connection.id, channel: channel, handler: connection.handler, remoteAddress: remoteAddress) {
             channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
         }
         defer { self.registry.remove(connection.id) }

@@ -22,28 +22,44 @@ extension Gateway {
         guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
             throw GatewayError(code: .invalidArgument, message: "a push topic must be 1 to 65535 bytes long")
         }
-        let frame = Frame(.push(.init(topic: topic, body: body)))
-        let channels = self.registry.channels(for: target)
-        if channels.count == 1 {
-            channels[0].writeAndFlush(frame, promise: nil)
-            return 1
+        let recipients = self.registry.recipients(for: target)
+        guard !recipients.isEmpty else { return 0 }
+        // Encoded once, whatever the number of recipients: each gets the same bytes.
+        let push: EncodedPush
+        do {
+            push = try EncodedPush(Frame.Push(topic: topic, body: body), allocator: Self.pushAllocator)
+        } catch {
+            throw GatewayError(code: .invalidArgument, message: "the push cannot be encoded: \(error.message)")
         }
-        // One hop per event loop, not one per recipient; each connection's handler flushes once
-        // at the end of the loop's batch, so a burst of pushes leaves in few writes.
-        var byLoop: [ObjectIdentifier: (loop: any EventLoop, channels: [any Channel])] = [:]
-        for channel in channels {
-            byLoop[ObjectIdentifier(channel.eventLoop), default: (channel.eventLoop, [])].channels.append(channel)
+        // One hop per event loop, not one per recipient, and one flush per recipient at the end
+        // of the loop's batch, so that a burst of pushes leaves in few writes.
+        var byLoop: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
+        for recipient in recipients {
+            byLoop[ObjectIdentifier(recipient.eventLoop), default: (recipient.eventLoop, [])].handlers.append(recipient)
         }
-        for (loop, members) in byLoop.values {
+        for (loop, handlers) in byLoop.values {
             if loop.inEventLoop {
-                for channel in members { channel.writeAndFlush(frame, promise: nil) }
+                Self.deliver(push, to: handlers, on: loop)
             } else {
-                loop.execute {
-                    for channel in members { channel.writeAndFlush(frame, promise: nil) }
-                }
+                loop.execute { Self.deliver(push, to: handlers, on: loop) }
             }
         }
-        return channels.count
+        return recipients.count
+    }
+
+    private static let pushAllocator = ByteBufferAllocator()
+
+    /// Writes `push` to connections of `loop`, then schedules one task that flushes them all.
+    private static func deliver(_ push: EncodedPush, to handlers: [NIOLoopBound<GatewayConnectionHandler>], on loop: any EventLoop) {
+        var written: [GatewayConnectionHandler] = []
+        for handler in handlers {
+            let handler = handler.value
+            if handler.deliver(push) { written.append(handler) }
+        }
+        guard !written.isEmpty else { return }
+        loop.assumeIsolated().execute {
+            for handler in written { handler.flushIfPending() }
+        }
     }
 
     /// Puts a connection in a room.

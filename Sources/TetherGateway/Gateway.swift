@@ -278,7 +278,13 @@ public final class Gateway: Service, Sendable {
         )
         try channel.pipeline.syncOperations.addHandler(handler)
         let asyncChannel = try NIOAsyncChannel<Frame, Frame>(wrappingChannelSynchronously: channel)
-        return AcceptedConnection(id: id, channel: asyncChannel, requests: requests, logger: logger)
+        return AcceptedConnection(
+            id: id,
+            channel: asyncChannel,
+            handler: NIOLoopBound(handler, eventLoop: channel.eventLoop),
+            requests: requests,
+            logger: logger
+        )
     }
 
     private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {
@@ -304,6 +310,8 @@ extension Gateway {
     struct AcceptedConnection: Sendable {
         var id: UInt64
         var channel: NIOAsyncChannel<Frame, Frame>
+        /// The connection's protocol handler.
+        var handler: NIOLoopBound<GatewayConnectionHandler>
         /// The connection's forwarded requests, shared with its protocol handler.
         var requests: RequestRegistry
         var logger: Logger

@@ -100,11 +100,57 @@ struct FramingTests {
 
     @Test("the encoder handler writes the exact bytes of FrameEncoder")
     func encoderHandler() throws {
-        let channel = EmbeddedChannel(handler: MessageToByteHandler(FrameEncoder()))
+        let channel = EmbeddedChannel(handler: FrameEncodingHandler())
         for frame in frames {
             try channel.writeOutbound(frame)
             #expect(try channel.readOutbound(as: ByteBuffer.self) == (try encoded([frame])))
         }
         #expect(try channel.finish().isClean)
+    }
+
+    @Test("a frame that cannot be encoded fails its write and is reported; the next frame still goes out")
+    func encoderHandlerFailure() throws {
+        let errors = ErrorCollector()
+        let channel = EmbeddedChannel(handlers: [FrameEncodingHandler(), errors])
+        let tooLong = Frame(.push(.init(topic: String(repeating: "t", count: 70_000))))
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        channel.write(tooLong, promise: promise)
+        channel.flush()
+        #expect(throws: FrameEncodingError.self) { try promise.futureResult.wait() }
+        #expect(try channel.readOutbound(as: ByteBuffer.self) == nil)
+        #expect(errors.errors.count == 1 && errors.errors.first is FrameEncodingError)
+
+        try channel.writeOutbound(frames[1])
+        #expect(try channel.readOutbound(as: ByteBuffer.self) == (try encoded([frames[1]])))
+        #expect(try channel.finish().isClean)
+    }
+
+    @Test("writeEncoded passes bytes through, in order with the frames written around them")
+    func encoderHandlerPreEncoded() throws {
+        let handler = FrameEncodingHandler()
+        let channel = EmbeddedChannel(handler: handler)
+        let preEncoded = try encoded([frames[3], frames[4]])
+        channel.write(frames[0], promise: nil)
+        handler.writeEncoded(preEncoded, promise: nil)
+        channel.write(frames[1], promise: nil)
+        channel.flush()
+        var wire = ByteBuffer()
+        while var chunk = try channel.readOutbound(as: ByteBuffer.self) { wire.writeBuffer(&chunk) }
+        #expect(wire == (try encoded([frames[0], frames[3], frames[4], frames[1]])))
+        #expect(try channel.finish().isClean)
+
+        let removed = channel.eventLoop.makePromise(of: Void.self)
+        handler.writeEncoded(preEncoded, promise: removed)
+        #expect(throws: ChannelError.self) { try removed.futureResult.wait() }
+    }
+}
+
+/// Records the errors that reach the end of a pipeline.
+private final class ErrorCollector: ChannelInboundHandler {
+    typealias InboundIn = Never
+    private(set) var errors: [any Error] = []
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.errors.append(error)
     }
 }

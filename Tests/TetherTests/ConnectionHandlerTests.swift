@@ -422,25 +422,25 @@ final class GatewayHandlerFixture {
     let loop = EmbeddedEventLoop()
     let channel: EmbeddedChannel
     let requests = RequestRegistry()
+    let handler: GatewayConnectionHandler
 
     init(handshake: TimeAmount = .seconds(10), handler: TimeAmount = .seconds(30), idle: TimeAmount = .seconds(30)) throws {
         self.channel = EmbeddedChannel(loop: self.loop)
-        // As in production, the encoder sits below the protocol handler: the channel holds bytes.
-        try self.channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
-        try self.channel.pipeline.syncOperations.addHandler(
-            GatewayConnectionHandler(
-                configuration: .init(
-                    handshakeTimeout: handshake,
-                    handlerTimeout: handler,
-                    idleTimeout: idle,
-                    shutdownGracePeriod: .seconds(5),
-                    maxInboundBodySize: 1 << 20,
-                    maxBufferedOutboundBytes: 4 << 20
-                ),
-                requests: self.requests,
-                logger: testLogger("gateway-handler")
-            )
+        self.handler = GatewayConnectionHandler(
+            configuration: .init(
+                handshakeTimeout: handshake,
+                handlerTimeout: handler,
+                idleTimeout: idle,
+                shutdownGracePeriod: .seconds(5),
+                maxInboundBodySize: 1 << 20,
+                maxBufferedOutboundBytes: 4 << 20
+            ),
+            requests: self.requests,
+            logger: testLogger("gateway-handler")
         )
+        // As in production, the encoder sits below the protocol handler: the channel holds bytes.
+        try self.channel.pipeline.syncOperations.addHandler(FrameEncodingHandler())
+        try self.channel.pipeline.syncOperations.addHandler(self.handler)
         try self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
     }
 
@@ -677,6 +677,47 @@ struct GatewayConnectionHandlerTests {
         #expect(throws: (any Error).self) { try dropped.futureResult.wait() }
         #expect(try fixture.readOutbound() == nil)
         _ = try? fixture.channel.finish()
+    }
+
+    @Test("a push encoded once: the connection's checksum choice, held until WELCOME, one flush per batch, the size limit")
+    func encodedPush() throws {
+        let push = try EncodedPush(.init(topic: "room", body: ByteBuffer(string: "hi")), allocator: ByteBufferAllocator())
+        let checksummed = try GatewayHandlerFixture()
+        try checksummed.establish()
+        #expect(checksummed.handler.deliver(push), "the caller must flush")
+        #expect(!checksummed.handler.deliver(push), "a flush is already due")
+        #expect(try checksummed.readOutbound() == nil, "nothing leaves before the batch's flush")
+        checksummed.handler.flushIfPending()
+        for _ in 0..<2 {
+            let frame = try checksummed.readOutbound()
+            #expect(frame?.flags == .checksum)
+            #expect(frame?.payload == .push(push.push))
+        }
+        #expect(try checksummed.readOutbound() == nil)
+        _ = try? checksummed.channel.finish()
+
+        // A client without checksums and with a small body limit, still in its handshake.
+        let plain = try GatewayHandlerFixture()
+        try plain.channel.writeInbound(
+            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 64, clientID: "small")), flags: .checksum)
+        )
+        _ = try plain.channel.readInbound(as: Frame.self)
+        #expect(!plain.handler.deliver(push), "held until WELCOME")
+        #expect(try plain.readOutbound() == nil)
+        var plainWelcome = welcome
+        plainWelcome.features = []
+        plain.send(Frame(.welcome(plainWelcome)))
+        #expect(try plain.readOutbound()?.type == .welcome)
+        let held = try plain.readOutbound()
+        #expect(held?.flags == [] && held?.payload == .push(push.push))
+        let big = try EncodedPush(.init(topic: "room", body: ByteBuffer(repeating: 1, count: 100)), allocator: ByteBufferAllocator())
+        #expect(!plain.handler.deliver(big), "over the client's limit: dropped")
+        #expect(plain.handler.deliver(push))
+        plain.handler.flushIfPending()
+        let sent = try plain.readOutbound()
+        #expect(sent?.flags == [] && sent?.payload == .push(push.push))
+        #expect(try plain.readOutbound() == nil)
+        _ = try? plain.channel.finish()
     }
 }
 

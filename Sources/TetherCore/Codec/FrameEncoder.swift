@@ -30,6 +30,18 @@ public struct FrameEncoder: Sendable {
         }
     }
 
+    /// The encoding of `frame` in a buffer of its own, allocated at about the right size.
+    ///
+    /// ```swift
+    /// let bytes = try FrameEncoder().encode(frame, allocator: channel.allocator)
+    /// ```
+    /// - Throws: ``FrameEncodingError``, as ``encode(_:into:)``.
+    public func encode(_ frame: Frame, allocator: ByteBufferAllocator) throws(FrameEncodingError) -> ByteBuffer {
+        var buffer = allocator.buffer(capacity: FrameHeader.size + Self.bodySizeHint(frame.payload))
+        try self.encodeUnchecked(frame, into: &buffer, start: buffer.writerIndex)
+        return buffer
+    }
+
     private func encodeUnchecked(_ frame: Frame, into buffer: inout ByteBuffer, start: Int) throws(FrameEncodingError) {
         var flags = frame.flags.intersection(.checksum)
         if case .message(let message) = frame.payload, message.expired {

@@ -7,6 +7,8 @@ final class ConnectionRegistry: Sendable {
     struct Entry: Sendable {
         var info: ConnectionInfo
         var channel: any Channel
+        /// The connection's protocol handler, which pushes go to.
+        var handler: NIOLoopBound<GatewayConnectionHandler>
         /// Whether the handshake completed (pushes go only to established connections).
         var established: Bool
     }
@@ -23,11 +25,17 @@ final class ConnectionRegistry: Sendable {
 
     /// Adds a connection that was just accepted.
     /// - Returns: The GOAWAY to drain it with at once if the gateway is shutting down.
-    func add(_ id: UInt64, channel: any Channel, remoteAddress: String?) -> Frame.GoAway? {
+    func add(
+        _ id: UInt64,
+        channel: any Channel,
+        handler: NIOLoopBound<GatewayConnectionHandler>,
+        remoteAddress: String?
+    ) -> Frame.GoAway? {
         self.state.withLockedValue { state in
             state.connections[id] = Entry(
                 info: ConnectionInfo(id: id, clientID: "", userAgent: nil, remoteAddress: remoteAddress),
                 channel: channel,
+                handler: handler,
                 established: false
             )
             return state.draining
@@ -88,8 +96,8 @@ final class ConnectionRegistry: Sendable {
         }
     }
 
-    /// The established connections a push to `target` reaches.
-    func channels(for target: PushTarget) -> [any Channel] {
+    /// The protocol handlers of the established connections a push to `target` reaches.
+    func recipients(for target: PushTarget) -> [NIOLoopBound<GatewayConnectionHandler>] {
         self.state.withLockedValue { state in
             let ids: [UInt64]
             switch target {
@@ -100,7 +108,7 @@ final class ConnectionRegistry: Sendable {
             }
             return ids.compactMap { id in
                 guard let entry = state.connections[id], entry.established else { return nil }
-                return entry.channel
+                return entry.handler
             }
         }
     }

@@ -60,6 +60,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// work, so that the responses to a batch of requests leave in one write.
     private var flushPending = false
     private var closing = false
+    /// Set while the handler is in a pipeline, for pushes that arrive outside a pipeline event.
+    private var context: ChannelHandlerContext?
+    /// Tether's encoder below this handler, if the channel uses it (the gateway's TCP listener
+    /// does); pushes encoded once for many connections are handed to it as bytes.
+    private var encoder: FrameEncodingHandler?
 
     init(configuration: Configuration, requests: RequestRegistry, logger: Logger) {
         self.configuration = configuration
@@ -70,6 +75,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Lifecycle
 
     func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        self.encoder = try? context.pipeline.syncOperations.handler(type: FrameEncodingHandler.self)
         self.lastInbound = context.eventLoop.now
         self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.handshakeTimeout) {
             self.handshakeTimedOut(context: context)
@@ -77,6 +84,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+        self.encoder = nil
         self.cancelTimers()
     }
 
@@ -157,38 +166,82 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .error(let report):
             self.sendErrorAndClose(ProtocolError(code: report.code, message: report.message), context: context, promise: promise)
         case .push(let push):
-            guard let negotiated = self.negotiated else {
+            guard self.negotiated != nil else {
                 self.heldUntilWelcome.append((frame.payload, promise))
                 return
             }
-            let size = 2 + push.topic.utf8.count + push.body.readableBytes
-            guard size <= negotiated.peerMaxBodySize else {
-                self.logger.warning(
-                    "dropping a push larger than the client accepts",
-                    metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(negotiated.peerMaxBodySize)"]
-                )
-                promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
-                return
-            }
-            // Reading the buffered byte count costs more than the push; a channel is writable
-            // until its buffer passes the (lower) high-water mark, so look only when it is not.
-            if !context.channel.isWritable,
-                let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
-                buffered > self.configuration.maxBufferedOutboundBytes
-            {
-                self.logger.warning(
-                    "closing a connection whose client does not read its pushes (slow consumer)",
-                    metadata: ["buffered": "\(buffered)", "limit": "\(self.configuration.maxBufferedOutboundBytes)"]
-                )
-                promise?.fail(SlowConsumerError(buffered: buffered))
-                self.closeNow(context: context)
-                return
-            }
+            guard self.admitPush(push, context: context, promise: promise) else { return }
             self.write(frame.payload, context: context, promise: promise)
         default:
             self.write(frame.payload, context: context, promise: promise)
         }
     }
+
+    // MARK: Pushes encoded once
+
+    /// Sends a push that was encoded once for many connections, and marks the connection for a
+    /// flush without scheduling one.
+    ///
+    /// Call it on the event loop. It applies the checks of a push written down the pipeline
+    /// (size limit, slow consumer) and holds the push until the WELCOME if the handshake is not
+    /// complete.
+    /// - Returns: Whether the caller must call ``flushIfPending()`` at the end of its batch; `false` if
+    ///   the push was not written, or a flush is already scheduled.
+    func deliver(_ push: EncodedPush) -> Bool {
+        guard let context = self.context, !self.closing else { return false }
+        guard self.negotiated != nil else {
+            self.heldUntilWelcome.append((.push(push.push), nil))
+            return false
+        }
+        guard self.admitPush(push.push, context: context, promise: nil) else { return false }
+        if let encoder = self.encoder {
+            encoder.writeEncoded(self.session.outboundFlags.contains(.checksum) ? push.checksummed : push.plain, promise: nil)
+        } else {
+            self.write(.push(push.push), context: context, promise: nil)
+        }
+        guard !self.flushPending else { return false }
+        self.flushPending = true
+        return true
+    }
+
+    /// Flushes what ``deliver(_:)`` wrote, unless something flushed it meanwhile.
+    func flushIfPending() {
+        guard self.flushPending, let context = self.context else { return }
+        self.flushPending = false
+        context.flush()
+    }
+
+    /// Whether a push may go out: within the client's body size limit, and to a client that
+    /// reads (a slow consumer's connection is closed).
+    private func admitPush(_ push: Frame.Push, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) -> Bool {
+        guard let negotiated = self.negotiated else { return false }
+        let size = 2 + push.topic.utf8.count + push.body.readableBytes
+        guard size <= negotiated.peerMaxBodySize else {
+            self.logger.warning(
+                "dropping a push larger than the client accepts",
+                metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(negotiated.peerMaxBodySize)"]
+            )
+            promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
+            return false
+        }
+        // Reading the buffered byte count costs more than the push; a channel is writable
+        // until its buffer passes the (lower) high-water mark, so look only when it is not.
+        if !context.channel.isWritable,
+            let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
+            buffered > self.configuration.maxBufferedOutboundBytes
+        {
+            self.logger.warning(
+                "closing a connection whose client does not read its pushes (slow consumer)",
+                metadata: ["buffered": "\(buffered)", "limit": "\(self.configuration.maxBufferedOutboundBytes)"]
+            )
+            promise?.fail(SlowConsumerError(buffered: buffered))
+            self.closeNow(context: context)
+            return false
+        }
+        return true
+    }
+
+    // MARK: Flushing
 
     func flush(context: ChannelHandlerContext) {
         // Flushes come from the application layer; its writes go straight down, but the flush

@@ -9,6 +9,6 @@ public enum TetherFraming {
     /// typically from a channel initializer.
     public static func addHandlers(to pipeline: ChannelPipeline.SynchronousOperations) throws {
         try pipeline.addHandler(FrameDecodingHandler())
-        try pipeline.addHandler(MessageToByteHandler(FrameEncoder()))
+        try pipeline.addHandler(FrameEncodingHandler())
     }
 }
