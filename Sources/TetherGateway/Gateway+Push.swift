@@ -37,7 +37,8 @@ extension Gateway {
         for recipient in recipients {
             byLoop[ObjectIdentifier(recipient.eventLoop), default: (recipient.eventLoop, [])].handlers.append(recipient)
         }
-        for (loop, handlers) in byLoop.values {
+        for (index, (loop, handlers)) in byLoop.values.enumerated() {
+            let push = index == 0 ? push : push.copy(allocator: Self.pushAllocator)
             if loop.inEventLoop {
                 Self.deliver(push, to: handlers, on: loop)
             } else {

@@ -18,4 +18,15 @@ struct EncodedPush: Sendable {
         self.plain = try encoder.encode(Frame(.push(push)), allocator: allocator)
         self.checksummed = try encoder.encode(Frame(.push(push), flags: .checksum), allocator: allocator)
     }
+
+    /// The same push in buffers of its own.
+    ///
+    /// Every connection that gets the bytes retains their storage; threads that share one
+    /// storage fight over its reference count, so each event loop gets its own copy.
+    func copy(allocator: ByteBufferAllocator) -> EncodedPush {
+        var copy = self
+        copy.plain = allocator.buffer(buffer: self.plain)
+        copy.checksummed = allocator.buffer(buffer: self.checksummed)
+        return copy
+    }
 }

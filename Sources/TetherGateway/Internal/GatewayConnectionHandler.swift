@@ -65,6 +65,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Tether's encoder below this handler, if the channel uses it (the gateway's TCP listener
     /// does); pushes encoded once for many connections are handed to it as bytes.
     private var encoder: FrameEncodingHandler?
+    /// The channel's writability, as its events tell it: asking the channel costs a pointer
+    /// chase per connection, which a push to a large room pays thousands of times.
+    private var writable = true
 
     init(configuration: Configuration, requests: RequestRegistry, logger: Logger) {
         self.configuration = configuration
@@ -226,7 +229,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         // Reading the buffered byte count costs more than the push; a channel is writable
         // until its buffer passes the (lower) high-water mark, so look only when it is not.
-        if !context.channel.isWritable,
+        if !self.writable,
             let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes),
             buffered > self.configuration.maxBufferedOutboundBytes
         {
@@ -239,6 +242,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return false
         }
         return true
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        self.writable = context.channel.isWritable
+        context.fireChannelWritabilityChanged()
     }
 
     // MARK: Flushing
