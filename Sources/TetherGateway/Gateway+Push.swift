@@ -33,19 +33,18 @@ extension Gateway {
         }
         // One hop per event loop, not one per recipient, and one flush per recipient at the end
         // of the loop's batch, so that a burst of pushes leaves in few writes.
-        var byLoop: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
-        for recipient in recipients {
-            byLoop[ObjectIdentifier(recipient.eventLoop), default: (recipient.eventLoop, [])].handlers.append(recipient)
-        }
-        for (index, (loop, handlers)) in byLoop.values.enumerated() {
+        var count = 0
+        for (index, group) in recipients.enumerated() {
+            count += group.handlers.count
             let push = index == 0 ? push : push.copy(allocator: Self.pushAllocator)
+            let loop = group.loop
             if loop.inEventLoop {
-                Self.deliver(push, to: handlers, on: loop)
+                Self.deliver(push, to: group.handlers, on: loop)
             } else {
-                loop.execute { Self.deliver(push, to: handlers, on: loop) }
+                loop.execute { Self.deliver(push, to: group.handlers, on: loop) }
             }
         }
-        return recipients.count
+        return count
     }
 
     private static let pushAllocator = ByteBufferAllocator()
@@ -53,6 +52,7 @@ extension Gateway {
     /// Writes `push` to connections of `loop`, then schedules one task that flushes them all.
     private static func deliver(_ push: EncodedPush, to handlers: [NIOLoopBound<GatewayConnectionHandler>], on loop: any EventLoop) {
         var written: [GatewayConnectionHandler] = []
+        written.reserveCapacity(handlers.count)
         for handler in handlers {
             let handler = handler.value
             if handler.deliver(push) { written.append(handler) }

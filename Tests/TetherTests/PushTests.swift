@@ -69,6 +69,9 @@ extension IntegrationTests {
                 try await eventually("alice gets it") { phone.bodies.count == 4 }
                 try await Task.sleep(for: .milliseconds(50))
                 #expect(bobs.bodies.count == 3, "bob left the room")
+                _ = try await aliceLaptop.request("join", body: ByteBuffer(string: "lobby"))
+                #expect(try gateway.push("room", ByteBuffer(string: "laptop joined"), to: .room("lobby")) == 2)
+                try await eventually("both of alice's connections get it") { phone.bodies.count == 5 && laptop.bodies.count == 3 }
                 #expect(try gateway.push("x", ByteBuffer(), to: .room("nobody-here")) == 0)
                 #expect(throws: GatewayError.self) { try gateway.push("", ByteBuffer(), to: .all) }
             }
@@ -95,6 +98,7 @@ extension IntegrationTests {
                 client.shutdown()
                 try await eventually("the gateway forgets the connection") { gateway.connections.isEmpty }
                 #expect(gateway.members(of: "r").isEmpty)
+                #expect(try gateway.push("news", ByteBuffer(string: "n2"), to: .room("r")) == 0, "a push after the close reaches no one")
             }
         }
 

@@ -59,6 +59,7 @@ public enum Handshake {
         public var deliveryEpoch: UInt64? = nil
 
         /// Whether every frame must carry a checksum from now on.
+        @inlinable
         public var checksums: Bool { self.features.contains(.checksum) }
     }
 

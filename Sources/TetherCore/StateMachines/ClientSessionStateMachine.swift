@@ -65,6 +65,7 @@ public struct ClientSessionStateMachine: Sendable {
     }
 
     /// The flags to set on every outbound frame.
+    @inlinable
     public var outboundFlags: FrameFlags {
         switch self.phase {
         case .awaitingWelcome: [.checksum]  // HELLO always carries a checksum

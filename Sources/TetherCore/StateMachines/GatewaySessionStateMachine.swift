@@ -54,6 +54,7 @@ public struct GatewaySessionStateMachine: Sendable {
     public var requestsInFlight: Int { self.inFlight.count }
 
     /// The flags to set on every outbound frame.
+    @inlinable
     public var outboundFlags: FrameFlags {
         switch self.phase {
         case .awaitingHello, .negotiating: [.checksum]  // WELCOME and handshake errors carry checksums

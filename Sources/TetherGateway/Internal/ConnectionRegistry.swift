@@ -13,11 +13,20 @@ final class ConnectionRegistry: Sendable {
         var established: Bool
     }
 
+    /// The recipients of a push that share an event loop.
+    struct LoopRecipients: Sendable {
+        var loop: any EventLoop
+        var handlers: [NIOLoopBound<GatewayConnectionHandler>]
+    }
+
     private struct State {
         var connections: [UInt64: Entry] = [:]
         var byClient: [String: Set<UInt64>] = [:]
         var rooms: [String: Set<UInt64>] = [:]
         var roomsOf: [UInt64: Set<String>] = [:]
+        /// Each room's recipients grouped by event loop, built at its first push after a change
+        /// of membership: a room is pushed to far more often than its members change.
+        var roomRecipients: [String: [LoopRecipients]] = [:]
         var draining: Frame.GoAway?
     }
 
@@ -64,6 +73,7 @@ final class ConnectionRegistry: Sendable {
                 if state.byClient[entry.info.clientID]?.isEmpty == true { state.byClient[entry.info.clientID] = nil }
             }
             for room in state.roomsOf.removeValue(forKey: id) ?? [] {
+                state.roomRecipients[room] = nil
                 state.rooms[room]?.remove(id)
                 if state.rooms[room]?.isEmpty == true { state.rooms[room] = nil }
             }
@@ -74,7 +84,7 @@ final class ConnectionRegistry: Sendable {
     func join(_ room: String, connection id: UInt64) -> Bool {
         self.state.withLockedValue { state in
             guard state.connections[id]?.established == true else { return false }
-            state.rooms[room, default: []].insert(id)
+            if state.rooms[room, default: []].insert(id).inserted { state.roomRecipients[room] = nil }
             state.roomsOf[id, default: []].insert(room)
             return true
         }
@@ -83,7 +93,7 @@ final class ConnectionRegistry: Sendable {
     /// Takes a connection out of a room.
     func leave(_ room: String, connection id: UInt64) {
         self.state.withLockedValue { state in
-            state.rooms[room]?.remove(id)
+            if state.rooms[room]?.remove(id) != nil { state.roomRecipients[room] = nil }
             if state.rooms[room]?.isEmpty == true { state.rooms[room] = nil }
             state.roomsOf[id]?.remove(room)
         }
@@ -96,21 +106,36 @@ final class ConnectionRegistry: Sendable {
         }
     }
 
-    /// The protocol handlers of the established connections a push to `target` reaches.
-    func recipients(for target: PushTarget) -> [NIOLoopBound<GatewayConnectionHandler>] {
+    /// The protocol handlers of the established connections a push to `target` reaches,
+    /// grouped by event loop.
+    func recipients(for target: PushTarget) -> [LoopRecipients] {
         self.state.withLockedValue { state in
-            let ids: [UInt64]
+            let ids: Set<UInt64>
             switch target {
-            case .connection(let id): ids = [id]
-            case .client(let clientID): ids = Array(state.byClient[clientID] ?? [])
-            case .room(let room): ids = Array(state.rooms[room] ?? [])
-            case .all: ids = Array(state.connections.keys)
+            case .connection(let id):
+                guard let entry = state.connections[id], entry.established else { return [] }
+                return [LoopRecipients(loop: entry.handler.eventLoop, handlers: [entry.handler])]
+            case .client(let clientID): ids = state.byClient[clientID] ?? []
+            case .room(let room):
+                if let cached = state.roomRecipients[room] { return cached }
+                guard let members = state.rooms[room] else { return [] }
+                let recipients = Self.group(members, in: state)
+                state.roomRecipients[room] = recipients
+                return recipients
+            case .all: ids = Set(state.connections.keys)
             }
-            return ids.compactMap { id in
-                guard let entry = state.connections[id], entry.established else { return nil }
-                return entry.handler
-            }
+            return Self.group(ids, in: state)
         }
+    }
+
+    private static func group(_ ids: Set<UInt64>, in state: State) -> [LoopRecipients] {
+        var groups: [ObjectIdentifier: LoopRecipients] = [:]
+        for id in ids {
+            guard let entry = state.connections[id], entry.established else { continue }
+            let loop = entry.handler.eventLoop
+            groups[ObjectIdentifier(loop), default: LoopRecipients(loop: loop, handlers: [])].handlers.append(entry.handler)
+        }
+        return Array(groups.values)
     }
 
     /// Information about established connections.
