@@ -47,7 +47,8 @@ public final class FrameEncodingHandler: ChannelOutboundHandler, RemovableChanne
     /// Writes bytes that hold whole encoded frames, as ``FrameEncoder`` makes them, as they are.
     ///
     /// Call it on the channel's event loop. The bytes queue behind the frames written before
-    /// them; flush as for any write.
+    /// them; flush as for any write. Handlers between the caller and this handler do not see
+    /// them: the bytes enter the pipeline here.
     /// - Parameters:
     ///   - bytes: One or more complete frames. They are not checked.
     ///   - promise: Completed when the bytes were written, or failed if the handler is no longer
