@@ -20,6 +20,24 @@ struct FrameCodecTests {
         }
     }
 
+    @Test("bodySize of REQUEST, RESPONSE and PUSH is the length of the body the encoder writes")
+    func bodySizes() throws {
+        var checked: Set<FrameType> = []
+        for (name, frame) in SampleFrames.all {
+            let bodySize: Int
+            switch frame.payload {
+            case .request(let request): bodySize = request.bodySize
+            case .response(let response): bodySize = response.bodySize
+            case .push(let push): bodySize = push.bodySize
+            default: continue
+            }
+            let encoded = try SampleFrames.encode(frame)
+            #expect(bodySize == encoded.readableBytes - FrameHeader.size, "sample '\(name)'")
+            checked.insert(frame.type)
+        }
+        #expect(checked == [.request, .response, .push], "the samples hold every one of the three types")
+    }
+
     @Test("PROTOCOL.md's test vectors match the codec in both directions")
     func protocolVectors() throws {
         let vectors = try ProtocolDocument.vectors()

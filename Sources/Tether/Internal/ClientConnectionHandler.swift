@@ -228,7 +228,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             return
         }
         for (request, deadline, promise) in requests {
-            let bodySize = 6 + request.method.utf8.count + request.body.readableBytes
+            let bodySize = request.bodySize
             guard bodySize <= negotiated.peerMaxBodySize else {
                 promise.fail(
                     TetherError(

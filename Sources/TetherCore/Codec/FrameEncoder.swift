@@ -102,9 +102,9 @@ public struct FrameEncoder: Sendable {
 
     private static func bodySizeHint(_ payload: Frame.Payload) -> Int {
         switch payload {
-        case .request(let request): 6 + request.method.utf8.count + request.body.readableBytes
-        case .response(let response): 4 + response.message.utf8.count + response.body.readableBytes
-        case .push(let push): 2 + push.topic.utf8.count + push.body.readableBytes
+        case .request(let request): request.bodySize
+        case .response(let response): response.bodySize
+        case .push(let push): push.bodySize
         case .ping(let ping), .pong(let ping): ping.data.readableBytes
         case .message(let message): 16 + message.topic.utf8.count + message.conversation.utf8.count + message.body.readableBytes
         case .messageAck(let ack): 2 + 10 * ack.entries.count

@@ -119,6 +119,11 @@ extension Frame {
             self.timeout = timeout
             self.body = body
         }
+
+        /// The size of the frame body this request encodes to, which the peer's maximum body
+        /// size limits: the timeout, the method with its length, and the body.
+        @inlinable
+        public var bodySize: Int { 6 + self.method.utf8.count + self.body.readableBytes }
     }
 
     /// RESPONSE: the outcome of the request with the same id.
@@ -138,6 +143,11 @@ extension Frame {
             self.message = message
             self.body = body
         }
+
+        /// The size of the frame body this response encodes to, which the peer's maximum body
+        /// size limits: the status, the message with its length, and the body.
+        @inlinable
+        public var bodySize: Int { 4 + self.message.utf8.count + self.body.readableBytes }
     }
 
     /// PUSH: a message the gateway sends on a topic without being asked.
@@ -151,6 +161,11 @@ extension Frame {
             self.topic = topic
             self.body = body
         }
+
+        /// The size of the frame body this push encodes to, which the peer's maximum body size
+        /// limits: the topic with its length, and the body.
+        @inlinable
+        public var bodySize: Int { 2 + self.topic.utf8.count + self.body.readableBytes }
     }
 
     /// PING and PONG: a liveness probe and its answer, which echoes `id` and `data`.

@@ -169,11 +169,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .error(let report):
             self.sendErrorAndClose(ProtocolError(code: report.code, message: report.message), context: context, promise: promise)
         case .push(let push):
-            guard self.negotiated != nil else {
+            guard let negotiated = self.negotiated else {
                 self.heldUntilWelcome.append((frame.payload, promise))
                 return
             }
-            guard self.admitPush(push, context: context, promise: promise) else { return }
+            guard self.admitPush(push, limit: negotiated.peerMaxBodySize, context: context, promise: promise) else { return }
             self.write(frame.payload, context: context, promise: promise)
         default:
             self.write(frame.payload, context: context, promise: promise)
@@ -192,11 +192,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     ///   the push was not written, or a flush is already scheduled.
     func deliver(_ push: EncodedPush) -> Bool {
         guard let context = self.context, !self.closing else { return false }
-        guard self.negotiated != nil else {
+        guard let negotiated = self.negotiated else {
             self.heldUntilWelcome.append((.push(push.push), nil))
             return false
         }
-        guard self.admitPush(push.push, context: context, promise: nil) else { return false }
+        guard self.admitPush(push.push, limit: negotiated.peerMaxBodySize, context: context, promise: nil) else { return false }
         if let encoder = self.encoder {
             encoder.writeEncoded(self.session.outboundFlags.contains(.checksum) ? push.checksummed : push.plain, promise: nil)
         } else {
@@ -214,17 +214,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.flush()
     }
 
-    /// Whether a push may go out: within the client's body size limit, and to a client that
-    /// reads (a slow consumer's connection is closed).
-    private func admitPush(_ push: Frame.Push, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) -> Bool {
-        guard let negotiated = self.negotiated else { return false }
-        let size = 2 + push.topic.utf8.count + push.body.readableBytes
-        guard size <= negotiated.peerMaxBodySize else {
+    /// Whether a push may go out: within the client's body size limit (`limit`), and to a
+    /// client that reads (a slow consumer's connection is closed).
+    private func admitPush(
+        _ push: Frame.Push,
+        limit: Int,
+        context: ChannelHandlerContext,
+        promise: EventLoopPromise<Void>?
+    ) -> Bool {
+        let size = push.bodySize
+        guard size <= limit else {
             self.logger.warning(
                 "dropping a push larger than the client accepts",
-                metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(negotiated.peerMaxBodySize)"]
+                metadata: ["topic": "\(push.topic)", "bytes": "\(size)", "limit": "\(limit)"]
             )
-            promise?.fail(PushTooLargeError(size: size, limit: negotiated.peerMaxBodySize))
+            promise?.fail(PushTooLargeError(size: size, limit: limit))
             return false
         }
         // Reading the buffered byte count costs more than the push; a channel is writable
@@ -293,7 +297,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         switch self.session.responseSent(id: response.id) {
         case .send:
             self.requests.settle(response.id)
-            let size = 4 + response.message.utf8.count + response.body.readableBytes
+            let size = response.bodySize
             if let limit = self.negotiated?.peerMaxBodySize, size > limit {
                 self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
                 let refusal = Frame.Response(
