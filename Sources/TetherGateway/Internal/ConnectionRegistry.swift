@@ -110,28 +110,29 @@ final class ConnectionRegistry: Sendable {
     /// grouped by event loop.
     func recipients(for target: PushTarget) -> [LoopRecipients] {
         self.state.withLockedValue { state in
-            let ids: Set<UInt64>
+            let connections = state.connections
             switch target {
             case .connection(let id):
-                guard let entry = state.connections[id], entry.established else { return [] }
+                guard let entry = connections[id], entry.established else { return [] }
                 return [LoopRecipients(loop: entry.handler.eventLoop, handlers: [entry.handler])]
-            case .client(let clientID): ids = state.byClient[clientID] ?? []
+            case .client(let clientID):
+                return Self.group((state.byClient[clientID] ?? []).lazy.compactMap { connections[$0] })
             case .room(let room):
                 if let cached = state.roomRecipients[room] { return cached }
                 guard let members = state.rooms[room] else { return [] }
-                let recipients = Self.group(members, in: state)
+                let recipients = Self.group(members.lazy.compactMap { connections[$0] })
                 state.roomRecipients[room] = recipients
                 return recipients
-            case .all: ids = Set(state.connections.keys)
+            case .all:
+                return Self.group(connections.values)
             }
-            return Self.group(ids, in: state)
         }
     }
 
-    private static func group(_ ids: Set<UInt64>, in state: State) -> [LoopRecipients] {
+    /// The established connections among `entries`, grouped by event loop.
+    private static func group(_ entries: some Sequence<Entry>) -> [LoopRecipients] {
         var groups: [ObjectIdentifier: LoopRecipients] = [:]
-        for id in ids {
-            guard let entry = state.connections[id], entry.established else { continue }
+        for entry in entries where entry.established {
             let loop = entry.handler.eventLoop
             groups[ObjectIdentifier(loop), default: LoopRecipients(loop: loop, handlers: [])].handlers.append(entry.handler)
         }
