@@ -49,8 +49,8 @@ public final class Gateway: Service, Sendable {
     let registry = ConnectionRegistry()
     let connectionIDs = ManagedAtomic<UInt64>(1)
     let lifecycle = NIOLockedValueBox(Lifecycle())
-    let handedOver: AsyncStream<AcceptedConnection>
-    let handOver: AsyncStream<AcceptedConnection>.Continuation
+    /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
+    let activity = ActivityTracker()
 
     /// Creates a gateway; it accepts connections once ``run()`` is called.
     /// - Parameters:
@@ -82,7 +82,6 @@ public final class Gateway: Service, Sendable {
         self.authenticator = authenticate
         self.messageStore = messageStore
         self.logger = logger
-        (self.handedOver, self.handOver) = AsyncStream.makeStream(of: AcceptedConnection.self)
     }
 
     /// Registers the handler of `method`, replacing any earlier one. Safe to call at any time.
@@ -137,15 +136,15 @@ public final class Gateway: Service, Sendable {
     /// flight finish (up to ``GatewayConfiguration/Timeouts-swift.struct/shutdownGracePeriod``),
     /// closes the connections; then ``run()`` returns. Calling it again has no effect.
     public func shutdown() {
-        let server: (any Channel)?? = self.lifecycle.withLockedValue { lifecycle in
-            guard !lifecycle.shuttingDown else { return .none }
+        let stop: (server: (any Channel)?, releases: Bool)? = self.lifecycle.withLockedValue { lifecycle in
+            guard !lifecycle.shuttingDown else { return nil }
             lifecycle.shuttingDown = true
-            return .some(lifecycle.serverChannel)
+            defer { lifecycle.accepting = false }
+            return (lifecycle.serverChannel, lifecycle.accepting)
         }
-        guard let server else { return }
+        guard let stop else { return }
         self.logger.info("shutting down", metadata: ["connections": "\(self.registry.established.count)"])
-        server?.close(promise: nil)
-        self.handOver.finish()
+        stop.server?.close(promise: nil)
         let goAway = Frame.GoAway(
             reason: .shutdown,
             retryAfter: self.configuration.goAway.retryAfter,
@@ -155,7 +154,21 @@ public final class Gateway: Service, Sendable {
         for channel in self.registry.beginDraining(with: goAway) {
             channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
         }
+        if stop.releases { self.activity.leave() }
         self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
+    }
+
+    /// Stops at once: no more accepting, every connection closed without GOAWAY (which settles
+    /// its requests and so cancels their handlers).
+    private func stopNow() {
+        let stop: (server: (any Channel)?, releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
+            lifecycle.shuttingDown = true
+            defer { lifecycle.accepting = false }
+            return (lifecycle.serverChannel, lifecycle.accepting)
+        }
+        stop.server?.close(promise: nil)
+        for channel in self.registry.channels { channel.close(promise: nil) }
+        if stop.releases { self.activity.leave() }
     }
 
     /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket
@@ -166,89 +179,86 @@ public final class Gateway: Service, Sendable {
     ///   read before the gateway's handlers are in place; the gateway turns reading on.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notRunning`` if the gateway shut down.
     public func accept(_ channel: any Channel) async throws(GatewayError) {
-        let accepted: AcceptedConnection
+        if self.lifecycle.withLockedValue({ $0.shuttingDown }) {
+            channel.close(promise: nil)
+            throw GatewayError(code: .notRunning, message: "the gateway is shut down")
+        }
         do {
-            accepted = try await channel.eventLoop.submit { try self.configure(channel) }.get()
+            try await channel.eventLoop.submit { try self.configure(channel) }.get()
             try await channel.setOption(ChannelOptions.autoRead, value: true).get()
         } catch {
             channel.close(promise: nil)
             throw GatewayError(code: .notRunning, message: "could not set up the connection: \(error)")
-        }
-        if case .terminated = self.handOver.yield(accepted) {
-            channel.close(promise: nil)
-            throw GatewayError(code: .notRunning, message: "the gateway is shut down")
         }
     }
 
     // MARK: Serving
 
     private func serve() async throws {
-        let alreadyRunning = self.lifecycle.withLockedValue { lifecycle in
+        let start: (alreadyRunning: Bool, shuttingDown: Bool) = self.lifecycle.withLockedValue { lifecycle in
             defer { lifecycle.started = true }
-            return lifecycle.started
+            if !lifecycle.started && !lifecycle.shuttingDown {
+                lifecycle.accepting = true
+                self.activity.enter()  // left by shutdown() or stopNow()
+            }
+            return (lifecycle.started, lifecycle.shuttingDown)
         }
-        if alreadyRunning {
+        if start.alreadyRunning {
             throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
         }
         defer { self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
 
-        try await withThrowingDiscardingTaskGroup { group in
-            if let listen = self.configuration.listen, !self.lifecycle.withLockedValue({ $0.shuttingDown }) {
-                let server = try await self.bind(listen)
-                group.addTask {
-                    try await server.executeThenClose { inbound in
-                        try await withThrowingDiscardingTaskGroup { connections in
-                            for try await connection in inbound {
-                                connections.addTask(executorPreference: self.executor(for: connection)) {
-                                    await self.serve(connection)
-                                }
-                            }
-                        }
-                    }
+        // Connections are served by their channel handlers, and tasks exist only while there is
+        // work; `activity` counts both. Cancelling this task stops everything at once.
+        try await withTaskCancellationHandler {
+            var server: (any Channel)?
+            if let listen = self.configuration.listen, !start.shuttingDown {
+                do {
+                    server = try await self.bind(listen)
+                } catch {
+                    self.stopNow()
+                    throw error
                 }
             }
-            group.addTask {
-                await withDiscardingTaskGroup { connections in
-                    for await connection in self.handedOver {
-                        connections.addTask(executorPreference: self.executor(for: connection)) {
-                            await self.serve(connection)
-                        }
-                    }
-                }
-            }
+            await self.activity.finished()
+            try? await server?.closeFuture.get()
+        } onCancel: {
+            self.stopNow()
         }
         self.logger.info("stopped")
     }
 
-    /// Where a connection's task runs: its event loop, or the global executor (`nil`).
-    private func executor(for connection: AcceptedConnection) -> (any TaskExecutor)? {
-        self.executors?.executor(for: connection.channel.channel.eventLoop)
+    /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
+    private func executor(for channel: any Channel) -> (any TaskExecutor)? {
+        self.executors?.executor(for: channel.eventLoop)
     }
 
-    private func bind(_ listen: GatewayConfiguration.Listen) async throws -> NIOAsyncChannel<AcceptedConnection, Never> {
-        let server: NIOAsyncChannel<AcceptedConnection, Never>
+    private func bind(_ listen: GatewayConfiguration.Listen) async throws -> any Channel {
+        let server: any Channel
         do {
             server = try await ServerBootstrap(group: self.eventLoopGroup)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelOption(.backlog, value: 1024)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
-                .bind(host: listen.host, port: listen.port) { channel in
+                .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                        return try self.configure(channel)
+                        try self.configure(channel)
                     }
                 }
+                .bind(host: listen.host, port: listen.port)
+                .get()
         } catch {
             let failure = GatewayError(code: .bindFailed, message: "cannot listen on \(listen.host):\(listen.port): \(error)")
             self.resolveAddress(.failure(failure))
             throw failure
         }
-        let address = server.channel.localAddress
+        let address = server.localAddress
         let shutDown = self.lifecycle.withLockedValue { lifecycle in
-            lifecycle.serverChannel = server.channel
+            lifecycle.serverChannel = server
             return lifecycle.shuttingDown
         }
-        if shutDown { server.channel.close(promise: nil) }
+        if shutDown { server.close(promise: nil) }
         if let address {
             self.logger.info("listening", metadata: ["address": "\(address)"])
             self.resolveAddress(.success(address))
@@ -256,9 +266,9 @@ public final class Gateway: Service, Sendable {
         return server
     }
 
-    /// Adds the protocol handler and the async wrapper to a channel that reads and writes frames.
+    /// Adds the protocol handler and the dispatcher to a channel that reads and writes frames.
     /// Runs on the channel's event loop.
-    private func configure(_ channel: any Channel) throws -> AcceptedConnection {
+    private func configure(_ channel: any Channel) throws {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
         var logger = self.logger
         logger[metadataKey: "tether.connection"] = "\(id)"
@@ -276,15 +286,15 @@ public final class Gateway: Service, Sendable {
             requests: requests,
             logger: logger
         )
-        try channel.pipeline.syncOperations.addHandler(handler)
-        let asyncChannel = try NIOAsyncChannel<Frame, Frame>(wrappingChannelSynchronously: channel)
-        return AcceptedConnection(
+        let dispatcher = ConnectionDispatcher(
+            gateway: self,
             id: id,
-            channel: asyncChannel,
-            handler: NIOLoopBound(handler, eventLoop: channel.eventLoop),
+            protocolHandler: handler,
             requests: requests,
+            executor: self.executor(for: channel),
             logger: logger
         )
+        try channel.pipeline.syncOperations.addHandlers(handler, dispatcher)
     }
 
     private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {
@@ -300,20 +310,11 @@ public final class Gateway: Service, Sendable {
 extension Gateway {
     struct Lifecycle {
         var started = false
+        /// `run()` is accepting connections; it holds one count of `activity` meanwhile.
+        var accepting = false
         var shuttingDown = false
         var serverChannel: (any Channel)?
         var address: Result<SocketAddress, GatewayError>?
         var addressWaiters: [CheckedContinuation<Result<SocketAddress, GatewayError>, Never>] = []
-    }
-
-    /// A connection with the gateway's handlers installed, waiting to be served.
-    struct AcceptedConnection: Sendable {
-        var id: UInt64
-        var channel: NIOAsyncChannel<Frame, Frame>
-        /// The connection's protocol handler.
-        var handler: NIOLoopBound<GatewayConnectionHandler>
-        /// The connection's forwarded requests, shared with its protocol handler.
-        var requests: RequestRegistry
-        var logger: Logger
     }
 }

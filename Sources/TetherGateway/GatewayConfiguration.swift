@@ -61,7 +61,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
         self.execution = execution
     }
 
-    /// Where a connection's task, and the request handlers it starts, run.
+    /// Where a connection's tasks run: its handshake, its request handlers, its reliable delivery.
     public enum Execution: Sendable, Hashable {
         /// On the connection's event loop (the default). A request goes from the socket to its
         /// handler and back without a thread hop, and the responses of a batch of requests

@@ -1,6 +1,6 @@
 import NIOConcurrencyHelpers
 
-/// Counts free slots for concurrent handlers; `acquire` suspends while none is free.
+/// Counts free slots; `acquire` suspends while none is free.
 final class AsyncSemaphore: Sendable {
     private struct State {
         var permits: Int

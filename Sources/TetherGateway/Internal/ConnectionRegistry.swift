@@ -144,6 +144,11 @@ final class ConnectionRegistry: Sendable {
         self.state.withLockedValue { state in state.connections.values.filter(\.established).map(\.info) }
     }
 
+    /// Every connection's channel, established or not.
+    var channels: [any Channel] {
+        self.state.withLockedValue { state in state.connections.values.map(\.channel) }
+    }
+
     /// Marks the registry as draining and returns every channel, established or not.
     func beginDraining(with goAway: Frame.GoAway) -> [any Channel] {
         self.state.withLockedValue { state in

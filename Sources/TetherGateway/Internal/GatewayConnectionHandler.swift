@@ -13,8 +13,8 @@ enum GatewayConnectionEvent: Sendable {
 ///
 /// It enforces the rules of ``GatewaySessionStateMachine`` on the event loop: handshake timeout,
 /// frames allowed per state, checksums, PING → PONG, idle reaping, request deadlines, refusing
-/// requests while draining, and ERROR-then-close on violations. Only HELLO, REQUEST and CANCEL
-/// travel on to the application layer (the `NIOAsyncChannel` above it).
+/// requests while draining, and ERROR-then-close on violations. Only HELLO, REQUEST, MESSAGE and
+/// DELIVERY_ACK travel on, to the ``ConnectionDispatcher`` above it.
 ///
 /// Deadlines and cancellation are enforced here, on the event loop, so that a busy application
 /// layer cannot delay them: when a request's deadline passes, this handler answers `deadline

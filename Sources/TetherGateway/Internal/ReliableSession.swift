@@ -33,7 +33,7 @@ final class ReliableSession: Sendable {
     private let gateway: Gateway
     private let store: any MessageStore
     private let connection: ConnectionInfo
-    private let outbound: NIOAsyncChannelOutboundWriter<Frame>
+    private let outbound: ConnectionWriter
     private let logger: Logger
     private let state = NIOLockedValueBox(State())
     private let messagesArrived: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
@@ -43,7 +43,7 @@ final class ReliableSession: Sendable {
         gateway: Gateway,
         store: any MessageStore,
         connection: ConnectionInfo,
-        outbound: NIOAsyncChannelOutboundWriter<Frame>,
+        outbound: ConnectionWriter,
         logger: Logger
     ) {
         self.gateway = gateway
@@ -56,7 +56,7 @@ final class ReliableSession: Sendable {
         self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
-    // MARK: Called by the connection's inbound loop
+    // MARK: Called by the connection's dispatcher, on its event loop
 
     /// A MESSAGE arrived.
     func receive(_ message: Frame.Message) {
@@ -93,7 +93,7 @@ final class ReliableSession: Sendable {
     // MARK: Processing the client's messages
 
     /// Processes the messages as they arrive, until ``finish()``. Must not be cancelled while
-    /// a batch is under way (see the connection's serveFrames).
+    /// a batch is under way (see `ConnectionDispatcher`).
     func runProcessor() async {
         for await _ in self.messagesArrived.stream {
             while true {
