@@ -240,6 +240,10 @@ public final class Gateway: Service, Sendable {
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelOption(.backlog, value: 1024)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+                // NIO keeps each connection's receive buffer at the largest size it ever had, and
+                // starts at 2 KiB: a quarter of an idle connection's memory. Start small; a busy
+                // connection's buffer doubles on each full read, up to 64 KiB.
+                .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)

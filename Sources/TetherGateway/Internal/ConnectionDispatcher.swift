@@ -50,7 +50,9 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     private var reliable: ReliableSession?
     private var pump: Task<Void, Never>?
     private var running = 0
-    private var waiting = CircularBuffer<Frame.Request>()
+    /// Requests read while every slot was taken. Made on first use: an empty `CircularBuffer`
+    /// already reserves room for 16 requests, more than an idle connection needs in all.
+    private var waiting: CircularBuffer<Frame.Request>?
     /// A `read` from the channel was held back; it is passed on once reading may resume.
     private var readHeld = false
     private var writable = true
@@ -116,7 +118,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         self.pump?.cancel()
         self.reliable = nil
         self.pump = nil
-        self.waiting.removeAll()
+        self.waiting = nil
         self.gateway.activity.leave()
     }
 
@@ -131,7 +133,8 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
             if self.running < self.maxRunning {
                 self.start(request, context: context)
             } else {
-                self.waiting.append(request)
+                if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
+                self.waiting!.append(request)
             }
         case .message(let message):
             self.reliable?.receive(message)
@@ -158,7 +161,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         }
     }
 
-    private var mustHoldReads: Bool { !self.waiting.isEmpty || !self.writable }
+    private var mustHoldReads: Bool { self.waiting?.isEmpty == false || !self.writable }
 
     private func resumeReadingIfPossible(context: ChannelHandlerContext) {
         guard self.readHeld, !self.mustHoldReads else { return }
@@ -242,9 +245,10 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     private func requestFinished() {
         self.running -= 1
         guard let context = self.context else { return }
-        while self.running < self.maxRunning, let next = self.waiting.popFirst() {
+        while self.running < self.maxRunning, let next = self.waiting?.popFirst() {
             self.start(next, context: context)
         }
+        if self.waiting?.isEmpty == true { self.waiting = nil }
         self.resumeReadingIfPossible(context: context)
     }
 }
