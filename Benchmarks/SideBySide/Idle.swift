@@ -95,7 +95,7 @@ struct Hold: AsyncParsableCommand {
 
     func run() async throws {
         var logger = Logger(label: "tether-bench.hold")
-        logger.logLevel = .critical
+        logger.logLevel = ProcessInfo.processInfo.environment["HOLD_LOG"] != nil ? .info : .critical
         let endpoint = Endpoint(host: "127.0.0.1", port: self.port)
         var clients: [TetherClient] = []
         try await withThrowingDiscardingTaskGroup { group in
