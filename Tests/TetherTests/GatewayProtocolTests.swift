@@ -353,7 +353,8 @@ extension IntegrationTests {
                 // The reference client never exceeds the limit WELCOME announces; this one does.
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake()?.maxConcurrentRequests == 2)
-                // 1 and 2 take the slots; 3 waits (the gateway stops reading); 4 is cancelled by the client.
+                // 1 and 2 take the slots; 3 and 4 wait (few enough that the gateway reads on); 4 is
+                // cancelled by the client.
                 for id in UInt64(1)...4 {
                     try await connection.send(.request(.init(id: id, method: "block", timeout: .milliseconds(300))))
                 }
@@ -371,6 +372,39 @@ extension IntegrationTests {
                 }
                 #expect(response.id == 5 && response.body.string == "served")
                 try await eventually("no handler is left running") { block.cancelled }
+                connection.close()
+            }
+        }
+
+        @Test("a client far over the concurrency limit: once 16 requests wait, the gateway stops reading until a slot frees")
+        func readsStopWhenManyWait() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 1 }
+                let block = WaitingHandler(waitsFor: .seconds(60))
+                gateway.handle("block", block.handler)
+                let connection = try await RawConnection.connect(to: endpoint)
+                #expect(try await connection.handshake()?.maxConcurrentRequests == 1)
+                // 1 takes the slot until its deadline; 2...17 wait, and then the gateway stops reading.
+                try await connection.send(.request(.init(id: 1, method: "block", timeout: .seconds(1))))
+                for id in UInt64(2)...17 {
+                    try await connection.send(.request(.init(id: id, method: "block", timeout: .seconds(30))))
+                }
+                try await eventually("the first handler runs") { block.started }
+                try await Task.sleep(for: .milliseconds(100))  // the waiting requests are read by now
+                let pinged = ContinuousClock.now
+                try await connection.send(.ping(.init(id: 7)))
+                // The PING is read only once 1's deadline frees its slot and 2 starts.
+                guard case .response(let first)? = await connection.next()?.payload else {
+                    Issue.record("expected the deadline of request 1")
+                    return
+                }
+                #expect(first.id == 1 && first.status == .deadlineExceeded)
+                guard case .pong(let pong)? = await connection.next()?.payload else {
+                    Issue.record("expected the PONG")
+                    return
+                }
+                #expect(pong.id == 7)
+                #expect(ContinuousClock.now - pinged >= .milliseconds(500), "the PING waited in the socket")
                 connection.close()
             }
         }

@@ -10,8 +10,9 @@ import TetherCore
 /// - HELLO: a task runs the handshake (authenticator, message store); on success the
 ///   connection is established here, then WELCOME is sent.
 /// - REQUEST: a task runs its handler, at most `maxConcurrentRequests` at once. Beyond that,
-///   requests wait here and the channel stops reading from the socket (TCP backpressure, not
-///   refusals); deadlines and CANCELs still reach them through the ``RequestRegistry``.
+///   requests wait here; once ``maxWaiting`` wait, the channel stops reading from the socket
+///   (TCP backpressure, not refusals). Until then CANCELs and PINGs are still read, and
+///   deadlines and CANCELs reach waiting requests through the ``RequestRegistry``.
 /// - MESSAGE and DELIVERY_ACK: to the connection's ``ReliableSession``, whose two loops are
 ///   the only tasks that live as long as a connection, and only with reliable delivery.
 ///
@@ -33,6 +34,11 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         /// With reliable delivery: the last delivery the client already has.
         var resume: UInt64?
     }
+
+    /// Requests that may wait for a handler slot before the channel stops reading. The client
+    /// was told the limit in WELCOME, so only a client that ignores it gets here; reading on a
+    /// little longer lets its CANCELs and PINGs through.
+    static let maxWaiting = 16
 
     private let gateway: Gateway
     private let id: UInt64
@@ -161,7 +167,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         }
     }
 
-    private var mustHoldReads: Bool { self.waiting?.isEmpty == false || !self.writable }
+    private var mustHoldReads: Bool { (self.waiting?.count ?? 0) >= Self.maxWaiting || !self.writable }
 
     private func resumeReadingIfPossible(context: ChannelHandlerContext) {
         guard self.readHeld, !self.mustHoldReads else { return }

@@ -177,7 +177,9 @@ final class ReliableSession: Sendable {
             }
         }
         if !acks.isEmpty {
-            try? await self.outbound.write(Frame(.messageAck(.init(entries: acks))))
+            // Not awaited: the next batch need not wait for this one's MESSAGE_ACK to reach the
+            // socket. What is acknowledged is committed; a lost ACK makes the client send again.
+            self.outbound.send(Frame(.messageAck(.init(entries: acks))))
         }
     }
 
