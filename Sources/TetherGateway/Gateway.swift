@@ -136,15 +136,8 @@ public final class Gateway: Service, Sendable {
     /// flight finish (up to ``GatewayConfiguration/Timeouts-swift.struct/shutdownGracePeriod``),
     /// closes the connections; then ``run()`` returns. Calling it again has no effect.
     public func shutdown() {
-        let stop: (server: (any Channel)?, releases: Bool)? = self.lifecycle.withLockedValue { lifecycle in
-            guard !lifecycle.shuttingDown else { return nil }
-            lifecycle.shuttingDown = true
-            defer { lifecycle.accepting = false }
-            return (lifecycle.serverChannel, lifecycle.accepting)
-        }
-        guard let stop else { return }
+        guard self.stopAccepting() else { return }
         self.logger.info("shutting down", metadata: ["connections": "\(self.registry.established.count)"])
-        stop.server?.close(promise: nil)
         let goAway = Frame.GoAway(
             reason: .shutdown,
             retryAfter: self.configuration.goAway.retryAfter,
@@ -154,21 +147,31 @@ public final class Gateway: Service, Sendable {
         for channel in self.registry.beginDraining(with: goAway) {
             channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
         }
-        if stop.releases { self.activity.leave() }
         self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
     }
 
     /// Stops at once: no more accepting, every connection closed without GOAWAY (which settles
     /// its requests and so cancels their handlers).
     private func stopNow() {
-        let stop: (server: (any Channel)?, releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
-            lifecycle.shuttingDown = true
-            defer { lifecycle.accepting = false }
-            return (lifecycle.serverChannel, lifecycle.accepting)
+        self.stopAccepting()
+        for channel in self.registry.channels { channel.close(promise: nil) }
+    }
+
+    /// Marks the gateway as shutting down, closes its listener, and gives back the count `run()`
+    /// holds on `activity` while it accepts.
+    /// - Returns: Whether this call began the shutdown (`false` if it had already begun).
+    @discardableResult
+    private func stopAccepting() -> Bool {
+        let stop: (began: Bool, server: (any Channel)?, releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
+            defer {
+                lifecycle.shuttingDown = true
+                lifecycle.accepting = false
+            }
+            return (!lifecycle.shuttingDown, lifecycle.serverChannel, lifecycle.accepting)
         }
         stop.server?.close(promise: nil)
-        for channel in self.registry.channels { channel.close(promise: nil) }
         if stop.releases { self.activity.leave() }
+        return stop.began
     }
 
     /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket

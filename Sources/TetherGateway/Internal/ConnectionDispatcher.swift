@@ -61,7 +61,6 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     private var waiting: CircularBuffer<Frame.Request>?
     /// A `read` from the channel was held back; it is passed on once reading may resume.
     private var readHeld = false
-    private var writable = true
 
     init(
         gateway: Gateway,
@@ -152,7 +151,6 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        self.writable = context.channel.isWritable
         self.resumeReadingIfPossible(context: context)
         context.fireChannelWritabilityChanged()
     }
@@ -160,17 +158,19 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     // MARK: Outbound
 
     func read(context: ChannelHandlerContext) {
-        if self.mustHoldReads {
+        if self.mustHoldReads(context: context) {
             self.readHeld = true
         } else {
             context.read()
         }
     }
 
-    private var mustHoldReads: Bool { (self.waiting?.count ?? 0) >= Self.maxWaiting || !self.writable }
+    private func mustHoldReads(context: ChannelHandlerContext) -> Bool {
+        (self.waiting?.count ?? 0) >= Self.maxWaiting || !context.channel.isWritable
+    }
 
     private func resumeReadingIfPossible(context: ChannelHandlerContext) {
-        guard self.readHeld, !self.mustHoldReads else { return }
+        guard self.readHeld, !self.mustHoldReads(context: context) else { return }
         self.readHeld = false
         context.read()
     }

@@ -169,11 +169,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .error(let report):
             self.sendErrorAndClose(ProtocolError(code: report.code, message: report.message), context: context, promise: promise)
         case .push(let push):
-            guard let negotiated = self.negotiated else {
-                self.heldUntilWelcome.append((frame.payload, promise))
-                return
-            }
-            guard self.admitPush(push, limit: negotiated.peerMaxBodySize, context: context, promise: promise) else { return }
+            guard self.admitPush(push, context: context, promise: promise) else { return }
             self.write(frame.payload, context: context, promise: promise)
         default:
             self.write(frame.payload, context: context, promise: promise)
@@ -192,11 +188,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     ///   the push was not written, or a flush is already scheduled.
     func deliver(_ push: EncodedPush) -> Bool {
         guard let context = self.context, !self.closing else { return false }
-        guard let negotiated = self.negotiated else {
-            self.heldUntilWelcome.append((.push(push.push), nil))
-            return false
-        }
-        guard self.admitPush(push.push, limit: negotiated.peerMaxBodySize, context: context, promise: nil) else { return false }
+        guard self.admitPush(push.push, context: context, promise: nil) else { return false }
         if let encoder = self.encoder {
             encoder.writeEncoded(self.session.outboundFlags.contains(.checksum) ? push.checksummed : push.plain, promise: nil)
         } else {
@@ -214,14 +206,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.flush()
     }
 
-    /// Whether a push may go out: within the client's body size limit (`limit`), and to a
-    /// client that reads (a slow consumer's connection is closed).
-    private func admitPush(
-        _ push: Frame.Push,
-        limit: Int,
-        context: ChannelHandlerContext,
-        promise: EventLoopPromise<Void>?
-    ) -> Bool {
+    /// Whether a push may go out now: after the WELCOME (before it, the push is held and sent
+    /// right after it), within the client's body size limit, and to a client that reads (a slow
+    /// consumer's connection is closed).
+    private func admitPush(_ push: Frame.Push, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) -> Bool {
+        guard let limit = self.negotiated?.peerMaxBodySize else {
+            self.heldUntilWelcome.append((.push(push), promise))
+            return false
+        }
         let size = push.bodySize
         guard size <= limit else {
             self.logger.warning(
