@@ -31,17 +31,18 @@ extension Gateway {
         } catch {
             throw GatewayError(code: .invalidArgument, message: "the push cannot be encoded: \(error.message)")
         }
-        // One hop per event loop, not one per recipient, and one flush per recipient at the end
-        // of the loop's batch, so that a burst of pushes leaves in few writes.
+        // One hop per event loop, not one per recipient. Each loop's batcher joins the pushes
+        // made during its current batch of work and writes them to each member at once.
         var count = 0
-        for (index, group) in recipients.enumerated() {
-            count += group.handlers.count
+        for (index, recipients) in recipients.enumerated() {
+            count += recipients.handlers.count
             let push = index == 0 ? push : push.copy(allocator: Self.pushAllocator)
-            let loop = group.loop
+            let loop = recipients.loop
+            let batcher = self.pushBatchers[ObjectIdentifier(loop)]
             if loop.inEventLoop {
-                Self.deliver(push, to: group.handlers, on: loop)
+                Self.deliver(push, to: recipients, batcher: batcher)
             } else {
-                loop.execute { Self.deliver(push, to: group.handlers, on: loop) }
+                loop.execute { Self.deliver(push, to: recipients, batcher: batcher) }
             }
         }
         return count
@@ -49,17 +50,13 @@ extension Gateway {
 
     private static let pushAllocator = ByteBufferAllocator()
 
-    /// Writes `push` to connections of `loop`, then schedules one task that flushes them all.
-    private static func deliver(_ push: EncodedPush, to handlers: [NIOLoopBound<GatewayConnectionHandler>], on loop: any EventLoop) {
-        var written: [GatewayConnectionHandler] = []
-        written.reserveCapacity(handlers.count)
-        for handler in handlers {
-            let handler = handler.value
-            if handler.deliver(push) { written.append(handler) }
-        }
-        guard !written.isEmpty else { return }
-        loop.assumeIsolated().execute {
-            for handler in written { handler.flushIfPending() }
+    /// Queues `push` in the batcher of the recipients' loop, or writes it at once for
+    /// connections on a loop outside the gateway's group (see ``accept(_:)``).
+    private static func deliver(_ push: EncodedPush, to recipients: ConnectionRegistry.LoopRecipients, batcher: PushBatcher?) {
+        if let batcher {
+            batcher.add(push, to: recipients)
+        } else {
+            PushBatcher.writeNow(push, to: recipients)
         }
     }
 

@@ -38,6 +38,8 @@ public final class Gateway: Service, Sendable {
     let eventLoopGroup: any EventLoopGroup
     /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
     let executors: EventLoopTaskExecutors?
+    /// The ``PushBatcher`` of each loop of ``eventLoopGroup``.
+    let pushBatchers: [ObjectIdentifier: PushBatcher]
     let logger: Logger
     let authenticator: Authenticator?
     let routes = NIOLockedValueBox<[String: Handler]>([:])
@@ -79,6 +81,11 @@ public final class Gateway: Service, Sendable {
         case .eventLoop: self.executors = EventLoopTaskExecutor.perLoop(of: self.eventLoopGroup)
         case .globalExecutor: self.executors = nil
         }
+        var pushBatchers: [ObjectIdentifier: PushBatcher] = [:]
+        for loop in self.eventLoopGroup.makeIterator() {
+            pushBatchers[ObjectIdentifier(loop)] = PushBatcher(loop: loop)
+        }
+        self.pushBatchers = pushBatchers
         self.authenticator = authenticate
         self.messageStore = messageStore
         self.logger = logger
@@ -291,6 +298,7 @@ public final class Gateway: Service, Sendable {
                 maxBufferedOutboundBytes: self.configuration.limits.maxBufferedOutboundBytes
             ),
             requests: requests,
+            pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
             logger: logger
         )
         let dispatcher = ConnectionDispatcher(

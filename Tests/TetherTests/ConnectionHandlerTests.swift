@@ -423,9 +423,12 @@ final class GatewayHandlerFixture {
     let channel: EmbeddedChannel
     let requests = RequestRegistry()
     let handler: GatewayConnectionHandler
+    /// The loop's push batcher, which the handler drains before its own writes.
+    let pushes: PushBatcher
 
     init(handshake: TimeAmount = .seconds(10), handler: TimeAmount = .seconds(30), idle: TimeAmount = .seconds(30)) throws {
         self.channel = EmbeddedChannel(loop: self.loop)
+        self.pushes = PushBatcher(loop: self.loop)
         self.handler = GatewayConnectionHandler(
             configuration: .init(
                 handshakeTimeout: handshake,
@@ -436,6 +439,7 @@ final class GatewayHandlerFixture {
                 maxBufferedOutboundBytes: 4 << 20
             ),
             requests: self.requests,
+            pushes: self.pushes,
             logger: testLogger("gateway-handler")
         )
         // As in production, the encoder sits below the protocol handler: the channel holds bytes.
@@ -486,6 +490,21 @@ final class GatewayHandlerFixture {
         let frame = try decoder.decodeFrame(from: &bytes)
         #expect(bytes.readableBytes == 0, "one frame per write")
         return frame
+    }
+
+    /// The frames of the next write, decoded from the bytes the encoder produced.
+    func readOutboundWrite() throws -> [Frame]? {
+        guard var bytes = try self.channel.readOutbound(as: ByteBuffer.self) else { return nil }
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        var frames: [Frame] = []
+        while let frame = try decoder.decodeFrame(from: &bytes) { frames.append(frame) }
+        #expect(bytes.readableBytes == 0, "whole frames only")
+        return frames
+    }
+
+    /// This connection as the only recipient of a push, as the registry groups it.
+    func recipients() -> ConnectionRegistry.LoopRecipients {
+        ConnectionRegistry.LoopRecipients(loop: self.loop, handlers: [NIOLoopBound(self.handler, eventLoop: self.loop)])
     }
 }
 
@@ -691,7 +710,7 @@ struct GatewayConnectionHandlerTests {
         for _ in 0..<2 {
             let frame = try checksummed.readOutbound()
             #expect(frame?.flags == .checksum)
-            #expect(frame?.payload == .push(push.push))
+            #expect(frame?.payload == .push(push.pushes[0]))
         }
         #expect(try checksummed.readOutbound() == nil)
         _ = try? checksummed.channel.finish()
@@ -709,15 +728,73 @@ struct GatewayConnectionHandlerTests {
         plain.send(Frame(.welcome(plainWelcome)))
         #expect(try plain.readOutbound()?.type == .welcome)
         let held = try plain.readOutbound()
-        #expect(held?.flags == [] && held?.payload == .push(push.push))
+        #expect(held?.flags == [] && held?.payload == .push(push.pushes[0]))
         let big = try EncodedPush(.init(topic: "room", body: ByteBuffer(repeating: 1, count: 100)), allocator: ByteBufferAllocator())
         #expect(!plain.handler.deliver(big), "over the client's limit: dropped")
         #expect(plain.handler.deliver(push))
         plain.handler.flushIfPending()
         let sent = try plain.readOutbound()
-        #expect(sent?.flags == [] && sent?.payload == .push(push.push))
+        #expect(sent?.flags == [] && sent?.payload == .push(push.pushes[0]))
         #expect(try plain.readOutbound() == nil)
         _ = try? plain.channel.finish()
+    }
+
+    @Test("a burst of pushes to the same recipients leaves in one write, in order, before the connection's next response")
+    func pushBurstJoined() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        let recipients = fixture.recipients()
+        let pushes = (1...3).map { Frame.Push(topic: "room", body: ByteBuffer(string: "message \($0)")) }
+        for push in pushes[0..<2] {
+            fixture.pushes.add(try EncodedPush(push, allocator: ByteBufferAllocator()), to: recipients)
+        }
+        #expect(try fixture.readOutbound() == nil, "held until the end of the loop's batch")
+        fixture.loop.run()
+        let burst = try fixture.readOutboundWrite()
+        #expect(burst?.map(\.payload) == pushes[0..<2].map { .push($0) })
+        #expect(burst?.allSatisfy { $0.flags == .checksum } == true)
+        #expect(try fixture.readOutbound() == nil)
+
+        // A push made before a response, on the same loop, arrives before it.
+        try fixture.channel.writeInbound(Frame(.request(.init(id: 9, method: "send")), flags: .checksum))
+        _ = try fixture.channel.readInbound(as: Frame.self)
+        fixture.pushes.add(try EncodedPush(pushes[2], allocator: ByteBufferAllocator()), to: recipients)
+        fixture.send(Frame(.response(.init(id: 9, status: .ok))))
+        #expect(try fixture.readOutbound()?.payload == .push(pushes[2]))
+        #expect(try fixture.readOutbound()?.payload == .response(.init(id: 9, status: .ok)))
+        #expect(try fixture.readOutbound() == nil)
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("pushes to other recipients are not joined; a client with a small limit gets, in order, the pushes it accepts")
+    func pushBurstSplit() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.channel.writeInbound(
+            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 64, clientID: "small")), flags: .checksum)
+        )
+        _ = try fixture.channel.readInbound(as: Frame.self)
+        var plainWelcome = welcome
+        plainWelcome.features = []
+        fixture.send(Frame(.welcome(plainWelcome)))
+        #expect(try fixture.readOutbound()?.type == .welcome)
+
+        let small = Frame.Push(topic: "a", body: ByteBuffer(string: "small"))
+        let big = Frame.Push(topic: "a", body: ByteBuffer(repeating: 1, count: 100))
+        let other = Frame.Push(topic: "b", body: ByteBuffer(string: "other"))
+        let room = fixture.recipients()
+        for push in [small, big, small] {
+            fixture.pushes.add(try EncodedPush(push, allocator: ByteBufferAllocator()), to: room)
+        }
+        // The same connection, reached through another target: a run of its own.
+        fixture.pushes.add(try EncodedPush(other, allocator: ByteBufferAllocator()), to: fixture.recipients())
+        fixture.loop.run()
+        // Over the limit somewhere in the run: each push on its own, the big one dropped.
+        #expect(try fixture.readOutbound()?.payload == .push(small))
+        #expect(try fixture.readOutbound()?.payload == .push(small))
+        let last = try fixture.readOutbound()
+        #expect(last?.payload == .push(other) && last?.flags == [])
+        #expect(try fixture.readOutbound() == nil)
+        _ = try? fixture.channel.finish()
     }
 }
 

@@ -14,9 +14,17 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// The recipients of a push that share an event loop.
-    struct LoopRecipients: Sendable {
-        var loop: any EventLoop
-        var handlers: [NIOLoopBound<GatewayConnectionHandler>]
+    ///
+    /// A class: a room's recipients are cached until its membership changes, so two pushes
+    /// with the identical object went to the same connections (see ``PushBatcher``).
+    final class LoopRecipients: Sendable {
+        let loop: any EventLoop
+        let handlers: [NIOLoopBound<GatewayConnectionHandler>]
+
+        init(loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>]) {
+            self.loop = loop
+            self.handlers = handlers
+        }
     }
 
     private struct State {
@@ -131,12 +139,12 @@ final class ConnectionRegistry: Sendable {
 
     /// The established connections among `entries`, grouped by event loop.
     private static func group(_ entries: some Sequence<Entry>) -> [LoopRecipients] {
-        var groups: [ObjectIdentifier: LoopRecipients] = [:]
+        var groups: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
         for entry in entries where entry.established {
             let loop = entry.handler.eventLoop
-            groups[ObjectIdentifier(loop), default: LoopRecipients(loop: loop, handlers: [])].handlers.append(entry.handler)
+            groups[ObjectIdentifier(loop), default: (loop, [])].handlers.append(entry.handler)
         }
-        return Array(groups.values)
+        return groups.values.map { LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
     }
 
     /// Information about established connections.

@@ -68,10 +68,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// The channel's writability, as its events tell it: asking the channel costs a pointer
     /// chase per connection, which a push to a large room pays thousands of times.
     private var writable = true
+    /// The batcher of this connection's event loop: pushes it holds go out before anything
+    /// else this handler writes.
+    private let pushes: PushBatcher?
 
-    init(configuration: Configuration, requests: RequestRegistry, logger: Logger) {
+    init(configuration: Configuration, requests: RequestRegistry, pushes: PushBatcher? = nil, logger: Logger) {
         self.configuration = configuration
         self.requests = requests
+        self.pushes = pushes
         self.logger = logger
     }
 
@@ -154,6 +158,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Outbound
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        self.pushes?.drain()
         let frame = Self.unwrapOutboundIn(data)
         guard !self.closing else {
             promise?.fail(ChannelError.ioOnClosedChannel)
@@ -178,21 +183,28 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     // MARK: Pushes encoded once
 
-    /// Sends a push that was encoded once for many connections, and marks the connection for a
-    /// flush without scheduling one.
+    /// Sends pushes that were encoded once for many connections, and marks the connection for
+    /// a flush without scheduling one.
     ///
     /// Call it on the event loop. It applies the checks of a push written down the pipeline
-    /// (size limit, slow consumer) and holds the push until the WELCOME if the handshake is not
-    /// complete.
+    /// (size limit, slow consumer) and holds the pushes until the WELCOME if the handshake is
+    /// not complete.
     /// - Returns: Whether the caller must call ``flushIfPending()`` at the end of its batch; `false` if
-    ///   the push was not written, or a flush is already scheduled.
+    ///   nothing was written, or a flush is already scheduled.
     func deliver(_ push: EncodedPush) -> Bool {
         guard let context = self.context, !self.closing else { return false }
-        guard self.admitPush(push.push, context: context, promise: nil) else { return false }
-        if let encoder = self.encoder {
+        if let encoder = self.encoder, let limit = self.negotiated?.peerMaxBodySize, push.largestBody <= limit {
+            guard self.keepsUp(context: context, promise: nil) else { return false }
             encoder.writeEncoded(self.session.outboundFlags.contains(.checksum) ? push.checksummed : push.plain, promise: nil)
         } else {
-            self.write(.push(push.push), context: context, promise: nil)
+            // Before the WELCOME, with a push over this client's limit, or without Tether's
+            // encoder below: each push on its own, down the pipeline.
+            var wrote = false
+            for frame in push.pushes where self.admitPush(frame, context: context, promise: nil) {
+                self.write(.push(frame), context: context, promise: nil)
+                wrote = true
+            }
+            guard wrote else { return false }
         }
         guard !self.flushPending else { return false }
         self.flushPending = true
@@ -223,6 +235,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             promise?.fail(PushTooLargeError(size: size, limit: limit))
             return false
         }
+        return self.keepsUp(context: context, promise: promise)
+    }
+
+    /// Whether the client reads what it is sent; if not (its outbound buffer is over the
+    /// limit), closes the connection and fails `promise`.
+    private func keepsUp(context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) -> Bool {
         // Reading the buffered byte count costs more than the push; a channel is writable
         // until its buffer passes the (lower) high-water mark, so look only when it is not.
         if !self.writable,
@@ -259,7 +277,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
-        // What was written before the close goes out first.
+        // What was written (or pushed) before the close goes out first.
+        self.pushes?.drain()
         if self.flushPending {
             self.flushPending = false
             context.flush()
@@ -273,6 +292,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return
         }
         promise?.succeed()
+        self.pushes?.drain()
         self.drain(goAway, context: context)
     }
 
