@@ -1,9 +1,10 @@
 import NIOConcurrencyHelpers
 import NIOCore
 import Testing
-import Tether
 import TetherCore
 import TetherGateway
+
+@testable import Tether
 
 extension IntegrationTests {
     @Suite("Requests over TCP", .timeLimit(.minutes(2)))
@@ -124,6 +125,53 @@ extension IntegrationTests {
                 #expect(ContinuousClock.now - cancelledAt < .seconds(10), "cancellation is local: it does not wait for the 60 s handler")
                 // The gateway's own deadline is 60 s; only the CANCEL frame can stop the handler now.
                 try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { wait.cancelled }
+            }
+        }
+
+        @Test("a request cancelled while it waits for the hop to the event loop ends at once, and is never sent")
+        func cancelledBeforeSent() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let calls = NIOLockedValueBox(0)
+                gateway.handle("count") { _, _ in
+                    calls.withLockedValue { $0 += 1 }
+                    return ByteBuffer()
+                }
+                gateway.handle("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                _ = try await client.request("echo")  // connected
+
+                // Hold the client's event loop: the request's hop cannot run.
+                let loopHeld = ConditionLock(value: 0)
+                client.eventLoop.execute {
+                    loopHeld.lock(whenValue: 1)
+                    loopHeld.unlock()
+                }
+                let outcome = NIOLockedValueBox<(any Error)?>(nil)
+                let task = Task {
+                    do {
+                        _ = try await client.request("count", timeout: .seconds(60))
+                    } catch {
+                        outcome.withLockedValue { $0 = error }
+                    }
+                }
+                try await Task.sleep(for: .milliseconds(100))
+                task.cancel()
+                do {
+                    try await eventually("the request ends while the loop is still held", timeout: .seconds(5)) {
+                        outcome.withLockedValue { $0 } != nil
+                    }
+                } catch {
+                    loopHeld.lock()
+                    loopHeld.unlock(withValue: 1)
+                    throw error
+                }
+                loopHeld.lock()
+                loopHeld.unlock(withValue: 1)
+                #expect((outcome.withLockedValue { $0 } as? TetherError)?.code == .cancelled)
+                // A REQUEST sent before this one would reach the gateway first.
+                #expect(try await client.request("echo", body: ByteBuffer(string: "after")).string == "after")
+                #expect(calls.withLockedValue { $0 } == 0)
             }
         }
 

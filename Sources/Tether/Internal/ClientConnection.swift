@@ -17,8 +17,15 @@ final class ClientConnection: Sendable {
     private let submissions = NIOLockedValueBox(Submissions())
 
     private struct Submissions: Sendable {
-        var requests: [ClientConnectionHandler.RequestSubmission] = []
+        var requests: [Submission] = []
         var hopScheduled = false
+    }
+
+    /// A request submitted from outside the event loop, and the caller waiting for it.
+    private struct Submission: Sendable {
+        var request: Frame.Request
+        var deadline: NIODeadline
+        var continuation: UnsafeContinuation<ByteBuffer, any Error>
     }
 
     init(
@@ -36,34 +43,78 @@ final class ClientConnection: Sendable {
     }
 
     /// Sends `request` and waits for its response until `deadline`; task cancellation cancels it at once.
+    ///
+    /// From outside the event loop, the request and its waiting caller travel in the one hop
+    /// that sends every submitted request: waiting on a future from outside the loop would cost
+    /// a second hop per request, to register the callback.
     func execute(_ request: Frame.Request, deadline: NIODeadline) async throws -> ByteBuffer {
         let eventLoop = self.channel.eventLoop
-        let promise = eventLoop.makePromise(of: ByteBuffer.self)
         let handler = self.handler
-        if eventLoop.inEventLoop {
-            handler.value.sendRequest(request, deadline: deadline, promise: promise)
-        } else {
-            let hop = self.submissions.withLockedValue { submissions in
-                submissions.requests.append((request, deadline, promise))
-                defer { submissions.hopScheduled = true }
-                return !submissions.hopScheduled
-            }
-            if hop { eventLoop.execute { self.sendSubmitted() } }
-        }
         let id = request.id
         return try await withTaskCancellationHandler {
-            try await promise.futureResult.get()
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
+                if eventLoop.inEventLoop {
+                    let promise = eventLoop.makePromise(of: ByteBuffer.self)
+                    promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
+                    handler.value.sendRequest(request, deadline: deadline, promise: promise)
+                    return
+                }
+                enum Outcome {
+                    case hop
+                    case queued
+                    case cancelled
+                }
+                let outcome: Outcome = self.submissions.withLockedValue { submissions in
+                    // Checked under the lock that `cancel` takes: a cancellation either sees the
+                    // request queued, or the request sees the cancellation.
+                    if Task.isCancelled { return .cancelled }
+                    submissions.requests.append(Submission(request: request, deadline: deadline, continuation: continuation))
+                    defer { submissions.hopScheduled = true }
+                    return submissions.hopScheduled ? .queued : .hop
+                }
+                switch outcome {
+                case .hop: eventLoop.execute { self.sendSubmitted() }
+                case .queued: break
+                case .cancelled: continuation.resume(throwing: Self.cancelled(request.method))
+                }
+            }
         } onCancel: {
-            eventLoop.execute { handler.value.cancelRequest(id: id) }
+            self.cancel(id)
         }
+    }
+
+    /// Cancels request `id`: takes it back if it still waits for the hop, or else tells the
+    /// handler, after the hop that sent it.
+    private func cancel(_ id: UInt64) {
+        let waiting: Submission? = self.submissions.withLockedValue { submissions in
+            guard let index = submissions.requests.firstIndex(where: { $0.request.id == id }) else { return nil }
+            return submissions.requests.remove(at: index)
+        }
+        if let waiting {
+            waiting.continuation.resume(throwing: Self.cancelled(waiting.request.method))
+        } else {
+            let handler = self.handler
+            self.channel.eventLoop.execute { handler.value.cancelRequest(id: id) }
+        }
+    }
+
+    private static func cancelled(_ method: String) -> TetherError {
+        TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
     }
 
     /// Sends every request submitted so far. On the event loop.
     private func sendSubmitted() {
-        let requests = self.submissions.withLockedValue { submissions in
+        let submitted = self.submissions.withLockedValue { submissions in
             submissions.hopScheduled = false
             defer { submissions.requests.removeAll(keepingCapacity: true) }
             return submissions.requests
+        }
+        let eventLoop = self.channel.eventLoop
+        let requests = submitted.map { submission in
+            let promise = eventLoop.makePromise(of: ByteBuffer.self)
+            let continuation = submission.continuation
+            promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
+            return (request: submission.request, deadline: submission.deadline, promise: promise)
         }
         self.handler.value.sendRequests(requests)
     }
