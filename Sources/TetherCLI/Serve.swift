@@ -18,6 +18,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The port to listen on.")
     var port = 7700
 
+    @Flag(help: "Let several gateway processes listen on the same port (SO_REUSEPORT); the kernel spreads connections across them.")
+    var reusePort = false
+
     @Option(name: .customLong("heartbeat"), help: "The heartbeat interval announced to clients, in seconds.")
     var heartbeatSeconds: Double = 10
 
@@ -38,7 +41,7 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         try self.logging.bootstrap(default: .info)
         var configuration = GatewayConfiguration.defaults
-        configuration.listen = .init(host: self.host, port: self.port)
+        configuration.listen = .init(host: self.host, port: self.port, reusePort: self.reusePort)
         configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
         configuration.timeouts.idle =
             try self.idleSeconds.map { try duration(seconds: $0, option: "idle-timeout") } ?? configuration.timeouts.heartbeatInterval * 3

@@ -7,6 +7,14 @@ public import ServiceLifecycle
 import TetherCore
 import TetherNIO
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// The Tether gateway: the server apps keep their long-lived connections to.
 ///
 /// It accepts connections, performs the handshake, routes REQUEST frames to the handlers
@@ -238,6 +246,9 @@ public final class Gateway: Service, Sendable {
         self.logger.info("stopped")
     }
 
+    /// `SO_REUSEPORT`, which NIO has no name for.
+    private static var reusePortOption: NIOBSDSocket.Option { NIOBSDSocket.Option(rawValue: SO_REUSEPORT) }
+
     /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
     private func executor(for channel: any Channel) -> (any TaskExecutor)? {
         self.executors?.executor(for: channel.eventLoop)
@@ -248,6 +259,7 @@ public final class Gateway: Service, Sendable {
         do {
             server = try await ServerBootstrap(group: self.eventLoopGroup)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .serverChannelOption(.socketOption(Self.reusePortOption), value: listen.reusePort ? 1 : 0)
                 .serverChannelOption(.backlog, value: 1024)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 // NIO keeps each connection's receive buffer at the largest size it ever had, and

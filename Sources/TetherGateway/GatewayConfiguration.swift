@@ -92,10 +92,16 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var host: String
         /// The port; 0 picks a free one (see ``Gateway/listeningAddress``).
         public var port: Int
+        /// Whether several gateway processes may listen on the same host and port
+        /// (`SO_REUSEPORT`, Linux and BSDs): the kernel spreads new connections across them.
+        /// Each process must set it. Pushes and reliable delivery reach only the connections of
+        /// the process they are made in.
+        public var reusePort: Bool
 
-        public init(host: String = "127.0.0.1", port: Int = 7700) {
+        public init(host: String = "127.0.0.1", port: Int = 7700, reusePort: Bool = false) {
             self.host = host
             self.port = port
+            self.reusePort = reusePort
         }
 
         public static var defaults: Listen { Listen() }
