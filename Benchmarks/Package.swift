@@ -57,6 +57,7 @@ let package = Package(
                 .product(name: "Tether", package: "tether"),
                 .product(name: "TetherCore", package: "tether"),
                 .product(name: "TetherGateway", package: "tether"),
+                .product(name: "TetherNIO", package: "tether"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
                 .product(name: "WSClient", package: "swift-websocket"),

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Tether
+import TetherNIO
 
 /// Gateway scale: idle connections held with heartbeats, and what each costs the gateway.
 struct Idle: AsyncParsableCommand {
@@ -9,8 +10,11 @@ struct Idle: AsyncParsableCommand {
         abstract: "Hold N idle Tether connections (heartbeats on) against one gateway process; report its RSS per connection."
     )
 
-    @Option(parsing: .upToNextOption, help: "Connection counts, one gateway process each.")
+    @Option(parsing: .upToNextOption, help: "Connection counts, one run (and fresh gateway processes) each.")
     var connections: [Int] = [5_000, 10_000, 19_000]
+
+    @Option(help: "Gateway processes sharing one port (SO_REUSEPORT); the counts are totals across them.")
+    var workers = 1
 
     @Option(help: "Connections per load-generator process (each process may hold at most 20,000 descriptors).")
     var perProcess = 5_000
@@ -23,31 +27,53 @@ struct Idle: AsyncParsableCommand {
 
     struct Result: Codable {
         var connections: Int
+        /// Gateway processes sharing the port.
+        var workers: Int?
+        /// Load-generator processes, each connecting from its own 127.0.x.y source address.
         var processes: Int
         /// Connected / seconds from the first attempt to the last handshake.
         var handshakesPerSecond: Double
+        /// Summed over the gateway processes.
         var gatewayRSSBeforeKiB: Int
         var gatewayRSSAfterKiB: Int
+        /// Each gateway process's RSS growth.
+        var workerRSSGrowthKiB: [Int]?
         var kibPerConnection: Double { Double(self.gatewayRSSAfterKiB - self.gatewayRSSBeforeKiB) / Double(self.connections) }
         /// Connections still up at the end, as the generators saw them.
         var stillConnected: Int
     }
 
+    /// The source address of generator `index`: 127.0.0.1 is left to everything else.
+    static func sourceAddress(_ index: Int) -> String { "127.0.\(1 + index / 250).\(1 + index % 250)" }
+
     func run() async throws {
+        guard self.workers >= 1 else { throw BenchError("--workers must be at least 1") }
         let executable = try ChildProcess.thisExecutable()
         var results: [Result] = []
         for count in self.connections {
-            let (server, port) = try ChildProcess.server(.tether, executable: executable)
-            defer { server.terminate() }
+            var servers: [ChildProcess] = []
+            defer { for server in servers { server.terminate() } }
+            let reusePort = self.workers > 1 ? ["--reuse-port"] : []
+            let (first, port) = try ChildProcess.server(.tether, executable: executable, arguments: reusePort)
+            servers.append(first)
+            for _ in 1..<self.workers {
+                servers.append(try ChildProcess.server(.tether, executable: executable, arguments: ["--port", "\(port)"] + reusePort).0)
+            }
             try await Task.sleep(for: .seconds(1))
-            let before = residentKiB(pid: server.pid) ?? 0
+            let before = servers.map { residentKiB(pid: $0.pid) ?? 0 }
             let processes = (count + self.perProcess - 1) / self.perProcess
             let started = Date()
             var generators: [ChildProcess] = []
             for index in 0..<processes {
                 let share = min(self.perProcess, count - index * self.perProcess)
                 generators.append(
-                    try ChildProcess(executable, ["hold", "--port", "\(port)", "--count", "\(share)", "--seconds", "\(self.hold)"])
+                    try ChildProcess(
+                        executable,
+                        [
+                            "hold", "--port", "\(port)", "--count", "\(share)", "--seconds", "\(self.hold)",
+                            "--source", Self.sourceAddress(index),
+                        ]
+                    )
                 )
             }
             // Each generator prints "connected N" once all its clients are, then "still N" at the end.
@@ -58,23 +84,29 @@ struct Idle: AsyncParsableCommand {
             }
             let ramp = Date().timeIntervalSince(started)
             try await Task.sleep(for: .seconds(self.hold))
-            let after = residentKiB(pid: server.pid) ?? 0
+            let after = servers.map { residentKiB(pid: $0.pid) ?? 0 }
             var still = 0
             for generator in generators {
                 if let line = generator.readLine(), line.hasPrefix("still "), let n = Int(line.dropFirst(6)) { still += n }
                 generator.wait()
             }
+            let growth = zip(before, after).map { $1 - $0 }
             let result = Result(
                 connections: count,
+                workers: self.workers,
                 processes: processes,
                 handshakesPerSecond: Double(count) / ramp,
-                gatewayRSSBeforeKiB: before,
-                gatewayRSSAfterKiB: after,
+                gatewayRSSBeforeKiB: before.reduce(0, +),
+                gatewayRSSAfterKiB: after.reduce(0, +),
+                workerRSSGrowthKiB: growth,
                 stillConnected: still
             )
             emit(
-                "\(count) idle connections (\(processes) generators): \(Int(result.handshakesPerSecond)) handshakes/s while ramping, "
-                    + "gateway RSS \(before / 1024) → \(after / 1024) MiB, \(String(format: "%.1f", result.kibPerConnection)) KiB per connection, "
+                "\(count) idle connections (\(self.workers) gateway processes, \(processes) generators): "
+                    + "\(Int(result.handshakesPerSecond)) handshakes/s while ramping, "
+                    + "gateway RSS \(result.gatewayRSSBeforeKiB / 1024) → \(result.gatewayRSSAfterKiB / 1024) MiB "
+                    + "(growth per process, MiB: \(growth.map { String($0 / 1024) }.joined(separator: ", "))), "
+                    + "\(String(format: "%.1f", result.kibPerConnection)) KiB per connection, "
                     + "\(still) still connected after \(Int(self.hold)) s"
             )
             results.append(result)
@@ -92,15 +124,21 @@ struct Hold: AsyncParsableCommand {
     @Option var count: Int
     @Option var seconds: Double
     @Option(help: "Clients started at once.") var batch = 500
+    @Option(help: "The local address the clients connect from (default: the system's choice).") var source: String?
 
     func run() async throws {
         var logger = Logger(label: "tether-bench.hold")
         logger.logLevel = ProcessInfo.processInfo.environment["HOLD_LOG"] != nil ? .info : .critical
         let endpoint = Endpoint(host: "127.0.0.1", port: self.port)
+        let transport = try self.source.map { try TCPClientTransport(sourceAddress: $0) } ?? TCPClientTransport()
         var clients: [TetherClient] = []
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<self.count {
-                let client = try TetherClient(configuration: .init(endpoints: [endpoint], clientID: "idle-\(index)"), logger: logger)
+                let client = try TetherClient(
+                    configuration: .init(endpoints: [endpoint], clientID: "idle-\(index)"),
+                    transport: transport,
+                    logger: logger
+                )
                 clients.append(client)
                 group.addTask { try? await client.run() }
                 if clients.count % self.batch == 0 || index == self.count - 1 {

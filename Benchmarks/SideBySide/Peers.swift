@@ -48,10 +48,10 @@ enum Peer: String, CaseIterable, Sendable {
 
     /// Runs the server on `port` (0 picks one), calls `ready` with the port, and serves until
     /// the task is cancelled.
-    func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+    func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
-        case .tether: try await TetherPeer.serve(port: port, ready: ready)
+        case .tether: try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
         case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
@@ -74,9 +74,9 @@ enum Peer: String, CaseIterable, Sendable {
 // MARK: - Tether
 
 enum TetherPeer {
-    static func serve(port: Int, ready: @escaping @Sendable (Int) -> Void) async throws {
+    static func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         var configuration = GatewayConfiguration.defaults
-        configuration.listen = .init(host: "127.0.0.1", port: port)
+        configuration.listen = .init(host: "127.0.0.1", port: port, reusePort: reusePort)
         configuration.limits.maxConcurrentRequestsPerConnection = 1024
         let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }

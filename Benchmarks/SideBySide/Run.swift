@@ -78,8 +78,8 @@ final class ChildProcess {
     }
 
     /// Starts `peer`'s server (`tether-bench serve`) and returns it with the port it listens on.
-    static func server(_ peer: Peer, executable: String) throws -> (ChildProcess, port: Int) {
-        let server = try ChildProcess(executable, ["serve", peer.rawValue])
+    static func server(_ peer: Peer, executable: String, arguments: [String] = []) throws -> (ChildProcess, port: Int) {
+        let server = try ChildProcess(executable, ["serve", peer.rawValue] + arguments)
         guard let ready = server.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
             server.terminate()
             throw BenchError("\(peer.rawValue) server did not start: \(server.errors())")

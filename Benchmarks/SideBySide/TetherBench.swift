@@ -27,8 +27,12 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The port (0 picks one).")
     var port = 0
 
+    @Flag(help: "Tether only: listen with SO_REUSEPORT, so that several gateway processes share the port.")
+    var reusePort = false
+
     func run() async throws {
-        try await self.peer.serve(port: self.port) { port in
+        guard !self.reusePort || self.peer == .tether else { throw BenchError("--reuse-port is for the tether peer only") }
+        try await self.peer.serve(port: self.port, reusePort: self.reusePort) { port in
             emit("ready \(port)")
         }
     }
