@@ -1,6 +1,9 @@
 import ArgumentParser
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
 import Tether
 import TetherNIO
 
@@ -25,12 +28,17 @@ struct Idle: AsyncParsableCommand {
     @Option(help: "Where idle.json goes.")
     var output = "bench-results"
 
+    @Flag(help: "Generators hold wire-level connections (handshake, then a PING every heartbeat interval) instead of full TetherClients.")
+    var wireClients = false
+
     struct Result: Codable {
         var connections: Int
         /// Gateway processes sharing the port.
         var workers: Int?
         /// Load-generator processes, each connecting from its own 127.0.x.y source address.
         var processes: Int
+        /// Whether the generators held wire-level connections instead of full TetherClients.
+        var wireClients: Bool?
         /// Connected / seconds from the first attempt to the last handshake.
         var handshakesPerSecond: Double
         /// Summed over the gateway processes.
@@ -72,7 +80,7 @@ struct Idle: AsyncParsableCommand {
                         [
                             "hold", "--port", "\(port)", "--count", "\(share)", "--seconds", "\(self.hold)",
                             "--source", Self.sourceAddress(index),
-                        ]
+                        ] + (self.wireClients ? ["--wire"] : [])
                     )
                 )
             }
@@ -95,6 +103,7 @@ struct Idle: AsyncParsableCommand {
                 connections: count,
                 workers: self.workers,
                 processes: processes,
+                wireClients: self.wireClients,
                 handshakesPerSecond: Double(count) / ramp,
                 gatewayRSSBeforeKiB: before.reduce(0, +),
                 gatewayRSSAfterKiB: after.reduce(0, +),
@@ -125,8 +134,13 @@ struct Hold: AsyncParsableCommand {
     @Option var seconds: Double
     @Option(help: "Clients started at once.") var batch = 500
     @Option(help: "The local address the clients connect from (default: the system's choice).") var source: String?
+    @Flag(help: "Wire-level clients (handshake, PING every heartbeat interval) instead of TetherClients.") var wire = false
 
     func run() async throws {
+        if self.wire {
+            try await self.holdWireClients()
+            return
+        }
         var logger = Logger(label: "tether-bench.hold")
         logger.logLevel = ProcessInfo.processInfo.environment["HOLD_LOG"] != nil ? .info : .critical
         let endpoint = Endpoint(host: "127.0.0.1", port: self.port)
@@ -154,6 +168,131 @@ struct Hold: AsyncParsableCommand {
             emit("still \(still)")
             for client in clients { client.shutdown() }
         }
+    }
+}
+
+extension Hold {
+    /// `count` wire-level connections: each completes the handshake, then sends a PING every
+    /// heartbeat interval the WELCOME announced and expects its PONG before the next one.
+    /// Much lighter than a `TetherClient`, so that a 2-core machine can hold 100k of them.
+    func holdWireClients() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let source = try self.source.map { try SocketAddress(ipAddress: $0, port: 0) }
+        let live = NIOLockedValueBox(0)
+        let missedPongs = NIOLockedValueBox(0)
+        var index = 0
+        while index < self.count {
+            let end = min(self.count, index + self.batch)
+            var connected: [EventLoopFuture<Void>] = []
+            for member in index..<end {
+                let welcomed = group.next().makePromise(of: Void.self)
+                connected.append(welcomed.futureResult)
+                var bootstrap = ClientBootstrap(group: welcomed.futureResult.eventLoop)
+                    .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                            try channel.pipeline.syncOperations.addHandler(
+                                HeartbeatMember(
+                                    clientID: "idle-\(ProcessInfo.processInfo.processIdentifier)-\(member)",
+                                    welcomed: welcomed,
+                                    live: live,
+                                    missedPongs: missedPongs
+                                )
+                            )
+                        }
+                    }
+                if let source { bootstrap = bootstrap.bind(to: source) }
+                bootstrap.connect(host: "127.0.0.1", port: self.port).whenFailure { welcomed.fail($0) }
+            }
+            for future in connected { try await future.get() }
+            index = end
+        }
+        emit("connected \(self.count)")
+        try await Task.sleep(for: .seconds(self.seconds))
+        let missed = missedPongs.withLockedValue { $0 }
+        if missed > 0 { FileHandle.standardError.write(Data("\(missed) PONGs missed\n".utf8)) }
+        emit("still \(live.withLockedValue { $0 })")
+    }
+}
+
+/// One idle connection on the wire: HELLO, then a PING every heartbeat interval.
+final class HeartbeatMember: ChannelInboundHandler {
+    typealias InboundIn = Frame
+    typealias OutboundOut = Frame
+
+    private let clientID: String
+    private let welcomed: EventLoopPromise<Void>
+    private let live: NIOLockedValueBox<Int>
+    private let missedPongs: NIOLockedValueBox<Int>
+    private var flags: FrameFlags = []
+    private var established = false
+    private var settled = false
+    private var pingsUnanswered = 0
+    private var interval = TimeAmount.seconds(10)
+    private var nextPing: UInt64 = 1
+    private var timer: Scheduled<Void>?
+
+    init(clientID: String, welcomed: EventLoopPromise<Void>, live: NIOLockedValueBox<Int>, missedPongs: NIOLockedValueBox<Int>) {
+        self.clientID = clientID
+        self.welcomed = welcomed
+        self.live = live
+        self.missedPongs = missedPongs
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: self.clientID)
+        context.writeAndFlush(Self.wrapOutboundOut(Frame(.hello(hello), flags: .checksum)), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch Self.unwrapInboundIn(data).payload {
+        case .welcome(let welcome):
+            self.flags = welcome.features.contains(.checksum) ? .checksum : []
+            self.established = true
+            self.live.withLockedValue { $0 += 1 }
+            self.interval = TimeAmount(welcome.heartbeatInterval)
+            self.schedulePing(context: context)
+            self.settle(.success(()))
+        case .pong:
+            self.pingsUnanswered = 0
+        case .ping(let ping):
+            context.writeAndFlush(Self.wrapOutboundOut(Frame(.pong(ping), flags: self.flags)), promise: nil)
+        case .error(let report):
+            self.settle(.failure(BenchError("the gateway refused: \(report.message)")))
+        default:
+            break
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.timer?.cancel()
+        if self.established { self.live.withLockedValue { $0 -= 1 } }
+        self.established = false
+        self.settle(.failure(ChannelError.ioOnClosedChannel))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.settle(.failure(error))
+        context.close(promise: nil)
+    }
+
+    private func schedulePing(context: ChannelHandlerContext) {
+        self.timer = context.eventLoop.assumeIsolated().scheduleTask(in: self.interval) {
+            if self.pingsUnanswered > 0 { self.missedPongs.withLockedValue { $0 += 1 } }
+            self.pingsUnanswered += 1
+            context.writeAndFlush(Self.wrapOutboundOut(Frame(.ping(.init(id: self.nextPing)), flags: self.flags)), promise: nil)
+            self.nextPing += 1
+            self.schedulePing(context: context)
+        }
+    }
+
+    private func settle(_ result: Result<Void, any Error>) {
+        guard !self.settled else { return }
+        self.settled = true
+        self.welcomed.completeWith(result)
     }
 }
 
