@@ -168,6 +168,9 @@ extension IntegrationTests {
                 for receipt in receipts {
                     #expect(await alice.outcome(of: receipt) == .acknowledged)
                 }
+                // The recorder reads the client's events from a stream of its own, and may see
+                // the reconnection after the ACKs it brought.
+                try await eventually("the reconnection is recorded") { events.connects >= 2 }
                 #expect(events.connects == 2)
                 #expect(processed.withLockedValue { $0 } == (1...20).map { "\($0)" }, "resent, deduplicated: processed once")
                 #expect(try await alice.pendingMessages().isEmpty)

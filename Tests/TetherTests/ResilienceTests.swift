@@ -48,7 +48,7 @@ extension IntegrationTests {
 
                 proxy.mode = .forward
                 #expect(try await client.request("echo", body: ByteBuffer(string: "b"), timeout: .seconds(10)).string == "b")
-                #expect(events.connects >= 2)
+                try await eventually("the reconnection is recorded") { events.connects >= 2 }
                 await proxy.stop()
             }
         }
@@ -95,6 +95,8 @@ extension IntegrationTests {
                 #expect(error?.code == .connectionLost)
 
                 #expect(try await client.request("echo", body: ByteBuffer(string: "again")).string == "again")
+                // The recorder reads events from a stream of its own: it may lag the request.
+                try await eventually("the reconnection is recorded") { events.connects >= 2 }
                 #expect(events.connects == 2)
                 guard case .closedByPeer = events.disconnectReasons.first else {
                     Issue.record("expected closedByPeer, got \(events.disconnectReasons)")
@@ -133,6 +135,8 @@ extension IntegrationTests {
 
                 #expect(try await pending.value.string == "second")
                 #expect(try await client.request("who").string == "second")
+                // The recorder reads events from a stream of its own: it may lag the request.
+                try await eventually("the reconnection is recorded") { events.connects >= 2 }
                 #expect(events.connects == 2)
                 guard case .goingAway(let goAway) = events.disconnectReasons.first else {
                     Issue.record("expected GOAWAY, got \(events.disconnectReasons)")
