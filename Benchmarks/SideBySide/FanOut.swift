@@ -132,38 +132,50 @@ struct Listen: AsyncParsableCommand {
     @Option(help: "Connections opened at once.") var batch = 500
 
     func run() async throws {
-        let group = MultiThreadedEventLoopGroup.singleton
         let tally = RoomMember.Tally(members: self.count, messages: self.messages)
-        var index = 0
-        while index < self.count {
-            let end = min(self.count, index + self.batch)
-            var joins: [EventLoopFuture<Void>] = []
-            for member in index..<end {
-                let joined = group.next().makePromise(of: Void.self)
-                joins.append(joined.futureResult)
-                _ = ClientBootstrap(group: joined.futureResult.eventLoop)
-                    .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-                    .channelInitializer { channel in
-                        channel.eventLoop.makeCompletedFuture {
-                            try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                            try channel.pipeline.syncOperations.addHandler(
-                                RoomMember(
-                                    clientID: "member-\(ProcessInfo.processInfo.processIdentifier)-\(member)",
-                                    joined: joined,
-                                    tally: tally
-                                )
-                            )
-                        }
-                    }
-                    .connect(host: "127.0.0.1", port: self.port)
-                    .whenFailure { joined.fail($0) }
-            }
-            for join in joins { try await join.get() }
-            index = end
+        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil) { index, joined in
+            RoomMember(clientID: "member-\(ProcessInfo.processInfo.processIdentifier)-\(index)", joined: joined, tally: tally)
         }
         emit("joined \(self.count)")
         let (received, last) = await tally.waitForAll(timeout: .seconds(120))
         emit("received \(received) \(last)")
+    }
+}
+
+/// Opens `count` wire-level Tether connections to 127.0.0.1:`port`, `batch` at a time, and
+/// returns once each has completed the promise its handler was given.
+/// - Parameters:
+///   - source: The local address to connect from; `nil`: the system's choice.
+///   - makeHandler: The protocol handler of connection `index`, on top of Tether's framing; it
+///     succeeds the promise when the connection is ready (or fails it).
+func openWireConnections(
+    count: Int,
+    batch: Int,
+    port: Int,
+    source: SocketAddress?,
+    makeHandler: @escaping @Sendable (_ index: Int, _ ready: EventLoopPromise<Void>) -> any ChannelHandler
+) async throws {
+    let group = MultiThreadedEventLoopGroup.singleton
+    var index = 0
+    while index < count {
+        let end = min(count, index + batch)
+        var ready: [EventLoopFuture<Void>] = []
+        for connection in index..<end {
+            let promise = group.next().makePromise(of: Void.self)
+            ready.append(promise.futureResult)
+            var bootstrap = ClientBootstrap(group: promise.futureResult.eventLoop)
+                .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                        try channel.pipeline.syncOperations.addHandler(makeHandler(connection, promise))
+                    }
+                }
+            if let source { bootstrap = bootstrap.bind(to: source) }
+            bootstrap.connect(host: "127.0.0.1", port: port).whenFailure { promise.fail($0) }
+        }
+        for future in ready { try await future.get() }
+        index = end
     }
 }
 

@@ -176,37 +176,16 @@ extension Hold {
     /// heartbeat interval the WELCOME announced and expects its PONG before the next one.
     /// Much lighter than a `TetherClient`, so that a 2-core machine can hold 100k of them.
     func holdWireClients() async throws {
-        let group = MultiThreadedEventLoopGroup.singleton
         let source = try self.source.map { try SocketAddress(ipAddress: $0, port: 0) }
         let live = NIOLockedValueBox(0)
         let missedPongs = NIOLockedValueBox(0)
-        var index = 0
-        while index < self.count {
-            let end = min(self.count, index + self.batch)
-            var connected: [EventLoopFuture<Void>] = []
-            for member in index..<end {
-                let welcomed = group.next().makePromise(of: Void.self)
-                connected.append(welcomed.futureResult)
-                var bootstrap = ClientBootstrap(group: welcomed.futureResult.eventLoop)
-                    .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-                    .channelInitializer { channel in
-                        channel.eventLoop.makeCompletedFuture {
-                            try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                            try channel.pipeline.syncOperations.addHandler(
-                                HeartbeatMember(
-                                    clientID: "idle-\(ProcessInfo.processInfo.processIdentifier)-\(member)",
-                                    welcomed: welcomed,
-                                    live: live,
-                                    missedPongs: missedPongs
-                                )
-                            )
-                        }
-                    }
-                if let source { bootstrap = bootstrap.bind(to: source) }
-                bootstrap.connect(host: "127.0.0.1", port: self.port).whenFailure { welcomed.fail($0) }
-            }
-            for future in connected { try await future.get() }
-            index = end
+        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: source) { index, welcomed in
+            HeartbeatMember(
+                clientID: "idle-\(ProcessInfo.processInfo.processIdentifier)-\(index)",
+                welcomed: welcomed,
+                live: live,
+                missedPongs: missedPongs
+            )
         }
         emit("connected \(self.count)")
         try await Task.sleep(for: .seconds(self.seconds))
