@@ -476,6 +476,23 @@ final class GatewayHandlerFixture {
         #expect(sent?.type == .welcome && sent?.flags == .checksum)
     }
 
+    /// The first half of the handshake of a small client: HELLO without checksums and with a
+    /// body limit of `maxBodySize`, passed up to the application layer.
+    func helloWithoutChecksums(maxBodySize: UInt32) throws {
+        try self.channel.writeInbound(
+            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: maxBodySize, clientID: "small")), flags: .checksum)
+        )
+        _ = try self.channel.readInbound(as: Frame.self)
+    }
+
+    /// The second half: the application layer's WELCOME without checksums, sent.
+    func welcomeWithoutChecksums() throws {
+        var plainWelcome = welcome
+        plainWelcome.features = []
+        self.send(Frame(.welcome(plainWelcome)))
+        #expect(try self.readOutbound()?.type == .welcome)
+    }
+
     /// Writes and flushes `frame` as the application layer does, and runs the loop: the handler
     /// flushes at the end of the loop's batch of work.
     func send(_ frame: Frame) {
@@ -680,16 +697,10 @@ struct GatewayConnectionHandlerTests {
     @Test("pushes written before WELCOME wait for it; pushes over the client's limit are dropped")
     func pushOrdering() throws {
         let fixture = try GatewayHandlerFixture()
-        try fixture.channel.writeInbound(
-            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 1024, clientID: "small")), flags: .checksum)
-        )
-        _ = try fixture.channel.readInbound(as: Frame.self)
+        try fixture.helloWithoutChecksums(maxBodySize: 1024)
         fixture.channel.write(Frame(.push(.init(topic: "early", body: ByteBuffer()))), promise: nil)
         #expect(try fixture.readOutbound() == nil)
-        var smallWelcome = welcome
-        smallWelcome.features = []
-        fixture.send(Frame(.welcome(smallWelcome)))
-        #expect(try fixture.readOutbound()?.type == .welcome)
+        try fixture.welcomeWithoutChecksums()
         #expect(try fixture.readOutbound()?.payload == .push(.init(topic: "early")))
         let dropped = fixture.loop.makePromise(of: Void.self)
         fixture.channel.writeAndFlush(Frame(.push(.init(topic: "big", body: ByteBuffer(repeating: 0, count: 2000)))), promise: dropped)
@@ -717,16 +728,10 @@ struct GatewayConnectionHandlerTests {
 
         // A client without checksums and with a small body limit, still in its handshake.
         let plain = try GatewayHandlerFixture()
-        try plain.channel.writeInbound(
-            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 64, clientID: "small")), flags: .checksum)
-        )
-        _ = try plain.channel.readInbound(as: Frame.self)
+        try plain.helloWithoutChecksums(maxBodySize: 64)
         #expect(!plain.handler.deliver(push), "held until WELCOME")
         #expect(try plain.readOutbound() == nil)
-        var plainWelcome = welcome
-        plainWelcome.features = []
-        plain.send(Frame(.welcome(plainWelcome)))
-        #expect(try plain.readOutbound()?.type == .welcome)
+        try plain.welcomeWithoutChecksums()
         let held = try plain.readOutbound()
         #expect(held?.flags == [] && held?.payload == .push(push.pushes[0]))
         let big = try EncodedPush(.init(topic: "room", body: ByteBuffer(repeating: 1, count: 100)), allocator: ByteBufferAllocator())
@@ -769,14 +774,8 @@ struct GatewayConnectionHandlerTests {
     @Test("pushes to other recipients are not joined; a client with a small limit gets, in order, the pushes it accepts")
     func pushBurstSplit() throws {
         let fixture = try GatewayHandlerFixture()
-        try fixture.channel.writeInbound(
-            Frame(.hello(.init(versions: 1...1, features: [], maxBodySize: 64, clientID: "small")), flags: .checksum)
-        )
-        _ = try fixture.channel.readInbound(as: Frame.self)
-        var plainWelcome = welcome
-        plainWelcome.features = []
-        fixture.send(Frame(.welcome(plainWelcome)))
-        #expect(try fixture.readOutbound()?.type == .welcome)
+        try fixture.helloWithoutChecksums(maxBodySize: 64)
+        try fixture.welcomeWithoutChecksums()
 
         let small = Frame.Push(topic: "a", body: ByteBuffer(string: "small"))
         let big = Frame.Push(topic: "a", body: ByteBuffer(repeating: 1, count: 100))
