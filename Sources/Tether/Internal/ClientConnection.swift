@@ -54,9 +54,7 @@ final class ClientConnection: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
                 if eventLoop.inEventLoop {
-                    let promise = eventLoop.makePromise(of: ByteBuffer.self)
-                    promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
-                    handler.value.sendRequest(request, deadline: deadline, promise: promise)
+                    handler.value.sendRequest(request, deadline: deadline, promise: Self.promise(resuming: continuation, on: eventLoop))
                     return
                 }
                 enum Outcome {
@@ -111,12 +109,19 @@ final class ClientConnection: Sendable {
         }
         let eventLoop = self.channel.eventLoop
         let requests = submitted.map { submission in
-            let promise = eventLoop.makePromise(of: ByteBuffer.self)
-            let continuation = submission.continuation
-            promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
-            return (request: submission.request, deadline: submission.deadline, promise: promise)
+            (submission.request, submission.deadline, Self.promise(resuming: submission.continuation, on: eventLoop))
         }
         self.handler.value.sendRequests(requests)
+    }
+
+    /// A promise, made on `eventLoop`, whose result resumes `continuation`.
+    private static func promise(
+        resuming continuation: UnsafeContinuation<ByteBuffer, any Error>,
+        on eventLoop: any EventLoop
+    ) -> EventLoopPromise<ByteBuffer> {
+        let promise = eventLoop.makePromise(of: ByteBuffer.self)
+        promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
+        return promise
     }
 
     /// Stops new requests and closes once those in flight are answered.
