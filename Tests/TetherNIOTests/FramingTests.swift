@@ -143,6 +143,88 @@ struct FramingTests {
         handler.writeEncoded(preEncoded, promise: removed)
         #expect(throws: ChannelError.self) { try removed.futureResult.wait() }
     }
+
+    @Test("frames written between two flushes leave as one buffer; each write's promise completes with it")
+    func encoderJoinsUntilFlush() throws {
+        let recorder = WriteRecorder()
+        let handler = FrameEncodingHandler()
+        let channel = EmbeddedChannel(handlers: [recorder, handler])
+        let promises = (0..<3).map { _ in channel.eventLoop.makePromise(of: Void.self) }
+        channel.write(frames[1], promise: promises[0])
+        handler.write(frames[2], promise: nil)  // the direct entry joins the same buffer, in order
+        channel.write(frames[3], promise: promises[1])
+        handler.write(frames[4], promise: promises[2])
+        #expect(recorder.events.isEmpty, "nothing passed down before the flush")
+        channel.flush()
+        #expect(recorder.events == [.write(try encoded(Array(frames[1...4])).readableBytes), .flush], "one write")
+        #expect(try channel.readOutbound(as: ByteBuffer.self) == (try encoded(Array(frames[1...4]))))
+        for promise in promises { try promise.futureResult.wait() }
+
+        // Not flushed, then closed: handed down before the close, as an unflushed write.
+        recorder.events.removeAll()
+        channel.write(frames[0], promise: nil)
+        channel.close(promise: nil)
+        #expect(recorder.events.first == .write(try encoded([frames[0]]).readableBytes))
+        #expect(recorder.events.contains(.close))
+        _ = try? channel.finish()
+    }
+
+    @Test("a frame that cannot be encoded leaves the joined frames around it intact")
+    func encoderJoinSurvivesFailure() throws {
+        let channel = EmbeddedChannel(handlers: [FrameEncodingHandler(), ErrorCollector()])
+        let failed = channel.eventLoop.makePromise(of: Void.self)
+        channel.write(frames[1], promise: nil)
+        channel.write(Frame(.push(.init(topic: String(repeating: "t", count: 70_000)))), promise: failed)
+        channel.write(frames[2], promise: nil)
+        channel.flush()
+        #expect(throws: FrameEncodingError.self) { try failed.futureResult.wait() }
+        #expect(try channel.readOutbound(as: ByteBuffer.self) == (try encoded([frames[1], frames[2]])))
+        #expect(try channel.finish().isClean)
+    }
+
+    @Test("joined frames past maxJoinedBytes are passed down without waiting for the flush")
+    func encoderPassesLargeBatches() throws {
+        let recorder = WriteRecorder()
+        let channel = EmbeddedChannel(handlers: [recorder, FrameEncodingHandler()])
+        let big = Frame(.push(.init(topic: "t", body: ByteBuffer(repeating: 1, count: 20_000))))
+        for _ in 0..<4 { channel.write(big, promise: nil) }
+        #expect(recorder.events == [.write(80_000 + 4 * (try encoded([big]).readableBytes - 20_000))])
+        channel.write(frames[1], promise: nil)
+        channel.flush()
+        #expect(recorder.events.count == 3 && recorder.events.last == .flush)
+        var wire = ByteBuffer()
+        while var chunk = try channel.readOutbound(as: ByteBuffer.self) { wire.writeBuffer(&chunk) }
+        #expect(wire == (try encoded([big, big, big, big, frames[1]])))
+        #expect(try channel.finish().isClean)
+    }
+}
+
+/// Records what the handler above it passes down: writes (their byte counts), flushes, closes.
+private final class WriteRecorder: ChannelOutboundHandler {
+    typealias OutboundIn = ByteBuffer
+
+    enum Event: Equatable {
+        case write(Int)
+        case flush
+        case close
+    }
+
+    var events: [Event] = []
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        self.events.append(.write(Self.unwrapOutboundIn(data).readableBytes))
+        context.write(data, promise: promise)
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        self.events.append(.flush)
+        context.flush()
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        self.events.append(.close)
+        context.close(mode: mode, promise: promise)
+    }
 }
 
 /// Records the errors that reach the end of a pipeline.

@@ -63,7 +63,7 @@ extension ClientConnectionHandler {
                 expired: record.expired,
                 body: record.expired ? ByteBuffer() : record.body
             )
-            context.write(Self.wrapOutboundOut(Frame(.message(message), flags: self.session.outboundFlags)), promise: nil)
+            self.write(.message(message), context: context)
             wrote = true
             let timeout = self.reliable!.retransmission.retransmissionTimeout(afterRetransmissions: transmissions - 1)
             let id = record.id

@@ -88,6 +88,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     /// Requests on the wire and not yet answered.
     private var sentCount = 0
     private(set) var context: ChannelHandlerContext?
+    /// Tether's encoder right below this handler, if the channel uses it (the transports do):
+    /// frames are handed to it directly rather than wrapped in `NIOAny`.
+    private var encoder: FrameEncodingHandler?
     private var helloSent = false
     private var closeReason: DisconnectReason?
     private var establishedAt: NIODeadline?
@@ -113,6 +116,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        self.encoder = try? context.pipeline.syncOperations.handler(type: FrameEncodingHandler.self)
         if context.channel.isActive {
             self.sendHello(context: context)
         }
@@ -121,6 +125,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     func handlerRemoved(context: ChannelHandlerContext) {
         self.finish(context: context)
         self.context = nil
+        self.encoder = nil
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -443,7 +448,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             request.unsent = nil
             self.pending[id] = request
             self.sentCount += 1
-            context.write(Self.wrapOutboundOut(Frame(.request(frame), flags: self.session.outboundFlags)), promise: nil)
+            self.write(.request(frame), context: context)
             wrote = true
         }
         if wrote {
@@ -498,8 +503,19 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
-        context.writeAndFlush(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: nil)
+        self.write(payload, context: context)
+        context.flush()
         self.heartbeat?.frameSent(at: context.eventLoop.now)
+    }
+
+    /// Writes a frame with the negotiated flags, without flushing.
+    func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
+        let frame = Frame(payload, flags: self.session.outboundFlags)
+        if let encoder = self.encoder {
+            encoder.write(frame, promise: promise)
+        } else {
+            context.write(Self.wrapOutboundOut(frame), promise: promise)
+        }
     }
 
     func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {

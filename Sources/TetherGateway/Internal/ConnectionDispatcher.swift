@@ -181,7 +181,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         let gateway = self.gateway
         let id = self.id
         let logger = self.logger
-        let writer = ConnectionWriter(channel: context.channel)
+        let writer = self.writer(context: context)
         let remoteAddress = context.channel.remoteAddress?.description
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         gateway.activity.spawn(on: self.executor) {
@@ -215,7 +215,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
                 gateway: self.gateway,
                 store: store,
                 connection: session.info,
-                outbound: ConnectionWriter(channel: context.channel),
+                outbound: self.writer(context: context),
                 logger: self.logger
             )
             self.reliable = reliable
@@ -240,12 +240,16 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         let gateway = self.gateway
         let requests = self.requests
         let logger = self.logger
-        let writer = ConnectionWriter(channel: context.channel)
+        let writer = self.writer(context: context)
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         gateway.activity.spawn(on: self.executor) {
             await gateway.execute(request, requests: requests, connection: connection, outbound: writer, logger: logger)
             this.execute { $0.requestFinished() }
         }
+    }
+
+    private func writer(context: ChannelHandlerContext) -> ConnectionWriter {
+        ConnectionWriter(channel: context.channel, handler: NIOLoopBound(self.protocolHandler, eventLoop: context.eventLoop))
     }
 
     private func requestFinished() {

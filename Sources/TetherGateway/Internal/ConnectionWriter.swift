@@ -5,14 +5,26 @@ import TetherCore
 ///
 /// Frames go down the channel's pipeline, through the protocol handler, which stamps the
 /// negotiated flags, enforces the limits and coalesces the flushes of one loop batch. From a
-/// task on the connection's event loop, a write costs no thread hop.
+/// task on the connection's event loop, a write costs no thread hop, and ``send(_:)`` hands the
+/// frame to the protocol handler directly rather than down the pipeline from its tail.
 struct ConnectionWriter: Sendable {
     let channel: any Channel
+    /// The connection's protocol handler, for ``send(_:)`` from its event loop.
+    let handler: NIOLoopBound<GatewayConnectionHandler>?
+
+    init(channel: any Channel, handler: NIOLoopBound<GatewayConnectionHandler>? = nil) {
+        self.channel = channel
+        self.handler = handler
+    }
 
     /// Writes a frame without waiting for it to be written: for RESPONSEs, whose loss with the
     /// connection is the client's to notice.
     func send(_ frame: Frame) {
-        self.channel.writeAndFlush(frame, promise: nil)
+        if let handler = self.handler, handler.eventLoop.inEventLoop {
+            handler.value.writeAndFlush(frame)
+        } else {
+            self.channel.writeAndFlush(frame, promise: nil)
+        }
     }
 
     /// Writes a frame and returns once it was written.

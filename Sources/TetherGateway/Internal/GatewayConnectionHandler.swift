@@ -158,8 +158,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Outbound
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        self.send(Self.unwrapOutboundIn(data), context: context, promise: promise)
+    }
+
+    /// Writes a frame from the gateway's tasks, as `channel.writeAndFlush` would, without the
+    /// trip down the pipeline from its tail. Call it on the event loop.
+    func writeAndFlush(_ frame: Frame) {
+        guard let context = self.context else { return }
+        self.send(frame, context: context, promise: nil)
+        self.flush(context: context)
+    }
+
+    private func send(_ frame: Frame, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         self.pushes?.drain()
-        let frame = Self.unwrapOutboundIn(data)
         guard !self.closing else {
             promise?.fail(ChannelError.ioOnClosedChannel)
             return
@@ -299,7 +310,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Internals
 
     private func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
-        context.write(Self.wrapOutboundOut(Frame(payload, flags: self.session.outboundFlags)), promise: promise)
+        let frame = Frame(payload, flags: self.session.outboundFlags)
+        if let encoder = self.encoder {
+            encoder.write(frame, promise: promise)  // the handler below: no NIOAny on the way
+        } else {
+            context.write(Self.wrapOutboundOut(frame), promise: promise)
+        }
     }
 
     /// Sends a RESPONSE unless its request was already answered or cancelled. A reply larger than
@@ -369,7 +385,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let held = self.heldUntilWelcome
         self.heldUntilWelcome.removeAll()
         for (payload, promise) in held {
-            self.write(context: context, data: Self.wrapOutboundOut(Frame(payload)), promise: promise)
+            self.send(Frame(payload), context: context, promise: promise)
         }
         self.handshakeTimer?.cancel()
         self.handshakeTimer = nil
