@@ -672,21 +672,27 @@ struct GatewayConnectionHandlerTests {
         _ = try? fixture.channel.finish()
     }
 
-    @Test("the responses to a batch of requests leave in one write and one flush, at the end of the loop's batch")
+    @Test(
+        "the responses to a batch of requests leave in one write and one flush, at the end of the loop's batch; the last one in flight at once"
+    )
     func flushCoalescing() throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
-        for id in 1...3 as ClosedRange<UInt64> {
+        for id in 1...4 as ClosedRange<UInt64> {
             try fixture.channel.writeInbound(Frame(.request(.init(id: id, method: "m")), flags: .checksum))
         }
-        for id in 1...3 as ClosedRange<UInt64> {
+        func respond(_ id: UInt64) {
             fixture.channel.writeAndFlush(Frame(.response(.init(id: id, body: ByteBuffer(string: "ok")))), promise: nil)
         }
+        for id in 1...3 as ClosedRange<UInt64> { respond(id) }
         #expect(try fixture.readOutbound() == nil, "not flushed yet: other handlers of the batch may still answer")
         fixture.loop.run()
         let write = try fixture.readOutboundWrite()
         #expect(write?.map(\.payload) == (1...3).map { .response(.init(id: $0, body: ByteBuffer(string: "ok"))) })
         #expect(try fixture.readOutbound() == nil)
+        // No other request in flight: nothing else can join this write, so it leaves at once.
+        respond(4)
+        #expect(try fixture.readOutbound()?.payload == .response(.init(id: 4, body: ByteBuffer(string: "ok"))))
         // Closing flushes what was written first.
         fixture.channel.write(Frame(.push(.init(topic: "last", body: ByteBuffer()))), promise: nil)
         fixture.channel.flush()
