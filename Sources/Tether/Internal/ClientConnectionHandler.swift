@@ -510,12 +510,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     /// Writes a frame with the negotiated flags, without flushing.
     func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
-        let frame = Frame(payload, flags: self.session.outboundFlags)
-        if let encoder = self.encoder {
-            encoder.write(frame, promise: promise)
-        } else {
-            context.write(Self.wrapOutboundOut(frame), promise: promise)
-        }
+        context.write(Frame(payload, flags: self.session.outboundFlags), through: self.encoder, promise: promise)
     }
 
     func sendErrorAndClose(_ error: ProtocolError, context: ChannelHandlerContext) {

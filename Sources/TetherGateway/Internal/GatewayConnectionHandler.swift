@@ -62,8 +62,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var closing = false
     /// Set while the handler is in a pipeline, for pushes that arrive outside a pipeline event.
     private var context: ChannelHandlerContext?
-    /// Tether's encoder below this handler, if the channel uses it (the gateway's TCP listener
-    /// does); pushes encoded once for many connections are handed to it as bytes.
+    /// Tether's encoder right below this handler, if the channel uses it (the gateway's TCP
+    /// listener does): frames are handed to it directly rather than wrapped in `NIOAny`, and
+    /// pushes encoded once for many connections as bytes.
     private var encoder: FrameEncodingHandler?
     /// The channel's writability, as its events tell it: asking the channel costs a pointer
     /// chase per connection, which a push to a large room pays thousands of times.
@@ -317,12 +318,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Internals
 
     private func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
-        let frame = Frame(payload, flags: self.session.outboundFlags)
-        if let encoder = self.encoder {
-            encoder.write(frame, promise: promise)  // the handler below: no NIOAny on the way
-        } else {
-            context.write(Self.wrapOutboundOut(frame), promise: promise)
-        }
+        context.write(Frame(payload, flags: self.session.outboundFlags), through: self.encoder, promise: promise)
     }
 
     /// Sends a RESPONSE unless its request was already answered or cancelled. A reply larger than

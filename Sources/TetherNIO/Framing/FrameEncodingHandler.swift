@@ -26,7 +26,7 @@ public final class FrameEncodingHandler: ChannelOutboundHandler, RemovableChanne
     public typealias OutboundIn = Frame
     public typealias OutboundOut = ByteBuffer
 
-    /// Encoded bytes held for the next flush beyond which they are passed down at once.
+    /// How many encoded bytes may wait for a flush; past this, they are passed down at once.
     public static let maxJoinedBytes = 64 * 1024
 
     private let encoder = FrameEncoder()
@@ -150,3 +150,17 @@ public final class FrameEncodingHandler: ChannelOutboundHandler, RemovableChanne
 
 @available(*, unavailable)
 extension FrameEncodingHandler: Sendable {}
+
+extension ChannelHandlerContext {
+    /// Writes a frame from a handler whose outbound type is ``Frame``: to `encoder` directly, if
+    /// the handler found Tether's encoder right below it, else down the pipeline.
+    ///
+    /// Call it on the event loop, from the handler this context belongs to.
+    public func write(_ frame: Frame, through encoder: FrameEncodingHandler?, promise: EventLoopPromise<Void>?) {
+        if let encoder {
+            encoder.write(frame, promise: promise)
+        } else {
+            self.write(NIOAny(frame), promise: promise)
+        }
+    }
+}
