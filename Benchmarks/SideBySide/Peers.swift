@@ -80,6 +80,7 @@ enum TetherPeer {
         configuration.limits.maxConcurrentRequestsPerConnection = 1024
         let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
+        gateway.handleInline("echo.inline") { request, _ in request.body }
         // For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it.
         gateway.handle("room.join") { _, context in
             context.join("bench")
@@ -111,8 +112,9 @@ enum TetherPeer {
 
     struct Client: EchoClient {
         let client: TetherClient
+        let method = ProcessInfo.processInfo.environment["TETHER_BENCH_METHOD"] ?? "echo"
         func echo(_ body: ByteBuffer) async throws -> Int {
-            try await self.client.request("echo", body: body).readableBytes
+            try await self.client.request(self.method, body: body).readableBytes
         }
         var preferredExecutor: (any TaskExecutor)? {
             ProcessInfo.processInfo.environment["TETHER_BENCH_ON_LOOP"] == "1" ? self.client.taskExecutor : nil

@@ -72,26 +72,20 @@ extension Gateway {
         case threw(any Error)
     }
 
-    /// Runs one handler and writes its RESPONSE.
+    /// Runs one handler in the calling task and writes its RESPONSE.
     ///
     /// Deadlines and CANCELs are the protocol handler's job: it answers (or not) and settles the
     /// request in `requests`, which cancels this task; a cancelled handler's answer is not sent.
     func execute(
         _ request: Frame.Request,
+        handler: Handler,
         requests: RequestRegistry,
         connection: ConnectionInfo,
         outbound: ConnectionWriter,
         logger: Logger
     ) async {
-        guard let handler = self.routes.withLockedValue({ $0[request.method] }) else {
-            let response = Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for method '\(request.method)'")
-            outbound.send(Frame(.response(response)))
-            return
-        }
-        // The protocol handler set the effective deadline (the client's, capped by ours).
-        let timeout = request.timeout ?? self.configuration.timeouts.handler
         let context = RequestContext(connection: connection, logger: logger, request: (request.id, request.method), gateway: self)
-        let gatewayRequest = GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
+        let gatewayRequest = self.gatewayRequest(request)
         let outcome = await requests.run(request.id) { () async -> Outcome in
             do {
                 return .replied(try await handler(gatewayRequest, context))
@@ -103,6 +97,28 @@ extension Gateway {
         guard let outcome, !Task.isCancelled else { return }
         let response = self.response(to: request, outcome: outcome, logger: context.logger)
         outbound.send(Frame(.response(response)))
+    }
+
+    /// The answer to a request that needs no task: an inline handler's reply, or `unknown
+    /// method` if nothing handles it (`handler` is `nil`). Called on the connection's event loop.
+    func answerInline(_ request: Frame.Request, handler: InlineHandler?, connection: ConnectionInfo, logger: Logger) -> Frame.Response {
+        guard let handler else {
+            return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for method '\(request.method)'")
+        }
+        let context = RequestContext(connection: connection, logger: logger, request: (request.id, request.method), gateway: self)
+        let outcome: Outcome
+        do {
+            outcome = .replied(try handler(self.gatewayRequest(request), context))
+        } catch {
+            outcome = .threw(error)
+        }
+        return self.response(to: request, outcome: outcome, logger: context.logger)
+    }
+
+    private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {
+        // The protocol handler set the effective deadline (the client's, capped by ours).
+        let timeout = request.timeout ?? self.configuration.timeouts.handler
+        return GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
     }
 
     private func response(to request: Frame.Request, outcome: Outcome, logger: @autoclosure () -> Logger) -> Frame.Response {

@@ -58,6 +58,29 @@ struct FramingTests {
         #expect(try channel.finish().isClean)
     }
 
+    @Test("a connected receiver gets the decoded frames by a direct call; disconnected, or removed mid-read, they go up the pipeline")
+    func receiverLink() throws {
+        let decoder = FrameDecodingHandler()
+        let receiver = RecordingReceiver()
+        let channel = EmbeddedChannel(handlers: [decoder, receiver])
+        // Connected in its handlerAdded: every frame of one read comes by the direct call.
+        try channel.writeInbound(try encoded(frames))
+        #expect(receiver.received == frames)
+        #expect(receiver.readsThroughPipeline == 0)
+
+        // A receiver that leaves the pipeline while it handles a frame: the rest of the read
+        // goes up the pipeline, past it.
+        receiver.received = []
+        receiver.removeAfter = 2
+        try channel.writeInbound(try encoded(frames))
+        #expect(receiver.received == Array(frames.prefix(2)))
+        for frame in frames.dropFirst(2) {
+            #expect(try channel.readInbound(as: Frame.self) == frame)
+        }
+        #expect(try channel.readInbound(as: Frame.self) == nil)
+        #expect(try channel.finish().isClean)
+    }
+
     @Test("before the handshake the limit is 64 KiB; the negotiated event raises it")
     func limitRaisedByEvent() throws {
         let channel = EmbeddedChannel(handler: FrameDecodingHandler())
@@ -236,3 +259,40 @@ private final class ErrorCollector: ChannelInboundHandler {
         self.errors.append(error)
     }
 }
+
+/// A handler that takes frames from the decoder below it by the direct call, counts the frames
+/// that came as pipeline reads instead, and can remove itself after a number of frames.
+private final class RecordingReceiver: ChannelInboundHandler, RemovableChannelHandler, FrameReceiver {
+    typealias InboundIn = Frame
+    typealias InboundOut = Frame
+
+    var received: [Frame] = []
+    var readsThroughPipeline = 0
+    var removeAfter: Int?
+    private var decoder: FrameDecodingHandler?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.decoder = try? context.pipeline.syncOperations.handler(type: FrameDecodingHandler.self)
+        self.decoder?.connect(self, context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.decoder?.disconnect(self)
+        self.decoder = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        self.readsThroughPipeline += 1
+        context.fireChannelRead(data)
+    }
+
+    func receive(_ frame: Frame, context: ChannelHandlerContext) {
+        self.received.append(frame)
+        if let removeAfter, self.received.count == removeAfter {
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        }
+    }
+}
+
+@available(*, unavailable)
+extension RecordingReceiver: Sendable {}

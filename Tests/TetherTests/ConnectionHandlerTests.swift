@@ -88,7 +88,15 @@ final class ClientHandlerFixture {
         #expect(try self.established.futureResult.wait().connectionID == 1)
     }
 
+    /// Sends a request as a caller on the event loop does, then lets the loop finish its batch
+    /// (where the flush of a request sent with others in flight waits).
     func request(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
+        let future = self.requestWithoutRunningLoop(id: id, timeout: timeout)
+        self.loop.run()
+        return future
+    }
+
+    func requestWithoutRunningLoop(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
         let promise = self.loop.makePromise(of: ByteBuffer.self)
         self.handler.sendRequest(.init(id: id, method: "m", body: ByteBuffer()), deadline: self.loop.now + timeout, promise: promise)
         return promise.futureResult
@@ -281,6 +289,29 @@ struct ClientConnectionHandlerTests {
         } catch let error as TetherError {
             #expect(error.code == .serverError && error.status == .invalidRequest && error.message == "bad")
         }
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("on the loop: a request alone leaves at once; with others in flight, all leave in one flush at the end of the batch")
+    func onLoopFlushCoalescing() throws {
+        let fixture = try ClientHandlerFixture()
+        try fixture.establish()
+        let first = fixture.requestWithoutRunningLoop(id: 1)
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 1, method: "m")))
+        // Two more while the first is on the wire: written, not yet flushed.
+        let second = fixture.requestWithoutRunningLoop(id: 2)
+        let third = fixture.requestWithoutRunningLoop(id: 3)
+        #expect(try fixture.readFrame() == nil)
+        fixture.loop.run()
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 2, method: "m")))
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 3, method: "m")))
+        for id: UInt64 in 1...3 {
+            try fixture.channel.writeInbound(Frame(.response(.init(id: id, body: ByteBuffer(string: "\(id)"))), flags: .checksum))
+        }
+        #expect(try [first, second, third].map { try $0.wait().string } == ["1", "2", "3"])
+        // Nothing in flight again: the next one leaves at once.
+        _ = fixture.requestWithoutRunningLoop(id: 4)
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 4, method: "m")))
         _ = try? fixture.channel.finish()
     }
 
@@ -698,6 +729,19 @@ struct GatewayConnectionHandlerTests {
         fixture.channel.flush()
         fixture.channel.close(promise: nil)
         #expect(try fixture.readOutbound()?.payload == .push(.init(topic: "last")))
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("answers given while reading (here PONGs) leave in one flush, when the read completes")
+    func flushAtEndOfRead() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        let pipeline = fixture.channel.pipeline
+        pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: 1)), flags: .checksum)))
+        pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: 2)), flags: .checksum)))
+        #expect(try fixture.readOutbound() == nil, "not flushed while the read goes on")
+        pipeline.fireChannelReadComplete()
+        #expect(try fixture.readOutboundWrite()?.map(\.payload) == [.pong(.init(id: 1)), .pong(.init(id: 2))])
         _ = try? fixture.channel.finish()
     }
 

@@ -376,6 +376,32 @@ extension IntegrationTests {
             }
         }
 
+        @Test("an inline handler takes no slot: it answers while every slot is busy, and an unknown method is answered too")
+        func inlineHandlerTakesNoSlot() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 1 }
+                let block = WaitingHandler(waitsFor: .seconds(60))
+                gateway.handle("block", block.handler)
+                gateway.handleInline("echo") { request, _ in request.body }
+                // The reference client never exceeds the limit WELCOME announces; this one does.
+                let connection = try await RawConnection.connect(to: endpoint)
+                #expect(try await connection.handshake()?.maxConcurrentRequests == 1)
+                try await connection.send(.request(.init(id: 1, method: "block")))
+                try await eventually("the only slot is taken") { block.started }
+                try await connection.send(.request(.init(id: 2, method: "echo", body: ByteBuffer(string: "inline"))))
+                try await connection.send(.request(.init(id: 3, method: "nope")))
+                var answers: [UInt64: Frame.Response] = [:]
+                while answers.count < 2, case .response(let response)? = await connection.next()?.payload {
+                    answers[response.id] = response
+                }
+                #expect(answers[2]?.status == .ok && answers[2]?.body.string == "inline")
+                #expect(answers[3]?.status == .unknownMethod)
+                #expect(answers[1] == nil, "the blocked handler still runs")
+                connection.close()
+                try await eventually("the blocked handler was stopped by the close") { block.cancelled }
+            }
+        }
+
         @Test("a client far over the concurrency limit: once 16 requests wait, the gateway stops reading until a slot frees")
         func readsStopWhenManyWait() async throws {
             try await withHarness { harness in

@@ -38,6 +38,41 @@ extension IntegrationTests {
             }
         }
 
+        @Test("inline handlers answer with the statuses of task handlers; a synchronous closure given to handle() still runs in a task")
+        func inlineHandlers() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handleInline("echo") { request, _ in request.body }
+                gateway.handleInline("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                gateway.handleInline("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
+                gateway.handleInline("crash") { _, _ in throw SomeInternalError() }
+                // Not an inline handler: `withUnsafeCurrentTask` sees the task it runs in.
+                gateway.handle("in-task") { _, _ in ByteBuffer(string: withUnsafeCurrentTask { "\($0 != nil)" }) }
+                let client = try harness.client([endpoint], clientID: "bob")
+
+                #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
+                #expect(try await client.request("whoami").string == "bob")
+                let rejected = await #expect(throws: TetherError.self) { try await client.request("reject") }
+                #expect(rejected?.status == .permissionDenied && rejected?.message == "not you")
+                let crashed = await #expect(throws: TetherError.self) { try await client.request("crash") }
+                #expect(crashed?.status == .internalError && crashed?.message == "internal error in 'crash'")
+                #expect(try await client.request("in-task").string == "true")
+
+                // Many at once, interleaved with task handlers: each gets its own answer.
+                let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
+                    for value in 0..<2_000 {
+                        group.addTask {
+                            let method = value % 2 == 0 ? "echo" : "in-task"
+                            let reply = try await client.request(method, body: ByteBuffer(string: "\(value)"))
+                            return reply.string == (value % 2 == 0 ? "\(value)" : "true") ? 0 : 1
+                        }
+                    }
+                    return try await group.reduce(0, +)
+                }
+                #expect(mismatches == 0)
+            }
+        }
+
         @Test("10,000 concurrent requests over one connection each get their own response, out of order")
         func tenThousandConcurrent() async throws {
             try await withHarness { harness in

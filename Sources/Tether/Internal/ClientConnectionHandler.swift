@@ -20,9 +20,9 @@ struct ConnectionClosure: Sendable {
 ///
 /// It sits on top of the transport's framing and lives on the channel's event loop. The
 /// protocol rules are in ``ClientSessionStateMachine`` and ``HeartbeatStateMachine``; this
-/// handler performs their actions. The client calls ``sendRequest(_:timeout:promise:)``,
+/// handler performs their actions. The client calls ``sendRequest(_:deadline:promise:)``,
 /// ``cancelRequest(id:)`` and ``drain()`` on the event loop.
-final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
+final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHandler, FrameReceiver {
     typealias InboundIn = Frame
     typealias OutboundOut = Frame
 
@@ -87,10 +87,15 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var waiting = CircularBuffer<UInt64>()
     /// Requests on the wire and not yet answered.
     private var sentCount = 0
+    /// A flush is queued on the event loop (``flushAtEndOfBatch(context:)``).
+    private var flushScheduled = false
     private(set) var context: ChannelHandlerContext?
     /// Tether's encoder right below this handler, if the channel uses it (the transports do):
     /// frames are handed to it directly rather than wrapped in `NIOAny`.
     private var encoder: FrameEncodingHandler?
+    /// Tether's decoder right below this handler, if the channel uses it: it calls
+    /// ``receive(_:context:)`` directly rather than passing frames wrapped in `NIOAny`.
+    private var decoder: FrameDecodingHandler?
     private var helloSent = false
     private var closeReason: DisconnectReason?
     private var establishedAt: NIODeadline?
@@ -117,6 +122,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         self.encoder = try? context.pipeline.syncOperations.handler(type: FrameEncodingHandler.self)
+        self.decoder = try? context.pipeline.syncOperations.handler(type: FrameDecodingHandler.self)
+        self.decoder?.connect(self, context: context)
         if context.channel.isActive {
             self.sendHello(context: context)
         }
@@ -126,6 +133,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         self.finish(context: context)
         self.context = nil
         self.encoder = nil
+        self.decoder?.disconnect(self)
+        self.decoder = nil
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -153,7 +162,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let frame = Self.unwrapInboundIn(data)
+        self.receive(Self.unwrapInboundIn(data), context: context)
+    }
+
+    func receive(_ frame: Frame, context: ChannelHandlerContext) {
         if let probe = self.heartbeat?.frameReceived(at: context.eventLoop.now) {
             self.callbacks.idleProbe(probe, true)
         }
@@ -220,12 +232,24 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     /// Sends a request; `promise` completes with the response body or a ``TetherError``, at the
     /// latest when `deadline` passes.
+    ///
+    /// For callers that run on the event loop, one request each: if other requests are on the
+    /// wire, the flush waits for the end of the loop's current batch of work, so that the
+    /// requests of every caller resumed in that batch leave in one write. Alone, it leaves at once.
     func sendRequest(_ request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>) {
-        self.sendRequests(CollectionOfOne((request: request, deadline: deadline, promise: promise)))
+        self.sendRequests(CollectionOfOne((request: request, deadline: deadline, promise: promise)), flush: .coalescing)
+    }
+
+    /// When ``sendWaiting(context:flush:)`` flushes what it wrote.
+    enum FlushTiming {
+        /// At once.
+        case now
+        /// At once if nothing else is on the wire; else at the end of the loop's current batch.
+        case coalescing
     }
 
     /// Sends several requests, in one write as far as the gateway's slots allow.
-    func sendRequests(_ requests: some Sequence<RequestSubmission>) {
+    func sendRequests(_ requests: some Sequence<RequestSubmission>, flush: FlushTiming = .now) {
         guard let context, self.session.acceptsRequests, let negotiated = self.session.negotiated else {
             for (_, _, promise) in requests {
                 promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
@@ -252,7 +276,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             self.waiting.append(request.id)
         }
         self.armDeadlineTimer(context: context)
-        self.sendWaiting(context: context)
+        self.sendWaiting(context: context, flush: flush)
     }
 
     /// Makes the deadline timer fire at the earliest deadline.
@@ -439,19 +463,35 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     /// Sends queued requests while the gateway has free slots.
-    private func sendWaiting(context: ChannelHandlerContext) {
+    private func sendWaiting(context: ChannelHandlerContext, flush: FlushTiming = .now) {
         guard let negotiated = self.session.negotiated else { return }
         let limit = negotiated.maxConcurrentRequests == 0 ? Int.max : Int(negotiated.maxConcurrentRequests)
-        var wrote = false
+        var wrote = 0
         while self.sentCount < limit, let id = self.waiting.popFirst() {
             guard var request = self.pending[id], let frame = request.unsent else { continue }  // settled meanwhile
             request.unsent = nil
             self.pending[id] = request
             self.sentCount += 1
             self.write(.request(frame), context: context)
-            wrote = true
+            wrote += 1
         }
-        if wrote {
+        guard wrote > 0 else { return }
+        if flush == .coalescing, self.sentCount > wrote {
+            self.flushAtEndOfBatch(context: context)
+        } else {
+            context.flush()
+            self.heartbeat?.frameSent(at: context.eventLoop.now)
+        }
+    }
+
+    /// Flushes once the event loop has run the work queued so far: however many callers write
+    /// meanwhile, they share one flush (one `writev`).
+    private func flushAtEndOfBatch(context: ChannelHandlerContext) {
+        guard !self.flushScheduled else { return }
+        self.flushScheduled = true
+        context.eventLoop.assumeIsolated().execute {
+            self.flushScheduled = false
+            guard let context = self.context else { return }  // closed meanwhile: its writes failed
             context.flush()
             self.heartbeat?.frameSent(at: context.eventLoop.now)
         }

@@ -1,6 +1,7 @@
 import Logging
 import NIOCore
 import TetherCore
+import TetherNIO
 
 /// Starts the application's work for the frames the protocol handler lets through, and holds
 /// no task while there is none.
@@ -9,7 +10,9 @@ import TetherCore
 /// the connection's event loop:
 /// - HELLO: a task runs the handshake (authenticator, message store); on success the
 ///   connection is established here, then WELCOME is sent.
-/// - REQUEST: a task runs its handler, at most `maxConcurrentRequests` at once. Beyond that,
+/// - REQUEST: an inline handler (``Gateway/handleInline(_:_:)``) is called at once, and an
+///   unknown method answered at once. Otherwise a task runs its handler, at most
+///   `maxConcurrentRequests` at once. Beyond that,
 ///   requests wait here; once ``maxWaiting`` wait, the channel stops reading from the socket
 ///   (TCP backpressure, not refusals). Until then CANCELs and PINGs are still read, and
 ///   deadlines and CANCELs reach waiting requests through the ``RequestRegistry``.
@@ -22,7 +25,7 @@ import TetherCore
 /// An idle connection thus costs its channel and handlers, not a parked task: a task keeps the
 /// stack of its deepest call for as long as it lives, which was most of an idle connection's
 /// memory.
-final class ConnectionDispatcher: ChannelDuplexHandler {
+final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
     typealias InboundIn = Frame
     typealias OutboundIn = Frame
     typealias OutboundOut = Frame
@@ -58,7 +61,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     private var running = 0
     /// Requests read while every slot was taken. Made on first use: an empty `CircularBuffer`
     /// already reserves room for 16 requests, more than an idle connection needs in all.
-    private var waiting: CircularBuffer<Frame.Request>?
+    private var waiting: CircularBuffer<(Frame.Request, Gateway.Handler)>?
     /// A `read` from the channel was held back; it is passed on once reading may resume.
     private var readHeld = false
 
@@ -83,11 +86,13 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        self.protocolHandler.connect(self, context: context)
         if context.channel.isActive { self.register(context: context) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         self.unregister()
+        self.protocolHandler.disconnect(self)
         self.context = nil
     }
 
@@ -130,17 +135,15 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
     // MARK: Inbound
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let frame = Self.unwrapInboundIn(data)
+        self.receive(Self.unwrapInboundIn(data), context: context)
+    }
+
+    func receive(_ frame: Frame, context: ChannelHandlerContext) {
         switch frame.payload {
         case .hello(let hello):
             self.startHandshake(hello, context: context)
         case .request(let request):
-            if self.running < self.maxRunning {
-                self.start(request, context: context)
-            } else {
-                if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
-                self.waiting!.append(request)
-            }
+            self.dispatch(request, context: context)
         case .message(let message):
             self.reliable?.receive(message)
         case .deliveryAck(let ack):
@@ -232,10 +235,35 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         context.writeAndFlush(Self.wrapOutboundOut(Frame(.welcome(session.welcome))), promise: nil)
     }
 
-    private func start(_ request: Frame.Request, context: ChannelHandlerContext) {
+    /// Runs a request's handler: an inline one (or the `unknown method` answer) at once, a
+    /// task's once a slot is free.
+    private func dispatch(_ request: Frame.Request, context: ChannelHandlerContext) {
+        guard let connection = self.connection else { return }  // the protocol handler forwards requests only once established
+        switch self.gateway.routes.withLockedValue({ $0[request.method] }) {
+        case .task(let handler):
+            if self.running < self.maxRunning {
+                self.start(request, handler: handler, connection: connection, context: context)
+            } else {
+                if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
+                self.waiting!.append((request, handler))
+            }
+        case .inline(let handler):
+            let response = self.gateway.answerInline(request, handler: handler, connection: connection, logger: self.logger)
+            self.protocolHandler.writeAndFlush(Frame(.response(response)))
+        case nil:
+            let response = self.gateway.answerInline(request, handler: nil, connection: connection, logger: self.logger)
+            self.protocolHandler.writeAndFlush(Frame(.response(response)))
+        }
+    }
+
+    private func start(
+        _ request: Frame.Request,
+        handler: @escaping Gateway.Handler,
+        connection: ConnectionInfo,
+        context: ChannelHandlerContext
+    ) {
         // Answered by its deadline, or cancelled, while it waited: do not run it.
         guard self.requests.isPending(request.id) else { return }
-        guard let connection = self.connection else { return }  // the protocol handler forwards requests only once established
         self.running += 1
         let gateway = self.gateway
         let requests = self.requests
@@ -243,7 +271,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
         let writer = self.writer(context: context)
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         gateway.activity.spawn(on: self.executor) {
-            await gateway.execute(request, requests: requests, connection: connection, outbound: writer, logger: logger)
+            await gateway.execute(request, handler: handler, requests: requests, connection: connection, outbound: writer, logger: logger)
             this.execute { $0.requestFinished() }
         }
     }
@@ -254,9 +282,9 @@ final class ConnectionDispatcher: ChannelDuplexHandler {
 
     private func requestFinished() {
         self.running -= 1
-        guard let context = self.context else { return }
-        while self.running < self.maxRunning, let next = self.waiting?.popFirst() {
-            self.start(next, context: context)
+        guard let context = self.context, let connection = self.connection else { return }
+        while self.running < self.maxRunning, let (request, handler) = self.waiting?.popFirst() {
+            self.start(request, handler: handler, connection: connection, context: context)
         }
         if self.waiting?.isEmpty == true { self.waiting = nil }
         self.resumeReadingIfPossible(context: context)

@@ -24,7 +24,7 @@ enum GatewayConnectionEvent: Sendable {
 /// Outbound, it stamps the negotiated flags on every frame, notices the WELCOME (the
 /// connection is established) and the RESPONSEs (requests answered), and closes the channel
 /// after an ERROR, or after the last response of a draining connection.
-final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
+final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler, FrameReceiver {
     typealias InboundIn = Frame
     typealias InboundOut = Frame
     typealias OutboundIn = Frame
@@ -59,6 +59,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A flush from the application is deferred to the end of the loop's current batch of
     /// work, so that the responses to a batch of requests leave in one write.
     private var flushPending = false
+    /// Between a read from the socket and its `channelReadComplete`: a flush waits for the end
+    /// of the read, so that the answers given while reading (inline handlers, refusals, PONGs)
+    /// leave in one write.
+    private var reading = false
     private var closing = false
     /// Set while the handler is in a pipeline, for pushes that arrive outside a pipeline event.
     private var context: ChannelHandlerContext?
@@ -66,6 +70,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// listener does): frames are handed to it directly rather than wrapped in `NIOAny`, and
     /// pushes encoded once for many connections as bytes.
     private var encoder: FrameEncodingHandler?
+    /// Tether's decoder right below this handler, if the channel uses it: it calls
+    /// ``receive(_:context:)`` directly rather than passing frames wrapped in `NIOAny`.
+    private var decoder: FrameDecodingHandler?
+    /// Where forwarded frames go: the ``ConnectionDispatcher`` right above, or up the pipeline.
+    private var link = FrameReceiverLink()
     /// The channel's writability, as its events tell it: asking the channel costs a pointer
     /// chase per connection, which a push to a large room pays thousands of times.
     private var writable = true
@@ -85,6 +94,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         self.encoder = try? context.pipeline.syncOperations.handler(type: FrameEncodingHandler.self)
+        self.decoder = try? context.pipeline.syncOperations.handler(type: FrameDecodingHandler.self)
+        self.decoder?.connect(self, context: context)
         self.lastInbound = context.eventLoop.now
         self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.handshakeTimeout) {
             self.handshakeTimedOut(context: context)
@@ -94,7 +105,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
         self.encoder = nil
+        self.decoder?.disconnect(self)
+        self.decoder = nil
+        self.link.disconnect()
         self.cancelTimers()
+    }
+
+    /// Hands the frames this handler forwards to `receiver` by a direct call from now on. Call
+    /// it from the `handlerAdded` of the handler right above this one.
+    func connect(_ receiver: any FrameReceiver, context: ChannelHandlerContext) {
+        self.link.connect(receiver, context: context)
+    }
+
+    /// Forwards frames up the pipeline again, if `receiver` is the one connected.
+    func disconnect(_ receiver: any FrameReceiver) {
+        self.link.disconnect(receiver)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -116,12 +141,16 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Inbound
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let frame = Self.unwrapInboundIn(data)
+        self.receive(Self.unwrapInboundIn(data), context: context)
+    }
+
+    func receive(_ frame: Frame, context: ChannelHandlerContext) {
+        self.reading = true
         self.lastInbound = context.eventLoop.now
         switch self.session.received(frame) {
         case .forwardHello(let hello):
             self.hello = hello
-            context.fireChannelRead(data)
+            self.forward(frame, from: context)
         case .forwardRequest(var request):
             // The effective deadline is computed here, once, and passed up in the request.
             let timeout =
@@ -133,18 +162,18 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             self.methods[id] = method
             self.deadlines.insert(id, deadline: context.eventLoop.now + timeout)
             self.armDeadlineTimer(context: context)
-            context.fireChannelRead(Self.wrapInboundOut(Frame(.request(request), stream: frame.stream, flags: frame.flags)))
+            self.forward(Frame(.request(request), stream: frame.stream, flags: frame.flags), from: context)
         case .cancelRequest(let cancel):
             self.forgetDeadline(cancel.requestID)
             self.requests.settle(cancel.requestID)
         case .forwardMessage, .forwardDeliveryAck:
-            context.fireChannelRead(data)
+            self.forward(frame, from: context)
         case .refuseRequest(let refusal):
             self.write(.response(refusal), context: context, promise: nil)
-            context.flush()
+            self.flush(context: context)
         case .replyPong(let ping):
             self.write(.pong(ping), context: context, promise: nil)
-            context.flush()
+            self.flush(context: context)
         case .peerError(let report):
             self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
             self.closeNow(context: context)
@@ -154,6 +183,22 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .ignore:
             break
         }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        self.reading = false
+        if self.flushPending {
+            self.flushPending = false
+            context.flush()
+        }
+        context.fireChannelReadComplete()
+    }
+
+    /// Passes a frame on to the dispatcher.
+    private func forward(_ frame: Frame, from context: ChannelHandlerContext) {
+        // A copy: the receiver may disconnect (be removed) while it handles the frame.
+        let link = self.link
+        link.forward(frame, from: context)
     }
 
     // MARK: Outbound
@@ -279,9 +324,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func flush(context: ChannelHandlerContext) {
         // Flushes come from the application layer; its writes go straight down, but the flush
-        // waits for the tasks already queued on the loop (the other handlers of the batch).
-        // With no request left in flight, no other handler's answer can join this write: the
-        // flush goes now, saving the caller a pass of the loop.
+        // waits for the end of the current read, or else for the tasks already queued on the
+        // loop (the other handlers of the batch). With no request left in flight, no other
+        // handler's answer can join this write: the flush goes now, saving the caller a pass of
+        // the loop.
+        if self.reading {
+            self.flushPending = true
+            return
+        }
         if self.session.requestsInFlight == 0 {
             self.flushPending = false
             context.flush()

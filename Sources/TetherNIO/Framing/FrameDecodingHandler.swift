@@ -17,6 +17,8 @@ public final class FrameDecodingHandler: ChannelDuplexHandler, RemovableChannelH
     public typealias OutboundOut = Frame
 
     private var decoder: FrameDecoder
+    /// Where frames go: the ``FrameReceiver`` right above, or up the pipeline.
+    private var link = FrameReceiverLink()
     private var cumulation: ByteBuffer?
     private var failed = false
     private var decoding = false
@@ -29,6 +31,26 @@ public final class FrameDecodingHandler: ChannelDuplexHandler, RemovableChannelH
 
     /// The body limit in force.
     public var maxBodySize: Int { self.decoder.maxBodySize }
+
+    /// Hands the decoded frames to `receiver` by a direct call from now on, rather than as
+    /// pipeline reads. Call it on the event loop, from the `handlerAdded` of the handler right
+    /// above this one; errors and other events still travel through the pipeline.
+    /// - Parameters:
+    ///   - receiver: The handler right above this one.
+    ///   - context: The receiver's context.
+    public func connect(_ receiver: any FrameReceiver, context: ChannelHandlerContext) {
+        self.link.connect(receiver, context: context)
+    }
+
+    /// Sends frames up the pipeline again, if `receiver` is the one connected. Call it from the
+    /// receiver's `handlerRemoved`.
+    public func disconnect(_ receiver: any FrameReceiver) {
+        self.link.disconnect(receiver)
+    }
+
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        self.link.disconnect()
+    }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !self.failed else { return }
@@ -83,7 +105,9 @@ public final class FrameDecodingHandler: ChannelDuplexHandler, RemovableChannelH
             }
             self.cumulation = buffer
             guard let frame else { return }
-            context.fireChannelRead(Self.wrapInboundOut(frame))
+            // A copy: the receiver may disconnect (be removed) while it handles the frame.
+            let link = self.link
+            link.forward(frame, from: context)
         }
     }
 }
