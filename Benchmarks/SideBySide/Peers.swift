@@ -29,8 +29,15 @@ enum Peer: String, CaseIterable, Sendable {
     /// The floor: a minimal SwiftNIO length-prefixed echo, driven by a NIO handler (no Swift
     /// concurrency on the client's hot path either).
     case rawNIO = "raw-nio"
-    /// Tether request/response over TCP.
+    /// Tether request/response over TCP: a handler in a task (``Gateway/handle(_:_:)``), callers
+    /// on Swift's global executor.
     case tether
+    /// The same gateway, with the echo registered as an inline handler (``Gateway/handleInline(_:_:)``):
+    /// called on the event loop, no task per request.
+    case tetherInline = "tether-inline"
+    /// The inline handler, and the callers' tasks on the client's own event loop
+    /// (`withTaskExecutorPreference(client.taskExecutor)`): no thread hop on either side.
+    case tetherInlineOnLoop = "tether-inline-loop"
     /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
     case http = "http1"
     /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
@@ -51,7 +58,7 @@ enum Peer: String, CaseIterable, Sendable {
     func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
-        case .tether: try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
+        case .tether, .tetherInline, .tetherInlineOnLoop: try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
         case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
@@ -62,7 +69,9 @@ enum Peer: String, CaseIterable, Sendable {
     func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
         switch self {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
-        case .tether: try await TetherPeer.withClient(port: port, body)
+        case .tether: try await TetherPeer.withClient(port: port, method: "echo", onLoop: false, body)
+        case .tetherInline: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: false, body)
+        case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: true, body)
         case .http: try await HTTPPeer.withClient(port: port, body)
         case .grpcUnary: try await GRPCPeer.withClient(port: port, streaming: false, body)
         case .grpcStream: try await GRPCPeer.withClient(port: port, streaming: true, body)
@@ -112,16 +121,20 @@ enum TetherPeer {
 
     struct Client: EchoClient {
         let client: TetherClient
-        let method = ProcessInfo.processInfo.environment["TETHER_BENCH_METHOD"] ?? "echo"
+        let method: String
+        let onLoop: Bool
         func echo(_ body: ByteBuffer) async throws -> Int {
             try await self.client.request(self.method, body: body).readableBytes
         }
-        var preferredExecutor: (any TaskExecutor)? {
-            ProcessInfo.processInfo.environment["TETHER_BENCH_ON_LOOP"] == "1" ? self.client.taskExecutor : nil
-        }
+        var preferredExecutor: (any TaskExecutor)? { self.onLoop ? self.client.taskExecutor : nil }
     }
 
-    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
+    static func withClient<R: Sendable>(
+        port: Int,
+        method: String,
+        onLoop: Bool,
+        _ body: @escaping @Sendable (any EchoClient) async throws -> R
+    ) async throws -> R {
         let client = try TetherClient(
             configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "bench"),
             logger: Peer.logger
@@ -129,7 +142,7 @@ enum TetherPeer {
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await client.run() }
             defer { client.shutdown() }
-            let result = try await body(Client(client: client))
+            let result = try await body(Client(client: client, method: method, onLoop: onLoop))
             client.shutdown()
             try await group.waitForAll()
             return result

@@ -59,6 +59,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var promise: EventLoopPromise<ByteBuffer>
         /// The request while it waits for a slot; `nil` once sent.
         var unsent: Frame.Request?
+
+        /// The request to send; it is marked sent.
+        mutating func takeUnsent() -> Frame.Request? {
+            defer { self.unsent = nil }
+            return self.unsent
+        }
     }
 
     let configuration: Configuration
@@ -468,9 +474,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         let limit = negotiated.maxConcurrentRequests == 0 ? Int.max : Int(negotiated.maxConcurrentRequests)
         var wrote = 0
         while self.sentCount < limit, let id = self.waiting.popFirst() {
-            guard var request = self.pending[id], let frame = request.unsent else { continue }  // settled meanwhile
-            request.unsent = nil
-            self.pending[id] = request
+            // In place: one lookup, and no copy of the request.
+            guard let frame = self.pending[id]?.takeUnsent() else { continue }  // settled meanwhile
             self.sentCount += 1
             self.write(.request(frame), context: context)
             wrote += 1
@@ -510,11 +515,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     private func complete(_ response: Frame.Response, context: ChannelHandlerContext) {
-        guard let request = self.pending[response.id], request.unsent == nil else {
-            // Timed out or cancelled already; PROTOCOL.md says to ignore it.
+        guard let index = self.pending.index(forKey: response.id), self.pending.values[index].unsent == nil else {
+            // Timed out or cancelled already (or never sent); PROTOCOL.md says to ignore it.
             return
         }
-        self.pending[response.id] = nil
+        let request = self.pending.remove(at: index).value
         self.sentCount -= 1
         self.deadlines.remove(response.id)
         defer { self.sendWaiting(context: context) }
