@@ -248,12 +248,16 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
                 self.waiting!.append((request, handler))
             }
         case .inline(let handler):
-            let response = self.gateway.answerInline(request, handler: handler, connection: connection, logger: self.logger)
-            self.protocolHandler.writeAndFlush(Frame(.response(response)))
+            self.answerAtOnce(request, handler: handler, connection: connection)
         case nil:
-            let response = self.gateway.answerInline(request, handler: nil, connection: connection, logger: self.logger)
-            self.protocolHandler.writeAndFlush(Frame(.response(response)))
+            self.answerAtOnce(request, handler: nil, connection: connection)
         }
+    }
+
+    /// Answers a request on the event loop: an inline handler's reply, or `unknown method`.
+    private func answerAtOnce(_ request: Frame.Request, handler: Gateway.InlineHandler?, connection: ConnectionInfo) {
+        let response = self.gateway.answerInline(request, handler: handler, connection: connection, logger: self.logger)
+        self.protocolHandler.writeAndFlush(Frame(.response(response)))
     }
 
     private func start(
