@@ -12,7 +12,10 @@ struct TetherBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tether-bench",
         abstract: "Tether side by side with raw NIO, HTTP/1.1, gRPC and WebSocket peers.",
-        subcommands: [Run.self, Serve.self, Drive.self, Idle.self, Hold.self, FanOut.self, Listen.self]
+        subcommands: [
+            Run.self, Serve.self, Drive.self, Idle.self, Hold.self, FanOut.self, Listen.self, Reliable.self, ReliableGateway.self,
+            ReliableReceiver.self,
+        ]
     )
 }
 

@@ -22,15 +22,29 @@ public struct ReliableMessage: Sendable {
 public final class MessageContext: Sendable {
     /// The connection the message came on.
     public let connection: ConnectionInfo
-    /// A logger carrying the connection, message and conversation.
-    public let logger: Logger
     /// The gateway.
     public let gateway: Gateway
+    private let base: Logger
+    private let messageID: UInt64
+    private let conversation: String
     private let staged = NIOLockedValueBox<[NewDelivery]>([])
 
-    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway) {
+    /// A logger carrying the connection, message and conversation.
+    ///
+    /// Made on each use: most handlers never log, and adding metadata to a logger is not free
+    /// (`StreamLogHandler` renders all of it again on every change).
+    public var logger: Logger {
+        var logger = self.base
+        logger[metadataKey: "tether.message"] = "\(self.messageID)"
+        logger[metadataKey: "tether.conversation"] = "\(self.conversation)"
+        return logger
+    }
+
+    init(connection: ConnectionInfo, base: Logger, message: Frame.Message, gateway: Gateway) {
         self.connection = connection
-        self.logger = logger
+        self.base = base
+        self.messageID = message.id
+        self.conversation = message.conversation
         self.gateway = gateway
     }
 

@@ -29,6 +29,7 @@ extension IntegrationTests {
                 case "refuse": throw RequestError(.invalidRequest, "refused")
                 case "flaky": throw SomeInternalError()
                 case let slow where slow.hasPrefix("slow"): try await Task.sleep(for: .milliseconds(100))
+                case "hang": try await Task.sleep(for: .seconds(60))
                 default: break
                 }
                 try context.deliver(to: message.conversation, topic: "chat.message", body: message.body)
@@ -112,6 +113,30 @@ extension IntegrationTests {
                         "bob:1:flaky", "bob:1:ok now", "bob:2:blocked behind it",
                     ]
                 )
+                alice.close()
+            }
+        }
+
+        @Test("a handler past the handler time limit is cancelled and not acknowledged; the retransmission is processed")
+        func handlerTimeLimit() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness) { $0.timeouts.handler = .milliseconds(300) }
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                let clock = ContinuousClock()
+                let sent = clock.now
+                try await alice.send(self.message(1, 1, "hang"))
+                try await alice.send(self.message(2, 1, "fine", conversation: "carol"))
+                #expect(await alice.nextMessageAck() == [.init(id: 2)], "the processor moved on")
+                let waited = clock.now - sent
+                #expect(waited >= .milliseconds(300) && waited < .seconds(20), "\(waited)")
+                // Each handler has the whole limit: three of 100 ms in a row (300 ms) all pass.
+                try await alice.send(self.message(3, 1, "slow 1", conversation: "dave"))
+                try await alice.send(self.message(4, 2, "slow 2", conversation: "dave"))
+                try await alice.send(self.message(5, 3, "slow 3", conversation: "dave"))
+                try await alice.send(self.message(1, 1, "ok now"))
+                #expect(await alice.nextMessageAcks(count: 4).map(\.id).sorted() == [1, 3, 4, 5])
+                #expect(seen.withLockedValue { $0 }.filter { $0.hasPrefix("bob") } == ["bob:1:hang", "bob:1:ok now"])
                 alice.close()
             }
         }

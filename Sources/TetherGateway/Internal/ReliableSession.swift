@@ -35,6 +35,7 @@ final class ReliableSession: Sendable {
     private let connection: ConnectionInfo
     private let outbound: ConnectionWriter
     private let logger: Logger
+    private let watchdog: HandlerWatchdog
     private let state = NIOLockedValueBox(State())
     private let messagesArrived: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
     private let pumpWakeups: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
@@ -51,6 +52,10 @@ final class ReliableSession: Sendable {
         self.connection = connection
         self.outbound = outbound
         self.logger = logger
+        self.watchdog = HandlerWatchdog(
+            eventLoop: outbound.channel.eventLoop,
+            limit: TimeAmount(gateway.configuration.timeouts.handler)
+        )
         _ = gateway.clientLanes.checkOut(connection.clientID)  // keeps the lane's cache while connected; see finish()
         self.messagesArrived = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
         self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
@@ -196,10 +201,7 @@ final class ReliableSession: Sendable {
         guard let handler = self.gateway.messageHandlers.withLockedValue({ $0[message.topic] }) else {
             return .unknownMethod
         }
-        var logger = self.logger
-        logger[metadataKey: "tether.message"] = "\(message.id)"
-        logger[metadataKey: "tether.conversation"] = "\(message.conversation)"
-        let context = MessageContext(connection: self.connection, logger: logger, gateway: self.gateway)
+        let context = MessageContext(connection: self.connection, base: self.logger, message: message, gateway: self.gateway)
         let reliableMessage = ReliableMessage(
             id: message.id,
             topic: message.topic,
@@ -207,23 +209,19 @@ final class ReliableSession: Sendable {
             sequence: message.sequence,
             body: message.body
         )
-        let limit = self.gateway.configuration.timeouts.handler
+        // In a child task, so that the watchdog's cancellation ends the handler, not the processor.
         let outcome: Result<Void, any Error> = await withTaskGroup(of: Result<Void, any Error>?.self) { group in
             group.addTask {
-                do {
-                    try await handler(reliableMessage, context)
-                    return .success(())
-                } catch {
-                    return .failure(error)
+                await self.watchdog.run {
+                    do {
+                        try await handler(reliableMessage, context)
+                        return .success(())
+                    } catch {
+                        return .failure(error)
+                    }
                 }
             }
-            group.addTask {
-                try? await Task.sleep(for: limit)
-                return nil
-            }
-            let first = await group.next()!
-            group.cancelAll()
-            return first ?? .failure(HandlerTimeout(limit: limit))
+            return await group.next()! ?? .failure(HandlerTimeout(limit: self.gateway.configuration.timeouts.handler))
         }
         switch outcome {
         case .success:
@@ -232,7 +230,7 @@ final class ReliableSession: Sendable {
         case .failure(let error as RequestError):
             return error.status == .ok ? .internalError : error.status
         case .failure(let error):
-            logger.error("message handler failed; the client will send the message again", metadata: ["error": "\(error)"])
+            context.logger.error("message handler failed; the client will send the message again", metadata: ["error": "\(error)"])
             return nil
         }
     }

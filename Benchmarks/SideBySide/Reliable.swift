@@ -1,0 +1,203 @@
+import ArgumentParser
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import Tether
+import TetherGateway
+
+/// `tether-bench reliable`: end-to-end reliable delivery with the embedded SQLite stores, each
+/// party in a process of its own (so that each can be profiled): alice (this process) sends,
+/// the gateway (`reliable-gateway`) processes each message once and delivers it to bob
+/// (`reliable-receiver`), whose app counts what it receives.
+///
+///     tether-bench reliable --messages 100000 --senders 64
+struct Reliable: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Reliable messages end to end: alice → gateway (SQLite) → bob, three processes."
+    )
+
+    @Option(help: "Messages alice sends.")
+    var messages = 100_000
+
+    @Option(help: "Concurrent senders, each its own conversation.")
+    var senders = 64
+
+    @Option(help: "Message body size in bytes.")
+    var body = 32
+
+    @Option(help: "Where reliable.json goes (nothing is written without it).")
+    var output: String?
+
+    struct Result: Codable {
+        var messages: Int
+        var senders: Int
+        var bodyBytes: Int
+        /// Until alice's last `send` returned (every message in her outbox).
+        var acceptedSeconds: Double
+        /// Until bob's app had every message.
+        var deliveredSeconds: Double
+        var deliveredPerSecond: Double
+        /// CPU seconds over the run, per process.
+        var aliceCPUSeconds: Double
+        var gatewayCPUSeconds: Double
+        var bobCPUSeconds: Double
+    }
+
+    func run() async throws {
+        let executable = try ChildProcess.thisExecutable()
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("tether-reliable-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: scratch) }
+
+        let gateway = try ChildProcess(executable, ["reliable-gateway", "--store", scratch.appendingPathComponent("gateway.sqlite").path])
+        defer { gateway.terminate() }
+        guard let ready = gateway.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
+            throw BenchError("the gateway did not start: \(gateway.errors())")
+        }
+        let bob = try ChildProcess(
+            executable,
+            [
+                "reliable-receiver", "--port", "\(port)", "--messages", "\(self.messages)",
+                "--outbox", scratch.appendingPathComponent("bob.sqlite").path,
+            ]
+        )
+        defer { bob.terminate() }
+        guard bob.readLine() == "connected" else { throw BenchError("bob did not connect: \(bob.errors())") }
+
+        var configuration = ClientConfiguration(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "alice")
+        configuration.reliability = try .init(
+            outbox: try SQLiteOutboxStore(path: scratch.appendingPathComponent("alice.sqlite").path),
+            capacity: max(self.messages, 10_000)
+        )
+        let alice = try TetherClient(configuration: configuration)
+        let body = ByteBuffer(repeating: UInt8(ascii: "m"), count: self.body)
+        let (messages, senders) = (self.messages, self.senders)
+
+        let result = try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { try await alice.run() }
+            defer { alice.shutdown() }
+            try await waitUntilConnected(alice)
+            let cpu = (
+                alice: processCPUSeconds(), gateway: processCPUSeconds(pid: gateway.pid) ?? 0, bob: processCPUSeconds(pid: bob.pid) ?? 0
+            )
+            let clock = ContinuousClock()
+            let started = clock.now
+            let startedAt = Date().timeIntervalSince1970
+            try await withThrowingDiscardingTaskGroup { senderGroup in
+                for sender in 0..<senders {
+                    let share = messages / senders + (sender < messages % senders ? 1 : 0)
+                    senderGroup.addTask {
+                        for _ in 0..<share {
+                            _ = try await alice.send("dm", body: body, conversation: "bob-\(sender)")
+                        }
+                    }
+                }
+            }
+            let accepted = (clock.now - started).totalSeconds
+            // "received N AT": bob's app had N messages, the last at AT (seconds since 1970).
+            guard let line = bob.readLine(), line.hasPrefix("received ") else { throw BenchError("bob failed: \(bob.errors())") }
+            let fields = line.split(separator: " ")
+            guard fields.count == 3, Int(fields[1]) == messages, let last = Double(fields[2]) else {
+                throw BenchError("bob reported '\(line)' for \(messages) messages")
+            }
+            let delivered = last - startedAt
+            return Result(
+                messages: messages,
+                senders: senders,
+                bodyBytes: body.readableBytes,
+                acceptedSeconds: accepted,
+                deliveredSeconds: delivered,
+                deliveredPerSecond: Double(messages) / delivered,
+                aliceCPUSeconds: processCPUSeconds() - cpu.alice,
+                gatewayCPUSeconds: (processCPUSeconds(pid: gateway.pid) ?? 0) - cpu.gateway,
+                bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob
+            )
+        }
+        emit(
+            "\(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
+                + "accepted in \(String(format: "%.2f", result.acceptedSeconds)) s (\(Int(Double(messages) / result.acceptedSeconds))/s), "
+                + "delivered in \(String(format: "%.2f", result.deliveredSeconds)) s = \(Int(result.deliveredPerSecond))/s; "
+                + "CPU alice \(String(format: "%.2f", result.aliceCPUSeconds)) s, gateway \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
+                + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s"
+        )
+        if let output = self.output { try writeJSON(result, to: "\(output)/reliable.json") }
+    }
+}
+
+/// The gateway of `reliable`: a SQLite message store; every "dm" is delivered to "bob".
+struct ReliableGateway: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "reliable-gateway", abstract: "The gateway of `reliable`.")
+
+    @Option(help: "The SQLite file of the message store.")
+    var store: String
+
+    @Option(help: "The port (0 picks one).")
+    var port = 0
+
+    func run() async throws {
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = .init(host: "127.0.0.1", port: self.port)
+        let gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: self.store), logger: Peer.logger)
+        gateway.onMessage("dm") { message, context in
+            try context.deliver(to: "bob", topic: "dm", body: message.body)
+        }
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { try await gateway.run() }
+            emit("ready \(try await gateway.listeningAddress.port!)")
+            try await withTaskCancellationHandler {
+                try await Task.sleep(for: .seconds(1_000_000))
+            } onCancel: {
+                gateway.shutdown()
+            }
+        }
+    }
+}
+
+/// Bob, for `reliable`: prints "connected", then "received N AT" once his app has `messages`
+/// deliveries (or after 300 s).
+struct ReliableReceiver: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "reliable-receiver", abstract: "The recipient of `reliable`.")
+
+    @Option var port: Int
+    @Option var messages: Int
+    @Option(help: "Bob's SQLite file (outbox and delivery checkpoint).") var outbox: String
+
+    func run() async throws {
+        var configuration = ClientConfiguration(endpoints: [Endpoint(host: "127.0.0.1", port: self.port)], clientID: "bob")
+        configuration.reliability = try .init(outbox: try SQLiteOutboxStore(path: self.outbox))
+        let bob = try TetherClient(configuration: configuration)
+        let target = self.messages
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { try await bob.run() }
+            defer { bob.shutdown() }
+            try await waitUntilConnected(bob)
+            emit("connected")
+            let received = try await withThrowingTaskGroup(of: Int?.self) { race in
+                race.addTask {
+                    var count = 0
+                    for try await _ in bob.deliveries() {
+                        count += 1
+                        if count == target { break }
+                    }
+                    return count
+                }
+                race.addTask {
+                    try await Task.sleep(for: .seconds(300))
+                    return nil
+                }
+                defer { race.cancelAll() }
+                return try await race.next()! ?? -1
+            }
+            emit("received \(received) \(Date().timeIntervalSince1970)")
+        }
+    }
+}
+
+/// Returns once `client` is connected (or throws after 30 s).
+func waitUntilConnected(_ client: TetherClient) async throws {
+    for _ in 0..<6_000 {
+        if case .connected = client.connectionState { return }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+    throw BenchError("the client did not connect within 30 s")
+}
