@@ -862,6 +862,52 @@ struct ClientReliableHandlerTests {
         )
     }
 
+    @Test("one timer sends each unacknowledged message again at its own retransmission timeout; an acknowledged one never")
+    func retransmissionTimer() throws {
+        var reliableHello = defaultHello
+        reliableHello.features.insert(.reliableDelivery)
+        reliableHello.outboxEpoch = 5
+        // Every timeout is at least 1 s, whatever the RTT samples say; each retransmission doubles it.
+        let fixture = try ClientHandlerFixture(
+            hello: reliableHello,
+            reliability: (window: 100, retransmission: RTTEstimator(initialTimeout: .seconds(1), minimumTimeout: .seconds(1))),
+            reliable: ReliableCallbacks(acknowledged: { _ in }, sent: { _ in }, delivery: { _, _ in .accepted })
+        )
+        var reliableWelcome = welcome
+        reliableWelcome.features.insert(.reliableDelivery)
+        reliableWelcome.deliveryEpoch = 7
+        try fixture.establish(welcome: reliableWelcome)
+        func sent() throws -> [UInt64] {
+            var ids: [UInt64] = []
+            while let frame = try fixture.readFrame() {
+                if case .message(let message) = frame.payload { ids.append(message.id) }
+            }
+            return ids
+        }
+        func acknowledge(_ ids: UInt64...) throws {
+            try fixture.channel.writeInbound(Frame(.messageAck(.init(entries: ids.map { .init(id: $0) })), flags: .checksum))
+        }
+
+        fixture.handler.enqueueMessages((1...3).map(self.record))  // t = 0: due at 1 s
+        #expect(try sent() == [1, 2, 3])
+        try acknowledge(2)
+        fixture.loop.advanceTime(by: .milliseconds(500))
+        fixture.handler.enqueueMessages([self.record(4)])  // due at 1.5 s
+        #expect(try sent() == [4])
+
+        fixture.loop.advanceTime(by: .milliseconds(499))
+        #expect(try sent() == [])
+        fixture.loop.advanceTime(by: .milliseconds(1))  // t = 1 s: 1 and 3 again, next due at 3 s
+        #expect(try sent() == [1, 3])
+        fixture.loop.advanceTime(by: .milliseconds(500))  // t = 1.5 s: 4 again, next due at 3.5 s
+        #expect(try sent() == [4])
+        try acknowledge(1, 3)
+        fixture.loop.advanceTime(by: .seconds(2))  // t = 3.5 s
+        #expect(try sent() == [4])
+        #expect(fixture.channel.isActive)
+        _ = try? fixture.channel.finish()
+    }
+
     @Test("messages go only while the channel is writable; PONGs and DELIVERY_ACKs never wait behind them")
     func controlFramesFirst() throws {
         let acknowledged = NIOLockedValueBox<[UInt64]>([])

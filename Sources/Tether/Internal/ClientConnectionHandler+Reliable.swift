@@ -1,5 +1,6 @@
 import NIOCore
 import TetherCore
+import TetherNIO
 
 /// What the client's reliable engine hears from a connection.
 struct ReliableCallbacks: Sendable {
@@ -13,7 +14,9 @@ struct ReliableCallbacks: Sendable {
 struct ReliableConnectionState {
     var scheduler: MessageScheduler
     var retransmission: RTTEstimator
-    var timers: [UInt64: Scheduled<Void>] = [:]
+    /// When each message in flight is sent again, served by one timer (`timer`).
+    var deadlines = DeadlineQueue<UInt64, NIODeadline>()
+    var timer = DeadlineTimer()
     var pumping = false
 }
 
@@ -66,23 +69,28 @@ extension ClientConnectionHandler {
             self.write(.message(message), context: context)
             wrote = true
             let timeout = self.reliable!.retransmission.retransmissionTimeout(afterRetransmissions: transmissions - 1)
-            let id = record.id
-            self.reliable!.timers[id] = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(timeout)) {
-                self.messageTimedOut(id)
-            }
+            self.reliable!.deadlines.insert(record.id, deadline: now + TimeAmount(timeout))
         }
         if wrote {
             context.flush()
             self.heartbeat?.frameSent(at: now)
+            self.armRetransmissionTimer(context: context)
         }
         if !firstTransmissions.isEmpty { self.callbacks.reliable?.sent(firstTransmissions) }
     }
 
-    private func messageTimedOut(_ id: UInt64) {
-        guard self.reliable != nil, let context = self.context else { return }
-        self.reliable!.timers[id] = nil
-        self.reliable!.scheduler.timedOut(id)
-        self.pumpMessages(context: context)
+    /// Makes the retransmission timer fire at the earliest deadline of the messages in flight.
+    private func armRetransmissionTimer(context: ChannelHandlerContext) {
+        guard self.reliable != nil else { return }
+        self.reliable!.timer.arm(at: self.reliable!.deadlines.earliest, on: context.eventLoop) {
+            guard self.reliable != nil, let context = self.context else { return }
+            self.reliable!.timer.fired()
+            for id in self.reliable!.deadlines.popExpired(at: context.eventLoop.now) {
+                self.reliable!.scheduler.timedOut(id)
+            }
+            self.pumpMessages(context: context)
+            self.armRetransmissionTimer(context: context)
+        }
     }
 
     // MARK: Receiving
@@ -91,7 +99,7 @@ extension ClientConnectionHandler {
         let now = context.eventLoop.now
         for entry in ack.entries {
             guard let (_, sample) = self.reliable?.scheduler.acknowledged(entry.id, now: now) else { continue }
-            self.reliable?.timers.removeValue(forKey: entry.id)?.cancel()
+            self.reliable?.deadlines.remove(entry.id)
             if let sample { self.reliable?.retransmission.record(sample: Duration(sample)) }
         }
         self.callbacks.reliable?.acknowledged(ack.entries)
@@ -112,7 +120,7 @@ extension ClientConnectionHandler {
     }
 
     func stopReliable() {
-        for (_, timer) in self.reliable?.timers ?? [:] { timer.cancel() }
+        self.reliable?.timer.cancel()
         self.reliable = nil
     }
 }
