@@ -16,9 +16,9 @@ struct ReliableEngineTests {
         func acknowledgeDeliveries(upTo sequence: UInt64) { self.acknowledgedUpTo.withLockedValue { $0 = sequence } }
     }
 
-    func engine() throws -> ReliableEngine {
+    func engine(outbox: InMemoryOutboxStore = InMemoryOutboxStore()) throws -> ReliableEngine {
         ReliableEngine(
-            configuration: try .init(outbox: InMemoryOutboxStore()),
+            configuration: try .init(outbox: outbox),
             eventLoop: EmbeddedEventLoop(),
             logger: Logger(label: "test")
         )
@@ -39,6 +39,25 @@ struct ReliableEngineTests {
         #expect(engine.receive(self.delivery(4), epoch: 7) == .gap(expected: 3))
         #expect(try await engine.nextDelivery()?.sequence == 1)
         #expect(try await engine.nextDelivery()?.sequence == 2)
+    }
+
+    @Test("deliveries the app processed before their connection was attached are acknowledged once it is")
+    func processedBeforeAttach() async throws {
+        let outbox = InMemoryOutboxStore()
+        let engine = try self.engine(outbox: outbox)
+        _ = try await engine.helloFields()
+        let maintenance = Task { await engine.runMaintenance() }
+        let sink = Sink()
+        for sequence: UInt64 in 1...3 { #expect(engine.receive(self.delivery(sequence), epoch: 7) == .accepted) }
+        for sequence: UInt64 in 1...3 { #expect(try await engine.nextDelivery()?.sequence == sequence) }
+        engine.consumerEnded()  // the app is done with all three; the checkpoint is saved, with no one to tell
+        try await eventually("the checkpoint is saved") { (try? await outbox.load().checkpoint?.lastSequence) == 3 }
+        #expect(sink.acknowledgedUpTo.withLockedValue { $0 } == 0)
+
+        _ = engine.attach(sink, deliveryEpoch: 7)
+        try await eventually("the gateway is told") { sink.acknowledgedUpTo.withLockedValue { $0 } == 3 }
+        engine.finish()
+        await maintenance.value
     }
 
     @Test("a connection to another gateway store starts the inbox again")

@@ -361,12 +361,19 @@ final class ReliableEngine: Sendable {
     /// A connection with reliable delivery was established.
     /// - Returns: Every message to send, by id.
     func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64) -> [OutboxRecord] {
-        self.state.withLockedValue { state in
+        let (records, acknowledge) = self.state.withLockedValue { state in
             state.sink = sink
             Self.adopt(deliveryEpoch, in: &state)
             state.acknowledgedDeliveries = min(state.acknowledgedDeliveries, state.processed)
-            return state.records.values.sorted { $0.id < $1.id }
+            // DELIVERYs can arrive, and the app process them, before the connection is attached:
+            // their checkpoint was saved with no connection to acknowledge it on. Acknowledge
+            // them now, or the gateway, its window full, would wait for this forever.
+            let acknowledge = state.processed > state.acknowledgedDeliveries
+            if acknowledge { state.checkpointDirty = true }
+            return (state.records.values.sorted { $0.id < $1.id }, acknowledge)
         }
+        if acknowledge { self.wakeup.continuation.yield() }
+        return records
     }
 
     /// Switches the inbox to another gateway store, whose sequence numbers start again.
