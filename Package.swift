@@ -41,10 +41,13 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
     ],
     targets: [
+        // CRC-32C with the processor's instruction; the only C in Tether (see its header).
+        .target(name: "CTetherCRC32C"),
         .target(
             name: "TetherCore",
             dependencies: [
-                .product(name: "NIOCore", package: "swift-nio")
+                "CTetherCRC32C",
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strictSwift6
         ),
