@@ -108,6 +108,11 @@ enum TetherPeer {
             reply.writeInteger(UInt32(recipients))
             return reply
         }
+        try await Self.run(gateway, ready: ready)
+    }
+
+    /// Runs `gateway` until the task is cancelled, calling `ready` with its port once it listens.
+    static func run(_ gateway: Gateway, ready: @escaping @Sendable (Int) -> Void) async throws {
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { try await gateway.run() }
             ready(try await gateway.listeningAddress.port!)

@@ -141,15 +141,7 @@ struct ReliableGateway: AsyncParsableCommand {
         gateway.onMessage("dm") { message, context in
             try context.deliver(to: "bob", topic: "dm", body: message.body)
         }
-        try await withThrowingDiscardingTaskGroup { group in
-            group.addTask { try await gateway.run() }
-            emit("ready \(try await gateway.listeningAddress.port!)")
-            try await withTaskCancellationHandler {
-                try await Task.sleep(for: .seconds(1_000_000))
-            } onCancel: {
-                gateway.shutdown()
-            }
-        }
+        try await TetherPeer.run(gateway) { port in emit("ready \(port)") }
     }
 }
 
