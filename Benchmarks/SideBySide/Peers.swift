@@ -38,6 +38,10 @@ enum Peer: String, CaseIterable, Sendable {
     /// The inline handler, and the callers' tasks on the client's own event loop
     /// (`withTaskExecutorPreference(client.taskExecutor)`): no thread hop on either side.
     case tetherInlineOnLoop = "tether-inline-loop"
+    /// The inline handler, and callers using the completion-handler API (``TetherDataTask``):
+    /// each completion handler, on the client's event loop, sends the next request, as the raw
+    /// floor's driver does. No Swift task per request on either side.
+    case tetherCallback = "tether-callback"
     /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
     case http = "http1"
     /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
@@ -58,7 +62,8 @@ enum Peer: String, CaseIterable, Sendable {
     func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
-        case .tether, .tetherInline, .tetherInlineOnLoop: try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
+        case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback:
+            try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
         case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
@@ -69,6 +74,7 @@ enum Peer: String, CaseIterable, Sendable {
     func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (any EchoClient) async throws -> R) async throws -> R {
         switch self {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
+        case .tetherCallback: fatalError("the callback peer is driven by CallbackDriver.drive")
         case .tether: try await TetherPeer.withClient(port: port, method: "echo", onLoop: false, body)
         case .tetherInline: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: false, body)
         case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: true, body)
@@ -140,6 +146,13 @@ enum TetherPeer {
         onLoop: Bool,
         _ body: @escaping @Sendable (any EchoClient) async throws -> R
     ) async throws -> R {
+        try await Self.withClient(port: port) { client in
+            try await body(Client(client: client, method: method, onLoop: onLoop))
+        }
+    }
+
+    /// Runs `body` with a client connected to the gateway on `port`.
+    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (TetherClient) async throws -> R) async throws -> R {
         let client = try TetherClient(
             configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "bench"),
             logger: Peer.logger
@@ -147,7 +160,7 @@ enum TetherPeer {
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await client.run() }
             defer { client.shutdown() }
-            let result = try await body(Client(client: client, method: method, onLoop: onLoop))
+            let result = try await body(client)
             client.shutdown()
             try await group.waitForAll()
             return result

@@ -76,25 +76,46 @@ struct Drive: AsyncParsableCommand {
             seconds: 0,
             clientCPUSeconds: 0
         )
+        let base = measurement
+        let (requestCount, measuredSeconds) = (self.requests, self.seconds)
         @Sendable func start() -> Double {
             emit("start")
             return processCPUSeconds()
         }
-        if self.peer == .rawNIO {
-            _ = try await RawEcho.drive(port: self.port, body: body, inFlight: max(1, self.inFlight), requests: nil, seconds: 1)
+        /// The drivers that work like the floor's (a fixed number of requests, or until a deadline).
+        @Sendable func measureHandlerDriven(
+            _ drive: @escaping @Sendable (_ requests: Int?, _ seconds: Double) async throws -> RawEcho.Outcome
+        ) async throws -> Measurement {
+            var measurement = base
+            _ = try await drive(nil, 1)
             let cpu = start()
             let began = Date()
-            let outcome = try await RawEcho.drive(
-                port: self.port,
-                body: body,
-                inFlight: max(1, self.inFlight),
-                requests: sequential ? self.requests : nil,
-                seconds: sequential ? 3600 : self.seconds
-            )
+            let outcome = try await drive(sequential ? requestCount : nil, sequential ? 3600 : measuredSeconds)
             measurement.seconds = Date().timeIntervalSince(began)
             measurement.clientCPUSeconds = processCPUSeconds() - cpu
             measurement.completed = outcome.completed
             measurement.setLatency(outcome.latency)
+            return measurement
+        }
+        let inFlight = max(1, self.inFlight)
+        let port = self.port
+        if self.peer == .rawNIO {
+            measurement = try await measureHandlerDriven { requests, seconds in
+                try await RawEcho.drive(port: port, body: body, inFlight: inFlight, requests: requests, seconds: seconds)
+            }
+        } else if self.peer == .tetherCallback {
+            measurement = try await TetherPeer.withClient(port: port) { client in
+                try await measureHandlerDriven { requests, seconds in
+                    try await CallbackDriver.drive(
+                        client,
+                        method: "echo.inline",
+                        body: body,
+                        inFlight: inFlight,
+                        requests: requests,
+                        seconds: seconds
+                    )
+                }
+            }
         } else {
             let requests = self.requests
             let seconds = self.seconds

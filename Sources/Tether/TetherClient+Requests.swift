@@ -29,6 +29,19 @@ extension TetherClient {
     ///   ``TetherError/Code/invalidArgument``.
     public func request(_ method: String, body: ByteBuffer = ByteBuffer(), timeout: Duration? = nil) async throws(TetherError) -> ByteBuffer
     {
+        let call = try self.prepareRequest(method, timeout: timeout)
+        return try await self.perform(call, body: body)
+    }
+
+    /// A request's arguments, checked, with its id and deadline.
+    struct PreparedRequest: Sendable {
+        var id: UInt64
+        var method: String
+        var deadline: NIODeadline
+    }
+
+    /// Checks a request's arguments and gives it an id and a deadline.
+    func prepareRequest(_ method: String, timeout: Duration?) throws(TetherError) -> PreparedRequest {
         guard !method.isEmpty, method.utf8.count <= Int(UInt16.max) else {
             throw TetherError(code: .invalidArgument, message: "the method must be 1 to 65535 bytes long")
         }
@@ -36,31 +49,52 @@ extension TetherClient {
         guard timeout > .zero else {
             throw TetherError(code: .invalidArgument, message: "the timeout must be positive, got \(timeout.shortDescription)")
         }
-        let deadline = self.eventLoop.now + TimeAmount(timeout)
-        let id = self.requestIDs.loadThenWrappingIncrement(ordering: .relaxed)
+        return PreparedRequest(
+            id: self.requestIDs.loadThenWrappingIncrement(ordering: .relaxed),
+            method: method,
+            deadline: self.eventLoop.now + TimeAmount(timeout)
+        )
+    }
 
+    /// Sends a prepared request, waiting for a connection if none is ready, and returns its response.
+    func perform(_ call: PreparedRequest, body: ByteBuffer) async throws(TetherError) -> ByteBuffer {
         while true {
             guard !Task.isCancelled else {
-                throw TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
+                throw TetherError(code: .cancelled, message: "request '\(call.method)' was cancelled")
             }
-            let connection = try await self.connection(before: deadline, method: method)
-            let remaining = deadline - self.eventLoop.now
-            guard remaining > .zero else {
-                throw TetherError(code: .timedOut, message: "no connection for '\(method)' before its deadline")
-            }
-            let request = Frame.Request(id: id, method: method, timeout: Duration(remaining), body: body)
+            let connection = try await self.connection(before: call.deadline, method: call.method)
+            let request = try self.frame(for: call, body: body)
             do {
-                return try await connection.execute(request, deadline: deadline)
+                return try await connection.execute(request, deadline: call.deadline)
             } catch let error as TetherError where error.code == .notDispatched {
                 // The connection stopped accepting requests before this one reached a handler:
                 // make sure nobody picks it again, then wait for the next one.
-                self.state.withLockedValue { state in
-                    if state.ready === connection { state.ready = nil }
-                }
+                self.retire(connection)
                 continue
             } catch {
-                throw TetherError.wrapping(error, as: .connectionLost, "request '\(method)' failed")
+                throw TetherError.wrapping(error, as: .connectionLost, "request '\(call.method)' failed")
             }
+        }
+    }
+
+    /// The REQUEST frame for `call`, carrying the time left before its deadline.
+    func frame(for call: PreparedRequest, body: ByteBuffer) throws(TetherError) -> Frame.Request {
+        let remaining = call.deadline - self.eventLoop.now
+        guard remaining > .zero else {
+            throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
+        }
+        return Frame.Request(id: call.id, method: call.method, timeout: Duration(remaining), body: body)
+    }
+
+    /// The connection requests go to now, if one is ready.
+    var readyConnection: ClientConnection? {
+        self.state.withLockedValue { $0.ready }
+    }
+
+    /// Stops handing out `connection`, which no longer accepts requests.
+    func retire(_ connection: ClientConnection) {
+        self.state.withLockedValue { state in
+            if state.ready === connection { state.ready = nil }
         }
     }
 

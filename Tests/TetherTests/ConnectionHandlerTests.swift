@@ -98,7 +98,11 @@ final class ClientHandlerFixture {
 
     func requestWithoutRunningLoop(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
         let promise = self.loop.makePromise(of: ByteBuffer.self)
-        self.handler.sendRequest(.init(id: id, method: "m", body: ByteBuffer()), deadline: self.loop.now + timeout, promise: promise)
+        self.handler.sendRequest(
+            .init(id: id, method: "m", body: ByteBuffer()),
+            deadline: self.loop.now + timeout,
+            waiter: .promise(promise)
+        )
         return promise.futureResult
     }
 
@@ -312,6 +316,29 @@ struct ClientConnectionHandlerTests {
         // Nothing in flight again: the next one leaves at once.
         _ = fixture.requestWithoutRunningLoop(id: 4)
         #expect(try fixture.readFrame()?.payload == .request(.init(id: 4, method: "m")))
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("a long batch of requests on the loop leaves in chunks: every 64th written request flushes at once")
+    func onLoopFlushChunks() throws {
+        let fixture = try ClientHandlerFixture()
+        var roomy = welcome
+        roomy.maxConcurrentRequests = 1000
+        try fixture.establish(welcome: roomy)
+        _ = fixture.requestWithoutRunningLoop(id: 1)
+        #expect(try fixture.readFrame()?.payload == .request(.init(id: 1, method: "m")))
+        for id: UInt64 in 2...150 { _ = fixture.requestWithoutRunningLoop(id: id) }
+        func flushedIDs() throws -> [UInt64] {
+            var ids: [UInt64] = []
+            while let frame = try fixture.readFrame() {
+                guard case .request(let request) = frame.payload else { Issue.record("expected REQUEST, got \(frame.type)"); continue }
+                ids.append(request.id)
+            }
+            return ids
+        }
+        #expect(try flushedIDs() == Array(2...129), "two chunks of 64 left without waiting for the end of the batch")
+        fixture.loop.run()
+        #expect(try flushedIDs() == Array(130...150), "the rest at the end of the batch")
         _ = try? fixture.channel.finish()
     }
 
@@ -742,6 +769,22 @@ struct GatewayConnectionHandlerTests {
         #expect(try fixture.readOutbound() == nil, "not flushed while the read goes on")
         pipeline.fireChannelReadComplete()
         #expect(try fixture.readOutboundWrite()?.map(\.payload) == [.pong(.init(id: 1)), .pong(.init(id: 2))])
+        _ = try? fixture.channel.finish()
+    }
+
+    @Test("the answers to a long read leave in chunks: every 64th written frame flushes at once")
+    func flushChunksWhileReading() throws {
+        let fixture = try GatewayHandlerFixture()
+        try fixture.establish()
+        let pipeline = fixture.channel.pipeline
+        for id in 1...150 as ClosedRange<UInt64> {
+            pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: id)), flags: .checksum)))
+        }
+        #expect(try fixture.readOutboundWrite()?.map(\.payload) == (1...64).map { .pong(.init(id: $0)) })
+        #expect(try fixture.readOutboundWrite()?.map(\.payload) == (65...128).map { .pong(.init(id: $0)) })
+        #expect(try fixture.readOutbound() == nil, "the rest waits for the end of the read")
+        pipeline.fireChannelReadComplete()
+        #expect(try fixture.readOutboundWrite()?.map(\.payload) == (129...150).map { .pong(.init(id: $0)) })
         _ = try? fixture.channel.finish()
     }
 

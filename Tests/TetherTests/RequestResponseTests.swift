@@ -258,6 +258,92 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a data task on a connected client needs no Swift task: its completion runs on the event loop and may send the next")
+        func dataTasksOnTheLoop() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handleInline("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                #expect(try await client.request("echo", body: ByteBuffer(string: "connected")).string == "connected")
+
+                struct Observation: Sendable {
+                    var onLoop: Bool
+                    var inTask: Bool
+                    var body: String?
+                }
+                let seen = NIOLockedValueBox<[Observation]>([])
+                // Eight chains of 50 requests, each sent by the completion handler of the one before.
+                @Sendable func chain(_ label: String, _ remaining: Int) {
+                    guard remaining > 0 else { return }
+                    client.dataTask("echo", body: ByteBuffer(string: "\(label)-\(remaining)")) { result in
+                        let observation = Observation(
+                            onLoop: client.eventLoop.inEventLoop,
+                            inTask: withUnsafeCurrentTask { $0 != nil },
+                            body: (try? result.get())?.string
+                        )
+                        seen.withLockedValue { $0.append(observation) }
+                        chain(label, remaining - 1)
+                    }.resume()
+                }
+                for index in 0..<8 { chain("c\(index)", 50) }
+                try await eventually("every request is answered") { seen.withLockedValue { $0.count } == 400 }
+                let observations = seen.withLockedValue { $0 }
+                #expect(observations.allSatisfy { $0.onLoop && !$0.inTask })
+                let expected = Set((0..<8).flatMap { index in (1...50).map { "c\(index)-\($0)" } })
+                #expect(Set(observations.compactMap(\.body)) == expected, "each request got its own response")
+            }
+        }
+
+        @Test("a data task cancelled while on the wire ends at once and its CANCEL stops the gateway's handler")
+        func dataTaskCancellationReachesGateway() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handleInline("echo") { request, _ in request.body }
+                let wait = WaitingHandler()
+                gateway.handle("wait", wait.handler)
+                let client = try harness.client([endpoint])
+                #expect(try await client.request("echo", body: ByteBuffer(string: "connected")).string == "connected")
+
+                let outcome = NIOLockedValueBox<Result<ByteBuffer, TetherError>?>(nil)
+                let task = client.dataTask("wait", timeout: .seconds(60)) { result in outcome.withLockedValue { $0 = result } }
+                task.resume()
+                try await eventually("the handler runs") { wait.started }
+                task.cancel()
+                try await eventually("the completion runs") { outcome.withLockedValue { $0 } != nil }
+                guard case .failure(let error) = outcome.withLockedValue({ $0 }) else {
+                    Issue.record("a cancelled data task must fail")
+                    return
+                }
+                #expect(error.code == .cancelled)
+                #expect(task.state == .canceled)
+                try await eventually("the CANCEL frame stops the handler", timeout: .seconds(5)) { wait.cancelled }
+            }
+        }
+
+        @Test("a data task handed to a connection that no longer takes requests is sent on the next connection")
+        func dataTaskOnDrainedConnection() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                gateway.handleInline("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint])
+                let events = harness.events(of: client)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "one")).string == "one")
+                let connection = try #require(client.readyConnection)
+
+                let outcome = NIOLockedValueBox<Result<ByteBuffer, TetherError>?>(nil)
+                let task = client.dataTask("echo", body: ByteBuffer(string: "two")) { result in outcome.withLockedValue { $0 = result } }
+                // In one event-loop turn: the connection stops taking requests and closes, while the
+                // client still hands it out (it learns of the close later, off the loop).
+                try await client.eventLoop.submit {
+                    connection.drain()
+                    task.resume()
+                }.get()
+                try await eventually("the completion runs", timeout: .seconds(10)) { outcome.withLockedValue { $0 } != nil }
+                #expect(try outcome.withLockedValue { $0 }?.get().string == "two")
+                try await eventually("the client reconnected") { events.connects >= 2 }
+            }
+        }
+
         @Test("invalid arguments are refused locally with clear errors")
         func invalidArguments() async throws {
             try await withHarness { harness in

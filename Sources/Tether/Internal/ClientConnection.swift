@@ -21,11 +21,11 @@ final class ClientConnection: Sendable {
         var hopScheduled = false
     }
 
-    /// A request submitted from outside the event loop, and the caller waiting for it.
+    /// A request submitted from outside the event loop, and who waits for it.
     private struct Submission: Sendable {
         var request: Frame.Request
         var deadline: NIODeadline
-        var continuation: UnsafeContinuation<ByteBuffer, any Error>
+        var waiter: ResponseWaiter
     }
 
     init(
@@ -54,26 +54,11 @@ final class ClientConnection: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
                 if eventLoop.inEventLoop {
-                    handler.value.sendRequest(request, deadline: deadline, promise: Self.promise(resuming: continuation, on: eventLoop))
-                    return
-                }
-                enum Outcome {
-                    case hop
-                    case queued
-                    case cancelled
-                }
-                let outcome: Outcome = self.submissions.withLockedValue { submissions in
+                    handler.value.sendRequest(request, deadline: deadline, waiter: .continuation(continuation))
+                } else {
                     // Checked under the lock that `cancel` takes: a cancellation either sees the
                     // request queued, or the request sees the cancellation.
-                    if Task.isCancelled { return .cancelled }
-                    submissions.requests.append(Submission(request: request, deadline: deadline, continuation: continuation))
-                    defer { submissions.hopScheduled = true }
-                    return submissions.hopScheduled ? .queued : .hop
-                }
-                switch outcome {
-                case .hop: eventLoop.execute { self.sendSubmitted() }
-                case .queued: break
-                case .cancelled: continuation.resume(throwing: Self.cancelled(request.method))
+                    self.submit(request, deadline: deadline, waiter: .continuation(continuation), unlessCancelled: true)
                 }
             }
         } onCancel: {
@@ -81,15 +66,53 @@ final class ClientConnection: Sendable {
         }
     }
 
+    /// Sends `request` and calls `completion` with its response or error, at the latest when
+    /// `deadline` passes; ``cancel(_:)`` with the request's id abandons it.
+    ///
+    /// `completion` runs on the event loop, inside the connection's handler: it must not block,
+    /// and it may send the next request, which then leaves without a thread hop.
+    func execute(
+        _ request: Frame.Request,
+        deadline: NIODeadline,
+        completion: @escaping @Sendable (Result<ByteBuffer, TetherError>) -> Void
+    ) {
+        if self.channel.eventLoop.inEventLoop {
+            self.handler.value.sendRequest(request, deadline: deadline, waiter: .callback(completion))
+        } else {
+            self.submit(request, deadline: deadline, waiter: .callback(completion), unlessCancelled: false)
+        }
+    }
+
+    /// Queues a request submitted from outside the event loop for the next hop, and schedules
+    /// the hop if none is. With `unlessCancelled`, a cancelled task's request fails at once.
+    private func submit(_ request: Frame.Request, deadline: NIODeadline, waiter: ResponseWaiter, unlessCancelled: Bool) {
+        enum Outcome {
+            case hop
+            case queued
+            case cancelled
+        }
+        let outcome: Outcome = self.submissions.withLockedValue { submissions in
+            if unlessCancelled, Task.isCancelled { return .cancelled }
+            submissions.requests.append(Submission(request: request, deadline: deadline, waiter: waiter))
+            defer { submissions.hopScheduled = true }
+            return submissions.hopScheduled ? .queued : .hop
+        }
+        switch outcome {
+        case .hop: self.channel.eventLoop.execute { self.sendSubmitted() }
+        case .queued: break
+        case .cancelled: waiter.fail(Self.cancelled(request.method))
+        }
+    }
+
     /// Cancels request `id`: takes it back if it still waits for the hop, or else tells the
-    /// handler, after the hop that sent it.
-    private func cancel(_ id: UInt64) {
+    /// handler, after the hop that sent it. Nothing happens if the request has ended.
+    func cancel(_ id: UInt64) {
         let waiting: Submission? = self.submissions.withLockedValue { submissions in
             guard let index = submissions.requests.firstIndex(where: { $0.request.id == id }) else { return nil }
             return submissions.requests.remove(at: index)
         }
         if let waiting {
-            waiting.continuation.resume(throwing: Self.cancelled(waiting.request.method))
+            waiting.waiter.fail(Self.cancelled(waiting.request.method))
         } else {
             let handler = self.handler
             self.channel.eventLoop.execute { handler.value.cancelRequest(id: id) }
@@ -107,27 +130,17 @@ final class ClientConnection: Sendable {
             defer { submissions.requests.removeAll(keepingCapacity: true) }
             return submissions.requests
         }
-        let eventLoop = self.channel.eventLoop
-        let requests = submitted.map { submission in
-            (submission.request, submission.deadline, Self.promise(resuming: submission.continuation, on: eventLoop))
-        }
-        self.handler.value.sendRequests(requests)
+        self.handler.value.sendRequests(submitted.lazy.map { (request: $0.request, deadline: $0.deadline, waiter: $0.waiter) })
     }
 
-    /// A promise, made on `eventLoop`, whose result resumes `continuation`.
-    private static func promise(
-        resuming continuation: UnsafeContinuation<ByteBuffer, any Error>,
-        on eventLoop: any EventLoop
-    ) -> EventLoopPromise<ByteBuffer> {
-        let promise = eventLoop.makePromise(of: ByteBuffer.self)
-        promise.futureResult.assumeIsolated().whenComplete { continuation.resume(with: $0) }
-        return promise
-    }
-
-    /// Stops new requests and closes once those in flight are answered.
+    /// Stops new requests and closes once those in flight are answered; at once on the event loop.
     func drain() {
         let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.drain() }
+        if self.channel.eventLoop.inEventLoop {
+            handler.value.drain()
+        } else {
+            self.channel.eventLoop.execute { handler.value.drain() }
+        }
     }
 
     /// Makes the heartbeat follow the client's current heartbeat mode.

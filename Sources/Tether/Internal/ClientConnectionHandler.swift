@@ -20,7 +20,7 @@ struct ConnectionClosure: Sendable {
 ///
 /// It sits on top of the transport's framing and lives on the channel's event loop. The
 /// protocol rules are in ``ClientSessionStateMachine`` and ``HeartbeatStateMachine``; this
-/// handler performs their actions. The client calls ``sendRequest(_:deadline:promise:)``,
+/// handler performs their actions. The client calls ``sendRequest(_:deadline:waiter:)``,
 /// ``cancelRequest(id:)`` and ``drain()`` on the event loop.
 final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHandler, FrameReceiver {
     typealias InboundIn = Frame
@@ -50,13 +50,13 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         var idleProbe: @Sendable (HeartbeatStateMachine.IdleProbe, _ answered: Bool) -> Void = { _, _ in }
     }
 
-    /// A request to send, its deadline, and the promise its response completes.
-    typealias RequestSubmission = (request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>)
+    /// A request to send, its deadline, and who waits for its response.
+    typealias RequestSubmission = (request: Frame.Request, deadline: NIODeadline, waiter: ResponseWaiter)
 
     private struct PendingRequest {
         var method: String
         var deadline: NIODeadline
-        var promise: EventLoopPromise<ByteBuffer>
+        var waiter: ResponseWaiter
         /// The request while it waits for a slot; `nil` once sent.
         var unsent: Frame.Request?
 
@@ -95,6 +95,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     private var sentCount = 0
     /// A flush is queued on the event loop (``flushAtEndOfBatch(context:)``).
     private var flushScheduled = false
+    /// Requests written since the last flush (see ``FlushTiming/maxUnflushedRequests``).
+    private var unflushed = 0
     private(set) var context: ChannelHandlerContext?
     /// Tether's encoder right below this handler, if the channel uses it (the transports do):
     /// frames are handed to it directly rather than wrapped in `NIOAny`.
@@ -236,14 +238,14 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     // MARK: Operations called by the client, on the event loop
 
-    /// Sends a request; `promise` completes with the response body or a ``TetherError``, at the
-    /// latest when `deadline` passes.
+    /// Sends a request; `waiter` gets the response body or a ``TetherError``, at the latest when
+    /// `deadline` passes. A callback waiter runs here, on the event loop, and may send requests.
     ///
     /// For callers that run on the event loop, one request each: if other requests are on the
     /// wire, the flush waits for the end of the loop's current batch of work, so that the
     /// requests of every caller resumed in that batch leave in one write. Alone, it leaves at once.
-    func sendRequest(_ request: Frame.Request, deadline: NIODeadline, promise: EventLoopPromise<ByteBuffer>) {
-        self.sendRequests(CollectionOfOne((request: request, deadline: deadline, promise: promise)), flush: .coalescing)
+    func sendRequest(_ request: Frame.Request, deadline: NIODeadline, waiter: ResponseWaiter) {
+        self.sendRequests(CollectionOfOne((request: request, deadline: deadline, waiter: waiter)), flush: .coalescing)
     }
 
     /// When ``sendWaiting(context:flush:)`` flushes what it wrote.
@@ -252,20 +254,25 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         case now
         /// At once if nothing else is on the wire; else at the end of the loop's current batch.
         case coalescing
+
+        /// A coalescing flush waits for the end of the batch only while fewer requests than this
+        /// are written and not flushed: a long batch leaves in chunks, so the gateway can start on
+        /// the first while the client writes the rest, and both sides work at once.
+        static let maxUnflushedRequests = 64
     }
 
     /// Sends several requests, in one write as far as the gateway's slots allow.
     func sendRequests(_ requests: some Sequence<RequestSubmission>, flush: FlushTiming = .now) {
         guard let context, self.session.acceptsRequests, let negotiated = self.session.negotiated else {
-            for (_, _, promise) in requests {
-                promise.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
+            for (_, _, waiter) in requests {
+                waiter.fail(TetherError(code: .notDispatched, message: "the connection no longer accepts requests"))
             }
             return
         }
-        for (request, deadline, promise) in requests {
+        for (request, deadline, waiter) in requests {
             let bodySize = request.bodySize
             guard bodySize <= negotiated.peerMaxBodySize else {
-                promise.fail(
+                waiter.fail(
                     TetherError(
                         code: .requestTooLarge,
                         message: "the request body is \(bodySize) bytes; the gateway accepts at most \(negotiated.peerMaxBodySize)"
@@ -274,10 +281,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
                 continue
             }
             guard self.pending[request.id] == nil else {
-                promise.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
+                waiter.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
                 continue
             }
-            self.pending[request.id] = PendingRequest(method: request.method, deadline: deadline, promise: promise, unsent: request)
+            self.pending[request.id] = PendingRequest(method: request.method, deadline: deadline, waiter: waiter, unsent: request)
             self.deadlines.insert(request.id, deadline: deadline)
             self.waiting.append(request.id)
         }
@@ -299,7 +306,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.
     func cancelRequest(id: UInt64) {
         guard let request = self.settle(id) else { return }
-        request.promise.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
+        request.waiter.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
     }
 
     /// Stops accepting requests and closes once those in flight are answered.
@@ -449,7 +456,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             request.unsent == nil
             ? "no response to '\(request.method)' before its deadline"
             : "'\(request.method)' was still queued at its deadline (the gateway's \(self.sentCount) request slots were busy)"
-        request.promise.fail(TetherError(code: .timedOut, message: message))
+        request.waiter.fail(TetherError(code: .timedOut, message: message))
     }
 
     /// Removes a request that ends before its response: frees its slot, sends CANCEL if it was
@@ -481,12 +488,18 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             wrote += 1
         }
         guard wrote > 0 else { return }
-        if flush == .coalescing, self.sentCount > wrote {
+        self.unflushed += wrote
+        if flush == .coalescing, self.sentCount > wrote, self.unflushed < FlushTiming.maxUnflushedRequests {
             self.flushAtEndOfBatch(context: context)
         } else {
-            context.flush()
-            self.heartbeat?.frameSent(at: context.eventLoop.now)
+            self.flushNow(context: context)
         }
+    }
+
+    private func flushNow(context: ChannelHandlerContext) {
+        self.unflushed = 0
+        context.flush()
+        self.heartbeat?.frameSent(at: context.eventLoop.now)
     }
 
     /// Flushes once the event loop has run the work queued so far: however many callers write
@@ -497,21 +510,25 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         context.eventLoop.assumeIsolated().execute {
             self.flushScheduled = false
             guard let context = self.context else { return }  // closed meanwhile: its writes failed
-            context.flush()
-            self.heartbeat?.frameSent(at: context.eventLoop.now)
+            self.flushNow(context: context)
         }
     }
 
     /// Fails every queued request with ``TetherError/Code/notDispatched``: it never reached the
     /// gateway, so the client sends it again on its next connection.
     private func failUnsent(_ reason: String) {
+        var unsent: [ResponseWaiter] = []
         for id in self.waiting {
             guard let request = self.pending[id], request.unsent != nil else { continue }
             self.pending[id] = nil
             self.deadlines.remove(id)
-            request.promise.fail(TetherError(code: .notDispatched, message: reason))
+            unsent.append(request.waiter)
         }
         self.waiting.removeAll()
+        // Last, once the handler is consistent: a callback may send a request.
+        for waiter in unsent {
+            waiter.fail(TetherError(code: .notDispatched, message: reason))
+        }
     }
 
     private func complete(_ response: Frame.Response, context: ChannelHandlerContext) {
@@ -525,18 +542,18 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         defer { self.sendWaiting(context: context) }
         switch response.status {
         case .ok:
-            request.promise.succeed(response.body)
+            request.waiter.succeed(response.body)
         case .unavailable:
             // The gateway is draining and did not run the handler: safe to send again elsewhere.
-            request.promise.fail(TetherError(code: .notDispatched, message: response.message, status: response.status))
+            request.waiter.fail(TetherError(code: .notDispatched, message: response.message, status: response.status))
         case .deadlineExceeded where context.eventLoop.now >= request.deadline:
             // The gateway enforced the caller's own deadline: to the caller, it timed out.
-            request.promise.fail(
+            request.waiter.fail(
                 TetherError(code: .timedOut, message: "no response to '\(request.method)' before its deadline", status: response.status)
             )
         default:
             let message = response.message.isEmpty ? "'\(request.method)' failed" : response.message
-            request.promise.fail(TetherError(code: .serverError, message: message, status: response.status))
+            request.waiter.fail(TetherError(code: .serverError, message: message, status: response.status))
         }
         self.closeIfDrained(context: context)
     }
@@ -549,8 +566,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
 
     func send(_ payload: Frame.Payload, context: ChannelHandlerContext) {
         self.write(payload, context: context)
-        context.flush()
-        self.heartbeat?.frameSent(at: context.eventLoop.now)
+        self.flushNow(context: context)
     }
 
     /// Writes a frame with the negotiated flags, without flushing.
@@ -604,7 +620,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
         _ = self.deadlines.removeAll()
         self.deadlineTimer.cancel()
         for (_, request) in pending {
-            request.promise.fail(
+            request.waiter.fail(
                 TetherError(code: .connectionLost, message: "the connection closed while '\(request.method)' was in flight: \(reason)")
             )
         }

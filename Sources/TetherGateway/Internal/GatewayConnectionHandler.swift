@@ -59,6 +59,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A flush from the application is deferred to the end of the loop's current batch of
     /// work, so that the responses to a batch of requests leave in one write.
     private var flushPending = false
+    /// Frames written since the last flush.
+    private var unflushed = 0
+    /// A deferred flush goes at once when this many frames wait for it: the responses to a long
+    /// read leave in chunks, so the client can start on the first while the gateway answers
+    /// the rest, and both sides work at once (as Netty's `FlushConsolidationHandler` caps its
+    /// consolidation).
+    static let maxUnflushedFrames = 64
     /// Between a read from the socket and its `channelReadComplete`: a flush waits for the end
     /// of the read, so that the answers given while reading (inline handlers, refusals, PONGs)
     /// leave in one write.
@@ -189,7 +196,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.reading = false
         if self.flushPending {
             self.flushPending = false
-            context.flush()
+            self.flushNow(context: context)
         }
         context.fireChannelReadComplete()
     }
@@ -272,7 +279,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     func flushIfPending() {
         guard self.flushPending, let context = self.context else { return }
         self.flushPending = false
-        context.flush()
+        self.flushNow(context: context)
     }
 
     /// Whether a push may go out now: after the WELCOME (before it, the push is held and sent
@@ -327,22 +334,26 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // waits for the end of the current read, or else for the tasks already queued on the
         // loop (the other handlers of the batch). With no request left in flight, no other
         // handler's answer can join this write: the flush goes now, saving the caller a pass of
-        // the loop.
-        if self.reading {
-            self.flushPending = true
-            return
-        }
-        if self.session.requestsInFlight == 0 {
+        // the loop. It goes now too once `maxUnflushedFrames` wait for it.
+        if self.unflushed >= Self.maxUnflushedFrames || (!self.reading && self.session.requestsInFlight == 0) {
             self.flushPending = false
-            context.flush()
+            self.flushNow(context: context)
             return
         }
         guard !self.flushPending else { return }
         self.flushPending = true
+        if self.reading { return }
         context.eventLoop.assumeIsolated().execute {
+            guard self.flushPending else { return }
             self.flushPending = false
-            context.flush()
+            self.flushNow(context: context)
         }
+    }
+
+    /// Flushes what was written.
+    private func flushNow(context: ChannelHandlerContext) {
+        self.unflushed = 0
+        context.flush()
     }
 
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
@@ -350,7 +361,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.pushes?.drain()
         if self.flushPending {
             self.flushPending = false
-            context.flush()
+            self.flushNow(context: context)
         }
         context.close(mode: mode, promise: promise)
     }
@@ -368,6 +379,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Internals
 
     private func write(_ payload: Frame.Payload, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        self.unflushed += 1
         context.write(Frame(payload, flags: self.session.outboundFlags), through: self.encoder, promise: promise)
     }
 
@@ -420,7 +432,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             )
             answered = true
         }
-        if answered { context.flush() }
+        if answered { self.flushNow(context: context) }
         self.armDeadlineTimer(context: context)
     }
 
@@ -454,7 +466,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .sendGoAway:
             // The client closes once its requests are answered; the grace period bounds the wait.
             self.write(.goAway(goAway), context: context, promise: nil)
-            context.flush()
+            self.flushNow(context: context)
             self.graceTimer = context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.shutdownGracePeriod) {
                 self.logger.info(
                     "grace period over; closing the connection",
@@ -514,7 +526,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let written = context.eventLoop.makePromise(of: Void.self)
         if let promise { written.futureResult.cascade(to: promise) }
         self.write(payload, context: context, promise: written)
-        context.flush()
+        self.flushNow(context: context)
         written.futureResult.assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
         }
