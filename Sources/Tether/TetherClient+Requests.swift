@@ -38,6 +38,8 @@ extension TetherClient {
         var id: UInt64
         var method: String
         var deadline: NIODeadline
+        /// When it was prepared: its timeout is `deadline - preparedAt`.
+        var preparedAt: NIODeadline
     }
 
     /// Checks a request's arguments and gives it an id and a deadline.
@@ -49,10 +51,12 @@ extension TetherClient {
         guard timeout > .zero else {
             throw TetherError(code: .invalidArgument, message: "the timeout must be positive, got \(timeout.shortDescription)")
         }
+        let now = self.eventLoop.now
         return PreparedRequest(
             id: self.requestIDs.loadThenWrappingIncrement(ordering: .relaxed),
             method: method,
-            deadline: self.eventLoop.now + TimeAmount(timeout)
+            deadline: now + TimeAmount(timeout),
+            preparedAt: now
         )
     }
 
@@ -77,9 +81,10 @@ extension TetherClient {
         }
     }
 
-    /// The REQUEST frame for `call`, carrying the time left before its deadline.
-    func frame(for call: PreparedRequest, body: ByteBuffer) throws(TetherError) -> Frame.Request {
-        let remaining = call.deadline - self.eventLoop.now
+    /// The REQUEST frame for `call`, carrying the time left before its deadline at `now` (read
+    /// from the clock if `nil`).
+    func frame(for call: PreparedRequest, body: ByteBuffer, now: NIODeadline? = nil) throws(TetherError) -> Frame.Request {
+        let remaining = call.deadline - (now ?? self.eventLoop.now)
         guard remaining > .zero else {
             throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
         }

@@ -100,7 +100,8 @@ public final class TetherDataTask: Sendable {
     private func send(_ call: TetherClient.PreparedRequest, on connection: ClientConnection) {
         let request: Frame.Request
         do {
-            request = try self.client.frame(for: call, body: self.body)
+            // Sent right after it was prepared: its whole timeout is left.
+            request = try self.client.frame(for: call, body: self.body, now: call.preparedAt)
         } catch {
             self.finish(with: .failure(error))
             return

@@ -80,11 +80,10 @@ extension Gateway {
         _ request: Frame.Request,
         handler: Handler,
         requests: RequestRegistry,
-        connection: ConnectionInfo,
-        outbound: ConnectionWriter,
-        logger: Logger
+        scope: ConnectionScope,
+        outbound: ConnectionWriter
     ) async {
-        let context = RequestContext(connection: connection, logger: logger, request: (request.id, request.method), gateway: self)
+        let context = RequestContext(scope: scope, request: (request.id, request.method))
         let gatewayRequest = self.gatewayRequest(request)
         let outcome = await requests.run(request.id) { () async -> Outcome in
             do {
@@ -101,11 +100,11 @@ extension Gateway {
 
     /// The answer to a request that needs no task: an inline handler's reply, or `unknown
     /// method` if nothing handles it (`handler` is `nil`). Called on the connection's event loop.
-    func answerInline(_ request: Frame.Request, handler: InlineHandler?, connection: ConnectionInfo, logger: Logger) -> Frame.Response {
+    func answerInline(_ request: Frame.Request, handler: InlineHandler?, scope: ConnectionScope) -> Frame.Response {
         guard let handler else {
             return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for method '\(request.method)'")
         }
-        let context = RequestContext(connection: connection, logger: logger, request: (request.id, request.method), gateway: self)
+        let context = RequestContext(scope: scope, request: (request.id, request.method))
         let outcome: Outcome
         do {
             outcome = .replied(try handler(self.gatewayRequest(request), context))

@@ -38,29 +38,46 @@ public struct GatewayRequest: Sendable {
     public var timeout: Duration
 }
 
+/// What every request of one connection shares in its ``RequestContext``: made once per
+/// connection, so that a request's context costs one reference, not a copy of each field.
+final class ConnectionScope: Sendable {
+    let connection: ConnectionInfo
+    let logger: Logger
+    let gateway: Gateway
+
+    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway) {
+        self.connection = connection
+        self.logger = logger
+        self.gateway = gateway
+    }
+}
+
 /// What a handler knows about the request's connection, and what it can do with it.
 public struct RequestContext: Sendable {
-    /// The connection the request came on.
-    public var connection: ConnectionInfo
-    /// The gateway, to push to other clients or manage rooms.
-    public let gateway: Gateway
-    /// The connection's logger; the request's metadata is added when ``logger`` is read, so a
-    /// handler that does not log costs nothing.
-    private var connectionLogger: Logger
+    /// The connection's info, logger and gateway.
+    private var scope: ConnectionScope
     /// The request's id and method, or `nil` once ``logger`` was replaced.
     private var request: (id: UInt64, method: String)?
 
-    init(connection: ConnectionInfo, logger: Logger, request: (id: UInt64, method: String), gateway: Gateway) {
-        self.connection = connection
-        self.connectionLogger = logger
+    init(scope: ConnectionScope, request: (id: UInt64, method: String)) {
+        self.scope = scope
         self.request = request
-        self.gateway = gateway
     }
 
-    /// A logger carrying the connection and request ids, and the method.
+    /// The connection the request came on.
+    public var connection: ConnectionInfo {
+        get { self.scope.connection }
+        set { self.scope = ConnectionScope(connection: newValue, logger: self.scope.logger, gateway: self.scope.gateway) }
+    }
+
+    /// The gateway, to push to other clients or manage rooms.
+    public var gateway: Gateway { self.scope.gateway }
+
+    /// A logger carrying the connection and request ids, and the method. The request's metadata
+    /// is added when it is read, so a handler that does not log costs nothing.
     public var logger: Logger {
         get {
-            var logger = self.connectionLogger
+            var logger = self.scope.logger
             if let request = self.request {
                 logger[metadataKey: "tether.request"] = "\(request.id)"
                 logger[metadataKey: "tether.method"] = "\(request.method)"
@@ -68,7 +85,7 @@ public struct RequestContext: Sendable {
             return logger
         }
         set {
-            self.connectionLogger = newValue
+            self.scope = ConnectionScope(connection: self.scope.connection, logger: newValue, gateway: self.scope.gateway)
             self.request = nil
         }
     }

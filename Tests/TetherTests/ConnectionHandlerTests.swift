@@ -763,7 +763,7 @@ struct GatewayConnectionHandlerTests {
     func flushAtEndOfRead() throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
-        let pipeline = fixture.channel.pipeline
+        let pipeline = fixture.channel.pipeline.syncOperations
         pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: 1)), flags: .checksum)))
         pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: 2)), flags: .checksum)))
         #expect(try fixture.readOutbound() == nil, "not flushed while the read goes on")
@@ -776,7 +776,7 @@ struct GatewayConnectionHandlerTests {
     func flushChunksWhileReading() throws {
         let fixture = try GatewayHandlerFixture()
         try fixture.establish()
-        let pipeline = fixture.channel.pipeline
+        let pipeline = fixture.channel.pipeline.syncOperations
         for id in 1...150 as ClosedRange<UInt64> {
             pipeline.fireChannelRead(NIOAny(Frame(.ping(.init(id: id)), flags: .checksum)))
         }

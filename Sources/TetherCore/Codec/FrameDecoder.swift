@@ -43,19 +43,19 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
     /// Decodes the next frame from the front of `buffer`, or returns `nil` if it is not complete yet.
     public mutating func decodeFrame(from buffer: inout ByteBuffer) throws(ProtocolError) -> Frame? {
         let base = buffer.readerIndex
-        guard let magic = buffer.getInteger(at: base, as: UInt16.self) else { return nil }
-        guard magic == FrameHeader.magic else {
-            throw ProtocolError(code: .badMagic, message: "expected magic 0x5448, got 0x\(String(magic, radix: 16))")
+        guard let header = buffer.withUnsafeReadableBytes({ FrameHeader.read(from: $0) }) else {
+            // Not a whole header yet; a wrong magic is reported as soon as its two bytes are here.
+            if let magic = buffer.getInteger(at: base, as: UInt16.self), magic != FrameHeader.magic {
+                throw ProtocolError(code: .badMagic, message: "expected magic 0x5448, got 0x\(String(magic, radix: 16))")
+            }
+            return nil
         }
-        guard buffer.readableBytes >= FrameHeader.size else { return nil }
-
-        let version = buffer.getInteger(at: base + 2, as: UInt8.self)!
-        let type = FrameType(rawValue: buffer.getInteger(at: base + 3, as: UInt8.self)!)
-        let flags = FrameFlags(rawValue: buffer.getInteger(at: base + 4, as: UInt16.self)!)
-        let stream = buffer.getInteger(at: base + 6, as: UInt32.self)!
-        let id = buffer.getInteger(at: base + 10, as: UInt64.self)!
-        let length = Int(buffer.getInteger(at: base + FrameHeader.lengthOffset, as: UInt32.self)!)
-        let checksum = buffer.getInteger(at: base + FrameHeader.checksumOffset, as: UInt32.self)!
+        guard header.magic == FrameHeader.magic else {
+            throw ProtocolError(code: .badMagic, message: "expected magic 0x5448, got 0x\(String(header.magic, radix: 16))")
+        }
+        let (version, type, flags, stream, id) = (header.version, header.type, header.flags, header.stream, header.id)
+        let length = Int(header.length)
+        let checksum = header.checksum
 
         guard version == FrameEncoder.version else {
             throw ProtocolError(code: .unsupportedVersion, message: "frame version \(version) is not supported; this peer speaks version 1")

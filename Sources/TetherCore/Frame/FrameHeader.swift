@@ -46,14 +46,46 @@ extension FrameHeader {
         checksum: UInt32 = 0,
         into buffer: inout ByteBuffer
     ) {
-        buffer.writeInteger(Self.magic)
-        buffer.writeInteger(version)
-        buffer.writeInteger(type.rawValue)
-        buffer.writeInteger(flags.rawValue)
-        buffer.writeInteger(stream)
-        buffer.writeInteger(id)
-        buffer.writeInteger(length)
-        buffer.writeInteger(checksum)
+        // One bounds and uniqueness check for the 26 bytes, not one per field.
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Self.size) { bytes in
+            bytes.storeBytes(of: Self.magic.bigEndian, toByteOffset: 0, as: UInt16.self)
+            bytes.storeBytes(of: version, toByteOffset: 2, as: UInt8.self)
+            bytes.storeBytes(of: type.rawValue, toByteOffset: 3, as: UInt8.self)
+            bytes.storeBytes(of: flags.rawValue.bigEndian, toByteOffset: 4, as: UInt16.self)
+            bytes.storeBytes(of: stream.bigEndian, toByteOffset: 6, as: UInt32.self)
+            bytes.storeBytes(of: id.bigEndian, toByteOffset: 10, as: UInt64.self)
+            bytes.storeBytes(of: length.bigEndian, toByteOffset: Self.lengthOffset, as: UInt32.self)
+            bytes.storeBytes(of: checksum.bigEndian, toByteOffset: Self.checksumOffset, as: UInt32.self)
+            return Self.size
+        }
+    }
+
+    /// The fields of a header, as ``read(from:)`` finds them (not validated).
+    public struct Fields: Hashable, Sendable {
+        public var magic: UInt16
+        public var version: UInt8
+        public var type: FrameType
+        public var flags: FrameFlags
+        public var stream: UInt32
+        public var id: UInt64
+        public var length: UInt32
+        public var checksum: UInt32
+    }
+
+    /// Reads the header at the front of `bytes`, or returns `nil` if it holds fewer than
+    /// ``size`` bytes.
+    public static func read(from bytes: UnsafeRawBufferPointer) -> Fields? {
+        guard bytes.count >= Self.size else { return nil }
+        return Fields(
+            magic: UInt16(bigEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt16.self)),
+            version: bytes[2],
+            type: FrameType(rawValue: bytes[3]),
+            flags: FrameFlags(rawValue: UInt16(bigEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt16.self))),
+            stream: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 6, as: UInt32.self)),
+            id: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 10, as: UInt64.self)),
+            length: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: Self.lengthOffset, as: UInt32.self)),
+            checksum: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: Self.checksumOffset, as: UInt32.self))
+        )
     }
 }
 

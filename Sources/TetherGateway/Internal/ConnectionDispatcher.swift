@@ -55,7 +55,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
     private var context: ChannelHandlerContext?
     /// Whether the connection is in the gateway's registry (and counted by its activity tracker).
     private var registered = false
-    private var connection: ConnectionInfo?
+    private var scope: ConnectionScope?
     private var reliable: ReliableSession?
     private var pump: Task<Void, Never>?
     private var running = 0
@@ -212,7 +212,7 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
     /// The handshake succeeded: start reliable delivery if negotiated, then send WELCOME.
     private func established(_ session: Session) {
         guard self.registered, let context = self.context else { return }  // closed meanwhile
-        self.connection = session.info
+        self.scope = ConnectionScope(connection: session.info, logger: self.logger, gateway: self.gateway)
         if let resume = session.resume, let store = self.gateway.messageStore {
             let reliable = ReliableSession(
                 gateway: self.gateway,
@@ -238,32 +238,32 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
     /// Runs a request's handler: an inline one (or the `unknown method` answer) at once, a
     /// task's once a slot is free.
     private func dispatch(_ request: Frame.Request, context: ChannelHandlerContext) {
-        guard let connection = self.connection else { return }  // the protocol handler forwards requests only once established
+        guard let scope = self.scope else { return }  // the protocol handler forwards requests only once established
         switch self.gateway.routes.withLockedValue({ $0[request.method] }) {
         case .task(let handler):
             if self.running < self.maxRunning {
-                self.start(request, handler: handler, connection: connection, context: context)
+                self.start(request, handler: handler, scope: scope, context: context)
             } else {
                 if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
                 self.waiting!.append((request, handler))
             }
         case .inline(let handler):
-            self.answerAtOnce(request, handler: handler, connection: connection)
+            self.answerAtOnce(request, handler: handler, scope: scope)
         case nil:
-            self.answerAtOnce(request, handler: nil, connection: connection)
+            self.answerAtOnce(request, handler: nil, scope: scope)
         }
     }
 
     /// Answers a request on the event loop: an inline handler's reply, or `unknown method`.
-    private func answerAtOnce(_ request: Frame.Request, handler: Gateway.InlineHandler?, connection: ConnectionInfo) {
-        let response = self.gateway.answerInline(request, handler: handler, connection: connection, logger: self.logger)
+    private func answerAtOnce(_ request: Frame.Request, handler: Gateway.InlineHandler?, scope: ConnectionScope) {
+        let response = self.gateway.answerInline(request, handler: handler, scope: scope)
         self.protocolHandler.writeAndFlush(Frame(.response(response)))
     }
 
     private func start(
         _ request: Frame.Request,
         handler: @escaping Gateway.Handler,
-        connection: ConnectionInfo,
+        scope: ConnectionScope,
         context: ChannelHandlerContext
     ) {
         // Answered by its deadline, or cancelled, while it waited: do not run it.
@@ -271,11 +271,10 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
         self.running += 1
         let gateway = self.gateway
         let requests = self.requests
-        let logger = self.logger
         let writer = self.writer(context: context)
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         gateway.activity.spawn(on: self.executor) {
-            await gateway.execute(request, handler: handler, requests: requests, connection: connection, outbound: writer, logger: logger)
+            await gateway.execute(request, handler: handler, requests: requests, scope: scope, outbound: writer)
             this.execute { $0.requestFinished() }
         }
     }
@@ -286,9 +285,9 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
 
     private func requestFinished() {
         self.running -= 1
-        guard let context = self.context, let connection = self.connection else { return }
+        guard let context = self.context, let scope = self.scope else { return }
         while self.running < self.maxRunning, let (request, handler) = self.waiting?.popFirst() {
-            self.start(request, handler: handler, connection: connection, context: context)
+            self.start(request, handler: handler, scope: scope, context: context)
         }
         if self.waiting?.isEmpty == true { self.waiting = nil }
         self.resumeReadingIfPossible(context: context)

@@ -166,10 +166,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let id = request.id
             let method = request.method
             self.requests.add(id)
-            self.methods[id] = method
-            self.deadlines.insert(id, deadline: context.eventLoop.now + timeout)
-            self.armDeadlineTimer(context: context)
             self.forward(Frame(.request(request), stream: frame.stream, flags: frame.flags), from: context)
+            // An inline handler has answered by now: only a request still in flight needs its
+            // deadline watched. Its answer cannot overtake this: it comes through the event loop.
+            if self.session.isInFlight(id) {
+                self.methods[id] = method
+                self.deadlines.insert(id, deadline: context.eventLoop.now + timeout)
+                self.armDeadlineTimer(context: context)
+            }
         case .cancelRequest(let cancel):
             self.forgetDeadline(cancel.requestID)
             self.requests.settle(cancel.requestID)
@@ -408,6 +412,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     private func forgetDeadline(_ id: UInt64) {
+        guard !self.deadlines.isEmpty else { return }  // the common case with inline handlers
         self.deadlines.remove(id)
         self.methods[id] = nil
     }
