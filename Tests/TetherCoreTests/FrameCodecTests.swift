@@ -127,6 +127,33 @@ struct FrameCodecTests {
         #expect(try decoder.decodeFrame(from: &buffer) == frame)
     }
 
+    @Test("strings are checked as UTF-8: ASCII and valid multi-byte text decode as sent; invalid bytes are refused")
+    func stringValidation() throws {
+        let encoder = FrameEncoder()
+        for method in ["echo", "caf\u{E9}.order", "\u{65E5}\u{672C}", "\u{1F600}", String(repeating: "a", count: 300) + "\u{E9}"] {
+            var buffer = ByteBuffer()
+            try encoder.encode(Frame(.request(.init(id: 1, method: method))), into: &buffer)
+            var decoder = FrameDecoder(maxBodySize: 1 << 16)
+            #expect(try decoder.decodeFrame(from: &buffer)?.payload == .request(.init(id: 1, method: method)))
+        }
+        let invalid: [[UInt8]] = [
+            [0xC3, 0x28],  // bad continuation byte
+            [0xE6, 0x97],  // truncated sequence
+            [0xC0, 0xAF],  // overlong "/"
+            [0xED, 0xA0, 0x80],  // a UTF-16 surrogate
+            [0x61, 0x62, 0xFF],  // never valid, after ASCII
+        ]
+        for bytes in invalid {
+            var buffer = ByteBuffer()
+            FrameHeader.write(type: .request, id: 1, length: UInt32(6 + bytes.count), into: &buffer)
+            buffer.writeInteger(UInt32(0))
+            buffer.writeInteger(UInt16(bytes.count))
+            buffer.writeBytes(bytes)
+            var decoder = FrameDecoder(maxBodySize: 1 << 16)
+            #expect(throws: ProtocolError.self, "\(bytes)") { try decoder.decodeFrame(from: &buffer) }
+        }
+    }
+
     @Test("malformed bodies are protocol errors")
     func malformedBodies() throws {
         func frame(type: FrameType, body: [UInt8]) -> ByteBuffer {

@@ -82,6 +82,7 @@ extension ClientConnectionHandler {
     /// Makes the retransmission timer fire at the earliest deadline of the messages in flight.
     private func armRetransmissionTimer(context: ChannelHandlerContext) {
         guard self.reliable != nil else { return }
+        guard self.reliable!.timer.needsArming(at: self.reliable!.deadlines.earliest) else { return }
         self.reliable!.timer.arm(at: self.reliable!.deadlines.earliest, on: context.eventLoop) {
             guard self.reliable != nil, let context = self.context else { return }
             self.reliable!.timer.fired()

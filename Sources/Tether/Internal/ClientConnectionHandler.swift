@@ -269,6 +269,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
             }
             return
         }
+        let limit = Self.requestLimit(negotiated)
+        var wrote = 0
         for (request, deadline, waiter) in requests {
             let bodySize = request.bodySize
             guard bodySize <= negotiated.peerMaxBodySize else {
@@ -280,20 +282,35 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
                 )
                 continue
             }
-            guard self.pending[request.id] == nil else {
+            // A free slot and nobody waiting ahead: straight to the wire, without queueing.
+            let direct = self.waiting.isEmpty && self.sentCount < limit
+            let entry = PendingRequest(method: request.method, deadline: deadline, waiter: waiter, unsent: direct ? nil : request)
+            if let previous = self.pending.updateValue(entry, forKey: request.id) {
+                self.pending[request.id] = previous
                 waiter.fail(TetherError(code: .invalidArgument, message: "request id \(request.id) is already in flight"))
                 continue
             }
-            self.pending[request.id] = PendingRequest(method: request.method, deadline: deadline, waiter: waiter, unsent: request)
             self.deadlines.insert(request.id, deadline: deadline)
-            self.waiting.append(request.id)
+            if direct {
+                self.sentCount += 1
+                self.write(.request(request), context: context)
+                wrote += 1
+            } else {
+                self.waiting.append(request.id)
+            }
         }
         self.armDeadlineTimer(context: context)
-        self.sendWaiting(context: context, flush: flush)
+        self.sendWaiting(context: context, flush: flush, written: wrote)
+    }
+
+    /// The most requests the gateway takes on the wire at once.
+    private static func requestLimit(_ negotiated: Handshake.Negotiated) -> Int {
+        negotiated.maxConcurrentRequests == 0 ? Int.max : Int(negotiated.maxConcurrentRequests)
     }
 
     /// Makes the deadline timer fire at the earliest deadline.
     private func armDeadlineTimer(context: ChannelHandlerContext) {
+        guard self.deadlineTimer.needsArming(at: self.deadlines.earliest) else { return }
         self.deadlineTimer.arm(at: self.deadlines.earliest, on: context.eventLoop) {
             self.deadlineTimer.fired()
             for id in self.deadlines.popExpired(at: context.eventLoop.now) {
@@ -476,10 +493,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     /// Sends queued requests while the gateway has free slots.
-    private func sendWaiting(context: ChannelHandlerContext, flush: FlushTiming = .now) {
+    /// - Parameter written: Requests the caller wrote just before, to flush with these.
+    private func sendWaiting(context: ChannelHandlerContext, flush: FlushTiming = .now, written: Int = 0) {
         guard let negotiated = self.session.negotiated else { return }
-        let limit = negotiated.maxConcurrentRequests == 0 ? Int.max : Int(negotiated.maxConcurrentRequests)
-        var wrote = 0
+        let limit = Self.requestLimit(negotiated)
+        var wrote = written
         while self.sentCount < limit, let id = self.waiting.popFirst() {
             // In place: one lookup, and no copy of the request.
             guard let frame = self.pending[id]?.takeUnsent() else { continue }  // settled meanwhile

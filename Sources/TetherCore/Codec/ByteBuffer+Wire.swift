@@ -25,10 +25,19 @@ extension ByteBuffer {
 
     /// Reads `length` bytes as UTF-8, returning `nil` if they are missing or not valid UTF-8.
     mutating func readValidatedString(length: Int) -> String? {
-        guard let view = self.readSlice(length: length) else { return nil }
-        let string = String(buffer: view)
-        // String(buffer:) repairs invalid sequences with U+FFFD; a repaired string differs.
-        guard string.utf8.elementsEqual(view.readableBytesView) else { return nil }
+        guard length >= 0, self.readableBytes >= length else { return nil }
+        let string: String? = self.withUnsafeReadableBytes { readable in
+            let bytes = UnsafeRawBufferPointer(rebasing: readable[..<length])
+            let string = String(decoding: bytes, as: UTF8.self)
+            // ASCII is valid UTF-8; anything else was repaired with U+FFFD if it was invalid,
+            // and a repaired string differs from the bytes.
+            if bytes.allSatisfy({ $0 < 0x80 }) { return string }
+            var copy = string
+            let same = copy.withUTF8 { $0.elementsEqual(bytes) }
+            return same ? copy : nil
+        }
+        guard let string else { return nil }
+        self.moveReaderIndex(forwardBy: length)
         return string
     }
 

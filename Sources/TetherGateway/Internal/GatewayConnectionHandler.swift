@@ -419,6 +419,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// Makes the deadline timer fire at the earliest deadline.
     private func armDeadlineTimer(context: ChannelHandlerContext) {
+        guard self.deadlineTimer.needsArming(at: self.deadlines.earliest) else { return }
         self.deadlineTimer.arm(at: self.deadlines.earliest, on: context.eventLoop) {
             self.deadlineTimer.fired()
             self.deadlinesPassed(context: context)

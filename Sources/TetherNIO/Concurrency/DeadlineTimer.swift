@@ -10,6 +10,14 @@ public struct DeadlineTimer {
 
     public init() {}
 
+    /// Whether ``arm(at:on:_:)`` would schedule a timer for `earliest`. Check it first on hot
+    /// paths: building the `fire` closure costs an allocation even when the timer is left alone.
+    public func needsArming(at earliest: NIODeadline?) -> Bool {
+        guard let earliest else { return false }
+        guard let armed = self.armed else { return true }
+        return earliest < armed.at
+    }
+
     /// Makes the timer fire at `earliest`, unless it already fires at or before it.
     /// - Parameters:
     ///   - earliest: The queue's earliest deadline; `nil` leaves the timer as it is.
