@@ -30,7 +30,7 @@ def main() -> None:
         x = range(len(peers))
         latency.bar([i - 0.2 for i in x], [sequential.get(p, {}).get("p50") or 0 for p in peers], 0.4, label="p50")
         latency.bar([i + 0.2 for i in x], [sequential.get(p, {}).get("p99") or 0 for p in peers], 0.4, label="p99")
-        latency.set_xticks(list(x), peers, rotation=20)
+        latency.set_xticks(list(x), peers, rotation=30, ha="right")
         latency.set_yscale("log")
         latency.set_ylabel("µs (log scale)")
         latency.set_title(f"Sequential round trip, {body}-byte body (lower is better)")
@@ -47,7 +47,7 @@ def main() -> None:
                 width,
                 label=f"{in_flight} in flight",
             )
-        throughput.set_xticks(list(x), peers, rotation=20)
+        throughput.set_xticks(list(x), peers, rotation=30, ha="right")
         throughput.set_yscale("log")
         throughput.set_ylabel("requests/s, one connection (log scale)")
         throughput.set_title(f"Throughput, {body}-byte body (higher is better)")
