@@ -105,6 +105,50 @@ extension IntegrationTests {
             }
         }
 
+        @Test("data tasks through connection cuts: each completion runs once, with its own echo or connectionLost")
+        func dataTasksThroughCuts() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let gateway = try harness.localGateway(network: network, at: endpoint)
+                gateway.handleInline("echo") { request, _ in request.body }
+                let client = try harness.client([endpoint], transport: network.transport)
+                _ = try await client.request("echo")
+
+                let results = NIOLockedValueBox<[Int: [Result<ByteBuffer, TetherError>]]>([:])
+                // 20 chains of 100 data tasks, each resumed by the completion of the one before.
+                @Sendable func chain(_ index: Int, _ step: Int) {
+                    guard step < 100 else { return }
+                    let key = index * 100 + step
+                    client.dataTask("echo", body: ByteBuffer(string: "\(key)"), timeout: .seconds(20)) { result in
+                        results.withLockedValue { $0[key, default: []].append(result) }
+                        chain(index, step + 1)
+                    }.resume()
+                }
+                for index in 0..<20 { chain(index, 0) }
+                for _ in 0..<3 {
+                    try await Task.sleep(for: .milliseconds(15))
+                    network.faults.dropConnections()
+                }
+                try await eventually("every data task completed", timeout: .seconds(30)) { results.withLockedValue { $0.count } == 2000 }
+                try await Task.sleep(for: .milliseconds(100))  // a second completion would show by now
+                var succeeded = 0
+                for (key, outcomes) in results.withLockedValue({ $0 }) {
+                    #expect(outcomes.count == 1, "data task \(key) completed \(outcomes.count) times")
+                    switch outcomes.first {
+                    case .success(let body):
+                        #expect(body.string == "\(key)")
+                        succeeded += 1
+                    case .failure(let error):
+                        #expect(error.code == .connectionLost, "data task \(key): \(error)")
+                    case nil:
+                        break
+                    }
+                }
+                #expect(succeeded > 1000, "most were answered (\(succeeded))")
+            }
+        }
+
         @Test("a gateway restart: the client reconnects by itself and requests succeed again")
         func gatewayRestart() async throws {
             try await withHarness { harness in
