@@ -107,6 +107,11 @@ extension IntegrationTests {
                     case .acknowledgementsLost:
                         // Frames reach the gateway, which processes them, but its ACKs and
                         // DELIVERYs are lost: the cut comes between the write and the ACK.
+                        // Only once alice is connected again after the last drop: blackholed
+                        // mid-handshake, she would send nothing for the gateway to process.
+                        _ = try await waitUntil(timeout: .seconds(5)) {
+                            if case .connected = alice.connectionState { true } else { false }
+                        }
                         network.faults.blackhole(.toClient)
                         let before = processed.withLockedValue { $0.count }
                         if try await waitUntil(timeout: .milliseconds(500), { processed.withLockedValue { $0.count } > before }) {

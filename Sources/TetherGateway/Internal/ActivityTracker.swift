@@ -35,11 +35,26 @@ final class ActivityTracker: Sendable {
     /// Starts a task that the gateway waits for.
     /// - Parameters:
     ///   - executor: Where the task runs: a connection's event loop, or `nil` for the global executor.
+    ///   - immediately: Run the task on the calling thread until it first suspends (Swift
+    ///     6.2's `Task.immediate`), instead of queueing it on `executor` first. Only for a
+    ///     caller that is running on `executor`'s thread already.
     ///   - body: The work.
     /// - Returns: The task, to cancel it.
     @discardableResult
-    func spawn(on executor: (any TaskExecutor)?, _ body: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
+    func spawn(
+        on executor: (any TaskExecutor)?,
+        immediately: Bool = false,
+        _ body: @escaping @Sendable () async -> Void
+    ) -> Task<Void, Never> {
         self.enter()
+        #if compiler(>=6.2)
+            if immediately, #available(macOS 26.0, iOS 26.0, tvOS 26.0, watchOS 26.0, *) {
+                return Task.immediate(executorPreference: executor) {
+                    await body()
+                    self.leave()
+                }
+            }
+        #endif
         return Task(executorPreference: executor) {
             await body()
             self.leave()

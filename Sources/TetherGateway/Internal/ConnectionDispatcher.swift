@@ -273,7 +273,9 @@ final class ConnectionDispatcher: ChannelDuplexHandler, FrameReceiver {
         let requests = self.requests
         let writer = self.writer(context: context)
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
-        gateway.activity.spawn(on: self.executor) {
+        // On the connection's loop, the handler starts at once, as an inline one would; its
+        // task is queued only if it suspends.
+        gateway.activity.spawn(on: self.executor, immediately: self.executor != nil) {
             await gateway.execute(request, handler: handler, requests: requests, scope: scope, outbound: writer)
             this.execute { $0.requestFinished() }
         }
