@@ -212,7 +212,9 @@ extension TetherClient {
     ///   - method: The route to call.
     ///   - body: The request's content.
     ///   - timeout: As in ``request(_:body:timeout:)``.
-    ///   - completion: Called exactly once with the response body or the error.
+    ///   - completion: Called exactly once with the response body or the error; on the client's
+    ///     event loop when the client was connected at ``TetherDataTask/resume()``, so keep it
+    ///     short and hop elsewhere for slow work.
     public func dataTask(
         _ method: String,
         body: ByteBuffer = ByteBuffer(),
