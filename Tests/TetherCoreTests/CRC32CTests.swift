@@ -16,10 +16,14 @@ struct CRC32CTests {
     @Test("the processor's instruction, where used, gives the table's values at every length and alignment")
     func hardwareMatchesTable() {
         var generator = SplitMix64(seed: 11)
-        let bytes = (0..<5000).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let bytes = (0..<30000).map { _ in UInt8.random(in: 0...255, using: &generator) }
         bytes.withUnsafeBytes { all in
             for offset in 0..<9 {
-                for count in [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 1000, 4096, 4991 - offset] {
+                // Around the three-block lengths of the hardware path (3 x 256, 3 x 2048) too.
+                let counts =
+                    [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 767, 768, 769, 775, 776, 1000, 1536, 4096]
+                    + [6143, 6144, 6145, 6151, 6912, 12288, 20000, 29991 - offset]
+                for count in counts {
                     let slice = UnsafeRawBufferPointer(rebasing: all[offset..<(offset + count)])
                     var used = CRC32C()
                     used.update(slice)
