@@ -198,10 +198,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func channelReadComplete(context: ChannelHandlerContext) {
         self.reading = false
-        if self.flushPending {
-            self.flushPending = false
-            self.flushNow(context: context)
-        }
+        if self.flushPending { self.flushNow(context: context) }
         context.fireChannelReadComplete()
     }
 
@@ -282,7 +279,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Flushes what ``deliver(_:)`` wrote, unless something flushed it meanwhile.
     func flushIfPending() {
         guard self.flushPending, let context = self.context else { return }
-        self.flushPending = false
         self.flushNow(context: context)
     }
 
@@ -340,7 +336,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // handler's answer can join this write: the flush goes now, saving the caller a pass of
         // the loop. It goes now too once `maxUnflushedFrames` wait for it.
         if self.unflushed >= Self.maxUnflushedFrames || (!self.reading && self.session.requestsInFlight == 0) {
-            self.flushPending = false
             self.flushNow(context: context)
             return
         }
@@ -348,14 +343,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.flushPending = true
         if self.reading { return }
         context.eventLoop.assumeIsolated().execute {
-            guard self.flushPending else { return }
-            self.flushPending = false
+            guard self.flushPending else { return }  // flushed meanwhile
             self.flushNow(context: context)
         }
     }
 
-    /// Flushes what was written.
+    /// Flushes what was written; a flush that was pending is no longer owed.
     private func flushNow(context: ChannelHandlerContext) {
+        self.flushPending = false
         self.unflushed = 0
         context.flush()
     }
@@ -363,10 +358,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         // What was written (or pushed) before the close goes out first.
         self.pushes?.drain()
-        if self.flushPending {
-            self.flushPending = false
-            self.flushNow(context: context)
-        }
+        if self.flushPending { self.flushNow(context: context) }
         context.close(mode: mode, promise: promise)
     }
 
