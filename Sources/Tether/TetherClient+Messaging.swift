@@ -75,19 +75,40 @@ extension TetherClient {
     /// The reliable deliveries the gateway sends this client: each once, in order, across
     /// reconnects and restarts.
     ///
-    /// A delivery counts as processed when the loop asks for the next one (or ends): only then
-    /// is it acknowledged, and the checkpoint stored. After a crash in the middle of processing
-    /// one, that one is delivered again.
+    /// A delivery counts as processed when the loop asks for the next one, or when the app
+    /// calls ``acknowledge(_:)``: only then is its checkpoint stored and the gateway told. A
+    /// loop that ends or throws without either leaves the delivery it was given unprocessed:
+    /// the next loop gets it again (and so does the app after a restart or a crash).
     ///
     /// ```swift
     /// for try await delivery in client.deliveries() {
-    ///     try database.save(delivery)   // processed once the loop moves on
-    /// }
+    ///     try database.save(delivery)   // processed once the loop moves on; if save throws,
+    /// }                                 // the next loop gets this delivery again
     /// ```
     /// - Important: One loop at a time: a second concurrent consumer gets
     ///   ``TetherError/Code/invalidArgument``.
     public func deliveries() -> DeliveryStream {
         DeliveryStream(engine: self.reliable)
+    }
+
+    /// Marks a delivery processed now, rather than when the loop asks for the next one: for a
+    /// loop that stops right after a delivery it did process.
+    ///
+    /// ```swift
+    /// for try await delivery in client.deliveries() {
+    ///     try database.save(delivery)
+    ///     if delivery.topic == "sync.done" {
+    ///         try client.acknowledge(delivery)   // else the next loop gets it again
+    ///         break
+    ///     }
+    /// }
+    /// ```
+    /// - Parameter delivery: The delivery the loop was given last.
+    /// - Throws: ``TetherError`` with ``TetherError/Code/invalidArgument`` if it is not the
+    ///   delivery the app holds (nor one processed already), or
+    ///   ``TetherError/Code/invalidConfiguration`` without ``ClientConfiguration/reliability``.
+    public func acknowledge(_ delivery: Delivery) throws(TetherError) {
+        try self.reliableEngine().acknowledgeDelivery(delivery.sequence)
     }
 
     private func reliableEngine() throws(TetherError) -> ReliableEngine {
@@ -127,7 +148,7 @@ public struct DeliveryStream: AsyncSequence, Sendable {
         }
     }
 
-    /// Marks the last delivery processed when the loop ends.
+    /// Gives the delivery it holds back to the inbox when the loop ends, unless it was processed.
     final class Consumer: Sendable {
         let engine: ReliableEngine?
 

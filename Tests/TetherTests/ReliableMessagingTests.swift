@@ -268,6 +268,57 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a delivery whose processing throws is handed out again: to the next loop, and after a restart")
+        func throwingConsumer() async throws {
+            struct SaveFailed: Error {}
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-inbox-\(UUID().uuidString).sqlite").path
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let (gateway, _) = try harness.messagingGateway(at: endpoint, on: network)
+                for body in ["a", "b", "c"] { try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: body)) }
+
+                do {  // the first run of the app; its outbox file is released at the end
+                    let first = try TetherClient(
+                        configuration: {
+                            var configuration = ClientConfiguration(endpoints: [endpoint], clientID: "bob")
+                            configuration.reliability = try! .init(outbox: try! SQLiteOutboxStore(path: path))
+                            return configuration
+                        }(),
+                        transport: network.transport,
+                        logger: testLogger("first")
+                    )
+                    let run = Task { try? await first.run() }
+                    /// Processes deliveries until `failing` comes, and throws there, like `try save(d)`.
+                    func consume(failingOn failing: String) async throws -> [String] {
+                        var saved: [String] = []
+                        do {
+                            for try await delivery in first.deliveries() {
+                                guard delivery.body.string != failing else { throw SaveFailed() }
+                                saved.append(delivery.body.string)
+                            }
+                        } catch is SaveFailed {}
+                        return saved
+                    }
+                    #expect(try await consume(failingOn: "b") == ["a"])
+                    #expect(try await consume(failingOn: "c") == ["b"], "the failed delivery comes first in the next loop")
+                    first.shutdown()
+                    await run.value
+
+                }
+                let second = try harness.messagingClient(
+                    network: network,
+                    endpoint: endpoint,
+                    id: "bob",
+                    outbox: try SQLiteOutboxStore(path: path)
+                )
+                var iterator = second.deliveries().makeAsyncIterator()
+                let next = try await iterator.next()
+                #expect(next?.body.string == "c", "after a restart, the unprocessed delivery comes again, and only it")
+                #expect(next?.sequence == 3)
+            }
+        }
+
         @Test("without reliability configured, send fails clearly")
         func notConfigured() async throws {
             let client = try TetherClient(configuration: .init(endpoints: [Endpoint(host: "x", port: 1)], clientID: "c"))

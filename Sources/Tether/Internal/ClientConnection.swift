@@ -9,6 +9,8 @@ final class ClientConnection: Sendable {
     let channel: any Channel
     let endpoint: Endpoint
     let negotiated: Handshake.Negotiated
+    /// The delivery resume point its HELLO carried.
+    let resume: Frame.Hello.Resume?
     /// Completes when the channel has closed, with the reason.
     let closeFuture: EventLoopFuture<ConnectionClosure>
     private let handler: NIOLoopBound<ClientConnectionHandler>
@@ -32,12 +34,14 @@ final class ClientConnection: Sendable {
         channel: any Channel,
         handler: NIOLoopBound<ClientConnectionHandler>,
         endpoint: Endpoint,
+        resume: Frame.Hello.Resume?,
         negotiated: Handshake.Negotiated,
         closeFuture: EventLoopFuture<ConnectionClosure>
     ) {
         self.channel = channel
         self.handler = handler
         self.endpoint = endpoint
+        self.resume = resume
         self.negotiated = negotiated
         self.closeFuture = closeFuture
     }

@@ -71,19 +71,6 @@ public struct OutboxRecord: Sendable, Hashable {
     }
 }
 
-/// How far a client processed its deliveries.
-public struct DeliveryCheckpoint: Sendable, Hashable {
-    /// The gateway's delivery epoch the sequence belongs to.
-    public var epoch: UInt64
-    /// Every delivery up to this sequence was processed.
-    public var lastSequence: UInt64
-
-    public init(epoch: UInt64, lastSequence: UInt64) {
-        self.epoch = epoch
-        self.lastSequence = lastSequence
-    }
-}
-
 /// Everything an outbox store holds.
 public struct OutboxSnapshot: Sendable, Hashable {
     /// The outbox's identity, random, fixed when it was created (PROTOCOL.md, section 9.1).

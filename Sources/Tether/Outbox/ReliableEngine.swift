@@ -15,12 +15,7 @@ protocol ReliableSink: AnyObject, Sendable {
 }
 
 /// What to do with an inbound DELIVERY.
-enum DeliveryVerdict: Sendable, Hashable {
-    case accepted
-    case duplicate
-    /// A sequence was skipped: a protocol error.
-    case gap(expected: UInt64)
-}
+typealias DeliveryVerdict = InboxMachine.Verdict
 
 /// The client's reliable messaging (PROTOCOL.md, section 9): the outbox (messages accepted
 /// durably, kept until acknowledged) and the inbox (deliveries handed to the app once, in
@@ -69,16 +64,10 @@ final class ReliableEngine: Sendable {
         var toExpire: [UInt64] = []
         var sink: (any ReliableSink)?
         // Inbox
-        var checkpoint: DeliveryCheckpoint?
-        var checkpointDirty = false
-        var processed: UInt64 = 0
-        var lastReceived: UInt64 = 0
-        var inboxEpoch: UInt64?
-        var buffer = CircularBuffer<Frame.Delivery>()
-        var handedOut: UInt64?
+        var inbox = InboxMachine(checkpoint: nil)
+        /// The application's consumer, suspended until a delivery arrives.
         var consumer: CheckedContinuation<Frame.Delivery?, Never>?
         var consuming = false
-        var acknowledgedDeliveries: UInt64 = 0
     }
 
     /// How many finished outcomes are remembered for ``outcome(of:)``.
@@ -158,10 +147,7 @@ final class ReliableEngine: Sendable {
                 state.nextID = snapshot.nextID
                 state.conversations = snapshot.conversations
                 for record in snapshot.records { state.records[record.id] = record }
-                state.checkpoint = snapshot.checkpoint
-                state.processed = snapshot.checkpoint?.lastSequence ?? 0
-                state.lastReceived = state.processed
-                state.inboxEpoch = snapshot.checkpoint?.epoch
+                state.inbox = InboxMachine(checkpoint: snapshot.checkpoint)
                 return (waiters, snapshot.records.filter { !$0.expired && $0.expiresAt != nil })
             }
         }
@@ -359,44 +345,31 @@ final class ReliableEngine: Sendable {
     // MARK: Connection events
 
     /// A connection with reliable delivery was established.
+    /// - Parameters:
+    ///   - sink: The connection.
+    ///   - deliveryEpoch: The delivery epoch its WELCOME announced.
+    ///   - resume: The resume point its HELLO carried.
     /// - Returns: Every message to send, by id.
-    func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64) -> [OutboxRecord] {
+    func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64, resume: Frame.Hello.Resume?) -> [OutboxRecord] {
         let (records, acknowledge) = self.state.withLockedValue { state in
             state.sink = sink
-            Self.adopt(deliveryEpoch, in: &state)
-            state.acknowledgedDeliveries = min(state.acknowledgedDeliveries, state.processed)
             // DELIVERYs can arrive, and the app process them, before the connection is attached:
-            // their checkpoint was saved with no connection to acknowledge it on. Acknowledge
-            // them now, or the gateway, its window full, would wait for this forever.
-            let acknowledge = state.processed > state.acknowledgedDeliveries
-            if acknowledge { state.checkpointDirty = true }
+            // their checkpoint may be saved already, with no connection to acknowledge it on.
+            // Acknowledge it now, or the gateway, its window full, would wait for this forever.
+            let acknowledge = state.inbox.attached(epoch: deliveryEpoch, resume: resume)
             return (state.records.values.sorted { $0.id < $1.id }, acknowledge)
         }
-        if acknowledge { self.wakeup.continuation.yield() }
+        if let acknowledge { sink.acknowledgeDeliveries(upTo: acknowledge) }
+        self.wakeup.continuation.yield()  // a checkpoint of a new epoch may be due
         return records
-    }
-
-    /// Switches the inbox to another gateway store, whose sequence numbers start again.
-    ///
-    /// Called for the first DELIVERY of a connection as well as when it is attached: the
-    /// DELIVERYs can arrive before the connection is attached, and must be judged against the
-    /// epoch their connection announced, or the first ones would be dropped as a gap.
-    private static func adopt(_ epoch: UInt64, in state: inout State) {
-        guard state.inboxEpoch != epoch else { return }
-        state.inboxEpoch = epoch
-        state.processed = 0
-        state.lastReceived = 0
-        state.buffer.removeAll()
-        state.handedOut = nil
-        state.acknowledgedDeliveries = 0
-        state.checkpoint = DeliveryCheckpoint(epoch: epoch, lastSequence: 0)
-        state.checkpointDirty = true
     }
 
     /// The connection closed.
     func detach(_ sink: any ReliableSink) {
         self.state.withLockedValue { state in
-            if state.sink === sink { state.sink = nil }
+            guard state.sink === sink else { return }
+            state.sink = nil
+            state.inbox.detached()
         }
     }
 
@@ -404,8 +377,7 @@ final class ReliableEngine: Sendable {
     func helloFields() async throws(TetherError) -> (outboxEpoch: UInt64, resume: Frame.Hello.Resume?) {
         try await self.loadIfNeeded()
         return self.state.withLockedValue { state in
-            let resume = state.inboxEpoch.map { Frame.Hello.Resume(epoch: $0, lastSequence: state.lastReceived) }
-            return (state.epoch, resume)
+            (state.epoch, state.inbox.resumePoint)
         }
     }
 
@@ -488,48 +460,37 @@ final class ReliableEngine: Sendable {
 
     /// A DELIVERY arrived on a connection to the gateway store `epoch`.
     func receive(_ delivery: Frame.Delivery, epoch: UInt64) -> DeliveryVerdict {
-        let (verdict, consumer) = self.state.withLockedValue { state -> (DeliveryVerdict, CheckedContinuation<Frame.Delivery?, Never>?) in
-            Self.adopt(epoch, in: &state)
-            if delivery.sequence <= state.lastReceived { return (.duplicate, nil) }
-            guard delivery.sequence == state.lastReceived + 1 else { return (.gap(expected: state.lastReceived + 1), nil) }
-            state.lastReceived = delivery.sequence
-            if let consumer = state.consumer {
-                state.consumer = nil
-                state.consuming = false
-                state.handedOut = delivery.sequence
-                return (.accepted, consumer)
-            }
-            state.buffer.append(delivery)
-            return (.accepted, nil)
+        let (verdict, handOut) = self.state.withLockedValue {
+            state -> (DeliveryVerdict, (CheckedContinuation<Frame.Delivery?, Never>, Frame.Delivery)?) in
+            let verdict = state.inbox.received(delivery, epoch: epoch)
+            guard verdict == .accepted, let consumer = state.consumer, let next = state.inbox.next() else { return (verdict, nil) }
+            state.consumer = nil
+            state.consuming = false
+            return (verdict, (consumer, next))
         }
-        consumer?.resume(returning: delivery)
+        if let (consumer, next) = handOut { consumer.resume(returning: next) }
         return verdict
     }
 
-    /// The next delivery for the app; marks the one handed out before as processed.
+    /// The next delivery for the app; the one handed out before is processed from now on.
     /// - Returns: `nil` once the client has stopped.
     func nextDelivery() async throws(TetherError) -> Frame.Delivery? {
         let immediate: Result<Frame.Delivery?, TetherError>? = self.state.withLockedValue { state in
             guard !state.consuming else {
                 return .failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries"))
             }
-            self.markProcessed(&state)
-            if let next = state.buffer.popFirst() {
-                state.handedOut = next.sequence
-                return .success(next)
-            }
+            if let next = state.inbox.next() { return .success(next) }
             if state.finished { return .success(nil) }
             state.consuming = true
             return nil
         }
-        self.wakeup.continuation.yield()
+        self.wakeup.continuation.yield()  // the previous one may be processed: checkpoint it
         if let immediate { return try immediate.get() }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Frame.Delivery?, Never>) in
                 let ready: Frame.Delivery?? = self.state.withLockedValue { state in
-                    if let next = state.buffer.popFirst() {
+                    if let next = state.inbox.next() {
                         state.consuming = false
-                        state.handedOut = next.sequence
                         return .some(next)
                     }
                     if state.finished || Task.isCancelled {
@@ -550,21 +511,22 @@ final class ReliableEngine: Sendable {
         }
     }
 
-    /// The consumer stopped: what it was given counts as processed.
-    func consumerEnded() {
-        self.state.withLockedValue { state in
-            self.markProcessed(&state)
-            state.consuming = false
+    /// The app processed the delivery with this sequence (it was handed out and not yet processed).
+    func acknowledgeDelivery(_ sequence: UInt64) throws(TetherError) {
+        let known = self.state.withLockedValue { $0.inbox.acknowledge(sequence) }
+        guard known else {
+            throw TetherError(code: .invalidArgument, message: "delivery \(sequence) is not the one the app holds")
         }
         self.wakeup.continuation.yield()
     }
 
-    private func markProcessed(_ state: inout State) {
-        guard let handedOut = state.handedOut else { return }
-        state.handedOut = nil
-        state.processed = max(state.processed, handedOut)
-        state.checkpoint = DeliveryCheckpoint(epoch: state.inboxEpoch ?? 0, lastSequence: state.processed)
-        state.checkpointDirty = true
+    /// The consumer stopped (its loop ended or threw): the delivery it held and did not
+    /// acknowledge is handed out again.
+    func consumerEnded() {
+        self.state.withLockedValue { state in
+            state.inbox.consumerStopped()
+            state.consuming = false
+        }
     }
 
     // MARK: Maintenance
@@ -583,25 +545,28 @@ final class ReliableEngine: Sendable {
             defer {
                 state.toRemove.removeAll()
                 state.toExpire.removeAll()
-                state.checkpointDirty = false
             }
-            return (state.toRemove, state.toExpire, state.checkpointDirty ? state.checkpoint : nil)
+            return (state.toRemove, state.toExpire, state.inbox.takeCheckpointToSave())
         }
         do {
             if !work.1.isEmpty { try await self.configuration.outbox.markExpired(work.1) }
             if !work.0.isEmpty { try await self.configuration.outbox.remove(work.0) }
-            if let checkpoint = work.2 { try await self.configuration.outbox.saveCheckpoint(checkpoint) }
         } catch {
-            // Not fatal: a message not removed is sent again and deduplicated; a checkpoint not
-            // saved means a few deliveries may be processed again after a crash.
+            // Not fatal: a message not removed is sent again and deduplicated.
             self.logger.error("outbox maintenance failed", metadata: ["error": "\(error)"])
         }
+        guard let checkpoint = work.2 else { return }
+        do {
+            try await self.configuration.outbox.saveCheckpoint(checkpoint)
+        } catch {
+            // Not acknowledged either: after a crash, the gateway sends those deliveries again.
+            self.logger.error("cannot save the delivery checkpoint", metadata: ["error": "\(error)"])
+            self.state.withLockedValue { $0.inbox.checkpointFailed() }
+            return
+        }
         let acknowledgement: (UInt64, any ReliableSink)? = self.state.withLockedValue { state in
-            guard let checkpoint = work.2, checkpoint.lastSequence > state.acknowledgedDeliveries, let sink = state.sink,
-                checkpoint.epoch == state.inboxEpoch
-            else { return nil }
-            state.acknowledgedDeliveries = checkpoint.lastSequence
-            return (checkpoint.lastSequence, sink)
+            guard let sequence = state.inbox.checkpointSaved(checkpoint), let sink = state.sink else { return nil }
+            return (sequence, sink)
         }
         if let (sequence, sink) = acknowledgement { sink.acknowledgeDeliveries(upTo: sequence) }
     }
