@@ -327,9 +327,11 @@ extension TetherClient {
                     delivery: { engine.receive($0, epoch: $1) }
                 )
             },
-            heartbeatMode: { [weak self] in self?.heartbeatMode ?? .foreground },
-            learnedInterval: { [weak self] in
-                self?.state.withLockedValue { state in state.natProber?.interval(for: state.network) }
+            heartbeatPreference: { [weak self] in
+                guard let self else { return .init(mode: .foreground) }
+                return self.state.withLockedValue { state in
+                    .init(mode: state.heartbeatMode, learnedInterval: state.natProber?.interval(for: state.network))
+                }
             },
             idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) }
         )
@@ -369,7 +371,7 @@ extension TetherClient {
                 to: endpoint,
                 timeout: connectionConfiguration.connectTimeout,
                 eventLoop: self.eventLoop
-            ) { channel in
+            ) { channel, framing in
                 let cancelled = cancellation.withLockedValue { state in
                     state.channel = channel
                     return state.cancelled
@@ -377,6 +379,7 @@ extension TetherClient {
                 if cancelled { throw CancellationError() }
                 let handler = ClientConnectionHandler(
                     configuration: handlerConfiguration,
+                    framing: framing,
                     callbacks: callbacks,
                     established: established,
                     closed: closed,

@@ -86,7 +86,7 @@ extension Gateway {
     /// }
     /// ```
     public func onMessage(_ topic: String, _ handler: @escaping MessageHandler) {
-        self.messageHandlers.withLockedValue { $0[topic] = handler }
+        self.register("onMessage(\"\(topic)\")") { $0.add(topic: topic, handler) }
     }
 
     /// Delivers a message reliably to a client id, outside any message handler.

@@ -53,8 +53,8 @@ public final class Gateway: Service, Sendable {
     let pushBatchers: [ObjectIdentifier: PushBatcher]
     let logger: Logger
     let authenticator: Authenticator?
-    let routes = NIOLockedValueBox<[String: Route]>([:])
-    let messageHandlers = NIOLockedValueBox<[String: MessageHandler]>([:])
+    /// The routes while they are registered; once the gateway starts, what its connections share.
+    private let routing = NIOLockedValueBox(Routing.building(Router()))
     /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
     let messageStore: (any MessageStore)?
     let deliveryNotifier = DeliveryNotifier()
@@ -102,12 +102,15 @@ public final class Gateway: Service, Sendable {
         self.logger = logger
     }
 
-    /// Registers the handler of `method`, replacing any earlier one. Safe to call at any time.
+    /// Registers the handler of `method`, replacing any earlier one.
+    ///
+    /// - Important: Register every handler before ``run()``: the routes are fixed when the
+    ///   gateway starts (its connections then read them without a lock).
     /// - Parameters:
     ///   - method: The method clients call, e.g. `room.enter`.
     ///   - handler: Produces the reply; runs concurrently with other requests.
     public func handle(_ method: String, _ handler: @escaping Handler) {
-        self.routes.withLockedValue { $0[method] = .task(handler) }
+        self.register("handle(\"\(method)\")") { $0.add(method, .task(handler)) }
     }
 
     /// Registers a handler of `method` that answers at once, replacing any earlier one.
@@ -121,7 +124,8 @@ public final class Gateway: Service, Sendable {
     /// - Important: It must not block: while it runs, no other connection of its event loop is
     ///   served, and neither CANCEL nor the deadline can stop it. For anything that waits (a
     ///   database, the network, a lock held long), use ``handle(_:_:)``. It has a name of its
-    ///   own so that a synchronous closure given to `handle` keeps running in a task.
+    ///   own so that a synchronous closure given to `handle` keeps running in a task. Register
+    ///   it before ``run()``.
     ///
     /// ```swift
     /// gateway.handleInline("echo") { request, _ in request.body }
@@ -130,22 +134,44 @@ public final class Gateway: Service, Sendable {
     ///   - method: The method clients call.
     ///   - handler: Produces the reply, or throws ``RequestError`` for a specific status.
     public func handleInline(_ method: String, _ handler: @escaping InlineHandler) {
-        self.routes.withLockedValue { $0[method] = .inline(handler) }
+        self.register("handleInline(\"\(method)\")") { $0.add(method, .inline(handler)) }
     }
 
-    /// How a method is served.
-    enum Route: Sendable {
-        /// In a task of its own (``handle(_:_:)``).
-        case task(Handler)
-        /// On the event loop, at once (``handleInline(_:_:)``).
-        case inline(InlineHandler)
+    /// Adds a route while the gateway has not started; a registration after that is a
+    /// programming error (the connections would not all see it).
+    func register(_ what: @autoclosure () -> String, _ add: (inout Router) -> Void) {
+        self.routing.withLockedValue { routing in
+            guard case .building(var router) = routing else {
+                preconditionFailure("Gateway.\(what()) after the gateway started: register every handler before run()")
+            }
+            add(&router)
+            routing = .building(router)
+        }
+    }
+
+    /// What the gateway's connections share, with the routes frozen: made when the gateway
+    /// starts (or accepts its first connection, whichever comes first).
+    var services: GatewayServices {
+        self.routing.withLockedValue { routing in
+            switch routing {
+            case .frozen(let services):
+                return services
+            case .building(let router):
+                let services = GatewayServices(gateway: self, router: router)
+                routing = .frozen(services)
+                return services
+            }
+        }
+    }
+
+    /// The routes, while they are registered, then frozen with the rest of what connections share.
+    private enum Routing {
+        case building(Router)
+        case frozen(GatewayServices)
     }
 
     /// The established connections.
     public var connections: [ConnectionInfo] { self.registry.established }
-
-    /// How many reliable deliveries a connection may have unacknowledged.
-    var deliveryWindow: Int { self.configuration.limits.deliveryWindow }
 
     /// The address the gateway listens on, once it is bound (useful with port 0).
     /// - Throws: ``GatewayError`` if the gateway has no TCP listener, failed to bind, or shut
@@ -193,8 +219,8 @@ public final class Gateway: Service, Sendable {
             alternateEndpoint: self.configuration.goAway.alternateEndpoint?.description,
             message: "the gateway is shutting down"
         )
-        for channel in self.registry.beginDraining(with: goAway) {
-            channel.pipeline.triggerUserOutboundEvent(GatewayConnectionEvent.drain(goAway), promise: nil)
+        for handler in self.registry.beginDraining(with: goAway) {
+            ConnectionOutbound(handler: handler).execute { $0.drain(goAway) }
         }
         self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
     }
@@ -224,19 +250,23 @@ public final class Gateway: Service, Sendable {
     }
 
     /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket
-    /// upgrade, …). The channel's pipeline must already read and write ``Frame``s; the gateway
-    /// adds its protocol handler on top.
+    /// upgrade, …). The channel's pipeline must read and write `ByteBuffer`s: a byte stream of
+    /// Tether frames, or one frame per message, as `framing` says. The gateway adds its
+    /// connection handler on top.
     ///
     /// - Important: Create the channel with `ChannelOptions.autoRead` off, so that nothing is
-    ///   read before the gateway's handlers are in place; the gateway turns reading on.
+    ///   read before the gateway's handler is in place; the gateway turns reading on.
+    /// - Parameters:
+    ///   - channel: The connection.
+    ///   - framing: How its pipeline delivers Tether frames.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notRunning`` if the gateway shut down.
-    public func accept(_ channel: any Channel) async throws(GatewayError) {
+    public func accept(_ channel: any Channel, framing: Framing = .byteStream) async throws(GatewayError) {
         if self.lifecycle.withLockedValue({ $0.shuttingDown }) {
             channel.close(promise: nil)
             throw GatewayError(code: .notRunning, message: "the gateway is shut down")
         }
         do {
-            try await channel.eventLoop.submit { try self.configure(channel) }.get()
+            try await channel.eventLoop.submit { try self.configure(channel, framing: framing) }.get()
             try await channel.setOption(ChannelOptions.autoRead, value: true).get()
         } catch {
             channel.close(promise: nil)
@@ -258,6 +288,7 @@ public final class Gateway: Service, Sendable {
         if start.alreadyRunning {
             throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
         }
+        _ = self.services  // the routes are fixed from now on
         defer { self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
 
         // Connections are served by their channel handlers, and tasks exist only while there is
@@ -283,11 +314,6 @@ public final class Gateway: Service, Sendable {
     /// `SO_REUSEPORT`, which NIO has no name for.
     private static var reusePortOption: NIOBSDSocket.Option { NIOBSDSocket.Option(rawValue: SO_REUSEPORT) }
 
-    /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
-    private func executor(for channel: any Channel) -> (any TaskExecutor)? {
-        self.executors?.executor(for: channel.eventLoop)
-    }
-
     private func bind(_ listen: GatewayConfiguration.Listen) async throws -> any Channel {
         let server: any Channel
         do {
@@ -302,8 +328,7 @@ public final class Gateway: Service, Sendable {
                 .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                        try self.configure(channel)
+                        try self.configure(channel, framing: .byteStream)
                     }
                 }
                 .bind(host: listen.host, port: listen.port)
@@ -326,36 +351,20 @@ public final class Gateway: Service, Sendable {
         return server
     }
 
-    /// Adds the protocol handler and the dispatcher to a channel that reads and writes frames.
-    /// Runs on the channel's event loop.
-    private func configure(_ channel: any Channel) throws {
+    /// Adds the connection handler to a channel whose pipeline reads and writes bytes. Runs on
+    /// the channel's event loop.
+    private func configure(_ channel: any Channel, framing: Framing) throws {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
         var logger = self.logger
         logger[metadataKey: "tether.connection"] = "\(id)"
-        let timeouts = self.configuration.timeouts
-        let requests = RequestRegistry()
         let handler = GatewayConnectionHandler(
-            configuration: .init(
-                handshakeTimeout: TimeAmount(timeouts.handshake),
-                handlerTimeout: TimeAmount(timeouts.handler),
-                idleTimeout: TimeAmount(timeouts.idle),
-                shutdownGracePeriod: TimeAmount(timeouts.shutdownGracePeriod),
-                maxInboundBodySize: self.configuration.limits.maxBodySize,
-                maxBufferedOutboundBytes: self.configuration.limits.maxBufferedOutboundBytes
-            ),
-            requests: requests,
-            pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
-            logger: logger
-        )
-        let dispatcher = ConnectionDispatcher(
-            gateway: self,
+            services: self.services,
             id: id,
-            protocolHandler: handler,
-            requests: requests,
-            executor: self.executor(for: channel),
+            framing: framing,
+            eventLoop: channel.eventLoop,
             logger: logger
         )
-        try channel.pipeline.syncOperations.addHandlers(handler, dispatcher)
+        try channel.pipeline.syncOperations.addHandler(handler)
     }
 
     private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {

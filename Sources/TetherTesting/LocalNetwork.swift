@@ -52,7 +52,7 @@ public final class LocalNetwork: Sendable {
         to endpoint: Endpoint,
         timeout: Duration,
         eventLoop: any EventLoop,
-        initializer: @escaping @Sendable (any Channel) throws -> Void
+        initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
     ) async throws -> any Channel {
         if self.faults.isStalled(endpoint) {
             try await Task.sleep(for: timeout)
@@ -70,8 +70,7 @@ public final class LocalNetwork: Sendable {
                     channel.eventLoop.makeCompletedFuture {
                         faults.track(channel)
                         try channel.pipeline.syncOperations.addHandler(FaultInjectionHandler(faults: faults))
-                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                        try initializer(channel)
+                        try initializer(channel, .byteStream)
                     }
                 }
                 .withConnectedSocket(clientSocket)
@@ -84,14 +83,9 @@ public final class LocalNetwork: Sendable {
         do {
             let gatewayChannel = try await ClientBootstrap(group: self.eventLoopGroup)
                 .channelOption(.autoRead, value: false)  // the gateway starts reading once set up
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                    }
-                }
                 .withConnectedSocket(gatewaySocket)
                 .get()
-            try await gateway.accept(gatewayChannel)
+            try await gateway.accept(gatewayChannel, framing: .byteStream)
         } catch {
             clientChannel.close(promise: nil)
             throw IOError(errnoCode: ECONNREFUSED, reason: "connect to \(endpoint): \(error)")
@@ -119,7 +113,7 @@ public struct LocalTransport: ClientTransport {
         to endpoint: Endpoint,
         timeout: Duration,
         eventLoop: any EventLoop,
-        initializer: @escaping @Sendable (any Channel) throws -> Void
+        initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
     ) async throws -> any Channel {
         try await self.network.connect(to: endpoint, timeout: timeout, eventLoop: eventLoop, initializer: initializer)
     }

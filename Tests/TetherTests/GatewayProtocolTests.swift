@@ -29,8 +29,9 @@ extension IntegrationTests {
         @Test("garbage gets ERROR bad magic and a close, and every other client is still served")
         func garbage() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let client = try harness.client([endpoint])
                 #expect(try await client.request("echo", body: ByteBuffer(string: "before")).string == "before")
 
@@ -104,8 +105,9 @@ extension IntegrationTests {
         @Test("without negotiated checksums, frames without one are served")
         func checksumsOff() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let connection = try await RawConnection.connect(to: endpoint)
                 let welcome = try await connection.handshake(features: [])
                 #expect(welcome?.features == [])
@@ -139,11 +141,12 @@ extension IntegrationTests {
         @Test("frames out of order, unknown types and duplicate request ids are protocol errors")
         func outOfOrder() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("wait") { _, _ in
-                    try await Task.sleep(for: .seconds(30))
-                    return ByteBuffer()
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("wait") { _, _ in
+                        try await Task.sleep(for: .seconds(30))
+                        return ByteBuffer()
+                    }
+                })
                 let early = try await RawConnection.connect(to: endpoint)
                 try await early.send(.request(.init(id: 1, method: "echo")))
                 try await self.expectErrorAndClose(early, .unexpectedFrame)
@@ -169,8 +172,9 @@ extension IntegrationTests {
         @Test("an unknown extension frame is ignored")
         func extensionIgnored() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake() != nil)
                 try await connection.send(.extension(.init(type: FrameType(rawValue: 0xC0), id: 1, body: ByteBuffer(string: "?"))))
@@ -229,12 +233,14 @@ extension IntegrationTests {
         @Test("the authenticator sees the token and can refuse the client")
         func authentication() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(authenticate: { info in
-                    guard info.authToken.map({ String(buffer: $0) }) == "let-me-in" else {
-                        throw RequestError(.unauthenticated, "bad token for \(info.clientID)")
-                    }
-                })
-                gateway.handle("echo") { request, _ in request.body }
+                let (_, endpoint) = try await harness.gateway(
+                    authenticate: { info in
+                        guard info.authToken.map({ String(buffer: $0) }) == "let-me-in" else {
+                            throw RequestError(.unauthenticated, "bad token for \(info.clientID)")
+                        }
+                    },
+                    routes: { gateway in gateway.handle("echo") { request, _ in request.body } }
+                )
 
                 let good = try harness.client([endpoint]) { $0.authentication = .token(ByteBuffer(string: "let-me-in")) }
                 #expect(try await good.request("echo", body: ByteBuffer(string: "in")).string == "in")
@@ -261,12 +267,13 @@ extension IntegrationTests {
         @Test("graceful shutdown: GOAWAY, requests in flight are answered, later ones are refused as unavailable")
         func gracefulShutdown() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
                 let release = NIOLockedValueBox(false)
-                gateway.handle("work") { request, _ in
-                    while !release.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
-                    return request.body
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("work") { request, _ in
+                        while !release.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+                        return request.body
+                    }
+                })
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake() != nil)
                 try await connection.send(.request(.init(id: 1, method: "work", body: ByteBuffer(string: "in flight"))))
@@ -319,16 +326,20 @@ extension IntegrationTests {
         @Test("a connection limited to 2 concurrent handlers runs 40 requests, never more than 2 at once, refusing none")
         func concurrencyLimit() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 2 }
                 let running = NIOLockedValueBox((now: 0, peak: 0))
-                gateway.handle("work") { request, _ in
-                    running.withLockedValue {
-                        $0.now += 1; $0.peak = max($0.peak, $0.now)
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxConcurrentRequestsPerConnection = 2 },
+                    routes: { gateway in
+                        gateway.handle("work") { request, _ in
+                            running.withLockedValue {
+                                $0.now += 1; $0.peak = max($0.peak, $0.now)
+                            }
+                            try await Task.sleep(for: .milliseconds(5))
+                            running.withLockedValue { $0.now -= 1 }
+                            return request.body
+                        }
                     }
-                    try await Task.sleep(for: .milliseconds(5))
-                    running.withLockedValue { $0.now -= 1 }
-                    return request.body
-                }
+                )
                 let client = try harness.client([endpoint])
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for index in 0..<40 {
@@ -346,10 +357,14 @@ extension IntegrationTests {
         @Test("a client that ignores the concurrency limit: deadlines and cancels still stop handlers and free the slots")
         func cancelWhileSaturated() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 2 }
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                gateway.handle("block", block.handler)
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxConcurrentRequestsPerConnection = 2 },
+                    routes: { gateway in
+                        gateway.handle("block", block.handler)
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
                 // The reference client never exceeds the limit WELCOME announces; this one does.
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake()?.maxConcurrentRequests == 2)
@@ -379,10 +394,14 @@ extension IntegrationTests {
         @Test("an inline handler takes no slot: it answers while every slot is busy, and an unknown method is answered too")
         func inlineHandlerTakesNoSlot() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 1 }
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                gateway.handle("block", block.handler)
-                gateway.handleInline("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxConcurrentRequestsPerConnection = 1 },
+                    routes: { gateway in
+                        gateway.handle("block", block.handler)
+                        gateway.handleInline("echo") { request, _ in request.body }
+                    }
+                )
                 // The reference client never exceeds the limit WELCOME announces; this one does.
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake()?.maxConcurrentRequests == 1)
@@ -405,9 +424,11 @@ extension IntegrationTests {
         @Test("a client far over the concurrency limit: once 16 requests wait, the gateway stops reading until a slot frees")
         func readsStopWhenManyWait() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxConcurrentRequestsPerConnection = 1 }
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                gateway.handle("block", block.handler)
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxConcurrentRequestsPerConnection = 1 },
+                    routes: { gateway in gateway.handle("block", block.handler) }
+                )
                 let connection = try await RawConnection.connect(to: endpoint)
                 #expect(try await connection.handshake()?.maxConcurrentRequests == 1)
                 // 1 takes the slot until its deadline; 2...17 wait, and then the gateway stops reading.

@@ -43,12 +43,14 @@ final class Harness: Sendable {
         for task in self.tasks.withLockedValue({ $0 }) { await task.value }
     }
 
-    /// A gateway on 127.0.0.1 with an ephemeral port, and its endpoint.
+    /// A gateway on 127.0.0.1 with an ephemeral port, and its endpoint; `routes` registers its
+    /// handlers before it starts.
     func gateway(
         port: Int = 0,
         messageStore: (any MessageStore)? = nil,
         configure: (inout GatewayConfiguration) -> Void = { _ in },
-        authenticate: Gateway.Authenticator? = nil
+        authenticate: Gateway.Authenticator? = nil,
+        routes: (Gateway) -> Void = { _ in }
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: port)
@@ -59,22 +61,26 @@ final class Harness: Sendable {
             authenticate: authenticate,
             logger: testLogger("gateway")
         )
+        routes(gateway)
         self.spawn { try? await gateway.run() }
         self.onExit { gateway.shutdown() }
         let address = try await gateway.listeningAddress
         return (gateway, Endpoint(host: "127.0.0.1", port: address.port!))
     }
 
-    /// A gateway reachable only through a ``LocalNetwork``.
+    /// A gateway reachable only through a ``LocalNetwork``; `routes` registers its handlers
+    /// before it starts.
     func localGateway(
         network: LocalNetwork,
         at endpoint: Endpoint,
-        configure: (inout GatewayConfiguration) -> Void = { _ in }
+        configure: (inout GatewayConfiguration) -> Void = { _ in },
+        routes: (Gateway) -> Void = { _ in }
     ) throws -> Gateway {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = nil
         configure(&configuration)
         let gateway = try Gateway(configuration: configuration, logger: testLogger("gateway"))
+        routes(gateway)
         network.attach(gateway, at: endpoint)
         self.spawn { try? await gateway.run() }
         self.onExit { gateway.shutdown() }

@@ -11,10 +11,13 @@ extension IntegrationTests {
     struct NATProbingTests {
         /// A gateway with the idle timeout `idle` behind a NAT that forgets connections idle 1.5 s.
         static func gatewayBehindNAT(_ harness: Harness, idle: Duration) async throws -> (Gateway, TCPFaultProxy, Endpoint) {
-            let (gateway, endpoint) = try await harness.gateway { configuration in
-                configuration.timeouts.heartbeatInterval = .milliseconds(200)
-                configuration.timeouts.idle = idle  // background pings are half of it apart
-            }
+            let (gateway, endpoint) = try await harness.gateway(
+                configure: { configuration in
+                    configuration.timeouts.heartbeatInterval = .milliseconds(200)
+                    configuration.timeouts.idle = idle  // background pings are half of it apart
+                },
+                routes: { gateway in gateway.handle("echo") { request, _ in request.body } }
+            )
             let nat = TCPFaultProxy(upstream: endpoint)
             nat.natTimeout = .milliseconds(1500)
             let address = try await nat.start()
@@ -26,7 +29,6 @@ extension IntegrationTests {
         func learnsTheNATTimeout() async throws {
             try await withHarness { harness in
                 let (gateway, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(10))
-                gateway.handle("echo") { request, _ in request.body }
                 let path = ManualNetworkPathMonitor(initial: NetworkPath(isAvailable: true, identity: "wifi"))
                 let client = try harness.client([endpoint]) { configuration in
                     configuration.pathMonitor = path

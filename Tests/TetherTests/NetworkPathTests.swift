@@ -34,8 +34,13 @@ extension IntegrationTests {
         func connectedClient(_ harness: Harness) async throws -> Setup {
             let network = LocalNetwork()
             let endpoint = Endpoint(host: "gateway", port: 1)
-            let gateway = try harness.localGateway(network: network, at: endpoint)
-            gateway.handle("echo") { request, _ in request.body }
+            let gateway = try harness.localGateway(
+                network: network,
+                at: endpoint,
+                routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                }
+            )
             let paths = ManualNetworkPathMonitor()
             let client = try harness.client([endpoint], transport: network.transport) {
                 $0.reconnect.backoff = try! Backoff(initial: .seconds(60), maximum: .seconds(60), jitter: 0)

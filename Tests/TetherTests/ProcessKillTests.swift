@@ -15,13 +15,17 @@ extension IntegrationTests {
         func senderKilled() async throws {
             try await withHarness { harness in
                 let store = try SQLiteMessageStore(path: temporaryFile("killed-sender-gateway", in: harness))
-                let (gateway, endpoint) = try await harness.gateway(messageStore: store)
                 // What `tether serve` does with topic dm: deliver the body to the client named by the conversation.
                 let processed = NIOLockedValueBox<[String]>([])
-                gateway.onMessage("dm") { message, context in
-                    processed.withLockedValue { $0.append(message.body.string) }
-                    try context.deliver(to: message.conversation, topic: "dm", body: message.body)
-                }
+                let (gateway, endpoint) = try await harness.gateway(
+                    messageStore: store,
+                    routes: { gateway in
+                        gateway.onMessage("dm") { message, context in
+                            processed.withLockedValue { $0.append(message.body.string) }
+                            try context.deliver(to: message.conversation, topic: "dm", body: message.body)
+                        }
+                    }
+                )
                 let bob = try harness.client([endpoint], clientID: "bob") { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }
                 let inbox = DeliveryCollector(bob, in: harness)
                 let send = [

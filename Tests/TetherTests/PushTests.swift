@@ -28,19 +28,20 @@ extension IntegrationTests {
         @Test("pushes reach a connection, all connections of a client id, a room, or everyone")
         func targets() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("join") { request, context in
-                    context.join(request.body.string)
-                    return ByteBuffer(string: "ok")
-                }
-                gateway.handle("leave") { request, context in
-                    context.leave(request.body.string)
-                    return ByteBuffer(string: "ok")
-                }
-                gateway.handle("poke-me") { _, context in
-                    try context.push("poke", ByteBuffer(string: "to you"))
-                    return ByteBuffer(string: "ok")
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("join") { request, context in
+                        context.join(request.body.string)
+                        return ByteBuffer(string: "ok")
+                    }
+                    gateway.handle("leave") { request, context in
+                        context.leave(request.body.string)
+                        return ByteBuffer(string: "ok")
+                    }
+                    gateway.handle("poke-me") { _, context in
+                        try context.push("poke", ByteBuffer(string: "to you"))
+                        return ByteBuffer(string: "ok")
+                    }
+                })
                 let alicePhone = try harness.client([endpoint], clientID: "alice")
                 let aliceLaptop = try harness.client([endpoint], clientID: "alice")
                 let bob = try harness.client([endpoint], clientID: "bob")
@@ -80,11 +81,12 @@ extension IntegrationTests {
         @Test("subscribers get only their topic; a closed connection leaves its rooms")
         func topicsAndCleanup() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("join") { request, context in
-                    context.join(request.body.string)
-                    return ByteBuffer()
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("join") { request, context in
+                        context.join(request.body.string)
+                        return ByteBuffer()
+                    }
+                })
                 let client = try harness.client([endpoint])
                 let news = PushCollector(client, topic: "news", in: harness)
                 let everything = PushCollector(client, in: harness)
@@ -105,8 +107,10 @@ extension IntegrationTests {
         @Test("a client that stops reading is closed as a slow consumer; the others keep getting pushes")
         func slowConsumer() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxBufferedOutboundBytes = 1 << 20 }
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxBufferedOutboundBytes = 1 << 20 },
+                    routes: { gateway in gateway.handle("echo") { request, _ in request.body } }
+                )
                 let healthy = try harness.client([endpoint], clientID: "healthy")
                 let received = PushCollector(healthy, in: harness)
                 _ = try await healthy.request("echo")
@@ -131,8 +135,10 @@ extension IntegrationTests {
         @Test("a push or reply larger than the client accepts is not sent, and the connection survives")
         func oversizedPush() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                    gateway.handle("big") { _, _ in ByteBuffer(repeating: 1, count: 4096) }
+                })
                 let client = try harness.client([endpoint]) { $0.connection.maxBodySize = 2048 }
                 let pushes = PushCollector(client, in: harness)
                 _ = try await client.request("echo")
@@ -142,7 +148,6 @@ extension IntegrationTests {
                 #expect(try await client.request("echo", body: ByteBuffer(string: "alive")).string == "alive")
 
                 // The same for a reply: the request fails with a clear status, the connection stays.
-                gateway.handle("big") { _, _ in ByteBuffer(repeating: 1, count: 4096) }
                 let error = await #expect(throws: TetherError.self) { try await client.request("big") }
                 #expect(error?.status == .resourceExhausted)
                 #expect(error?.message.contains("2048") == true)
@@ -161,14 +166,15 @@ extension IntegrationTests {
         @Test("typed requests, handlers and pushes round-trip protobuf messages")
         func typed() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle(Self.shout) { message, _ in
-                    Google_Protobuf_StringValue(message.value.uppercased())
-                }
-                gateway.handle("length", as: Google_Protobuf_StringValue.self) { message, _ in
-                    Google_Protobuf_Int64Value(Int64(message.value.count))
-                }
-                gateway.handle("not-protobuf") { _, _ in ByteBuffer(bytes: [0xFF, 0xFF, 0xFF]) }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle(Self.shout) { message, _ in
+                        Google_Protobuf_StringValue(message.value.uppercased())
+                    }
+                    gateway.handle("length", as: Google_Protobuf_StringValue.self) { message, _ in
+                        Google_Protobuf_Int64Value(Int64(message.value.count))
+                    }
+                    gateway.handle("not-protobuf") { _, _ in ByteBuffer(bytes: [0xFF, 0xFF, 0xFF]) }
+                })
                 let client = try harness.client([endpoint])
                 let pushes = PushCollector(client, topic: "typed", in: harness)
 

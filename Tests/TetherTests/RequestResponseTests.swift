@@ -12,11 +12,12 @@ extension IntegrationTests {
         @Test("a request gets its handler's reply; unknown methods and handler errors get clear statuses")
         func basics() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
-                gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
-                gateway.handle("crash") { _, _ in throw SomeInternalError() }
-                gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                    gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
+                    gateway.handle("crash") { _, _ in throw SomeInternalError() }
+                    gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                })
                 let client = try harness.client([endpoint], clientID: "alice")
 
                 #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
@@ -41,13 +42,14 @@ extension IntegrationTests {
         @Test("inline handlers answer with the statuses of task handlers; a synchronous closure given to handle() still runs in a task")
         func inlineHandlers() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handleInline("echo") { request, _ in request.body }
-                gateway.handleInline("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
-                gateway.handleInline("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
-                gateway.handleInline("crash") { _, _ in throw SomeInternalError() }
-                // Not an inline handler: `withUnsafeCurrentTask` sees the task it runs in.
-                gateway.handle("in-task") { _, _ in ByteBuffer(string: withUnsafeCurrentTask { "\($0 != nil)" }) }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handleInline("echo") { request, _ in request.body }
+                    gateway.handleInline("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                    gateway.handleInline("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
+                    gateway.handleInline("crash") { _, _ in throw SomeInternalError() }
+                    // Not an inline handler: `withUnsafeCurrentTask` sees the task it runs in.
+                    gateway.handle("in-task") { _, _ in ByteBuffer(string: withUnsafeCurrentTask { "\($0 != nil)" }) }
+                })
                 let client = try harness.client([endpoint], clientID: "bob")
 
                 #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
@@ -76,13 +78,14 @@ extension IntegrationTests {
         @Test("10,000 concurrent requests over one connection each get their own response, out of order")
         func tenThousandConcurrent() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("square") { request, _ in
-                    let value = Int(request.body.string)!
-                    // Make some handlers slower so that responses overtake each other.
-                    if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
-                    return ByteBuffer(string: "\(value * value)")
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("square") { request, _ in
+                        let value = Int(request.body.string)!
+                        // Make some handlers slower so that responses overtake each other.
+                        if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
+                        return ByteBuffer(string: "\(value * value)")
+                    }
+                })
                 let client = try harness.client([endpoint]) { $0.requests.defaultTimeout = .seconds(120) }
                 let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
                     for value in 0..<10_000 {
@@ -101,10 +104,11 @@ extension IntegrationTests {
         @Test("a request that outlives its timeout fails with timedOut, and its handler is stopped")
         func timeout() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
                 let slow = WaitingHandler(waitsFor: .seconds(30))
-                gateway.handle("slow", slow.handler)
-                gateway.handle("echo") { request, _ in request.body }
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("slow", slow.handler)
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let client = try harness.client([endpoint])
                 _ = try await client.request("echo")  // connected
 
@@ -121,15 +125,19 @@ extension IntegrationTests {
         @Test("the gateway answers deadline exceeded when a handler overruns the gateway's own limit")
         func gatewayHandlerLimit() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.timeouts.handler = .milliseconds(100) }
                 let release = NIOLockedValueBox(false)
                 let handlerFinished = NIOLockedValueBox(false)
-                gateway.handle("stubborn") { _, _ in
-                    // Ignores cancellation on purpose, until the test lets it go.
-                    while !release.withLockedValue({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
-                    handlerFinished.withLockedValue { $0 = true }
-                    return ByteBuffer(string: "too late")
-                }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.timeouts.handler = .milliseconds(100) },
+                    routes: { gateway in
+                        gateway.handle("stubborn") { _, _ in
+                            // Ignores cancellation on purpose, until the test lets it go.
+                            while !release.withLockedValue({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
+                            handlerFinished.withLockedValue { $0 = true }
+                            return ByteBuffer(string: "too late")
+                        }
+                    }
+                )
                 let client = try harness.client([endpoint])
                 let events = harness.events(of: client)
                 let error = await #expect(throws: TetherError.self) { try await client.request("stubborn", timeout: .seconds(30)) }
@@ -147,9 +155,8 @@ extension IntegrationTests {
         @Test("cancelling the calling task cancels the request at once and reaches the gateway handler")
         func cancellationReachesGateway() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
                 let wait = WaitingHandler()
-                gateway.handle("wait", wait.handler)
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in gateway.handle("wait", wait.handler) })
                 let client = try harness.client([endpoint])
                 let task = Task { try await client.request("wait", timeout: .seconds(60)) }
                 try await eventually("the handler runs") { wait.started }
@@ -166,13 +173,14 @@ extension IntegrationTests {
         @Test("a request cancelled while it waits for the hop to the event loop ends at once, and is never sent")
         func cancelledBeforeSent() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
                 let calls = NIOLockedValueBox(0)
-                gateway.handle("count") { _, _ in
-                    calls.withLockedValue { $0 += 1 }
-                    return ByteBuffer()
-                }
-                gateway.handle("echo") { request, _ in request.body }
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("count") { _, _ in
+                        calls.withLockedValue { $0 += 1 }
+                        return ByteBuffer()
+                    }
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let client = try harness.client([endpoint])
                 _ = try await client.request("echo")  // connected
 
@@ -213,12 +221,13 @@ extension IntegrationTests {
         @Test("the data task API: suspended until resumed, completes once, cancellable")
         func dataTasks() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
-                gateway.handle("wait") { _, _ in
-                    try await Task.sleep(for: .seconds(60))
-                    return ByteBuffer()
-                }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                    gateway.handle("wait") { _, _ in
+                        try await Task.sleep(for: .seconds(60))
+                        return ByteBuffer()
+                    }
+                })
                 let client = try harness.client([endpoint])
 
                 let results = NIOLockedValueBox<[Result<ByteBuffer, TetherError>]>([])
@@ -261,8 +270,9 @@ extension IntegrationTests {
         @Test("a data task on a connected client needs no Swift task: its completion runs on the event loop and may send the next")
         func dataTasksOnTheLoop() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handleInline("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handleInline("echo") { request, _ in request.body }
+                })
                 let client = try harness.client([endpoint])
                 #expect(try await client.request("echo", body: ByteBuffer(string: "connected")).string == "connected")
 
@@ -297,10 +307,11 @@ extension IntegrationTests {
         @Test("a data task cancelled while on the wire ends at once and its CANCEL stops the gateway's handler")
         func dataTaskCancellationReachesGateway() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handleInline("echo") { request, _ in request.body }
                 let wait = WaitingHandler()
-                gateway.handle("wait", wait.handler)
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handleInline("echo") { request, _ in request.body }
+                    gateway.handle("wait", wait.handler)
+                })
                 let client = try harness.client([endpoint])
                 #expect(try await client.request("echo", body: ByteBuffer(string: "connected")).string == "connected")
 
@@ -323,8 +334,9 @@ extension IntegrationTests {
         @Test("a data task handed to a connection that no longer takes requests is sent on the next connection")
         func dataTaskOnDrainedConnection() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handleInline("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handleInline("echo") { request, _ in request.body }
+                })
                 let client = try harness.client([endpoint])
                 let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "one")).string == "one")
@@ -347,8 +359,10 @@ extension IntegrationTests {
         @Test("invalid arguments are refused locally with clear errors")
         func invalidArguments() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway { $0.limits.maxBodySize = 4096 }
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: { $0.limits.maxBodySize = 4096 },
+                    routes: { gateway in gateway.handle("echo") { request, _ in request.body } }
+                )
                 let client = try harness.client([endpoint])
                 #expect(await #expect(throws: TetherError.self) { try await client.request("") }?.code == .invalidArgument)
                 #expect(

@@ -25,8 +25,12 @@ extension IntegrationTests {
         @Test("a silent gateway (TCP open, nothing answers) is detected by the heartbeat and the client reconnects")
         func silentGatewayOverTCP() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(configure: Self.fastHeartbeat)
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(
+                    configure: Self.fastHeartbeat,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
                 let proxy = TCPFaultProxy(upstream: endpoint)
                 let proxyAddress = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
@@ -58,8 +62,14 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint, configure: Self.fastHeartbeat)
-                gateway.handle("echo") { request, _ in request.body }
+                let gateway = try harness.localGateway(
+                    network: network,
+                    at: endpoint,
+                    configure: Self.fastHeartbeat,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
                 let client = try harness.client([endpoint], transport: network.transport, configure: Self.fastClient)
                 let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
@@ -80,10 +90,15 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint)
                 let hang = WaitingHandler()
-                gateway.handle("echo") { request, _ in request.body }
-                gateway.handle("hang", hang.handler)
+                let gateway = try harness.localGateway(
+                    network: network,
+                    at: endpoint,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                        gateway.handle("hang", hang.handler)
+                    }
+                )
                 let client = try harness.client([endpoint], transport: network.transport)
                 let events = harness.events(of: client)
                 _ = try await client.request("echo")
@@ -110,8 +125,13 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint)
-                gateway.handleInline("echo") { request, _ in request.body }
+                let gateway = try harness.localGateway(
+                    network: network,
+                    at: endpoint,
+                    routes: { gateway in
+                        gateway.handleInline("echo") { request, _ in request.body }
+                    }
+                )
                 let client = try harness.client([endpoint], transport: network.transport)
                 _ = try await client.request("echo")
 
@@ -194,8 +214,9 @@ extension IntegrationTests {
         @Test("an abruptly killed gateway (no GOAWAY) is replaced the same way")
         func abruptRestart() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let proxy = TCPFaultProxy(upstream: endpoint)
                 let address = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
@@ -219,8 +240,9 @@ extension IntegrationTests {
         @Test("endpoints are tried in turn: a dead first endpoint fails over to the second")
         func failover() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let dead = try await Self.unusedEndpoint()
                 let client = try harness.client([dead, live]) { $0.connection.raceDelay = nil }
                 let events = harness.events(of: client)
@@ -241,8 +263,9 @@ extension IntegrationTests {
         @Test("racing: a refused endpoint hands over to the next within the same attempt")
         func racingFailover() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 let dead = try await Self.unusedEndpoint()
                 let client = try harness.client([dead, live])
                 let events = harness.events(of: client)
@@ -257,8 +280,9 @@ extension IntegrationTests {
         @Test("racing: a silent endpoint does not hold the attempt up; the first handshake wins, the others close")
         func racingSilentEndpoint() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway()
-                gateway.handle("echo") { request, _ in request.body }
+                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
                 // A proxy that accepts and then drops every byte: connects, never answers HELLO.
                 let silent = TCPFaultProxy(upstream: live)
                 let silentAddress = try await silent.start()
@@ -278,12 +302,13 @@ extension IntegrationTests {
         @Test("GOAWAY with an alternate endpoint moves the client there")
         func goAwayRedirect() async throws {
             try await withHarness { harness in
-                let (second, secondEndpoint) = try await harness.gateway()
-                second.handle("who") { _, _ in ByteBuffer(string: "second") }
-                let (first, firstEndpoint) = try await harness.gateway {
-                    $0.goAway = .init(retryAfter: .milliseconds(10), alternateEndpoint: secondEndpoint)
-                }
-                first.handle("who") { _, _ in ByteBuffer(string: "first") }
+                let (second, secondEndpoint) = try await harness.gateway(routes: { second in
+                    second.handle("who") { _, _ in ByteBuffer(string: "second") }
+                })
+                let (first, firstEndpoint) = try await harness.gateway(
+                    configure: { $0.goAway = .init(retryAfter: .milliseconds(10), alternateEndpoint: secondEndpoint) },
+                    routes: { first in first.handle("who") { _, _ in ByteBuffer(string: "first") } }
+                )
 
                 let client = try harness.client([firstEndpoint])
                 #expect(try await client.request("who").string == "first")
@@ -333,8 +358,13 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(network: network, at: endpoint)
-                gateway.handle("echo") { request, _ in request.body }
+                let gateway = try harness.localGateway(
+                    network: network,
+                    at: endpoint,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
                 network.faults.refuse(endpoint)
                 let clock = ManualClock()
                 let client = try harness.client([endpoint], transport: network.transport, clock: clock) {
@@ -374,9 +404,8 @@ extension IntegrationTests {
         @Test("shutting the client down: requests in flight finish, new ones fail with shutdown")
         func clientShutdown() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
                 let slow = WaitingHandler(waitsFor: .milliseconds(300))
-                gateway.handle("slow", slow.handler)
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in gateway.handle("slow", slow.handler) })
                 var configuration = ClientConfiguration(endpoints: [endpoint], clientID: "leaving")
                 configuration.requests.defaultTimeout = .seconds(10)
                 let client = try TetherClient(configuration: configuration, logger: testLogger("client"))

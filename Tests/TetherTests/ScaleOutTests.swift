@@ -12,15 +12,18 @@ extension IntegrationTests {
         @Test("gateways with reusePort share a port and split its clients; one without it is refused the port")
         func reusePort() async throws {
             try await withHarness { harness in
-                let (first, endpoint) = try await harness.gateway { $0.listen?.reusePort = true }
-                let (second, shared) = try await harness.gateway(port: endpoint.port) { $0.listen?.reusePort = true }
+                let from: (Gateway) -> Void = { gateway in
+                    gateway.handle("from") { _, context in ByteBuffer(string: context.connection.remoteAddress ?? "") }
+                }
+                let (first, endpoint) = try await harness.gateway(configure: { $0.listen?.reusePort = true }, routes: from)
+                let (second, shared) = try await harness.gateway(
+                    port: endpoint.port,
+                    configure: { $0.listen?.reusePort = true },
+                    routes: from
+                )
                 #expect(shared == endpoint)
                 let refused = await #expect(throws: GatewayError.self) { _ = try await harness.gateway(port: endpoint.port) }
                 #expect(refused?.code == .bindFailed)
-
-                for gateway in [first, second] {
-                    gateway.handle("from") { _, context in ByteBuffer(string: context.connection.remoteAddress ?? "") }
-                }
                 let transport = try TCPClientTransport(sourceAddress: "127.0.0.2")
                 #expect(transport.sourceAddress == "127.0.0.2")
                 for index in 0..<8 {

@@ -14,6 +14,14 @@ protocol ReliableSink: AnyObject, Sendable {
     func acknowledgeDeliveries(upTo sequence: UInt64)
 }
 
+/// What the client's reliable engine hears from a connection.
+struct ReliableCallbacks: Sendable {
+    var acknowledged: @Sendable ([Frame.MessageAck.Entry]) -> Void
+    var sent: @Sendable ([UInt64]) -> Void
+    /// A DELIVERY arrived on a connection whose WELCOME announced this delivery epoch.
+    var delivery: @Sendable (Frame.Delivery, _ epoch: UInt64) -> DeliveryVerdict
+}
+
 /// What to do with an inbound DELIVERY.
 typealias DeliveryVerdict = InboxMachine.Verdict
 

@@ -108,6 +108,7 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         case .request:
             let timeout = try body.readMilliseconds(field: "timeout", in: type)
             let method = try body.readShortString(field: "method", in: type)
+            guard !method.isEmpty else { throw .malformed(type, "the method is empty") }
             return .request(Frame.Request(id: id, method: method, timeout: timeout == .zero ? nil : timeout, body: body))
         case .response:
             let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))

@@ -10,8 +10,10 @@
 /// (their handler never runs, so the client may send them again elsewhere), requests in flight
 /// are answered, and the gateway waits for the *client* to close the connection: only the
 /// client knows when it has no more requests on the wire. (The gateway's handler closes it
-/// anyway when its grace period ends.) Each request is answered at most once: a RESPONSE for a
-/// request that was cancelled or already answered (its deadline passed) is dropped.
+/// anyway when its grace period ends.)
+///
+/// The machine classifies frames; the requests in flight are its owner's (the gateway's
+/// connection machine keeps them, with their deadlines and handlers).
 public struct GatewaySessionStateMachine: Sendable {
     public enum Phase: Hashable, Sendable {
         case awaitingHello
@@ -27,7 +29,7 @@ public struct GatewaySessionStateMachine: Sendable {
         case forwardHello(Frame.Hello)
         /// Pass the request to the application layer.
         case forwardRequest(Frame.Request)
-        /// Cancel a request in flight: stop its handler, send no RESPONSE for it.
+        /// Cancel the request, if it is in flight: stop its handler, send no RESPONSE for it.
         case cancelRequest(Frame.Cancel)
         /// Answer the request at once with this status; its handler must not run.
         case refuseRequest(Frame.Response)
@@ -46,12 +48,16 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     public private(set) var phase: Phase = .awaitingHello
-    private var inFlight: Set<UInt64> = []
 
     public init() {}
 
-    /// The number of requests forwarded and not yet answered or cancelled.
-    public var requestsInFlight: Int { self.inFlight.count }
+    /// The negotiated parameters once established.
+    public var negotiated: Handshake.Negotiated? {
+        switch self.phase {
+        case .established(let negotiated), .draining(let negotiated): negotiated
+        case .awaitingHello, .negotiating, .closed: nil
+        }
+    }
 
     /// The flags to set on every outbound frame.
     @inlinable
@@ -110,12 +116,8 @@ public struct GatewaySessionStateMachine: Sendable {
                         )
                     )
                 }
-                guard self.inFlight.insert(request.id).inserted else {
-                    return self.violate(.protocolError, "request id \(request.id) is already in flight")
-                }
                 return .forwardRequest(request)
             case .cancel(let cancel):
-                guard self.inFlight.remove(cancel.requestID) != nil else { return .ignore }
                 return .cancelRequest(cancel)
             case .ping(let ping):
                 return .replyPong(ping)
@@ -145,24 +147,6 @@ public struct GatewaySessionStateMachine: Sendable {
         }
     }
 
-    /// What to do with a RESPONSE about to be sent.
-    public enum ResponseAction: Hashable, Sendable {
-        /// Send it.
-        case send
-        /// Do not send it: the request was already answered (deadline) or cancelled.
-        case drop
-    }
-
-    /// Whether a request with this id was forwarded and is not yet answered or cancelled.
-    public func isInFlight(_ id: UInt64) -> Bool {
-        self.inFlight.contains(id)
-    }
-
-    /// A RESPONSE for request `id` is about to be sent (by a handler, or because its deadline passed).
-    public mutating func responseSent(id: UInt64) -> ResponseAction {
-        self.inFlight.remove(id) != nil ? .send : .drop
-    }
-
     /// What to do when the gateway wants a connection gone.
     public enum DrainAction: Hashable, Sendable {
         /// Send GOAWAY and wait for the client to close (bounded by the grace period).
@@ -190,7 +174,6 @@ public struct GatewaySessionStateMachine: Sendable {
     /// The connection closed.
     public mutating func closed() {
         self.phase = .closed
-        self.inFlight.removeAll()
     }
 
     private mutating func violate(_ code: StatusCode, _ message: String) -> InboundAction {

@@ -1,12 +1,13 @@
 import NIOConcurrencyHelpers
 
-/// Counts what ``Gateway/run()`` must wait for before it returns: the listener, each open
-/// connection, and each task the gateway started (a handshake, a request's handler, the loops of
-/// reliable delivery).
+/// Counts what ``Gateway/run()`` must wait for before it returns: the listener, and each
+/// connection until it closed and its last task (a handshake, a request's handler, the loops of
+/// reliable delivery) ended.
 ///
-/// Connections are not tasks: an idle connection is served by its channel handlers alone, and
-/// a task exists only while there is work. This counter is what lets `run()` still end only
-/// when everything it started has ended.
+/// Connections are not tasks: an idle connection is served by its channel handler alone, and a
+/// task exists only while there is work. Each connection counts its own tasks (in its state
+/// machine, on its event loop), and leaves this counter once they are all done: this counter is
+/// what lets `run()` still end only when everything it started has ended.
 final class ActivityTracker: Sendable {
     private struct State {
         var active = 0
@@ -30,35 +31,6 @@ final class ActivityTracker: Sendable {
             return state.waiters
         }
         for waiter in waiters { waiter.resume() }
-    }
-
-    /// Starts a task that the gateway waits for.
-    /// - Parameters:
-    ///   - executor: Where the task runs: a connection's event loop, or `nil` for the global executor.
-    ///   - immediately: Run the task on the calling thread until it first suspends (Swift
-    ///     6.2's `Task.immediate`), instead of queueing it on `executor` first. Only for a
-    ///     caller that is running on `executor`'s thread already.
-    ///   - body: The work.
-    /// - Returns: The task, to cancel it.
-    @discardableResult
-    func spawn(
-        on executor: (any TaskExecutor)?,
-        immediately: Bool = false,
-        _ body: @escaping @Sendable () async -> Void
-    ) -> Task<Void, Never> {
-        self.enter()
-        #if compiler(>=6.2)
-            if immediately, #available(macOS 26.0, iOS 26.0, tvOS 26.0, watchOS 26.0, *) {
-                return Task.immediate(executorPreference: executor) {
-                    await body()
-                    self.leave()
-                }
-            }
-        #endif
-        return Task(executorPreference: executor) {
-            await body()
-            self.leave()
-        }
     }
 
     /// Returns once nothing is active. Not cancellable: it waits for what is running to end.

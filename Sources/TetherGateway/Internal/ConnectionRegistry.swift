@@ -157,11 +157,11 @@ final class ConnectionRegistry: Sendable {
         self.state.withLockedValue { state in state.connections.values.map(\.channel) }
     }
 
-    /// Marks the registry as draining and returns every channel, established or not.
-    func beginDraining(with goAway: Frame.GoAway) -> [any Channel] {
+    /// Marks the registry as draining and returns every connection's handler, established or not.
+    func beginDraining(with goAway: Frame.GoAway) -> [NIOLoopBound<GatewayConnectionHandler>] {
         self.state.withLockedValue { state in
             state.draining = goAway
-            return state.connections.values.map(\.channel)
+            return state.connections.values.map(\.handler)
         }
     }
 }

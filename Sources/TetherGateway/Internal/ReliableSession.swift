@@ -30,33 +30,32 @@ final class ReliableSession: Sendable {
     /// Messages processed in one batch (one transaction, one MESSAGE_ACK).
     static let maxBatch = 256
 
-    private let gateway: Gateway
+    private let services: GatewayServices
     private let store: any MessageStore
     private let connection: ConnectionInfo
-    private let outbound: ConnectionWriter
+    private let outbound: ConnectionOutbound
+    /// Where the message handlers' tasks run.
+    private let executor: (any TaskExecutor)?
     private let logger: Logger
-    private let watchdog: HandlerWatchdog
     private let state = NIOLockedValueBox(State())
     private let messagesArrived: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
     private let pumpWakeups: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
 
     init(
-        gateway: Gateway,
+        services: GatewayServices,
         store: any MessageStore,
         connection: ConnectionInfo,
-        outbound: ConnectionWriter,
+        outbound: ConnectionOutbound,
+        executor: (any TaskExecutor)?,
         logger: Logger
     ) {
-        self.gateway = gateway
+        self.services = services
         self.store = store
         self.connection = connection
         self.outbound = outbound
+        self.executor = executor
         self.logger = logger
-        self.watchdog = HandlerWatchdog(
-            eventLoop: outbound.channel.eventLoop,
-            limit: TimeAmount(gateway.configuration.timeouts.handler)
-        )
-        _ = gateway.clientLanes.checkOut(connection.clientID)  // keeps the lane's cache while connected; see finish()
+        _ = services.clientLanes.checkOut(connection.clientID)  // keeps the lane's cache while connected; see finish()
         self.messagesArrived = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
         self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
@@ -90,7 +89,7 @@ final class ReliableSession: Sendable {
             return !state.finished
         }
         guard first else { return }
-        self.gateway.clientLanes.checkIn(self.connection.clientID)
+        self.services.clientLanes.checkIn(self.connection.clientID)
         self.messagesArrived.continuation.finish()
         self.pumpWakeups.continuation.finish()
     }
@@ -112,7 +111,7 @@ final class ReliableSession: Sendable {
                 }
                 guard !batch.isEmpty else { break }
                 do {
-                    try await self.gateway.clientLanes.exclusively(self.connection.clientID) { lane in
+                    try await self.services.clientLanes.exclusively(self.connection.clientID) { lane in
                         await self.process(batch, lastProcessed: &lane.lastProcessed)
                     }
                 } catch {
@@ -173,7 +172,7 @@ final class ReliableSession: Sendable {
                 let receipts = try await self.store.commit(processed: processed, deliveries: staged)
                 lastProcessed = tentative
                 acks += processedAcks
-                self.gateway.deliveryNotifier.notify(receipts.map(\.recipient))
+                self.services.deliveryNotifier.notify(receipts.map(\.recipient))
             } catch {
                 // A conflict (another connection of this client got there first) or a storage
                 // failure: nothing was written; the client sends the messages again.
@@ -184,7 +183,7 @@ final class ReliableSession: Sendable {
         if !acks.isEmpty {
             // Not awaited: the next batch need not wait for this one's MESSAGE_ACK to reach the
             // socket. What is acknowledged is committed; a lost ACK makes the client send again.
-            self.outbound.send(Frame(.messageAck(.init(entries: acks))))
+            self.outbound.send(.messageAck(.init(entries: acks)))
         }
     }
 
@@ -198,10 +197,10 @@ final class ReliableSession: Sendable {
         if let ttl = message.ttl, received.receivedAt + ttl <= .now {
             return .deadlineExceeded
         }
-        guard let handler = self.gateway.messageHandlers.withLockedValue({ $0[message.topic] }) else {
+        guard let handler = self.services.router.messageHandler(message.topic) else {
             return .unknownMethod
         }
-        let context = MessageContext(connection: self.connection, base: self.logger, message: message, gateway: self.gateway)
+        let context = MessageContext(connection: self.connection, base: self.logger, message: message, gateway: self.services.gateway)
         let reliableMessage = ReliableMessage(
             id: message.id,
             topic: message.topic,
@@ -209,20 +208,17 @@ final class ReliableSession: Sendable {
             sequence: message.sequence,
             body: message.body
         )
-        // In a child task, so that the watchdog's cancellation ends the handler, not the processor.
-        let outcome: Result<Void, any Error> = await withTaskGroup(of: Result<Void, any Error>?.self) { group in
-            group.addTask {
-                await self.watchdog.run {
-                    do {
-                        try await handler(reliableMessage, context)
-                        return .success(())
-                    } catch {
-                        return .failure(error)
-                    }
+        // In a task of its own, so that the time limit's cancellation ends the handler, not the
+        // processor; the connection's timer holds it to the limit.
+        let outcome: Result<Void, any Error> =
+            await self.outbound.withTimeLimit(executor: self.executor) { () async -> Result<Void, any Error> in
+                do {
+                    try await handler(reliableMessage, context)
+                    return .success(())
+                } catch {
+                    return .failure(error)
                 }
-            }
-            return await group.next()! ?? .failure(HandlerTimeout(limit: self.gateway.configuration.timeouts.handler))
-        }
+            } ?? .failure(HandlerTimeout(limit: self.services.configuration.timeouts.handler))
         switch outcome {
         case .success:
             staged += context.takeStaged()
@@ -239,9 +235,9 @@ final class ReliableSession: Sendable {
 
     func runPump(from resume: UInt64) async {
         let recipient = self.connection.clientID
-        let token = self.gateway.deliveryNotifier.register(self.pumpWakeups.continuation, for: recipient)
-        defer { self.gateway.deliveryNotifier.unregister(token, recipient: recipient) }
-        let window = UInt64(self.gateway.deliveryWindow)
+        let token = self.services.deliveryNotifier.register(self.pumpWakeups.continuation, for: recipient)
+        defer { self.services.deliveryNotifier.unregister(token, recipient: recipient) }
+        let window = UInt64(self.services.deliveryWindow)
         var lastSent = resume  // the client has everything up to its resume point
         var clientHas = resume  // acknowledged by the client: bounds the window
         var recorded: UInt64 = 0  // acknowledged in the store
@@ -272,7 +268,7 @@ final class ReliableSession: Sendable {
                     let batch = try await self.store.deliveries(for: recipient, after: lastSent, limit: Int(min(window - inFlight, 128)))
                     if let last = batch.last {
                         try await self.outbound.write(
-                            contentsOf: batch.map { Frame(.delivery(.init(sequence: $0.sequence, topic: $0.topic, body: $0.body))) }
+                            contentsOf: batch.map { .delivery(.init(sequence: $0.sequence, topic: $0.topic, body: $0.body)) }
                         )
                         lastSent = last.sequence
                         continue

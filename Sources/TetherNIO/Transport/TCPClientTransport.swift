@@ -42,15 +42,14 @@ public struct TCPClientTransport: ClientTransport {
         to endpoint: Endpoint,
         timeout: Duration,
         eventLoop: any EventLoop,
-        initializer: @escaping @Sendable (any Channel) throws -> Void
+        initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
     ) async throws -> any Channel {
         var bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(TimeAmount(timeout))
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
-                    try initializer(channel)
+                    try initializer(channel, .byteStream)
                 }
             }
         if let source = self.source {

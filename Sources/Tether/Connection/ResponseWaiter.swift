@@ -21,6 +21,14 @@ enum ResponseWaiter: Sendable {
         }
     }
 
+    /// Delivers the outcome.
+    func resume(with result: Result<ByteBuffer, TetherError>) {
+        switch result {
+        case .success(let body): self.succeed(body)
+        case .failure(let error): self.fail(error)
+        }
+    }
+
     /// Delivers `error`.
     func fail(_ error: TetherError) {
         switch self {

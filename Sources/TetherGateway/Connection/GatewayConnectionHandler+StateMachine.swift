@@ -1,0 +1,455 @@
+import NIOCore
+import TetherCore
+
+extension GatewayConnectionHandler {
+    /// Everything one gateway connection knows, with no I/O: the phase (through
+    /// ``GatewaySessionStateMachine``, the protocol's rules), the requests in flight with their
+    /// handlers' tasks and the handler slots, one timer queue (request deadlines, handler time
+    /// limits, and the handshake, idle and grace deadlines), the pushes held until WELCOME, read
+    /// backpressure, and the tasks the connection must outlive.
+    ///
+    /// Each event is a `mutating func` that returns what the handler must do; time is passed in.
+    ///
+    /// ```
+    ///  awaitingHello ──HELLO──▶ negotiating ──WELCOME──▶ established ──drain──▶ draining
+    ///        │                      │                       │                      │
+    ///        └── ERROR / violation / handshake timeout / idle / grace / close ─────┴──▶ closed
+    /// ```
+    ///
+    /// A request is in the table from the moment it is read until it is answered (by its
+    /// handler, or with `deadline exceeded` when its deadline passes), cancelled, or the
+    /// connection closes; it is answered at most once. At most `maxRunning` handlers run at
+    /// once; beyond that requests wait here, and once `maxWaiting` wait the connection stops
+    /// reading (TCP backpressure, not refusals), as it does while the client does not read.
+    struct StateMachine {
+        struct Configuration: Sendable {
+            var handshakeTimeout: TimeAmount
+            /// The longest a handler may take, whatever the client's timeout.
+            var handlerTimeout: TimeAmount
+            var idleTimeout: TimeAmount
+            var shutdownGracePeriod: TimeAmount
+            /// Handlers that may run at once (the limit announced in WELCOME).
+            var maxRunning: Int
+            /// Requests that may wait for a slot before reading stops.
+            var maxWaiting: Int
+        }
+
+        /// What a deadline in the timer queue is for.
+        enum Timer: Hashable {
+            case request(UInt64)
+            /// The time limit of a task registered with ``startTimeLimit(_:now:)``.
+            case timeLimit(UInt64)
+        }
+
+        private struct Request {
+            var method: String
+            /// The task running its handler, once started; cancelled when the request is settled.
+            var task: Task<Void, Never>?
+        }
+
+        let configuration: Configuration
+        private(set) var session = GatewaySessionStateMachine()
+        private var hello: Frame.Hello?
+        private var requests: [UInt64: Request] = [:]
+        /// Requests read while every slot was taken. Made on first use: an empty buffer already
+        /// reserves room for 16, more than an idle connection needs in all.
+        private var waiting: CircularBuffer<Frame.Request>?
+        /// Request handlers running (their tasks have not ended).
+        private(set) var running = 0
+        /// Every task of the connection that has not ended: handlers, the handshake, reliable loops.
+        private(set) var tasks = 0
+        private var timers = DeadlineQueue<Timer, NIODeadline>()
+        /// Cancels a task whose time limit is registered.
+        private var timeLimited: [UInt64: @Sendable () -> Void] = [:]
+        private var nextTimeLimit: UInt64 = 0
+        private var handshakeDeadline: NIODeadline?
+        private var graceDeadline: NIODeadline?
+        private var lastInbound: NIODeadline
+        /// Pushes made before the WELCOME went out; sent right after it.
+        private var heldPushes: [Frame.Push] = []
+        /// The channel's writability, as its events tell it.
+        private(set) var writable = true
+        /// A `read` was held back; it is passed on once reading may resume.
+        private var readHeld = false
+        /// The connection is being closed: nothing more is written.
+        private(set) var closing = false
+        /// The channel closed.
+        private(set) var channelClosed = false
+
+        init(configuration: Configuration, now: NIODeadline) {
+            self.configuration = configuration
+            self.lastInbound = now
+            self.handshakeDeadline = now + configuration.handshakeTimeout
+        }
+
+        /// The flags every outbound frame carries now.
+        var outboundFlags: FrameFlags { self.session.outboundFlags }
+
+        /// The negotiated parameters, once the WELCOME went out.
+        var negotiated: Handshake.Negotiated? { self.session.negotiated }
+
+        /// Requests read and not yet answered, cancelled or closed.
+        var requestsInFlight: Int { self.requests.count }
+
+        /// When the handler's one timer must fire next.
+        var nextDeadline: NIODeadline? {
+            mutating get {
+                var next = self.timers.earliest
+                for deadline in [self.handshakeDeadline, self.graceDeadline, self.idleDeadline] {
+                    if let deadline { next = min(next ?? deadline, deadline) }
+                }
+                return next
+            }
+        }
+
+        private var idleDeadline: NIODeadline? {
+            self.session.negotiated == nil || self.closing ? nil : self.lastInbound + self.configuration.idleTimeout
+        }
+
+        // MARK: Inbound frames
+
+        enum OnFrame {
+            case none
+            /// Authenticate the client in a task, then send WELCOME (``welcome(_:)``) or refuse it.
+            case startHandshake(Frame.Hello)
+            /// A request to run: find its route (the request carries its effective timeout).
+            case request(Frame.Request)
+            /// Cancel the handler's task, if it runs.
+            case cancel(Task<Void, Never>?)
+            /// Pass the reliable message to the connection's reliable session.
+            case message(Frame.Message)
+            /// Pass the acknowledgement to the connection's reliable session.
+            case deliveryAck(Frame.DeliveryAck)
+            /// Write this RESPONSE (a refusal) or PONG.
+            case send(Frame.Payload)
+            /// The client reported an error: close.
+            case close(Frame.ErrorReport)
+            /// The frame broke the protocol: send ERROR, then close.
+            case sendErrorAndClose(ProtocolError)
+        }
+
+        /// A frame arrived.
+        mutating func received(_ frame: Frame, now: NIODeadline) -> OnFrame {
+            self.lastInbound = now
+            switch self.session.received(frame) {
+            case .forwardHello(let hello):
+                self.hello = hello
+                return .startHandshake(hello)
+            case .forwardRequest(var request):
+                guard self.requests[request.id] == nil else {
+                    return self.violation(ProtocolError(code: .protocolError, message: "request id \(request.id) is already in flight"))
+                }
+                // The effective deadline: the client's, capped by the handler time limit.
+                let timeout =
+                    request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
+                request.timeout = Duration(timeout)
+                self.requests[request.id] = Request(method: request.method)
+                self.timers.insert(.request(request.id), deadline: now + timeout)
+                return .request(request)
+            case .cancelRequest(let cancel):
+                guard let request = self.requests.removeValue(forKey: cancel.requestID) else { return .none }
+                self.timers.remove(.request(cancel.requestID))
+                return .cancel(request.task)
+            case .forwardMessage(let message):
+                return .message(message)
+            case .forwardDeliveryAck(let ack):
+                return .deliveryAck(ack)
+            case .refuseRequest(let refusal):
+                return .send(.response(refusal))
+            case .replyPong(let ping):
+                return .send(.pong(ping))
+            case .peerError(let report):
+                return .close(report)
+            case .violation(let error):
+                return .sendErrorAndClose(error)
+            case .ignore:
+                return .none
+            }
+        }
+
+        /// The connection breaks the protocol (its bytes cannot be decoded, or a request is
+        /// invalid): it ends with ERROR.
+        mutating func violation(_ error: ProtocolError) -> OnFrame {
+            self.session.closed()
+            return .sendErrorAndClose(error)
+        }
+
+        // MARK: The handshake
+
+        /// The handshake succeeded: the WELCOME goes out now.
+        /// - Returns: The pushes held until now, to send right after it; `nil` if the connection
+        ///   is no longer waiting for a WELCOME (it closed meanwhile).
+        mutating func welcome(_ negotiated: Handshake.Negotiated) -> [Frame.Push]? {
+            guard case .negotiating = self.session.phase, !self.closing else { return nil }
+            self.session.welcomeSent(negotiated)
+            self.handshakeDeadline = nil
+            defer { self.heldPushes = [] }
+            return self.heldPushes
+        }
+
+        // MARK: Handlers
+
+        enum OnHandlerNeeded {
+            /// Start its handler's task now.
+            case start
+            /// It waits for a slot.
+            case queued
+        }
+
+        /// A request read needs a task for its handler.
+        mutating func handlerNeeded(_ request: Frame.Request) -> OnHandlerNeeded {
+            if self.running < self.configuration.maxRunning {
+                self.running += 1
+                self.tasks += 1
+                return .start
+            }
+            if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
+            self.waiting!.append(request)
+            return .queued
+        }
+
+        /// The task running request `id`'s handler was created; settling the request cancels it.
+        /// - Returns: Whether the request was settled meanwhile (the task is to be cancelled).
+        mutating func handlerStarted(_ id: UInt64, task: Task<Void, Never>) -> Bool {
+            guard self.requests[id] != nil else { return true }
+            self.requests[id]!.task = task
+            return false
+        }
+
+        /// A RESPONSE for request `id` is about to be written (its handler's, or a refusal).
+        /// - Returns: Whether to write it: `false` if the request was already answered (its
+        ///   deadline passed), cancelled, or the connection is closing.
+        mutating func responseReady(_ id: UInt64) -> Bool {
+            guard self.requests.removeValue(forKey: id) != nil else { return false }
+            self.timers.remove(.request(id))
+            return !self.closing
+        }
+
+        /// What follows the end of a handler's task.
+        struct OnTaskEnded {
+            /// Waiting requests that may start now, in order (their slots are taken).
+            var start: [Frame.Request] = []
+            /// A held `read` may be passed on now.
+            var resumeReading = false
+            /// The connection closed and this was its last task: it is done.
+            var done = false
+        }
+
+        /// A request handler's task ended.
+        mutating func handlerEnded() -> OnTaskEnded {
+            self.running -= 1
+            self.tasks -= 1
+            var result = OnTaskEnded()
+            while self.running < self.configuration.maxRunning, let next = self.waiting?.popFirst() {
+                // Answered by its deadline, or cancelled, while it waited: do not run it.
+                guard self.requests[next.id] != nil else { continue }
+                self.running += 1
+                self.tasks += 1
+                result.start.append(next)
+            }
+            if self.waiting?.isEmpty == true { self.waiting = nil }
+            result.resumeReading = self.resumeReadingIfPossible()
+            result.done = self.channelClosed && self.tasks == 0
+            return result
+        }
+
+        /// Another task of the connection started (the handshake, a reliable loop).
+        mutating func taskStarted() {
+            self.tasks += 1
+        }
+
+        /// A task started with ``taskStarted()`` ended.
+        /// - Returns: Whether the connection is done (closed, and this was its last task).
+        mutating func taskEnded() -> Bool {
+            self.tasks -= 1
+            return self.channelClosed && self.tasks == 0
+        }
+
+        // MARK: Time limits of other tasks
+
+        /// Holds a running task to the handler time limit: past it, `cancel` is called.
+        /// - Returns: A token for ``endTimeLimit(_:)``.
+        mutating func startTimeLimit(_ cancel: @escaping @Sendable () -> Void, now: NIODeadline) -> UInt64 {
+            let token = self.nextTimeLimit
+            self.nextTimeLimit += 1
+            guard !self.channelClosed else {
+                cancel()
+                return token
+            }
+            self.timeLimited[token] = cancel
+            self.timers.insert(.timeLimit(token), deadline: now + self.configuration.handlerTimeout)
+            return token
+        }
+
+        /// The task finished in time, or not.
+        /// - Returns: Whether it ran past its limit (and was cancelled).
+        mutating func endTimeLimit(_ token: UInt64) -> Bool {
+            guard self.timeLimited.removeValue(forKey: token) != nil else { return true }
+            self.timers.remove(.timeLimit(token))
+            return false
+        }
+
+        // MARK: Time
+
+        /// What the handler does when its timer fires.
+        struct OnTimer {
+            /// `deadline exceeded` answers to write, for requests whose deadline passed.
+            var responses: [Frame.Response] = []
+            /// Tasks to cancel: handlers of expired requests, tasks past their time limit.
+            var cancel: [@Sendable () -> Void] = []
+            /// Write this (ERROR for a handshake that timed out, GOAWAY for an idle connection)
+            /// and close.
+            var sendAndClose: Frame.Payload?
+            /// Close at once (the grace period after GOAWAY ended).
+            var close = false
+        }
+
+        /// The handler's timer fired (perhaps early: then nothing is due).
+        mutating func timerFired(now: NIODeadline) -> OnTimer {
+            var result = OnTimer()
+            if let deadline = self.handshakeDeadline, now >= deadline {
+                self.handshakeDeadline = nil
+                let timeout = Duration(self.configuration.handshakeTimeout).shortDescription
+                self.session.closed()
+                result.sendAndClose = .error(.init(code: .handshakeTimeout, message: "no completed handshake within \(timeout)"))
+                return result
+            }
+            if let deadline = self.graceDeadline, now >= deadline {
+                self.graceDeadline = nil
+                result.close = true
+                return result
+            }
+            if let deadline = self.idleDeadline, now >= deadline {
+                let silence = Duration(now - self.lastInbound).shortDescription
+                result.sendAndClose = .goAway(.init(reason: .idleTimeout, message: "nothing received for \(silence)"))
+                return result
+            }
+            for timer in self.timers.popExpired(at: now) {
+                switch timer {
+                case .request(let id):
+                    guard let request = self.requests.removeValue(forKey: id) else { continue }
+                    result.responses.append(
+                        Frame.Response(id: id, status: .deadlineExceeded, message: "'\(request.method)' did not finish in time")
+                    )
+                    if let task = request.task { result.cancel.append { task.cancel() } }
+                case .timeLimit(let token):
+                    if let cancel = self.timeLimited.removeValue(forKey: token) { result.cancel.append(cancel) }
+                }
+            }
+            return result
+        }
+
+        // MARK: Writing and reading
+
+        /// What to do with a push about to be written to this connection.
+        enum PushAdmission {
+            /// Write it.
+            case write
+            /// It was held until the WELCOME; nothing to write now.
+            case held
+            /// It is larger than the client accepts (at most `limit` bytes): drop it.
+            case tooLarge(limit: Int)
+            /// The connection is closing: drop it.
+            case closing
+        }
+
+        /// Whether a push of `size` bytes may go out now.
+        mutating func admitPush(_ push: Frame.Push) -> PushAdmission {
+            guard !self.closing else { return .closing }
+            guard let limit = self.session.negotiated?.peerMaxBodySize else {
+                self.heldPushes.append(push)
+                return .held
+            }
+            return push.bodySize <= limit ? .write : .tooLarge(limit: limit)
+        }
+
+        /// The channel's writability changed.
+        /// - Returns: Whether a held `read` may be passed on now.
+        mutating func writabilityChanged(_ writable: Bool) -> Bool {
+            self.writable = writable
+            return self.resumeReadingIfPossible()
+        }
+
+        /// The channel wants to read.
+        /// - Returns: Whether to pass the read on; if not, it is held until reading may resume.
+        mutating func readRequested() -> Bool {
+            if self.mustHoldReads {
+                self.readHeld = true
+                return false
+            }
+            return true
+        }
+
+        private var mustHoldReads: Bool {
+            (self.waiting?.count ?? 0) >= self.configuration.maxWaiting || !self.writable
+        }
+
+        private mutating func resumeReadingIfPossible() -> Bool {
+            guard self.readHeld, !self.mustHoldReads else { return false }
+            self.readHeld = false
+            return true
+        }
+
+        // MARK: Closing
+
+        enum OnDrain {
+            case none
+            /// Send GOAWAY; the client closes once its requests are answered, the grace period
+            /// bounds the wait.
+            case sendGoAway
+            /// Send GOAWAY and close at once (the handshake had not completed).
+            case sendGoAwayAndClose
+        }
+
+        /// The gateway wants the connection gone (it is shutting down).
+        mutating func drain(now: NIODeadline) -> OnDrain {
+            switch self.session.drain() {
+            case .sendGoAway:
+                self.graceDeadline = now + self.configuration.shutdownGracePeriod
+                return .sendGoAway
+            case .sendGoAwayAndClose:
+                return .sendGoAwayAndClose
+            case .none:
+                return .none
+            }
+        }
+
+        /// The handler is closing the connection: nothing more is written.
+        /// - Returns: `false` if it was closing already.
+        mutating func startClosing() -> Bool {
+            defer { self.closing = true }
+            return !self.closing
+        }
+
+        /// What to settle once the channel closed.
+        struct OnClosed {
+            /// The tasks of the handlers still running, to cancel.
+            var cancel: [Task<Void, Never>] = []
+            /// The cancellations of tasks under a time limit.
+            var cancelLimited: [@Sendable () -> Void] = []
+            /// No task is left: the connection is done.
+            var done = false
+        }
+
+        /// The channel closed.
+        /// - Returns: `nil` if it was reported already.
+        mutating func closed() -> OnClosed? {
+            guard !self.channelClosed else { return nil }
+            self.channelClosed = true
+            self.closing = true
+            self.session.closed()
+            var result = OnClosed()
+            result.cancel = self.requests.values.compactMap(\.task)
+            result.cancelLimited = Array(self.timeLimited.values)
+            self.requests.removeAll()
+            self.timeLimited.removeAll()
+            self.waiting = nil
+            self.heldPushes = []
+            _ = self.timers.removeAll()
+            self.handshakeDeadline = nil
+            self.graceDeadline = nil
+            result.done = self.tasks == 0
+            return result
+        }
+    }
+}

@@ -1,0 +1,617 @@
+import Logging
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// The gateway's one channel handler for one connection.
+///
+/// It sits on top of the transport and reads and writes bytes (a byte stream, or one frame per
+/// message; see ``Framing``). It owns the codec (``FrameReader`` and ``FrameWriter``, as
+/// values), one timer, and the connection's ``StateMachine``, turns channel events into machine
+/// events and performs what the machine returns:
+/// - HELLO: a task runs the handshake (authenticator, message store); then WELCOME, or the
+///   refusal and a close.
+/// - REQUEST: an inline handler (``Gateway/handleInline(_:_:)``) is called at once, and an
+///   unknown method answered at once; otherwise a task runs the handler once a slot is free.
+///   Deadlines and CANCELs settle the request here, on the event loop, which cancels its task.
+/// - MESSAGE and DELIVERY_ACK: to the connection's ``ReliableSession``, whose two loops are the
+///   only tasks that live as long as a connection, and only with reliable delivery.
+///
+/// An idle connection thus costs its channel and this handler, not a parked task. Everything
+/// runs on the channel's event loop; the connection's tasks reach it through
+/// ``ConnectionOutbound``, pushes through the ``ConnectionRegistry``.
+final class GatewayConnectionHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Requests that may wait for a handler slot before the channel stops reading. The client
+    /// was told the limit in WELCOME, so only a client that ignores it gets here; reading on a
+    /// little longer lets its CANCELs and PINGs through.
+    static let maxWaiting = 16
+
+    /// A deferred flush goes at once when this many frames wait for it: the responses to a long
+    /// read leave in chunks, so the client can start on the first while the gateway answers
+    /// the rest, and both sides work at once (as Netty's `FlushConsolidationHandler` caps its
+    /// consolidation).
+    static let maxUnflushedFrames = 64
+
+    private var machine: StateMachine
+    private var reader: FrameReader
+    private var writer: FrameWriter
+    private let services: GatewayServices
+    private let id: UInt64
+    /// Where the connection's tasks run: its event loop, or the global executor (`nil`).
+    private let executor: (any TaskExecutor)?
+    /// The batcher of this connection's event loop: pushes it holds go out before anything
+    /// else this handler writes.
+    private let pushes: PushBatcher?
+    private let logger: Logger
+    private var context: ChannelHandlerContext?
+    private var timer = DeadlineTimer()
+    /// Between a read from the socket and its `channelReadComplete`: a flush waits for the end
+    /// of the read, so that the answers given while reading leave in one write.
+    private var reading = false
+    /// A flush is owed: at the end of the read, or of the loop's current batch of work.
+    private var flushPending = false
+    /// Frames written since the last flush.
+    private var unflushed = 0
+    /// Whether the connection is in the registry (and counted by the gateway's activity).
+    private var registered = false
+    /// What every request of the established connection shares.
+    private var scope: ConnectionScope?
+    private var reliable: ReliableSession?
+    private var pump: Task<Void, Never>?
+
+    init(services: GatewayServices, id: UInt64, framing: Framing, eventLoop: any EventLoop, logger: Logger) {
+        let configuration = services.configuration
+        self.machine = StateMachine(
+            configuration: .init(
+                handshakeTimeout: TimeAmount(configuration.timeouts.handshake),
+                handlerTimeout: TimeAmount(configuration.timeouts.handler),
+                idleTimeout: TimeAmount(configuration.timeouts.idle),
+                shutdownGracePeriod: TimeAmount(configuration.timeouts.shutdownGracePeriod),
+                maxRunning: configuration.limits.maxConcurrentRequestsPerConnection,
+                maxWaiting: Self.maxWaiting
+            ),
+            now: eventLoop.now
+        )
+        self.reader = FrameReader(framing: framing)
+        self.writer = FrameWriter(framing: framing)
+        self.services = services
+        self.id = id
+        self.executor = services.executor(for: eventLoop)
+        self.pushes = services.pushBatchers[ObjectIdentifier(eventLoop)]
+        self.logger = logger
+    }
+
+    /// The connection's state, for tests.
+    var state: StateMachine { self.machine }
+
+    private var outbound: ConnectionOutbound? {
+        self.context.map { ConnectionOutbound(handler: NIOLoopBound(self, eventLoop: $0.eventLoop)) }
+    }
+
+    // MARK: Lifecycle
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        self.writer = FrameWriter(framing: self.writer.framing, allocator: context.channel.allocator)
+        if context.channel.isActive { self.register(context: context) }
+        self.armTimer(context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.closed(context: context)
+        self.context = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        self.register(context: context)
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.closed(context: context)
+        self.logger.debug("connection closed")
+        context.fireChannelInactive()
+    }
+
+    private func register(context: ChannelHandlerContext) {
+        guard !self.registered else { return }
+        self.registered = true
+        self.services.activity.enter()
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let remoteAddress = context.channel.remoteAddress?.description
+        if let goAway = self.services.registry.add(self.id, channel: context.channel, handler: handler, remoteAddress: remoteAddress) {
+            self.drain(goAway)
+        }
+    }
+
+    /// The channel closed: settle the requests (cancelling their handlers), stop reliable
+    /// delivery, leave the registry.
+    private func closed(context: ChannelHandlerContext) {
+        guard let closed = self.machine.closed() else { return }
+        self.timer.cancel()
+        for task in closed.cancel { task.cancel() }
+        for cancel in closed.cancelLimited { cancel() }
+        self.reliable?.finish()
+        self.pump?.cancel()
+        self.reliable = nil
+        self.pump = nil
+        guard self.registered else { return }
+        self.services.registry.remove(self.id)
+        if closed.done { self.services.activity.leave() }
+    }
+
+    /// One of the connection's tasks ended after the channel closed, and it was the last.
+    private func taskEnded(done: Bool) {
+        if done, self.registered { self.services.activity.leave() }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? ProtocolError {
+            self.violation(error, context: context)
+        } else {
+            self.logger.debug("connection error", metadata: ["error": "\(error)"])
+            self.closeNow(context: context)
+        }
+    }
+
+    // MARK: Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        self.reading = true
+        self.reader.append(Self.unwrapInboundIn(data))
+        do {
+            while let frame = try self.reader.next() {
+                self.receive(frame, context: context)
+            }
+        } catch {
+            self.violation(error, context: context)
+        }
+        self.armTimer(context: context)  // for the deadlines of the requests just read
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        self.reading = false
+        self.reader.readComplete()
+        if self.flushPending { self.flushNow(context: context) }
+        context.fireChannelReadComplete()
+    }
+
+    private func receive(_ frame: Frame, context: ChannelHandlerContext) {
+        switch self.machine.received(frame, now: context.eventLoop.now) {
+        case .none:
+            break
+        case .startHandshake(let hello):
+            self.startHandshake(hello, context: context)
+        case .request(let request):
+            self.dispatch(request, context: context)
+        case .cancel(let task):
+            task?.cancel()
+        case .message(let message):
+            self.reliable?.receive(message)
+        case .deliveryAck(let ack):
+            self.reliable?.acknowledged(upTo: ack.sequence)
+        case .send(let payload):
+            self.write(payload, context: context)
+            self.scheduleFlush(context: context)
+        case .close(let report):
+            self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
+            self.closeNow(context: context)
+        case .sendErrorAndClose(let error):
+            self.logger.info("client broke the protocol", metadata: ["error": "\(error)"])
+            self.writeAndClose(.error(.init(code: error.code, message: error.message)), context: context)
+        }
+    }
+
+    private func violation(_ error: ProtocolError, context: ChannelHandlerContext) {
+        guard case .sendErrorAndClose(let error) = self.machine.violation(error) else { return }
+        self.logger.info("client sent an invalid frame", metadata: ["error": "\(error)"])
+        self.writeAndClose(.error(.init(code: error.code, message: error.message)), context: context)
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if self.machine.writabilityChanged(context.channel.isWritable) { context.read() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if self.machine.readRequested() { context.read() }
+    }
+
+    // MARK: The handshake
+
+    private func startHandshake(_ hello: Frame.Hello, context: ChannelHandlerContext) {
+        guard let outbound = self.outbound else { return }
+        let services = self.services
+        let id = self.id
+        let logger = self.logger
+        let remoteAddress = context.channel.remoteAddress?.description
+        self.machine.taskStarted()
+        self.spawn {
+            let outcome = await services.handshake(hello, connectionID: id, remoteAddress: remoteAddress, logger: logger)
+            outbound.execute { $0.handshakeFinished(outcome) }
+        }
+    }
+
+    private func handshakeFinished(_ outcome: HandshakeOutcome) {
+        defer { self.taskEnded(done: self.machine.taskEnded()) }
+        guard let context else { return }
+        switch outcome {
+        case .accepted(let session):
+            self.established(session, context: context)
+        case .refused(let payload):
+            self.writeAndClose(payload, context: context)
+        case .gone:
+            break
+        }
+    }
+
+    /// The handshake succeeded: start reliable delivery if negotiated, then send WELCOME.
+    private func established(_ session: EstablishedSession, context: ChannelHandlerContext) {
+        self.pushes?.drain()
+        // The WELCOME carries a checksum, whatever was negotiated.
+        let flags = self.machine.outboundFlags
+        guard let held = self.machine.welcome(session.negotiated) else { return }  // closed meanwhile
+        self.write(.welcome(session.welcome), flags: flags, context: context)
+        self.reader.maxBodySize = self.services.configuration.limits.maxBodySize
+        self.scope = ConnectionScope(connection: session.info, logger: self.logger, gateway: self.services.gateway)
+        for push in held { self.write(.push(push), context: context) }
+        self.flushNow(context: context)
+        self.armTimer(context: context)
+        if let resume = session.resume, let store = self.services.messageStore, let outbound = self.outbound {
+            let reliable = ReliableSession(
+                services: self.services,
+                store: store,
+                connection: session.info,
+                outbound: outbound,
+                executor: self.executor,
+                logger: self.logger
+            )
+            self.reliable = reliable
+            // The processor is never cancelled: a batch whose handlers ran must still be
+            // committed, or a retransmission would run them again. It ends after `finish()`,
+            // once its current batch is done. The pump is cancelled when the connection closes.
+            self.machine.taskStarted()
+            self.spawn {
+                await reliable.runProcessor()
+                outbound.execute { $0.taskEnded(done: $0.machine.taskEnded()) }
+            }
+            self.machine.taskStarted()
+            self.pump = self.spawn {
+                await reliable.runPump(from: resume)
+                outbound.execute { $0.taskEnded(done: $0.machine.taskEnded()) }
+            }
+        }
+        self.logger.debug(
+            "client connected",
+            metadata: ["client": "\(session.info.clientID)", "remote": "\(session.info.remoteAddress ?? "-")"]
+        )
+    }
+
+    // MARK: Requests
+
+    /// Runs a request's handler: an inline one (or the `unknown method` answer) at once, a
+    /// task's once a slot is free.
+    private func dispatch(_ request: Frame.Request, context: ChannelHandlerContext) {
+        guard let scope = self.scope else { return }  // requests come only once established
+        switch self.services.router.route(request.method) {
+        case .task(let handler):
+            if case .start = self.machine.handlerNeeded(request) {
+                self.startHandler(request, handler: handler, scope: scope)
+            }
+        case .inline(let handler):
+            self.respond(self.services.answerInline(request, handler: handler, scope: scope), context: context)
+        case nil:
+            self.respond(self.services.answerInline(request, handler: nil, scope: scope), context: context)
+        }
+    }
+
+    /// Starts a request's handler in a task; its slot is taken.
+    private func startHandler(_ request: Frame.Request, handler: @escaping Gateway.Handler, scope: ConnectionScope) {
+        guard let outbound = self.outbound else { return }
+        let services = self.services
+        let id = request.id
+        // On the connection's loop, the handler starts at once, as an inline one would; its
+        // task is queued only if it suspends.
+        let task = self.spawn(immediately: self.executor != nil) {
+            let response = await services.run(request, handler: handler, scope: scope)
+            outbound.execute { $0.handlerFinished(response) }
+        }
+        if self.machine.handlerStarted(id, task: task) { task.cancel() }
+    }
+
+    private func handlerFinished(_ response: Frame.Response?) {
+        if let response, let context { self.respond(response, context: context) }
+        let next = self.machine.handlerEnded()
+        if let scope = self.scope {
+            for request in next.start {
+                guard case .task(let handler) = self.services.router.route(request.method) else { continue }
+                self.startHandler(request, handler: handler, scope: scope)
+            }
+        }
+        if next.resumeReading { self.context?.read() }
+        self.taskEnded(done: next.done)
+    }
+
+    /// Sends a RESPONSE unless its request was already answered or cancelled. A reply larger
+    /// than the client accepts is replaced by `resource exhausted`: sending it would make the
+    /// client close the connection.
+    private func respond(_ response: Frame.Response, context: ChannelHandlerContext) {
+        self.pushes?.drain()
+        guard self.machine.responseReady(response.id) else { return }
+        let size = response.bodySize
+        if let limit = self.machine.negotiated?.peerMaxBodySize, size > limit {
+            self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
+            self.write(
+                .response(
+                    Frame.Response(
+                        id: response.id,
+                        status: .resourceExhausted,
+                        message: "the reply is \(size) bytes; this client accepts at most \(limit)"
+                    )
+                ),
+                context: context
+            )
+        } else if !self.write(.response(response), context: context) {
+            self.write(
+                .response(Frame.Response(id: response.id, status: .internalError, message: "the response could not be encoded")),
+                context: context
+            )
+        }
+        self.scheduleFlush(context: context)
+    }
+
+    // MARK: Writing, from the connection's tasks
+
+    /// Writes a frame from one of the connection's tasks (a MESSAGE_ACK).
+    func send(_ payload: Frame.Payload) {
+        guard let context else { return }
+        self.pushes?.drain()
+        self.write(payload, context: context)
+        self.scheduleFlush(context: context)
+    }
+
+    /// Writes frames in order, with one flush, and completes `promise` once the last was written.
+    func send(contentsOf payloads: [Frame.Payload], promise: EventLoopPromise<Void>) {
+        guard let context, !self.machine.closing else {
+            promise.fail(ChannelError.ioOnClosedChannel)
+            return
+        }
+        self.pushes?.drain()
+        for payload in payloads { self.write(payload, context: context) }
+        self.flushNow(context: context, promise: promise)
+    }
+
+    /// Holds a task to the handler time limit (see ``ConnectionOutbound/withTimeLimit(executor:_:)``).
+    func startTimeLimit(_ cancel: @escaping @Sendable () -> Void) -> UInt64 {
+        guard let context else {
+            cancel()
+            return 0
+        }
+        let token = self.machine.startTimeLimit(cancel, now: context.eventLoop.now)
+        self.armTimer(context: context)
+        return token
+    }
+
+    /// - Returns: Whether the task ran past its limit.
+    func endTimeLimit(_ token: UInt64) -> Bool {
+        self.machine.endTimeLimit(token)
+    }
+
+    // MARK: Pushes encoded once
+
+    /// Sends pushes that were encoded once for many connections, and marks the connection for
+    /// a flush without scheduling one.
+    ///
+    /// Call it on the event loop. It applies the checks of any push (size limit, slow consumer)
+    /// and holds the pushes until the WELCOME if the handshake is not complete.
+    /// - Returns: Whether the caller must call ``flushIfPending()`` at the end of its batch;
+    ///   `false` if nothing was written, or a flush is already owed.
+    func deliver(_ push: EncodedPush) -> Bool {
+        guard let context, !self.machine.closing else { return false }
+        if self.writer.framing == .byteStream, let limit = self.machine.negotiated?.peerMaxBodySize, push.largestBody <= limit {
+            guard self.keepsUp(context: context) else { return false }
+            if let joined = self.writer.take() { context.write(Self.wrapOutboundOut(joined), promise: nil) }
+            let bytes = self.machine.outboundFlags.contains(.checksum) ? push.checksummed : push.plain
+            context.write(Self.wrapOutboundOut(bytes), promise: nil)
+            self.unflushed += 1
+        } else {
+            // Before the WELCOME, with a push over this client's limit, or one frame per
+            // message: each push on its own.
+            var wrote = false
+            for frame in push.pushes where self.admit(frame, context: context) {
+                self.write(.push(frame), context: context)
+                wrote = true
+            }
+            guard wrote else { return false }
+        }
+        guard !self.flushPending else { return false }
+        self.flushPending = true
+        return true
+    }
+
+    /// Flushes what ``deliver(_:)`` wrote, unless something flushed it meanwhile.
+    func flushIfPending() {
+        guard self.flushPending, let context = self.context else { return }
+        self.flushNow(context: context)
+    }
+
+    /// Whether a push may go out now (before the WELCOME it is held, and sent right after it).
+    private func admit(_ push: Frame.Push, context: ChannelHandlerContext) -> Bool {
+        switch self.machine.admitPush(push) {
+        case .write:
+            return self.keepsUp(context: context)
+        case .held, .closing:
+            return false
+        case .tooLarge(let limit):
+            self.logger.warning(
+                "dropping a push larger than the client accepts",
+                metadata: ["topic": "\(push.topic)", "bytes": "\(push.bodySize)", "limit": "\(limit)"]
+            )
+            return false
+        }
+    }
+
+    /// Whether the client reads what it is sent; if not (its outbound buffer is over the
+    /// limit), closes the connection.
+    private func keepsUp(context: ChannelHandlerContext) -> Bool {
+        // Reading the buffered byte count costs more than the push; a channel is writable
+        // until its buffer passes the (lower) high-water mark, so look only when it is not.
+        let limit = self.services.configuration.limits.maxBufferedOutboundBytes
+        if !self.machine.writable, let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes), buffered > limit {
+            self.logger.warning(
+                "closing a connection whose client does not read its pushes (slow consumer)",
+                metadata: ["buffered": "\(buffered)", "limit": "\(limit)"]
+            )
+            self.closeNow(context: context)
+            return false
+        }
+        return true
+    }
+
+    // MARK: Time
+
+    /// Makes the timer fire at the machine's next deadline, if that is earlier than it fires now.
+    private func armTimer(context: ChannelHandlerContext) {
+        let next = self.machine.nextDeadline
+        guard self.timer.needsArming(at: next) else { return }
+        self.timer.arm(at: next, on: context.eventLoop) { [self] in
+            self.timer.fired()
+            guard let context = self.context else { return }
+            self.timerFired(context: context)
+        }
+    }
+
+    private func timerFired(context: ChannelHandlerContext) {
+        let due = self.machine.timerFired(now: context.eventLoop.now)
+        for cancel in due.cancel { cancel() }
+        if !due.responses.isEmpty {
+            self.pushes?.drain()
+            for response in due.responses { self.write(.response(response), context: context) }
+            self.flushNow(context: context)
+        }
+        if let payload = due.sendAndClose {
+            if case .goAway(let goAway) = payload {
+                self.logger.info("closing an idle connection", metadata: ["reason": "\(goAway.message)"])
+            }
+            self.writeAndClose(payload, context: context)
+        } else if due.close {
+            self.logger.info("grace period over; closing the connection", metadata: ["requests": "\(self.machine.requestsInFlight)"])
+            self.closeNow(context: context)
+        }
+        self.armTimer(context: context)
+    }
+
+    // MARK: Draining
+
+    /// Sends GOAWAY, refuses new requests, and closes once the client has its answers (or the
+    /// grace period ends). Called on the event loop, by the gateway or the registry.
+    func drain(_ goAway: Frame.GoAway) {
+        guard let context else { return }
+        self.pushes?.drain()
+        switch self.machine.drain(now: context.eventLoop.now) {
+        case .sendGoAway:
+            self.write(.goAway(goAway), context: context)
+            self.flushNow(context: context)
+            self.armTimer(context: context)
+        case .sendGoAwayAndClose:
+            self.writeAndClose(.goAway(goAway), context: context)
+        case .none:
+            break
+        }
+    }
+
+    // MARK: Writing
+
+    /// Writes a frame with the negotiated flags (or `flags`), without flushing.
+    /// - Returns: `false` if it cannot be encoded (a field over its size limit); nothing is written.
+    @discardableResult
+    private func write(_ payload: Frame.Payload, flags: FrameFlags? = nil, context: ChannelHandlerContext) -> Bool {
+        do {
+            if let bytes = try self.writer.append(Frame(payload, flags: flags ?? self.machine.outboundFlags)) {
+                context.write(Self.wrapOutboundOut(bytes), promise: nil)
+            }
+            self.unflushed += 1
+            return true
+        } catch {
+            self.logger.error("cannot encode a frame", metadata: ["type": "\(payload.type)", "error": "\(error)"])
+            return false
+        }
+    }
+
+    private func scheduleFlush(context: ChannelHandlerContext) {
+        // The writes of the application's tasks go out with the end of the current read, or
+        // else once the tasks already queued on the loop (the other handlers of the batch) ran.
+        // With no request left in flight, no other handler's answer can join this write: the
+        // flush goes now, saving a pass of the loop. It goes now too once
+        // `maxUnflushedFrames` wait for it.
+        if self.unflushed >= Self.maxUnflushedFrames || (!self.reading && self.machine.requestsInFlight == 0) {
+            self.flushNow(context: context)
+            return
+        }
+        guard !self.flushPending else { return }
+        self.flushPending = true
+        if self.reading { return }
+        context.eventLoop.assumeIsolated().execute {
+            guard self.flushPending, let context = self.context else { return }  // flushed meanwhile
+            self.flushNow(context: context)
+        }
+    }
+
+    /// Flushes what was written; a flush that was pending is no longer owed.
+    private func flushNow(context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
+        self.flushPending = false
+        self.unflushed = 0
+        if let bytes = self.writer.take() {
+            context.write(Self.wrapOutboundOut(bytes), promise: promise)
+        } else {
+            promise?.succeed()
+        }
+        context.flush()
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        // What was written (or pushed) before the close goes out first.
+        self.pushes?.drain()
+        if self.flushPending || !self.writer.isEmpty { self.flushNow(context: context) }
+        context.close(mode: mode, promise: promise)
+    }
+
+    /// Writes a frame, flushes, and closes the channel once that write completed.
+    private func writeAndClose(_ payload: Frame.Payload, context: ChannelHandlerContext) {
+        guard self.machine.startClosing() else { return }
+        self.pushes?.drain()
+        self.write(payload, context: context)
+        let written = context.eventLoop.makePromise(of: Void.self)
+        self.flushNow(context: context, promise: written)
+        written.futureResult.assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+
+    private func closeNow(context: ChannelHandlerContext) {
+        _ = self.machine.startClosing()
+        self.close(context: context, mode: .all, promise: nil)
+    }
+
+    // MARK: Tasks
+
+    /// Starts one of the connection's tasks on its executor.
+    /// - Parameter immediately: Run it on this thread until it first suspends (`Task.immediate`);
+    ///   only when the executor is this loop's.
+    @discardableResult
+    private func spawn(immediately: Bool = false, _ body: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
+        #if compiler(>=6.2)
+            if immediately, #available(macOS 26.0, iOS 26.0, tvOS 26.0, watchOS 26.0, *) {
+                return Task.immediate(executorPreference: self.executor) { await body() }
+            }
+        #endif
+        return Task(executorPreference: self.executor) { await body() }
+    }
+}
+
+@available(*, unavailable)
+extension GatewayConnectionHandler: Sendable {}

@@ -1,0 +1,36 @@
+/// The gateway's routes: request methods and message topics to their handlers.
+///
+/// Routes are registered on the ``Gateway`` before it runs (``Gateway/handle(_:_:)``,
+/// ``Gateway/handleInline(_:_:)``, ``Gateway/onMessage(_:_:)``) and frozen when it starts:
+/// every connection then reads the same immutable tables, with no lock per request.
+struct Router: Sendable {
+    /// How a method is served.
+    enum Route: Sendable {
+        /// In a task of its own (``Gateway/handle(_:_:)``).
+        case task(Gateway.Handler)
+        /// On the event loop, at once (``Gateway/handleInline(_:_:)``).
+        case inline(Gateway.InlineHandler)
+    }
+
+    private(set) var routes: [String: Route] = [:]
+    private(set) var messageHandlers: [String: Gateway.MessageHandler] = [:]
+
+    /// The route of a request method, if any.
+    @inline(__always)
+    func route(_ method: String) -> Route? {
+        self.routes[method]
+    }
+
+    /// The handler of a message topic, if any.
+    func messageHandler(_ topic: String) -> Gateway.MessageHandler? {
+        self.messageHandlers[topic]
+    }
+
+    mutating func add(_ method: String, _ route: Route) {
+        self.routes[method] = route
+    }
+
+    mutating func add(topic: String, _ handler: @escaping Gateway.MessageHandler) {
+        self.messageHandlers[topic] = handler
+    }
+}
