@@ -143,6 +143,16 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        // Tests mirror the sources: one folder per module, then the loopback integration tests.
+        .target(
+            name: "TetherTestSupport",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/TetherTestSupport",
+            swiftSettings: strictSwift6
+        ),
         .testTarget(
             name: "TetherCoreTests",
             dependencies: [
@@ -168,10 +178,39 @@ let package = Package(
                 "TetherCore",
                 "TetherNIO",
                 "Tether",
+                "TetherTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherGatewayTests",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "TetherGateway",
+                "TetherTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherIntegrationTests",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "Tether",
                 "TetherGateway",
                 "TetherProtobuf",
                 "TetherTesting",
                 "TetherLab",
+                "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -186,6 +186,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
 
         case .complete(let waiter, let result, let after):
             self.perform(after, context: context)
+            if after.send != nil { self.scheduleFlush(context: context) }
             waiter.resume(with: result)
 
         case .push(let push):
@@ -239,11 +240,11 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         self.sendErrorAndClose(error, context: context)
     }
 
-    /// Sends the request that a freed slot let go, and closes a connection that drained.
+    /// Writes the request that a freed slot let go (the caller flushes), and closes a
+    /// connection that drained.
     private func perform(_ after: StateMachine.AfterSettle, context: ChannelHandlerContext) {
         if let request = after.send {
             self.write(.request(request), context: context)
-            self.scheduleFlush(context: context)
         }
         if after.close != nil { self.close(context: context) }
     }
@@ -310,11 +311,9 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.
     func cancelRequest(id: UInt64) {
         guard let context, case .cancelled(let waiter, let error, let sendCancel, let after) = self.machine.cancel(id) else { return }
-        if sendCancel {
-            self.write(.cancel(.init(requestID: id)), context: context)
-            self.scheduleFlush(context: context)
-        }
+        if sendCancel { self.write(.cancel(.init(requestID: id)), context: context) }
         self.perform(after, context: context)
+        if !self.writer.isEmpty { self.flushNow(context: context) }  // a CANCEL does not wait
         waiter.fail(error)
     }
 
@@ -359,7 +358,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     func acknowledgeDeliveries(upTo sequence: UInt64) {
         guard let context, let ack = self.machine.deliveryAck(upTo: sequence) else { return }
         self.write(.deliveryAck(ack), context: context)
-        self.scheduleFlush(context: context)
+        self.flushNow(context: context)
     }
 
     /// Sends messages while the window and the channel's buffer allow: messages never pile up

@@ -189,7 +189,7 @@ extension GatewayConnectionHandler {
 
         // MARK: Handlers
 
-        enum OnHandlerNeeded {
+        enum OnHandlerNeeded: Equatable {
             /// Start its handler's task now.
             case start
             /// It waits for a slot.
@@ -342,7 +342,7 @@ extension GatewayConnectionHandler {
         // MARK: Writing and reading
 
         /// What to do with a push about to be written to this connection.
-        enum PushAdmission {
+        enum PushAdmission: Equatable {
             /// Write it.
             case write
             /// It was held until the WELCOME; nothing to write now.
@@ -392,7 +392,7 @@ extension GatewayConnectionHandler {
 
         // MARK: Closing
 
-        enum OnDrain {
+        enum OnDrain: Equatable {
             case none
             /// Send GOAWAY; the client closes once its requests are answered, the grace period
             /// bounds the wait.

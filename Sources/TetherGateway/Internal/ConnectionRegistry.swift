@@ -147,6 +147,11 @@ final class ConnectionRegistry: Sendable {
         return groups.values.map { LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
     }
 
+    /// The handler of connection `id`, if it is open.
+    func handler(of id: UInt64) -> NIOLoopBound<GatewayConnectionHandler>? {
+        self.state.withLockedValue { $0.connections[id]?.handler }
+    }
+
     /// Information about established connections.
     var established: [ConnectionInfo] {
         self.state.withLockedValue { state in state.connections.values.filter(\.established).map(\.info) }

@@ -5,6 +5,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherTestSupport
 
 extension IntegrationTests {
     @Suite("Several gateway processes on one port, several source addresses", .timeLimit(.minutes(2)))

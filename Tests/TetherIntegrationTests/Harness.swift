@@ -8,6 +8,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherTestSupport
 import TetherTesting
 
 /// The integration tests: real sockets, real timers, real concurrency.
@@ -134,34 +135,6 @@ func withHarness(_ body: (Harness) async throws -> Void) async throws {
     await harness.finish()
 }
 
-/// A logger for tests: quiet unless `TETHER_TEST_LOG` names a level (e.g. `TETHER_TEST_LOG=warning`).
-func testLogger(_ label: String) -> Logger {
-    var logger = Logger(label: "test.\(label)")
-    logger.logLevel = ProcessInfo.processInfo.environment["TETHER_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
-    return logger
-}
-
-/// Waits until `condition` holds, polling; fails the test after `timeout`.
-func eventually(
-    _ what: String,
-    timeout: Duration = .seconds(10),
-    sourceLocation: SourceLocation = #_sourceLocation,
-    _ condition: @Sendable () async -> Bool
-) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while !(await condition()) {
-        guard ContinuousClock.now < deadline else {
-            Issue.record("timed out waiting until \(what)", sourceLocation: sourceLocation)
-            throw TimedOut(what: what)
-        }
-        try await Task.sleep(for: .milliseconds(5))
-    }
-}
-
-struct TimedOut: Error {
-    var what: String
-}
-
 /// Records a client's connection events for later assertions.
 final class EventRecorder: Sendable {
     private let events = NIOLockedValueBox<[ConnectionEvent]>([])
@@ -181,10 +154,6 @@ final class EventRecorder: Sendable {
     var disconnectReasons: [DisconnectReason] {
         self.all.compactMap { if case .disconnected(let reason) = $0 { reason } else { nil } }
     }
-}
-
-extension ByteBuffer {
-    var string: String { String(buffer: self) }
 }
 
 /// A gateway handler that waits (for a minute by default) and records whether it started and

@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
+import TetherTestSupport
 
 /// A `tether` command run as a real child process, whose standard output is collected in a
 /// file (so that nothing is lost when it is killed) and read line by line.

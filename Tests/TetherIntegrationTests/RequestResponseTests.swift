@@ -3,6 +3,7 @@ import NIOCore
 import Testing
 import TetherCore
 import TetherGateway
+import TetherTestSupport
 
 @testable import Tether
 

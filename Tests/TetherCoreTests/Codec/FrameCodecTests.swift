@@ -243,7 +243,7 @@ struct FrameCodecTests {
 enum ProtocolDocument {
     static func vectors() throws -> [String: String] {
         let url = URL(fileURLWithPath: #filePath)
-            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("PROTOCOL.md")
         let text = try String(contentsOf: url, encoding: .utf8)
         var vectors: [String: String] = [:]

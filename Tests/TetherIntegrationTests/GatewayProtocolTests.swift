@@ -4,6 +4,7 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherTestSupport
 
 extension IntegrationTests {
     /// The gateway against clients that misbehave, over real TCP.

@@ -4,6 +4,7 @@ import NIOCore
 import NIOEmbedded
 import Testing
 import TetherCore
+import TetherTestSupport
 
 @testable import Tether
 

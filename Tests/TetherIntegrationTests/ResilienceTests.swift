@@ -5,6 +5,7 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherTestSupport
 import TetherTesting
 
 extension IntegrationTests {

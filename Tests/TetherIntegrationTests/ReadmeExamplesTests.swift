@@ -3,6 +3,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherGateway
+import TetherTestSupport
 
 extension IntegrationTests {
     /// The README's examples, verbatim except for the port, so that they keep compiling and working.

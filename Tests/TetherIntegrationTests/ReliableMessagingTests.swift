@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherGateway
+import TetherTestSupport
 import TetherTesting
 
 /// Collects a client's deliveries, checking order and uniqueness as they arrive.

@@ -3,6 +3,7 @@ import NIOCore
 import Testing
 import TetherCore
 import TetherGateway
+import TetherTestSupport
 
 extension IntegrationTests {
     /// The gateway's side of reliable delivery, driven by hand over TCP.

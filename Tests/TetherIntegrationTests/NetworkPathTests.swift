@@ -2,6 +2,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherCore
+import TetherTestSupport
 import TetherTesting
 
 @Suite("Network path monitors")

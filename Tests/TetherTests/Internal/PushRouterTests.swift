@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+import TetherTestSupport
 
 @testable import Tether
 

@@ -6,6 +6,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherProtobuf
+import TetherTestSupport
 
 /// Collects the pushes a client receives.
 final class PushCollector: Sendable {

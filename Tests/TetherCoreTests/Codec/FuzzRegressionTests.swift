@@ -10,7 +10,7 @@ import Testing
 struct FuzzRegressionTests {
     static var corpus: [URL] {
         let directory = URL(fileURLWithPath: #filePath)
-            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("FuzzTesting/Corpus/FrameDecoder")
         let files = (try? FileManager.default.contentsOfDirectory(at: directory, includingPropertiesForKeys: nil)) ?? []
         return files.sorted { $0.lastPathComponent < $1.lastPathComponent }
