@@ -61,10 +61,6 @@ extension TetherClient {
 
             case .stop:
                 return
-
-            case .none, .stopDispatching, .closeConnection:
-                assertionFailure("the run loop got \(action)")
-                return
             }
         }
     }
@@ -90,9 +86,9 @@ extension TetherClient {
     /// Feeds the monitor's paths to the state machine and carries out what it decides.
     private func follow(_ monitor: any NetworkPathMonitor) async {
         for await path in monitor.paths() {
-            let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.Action, ClientConnection?) in
+            let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.PathAction, ClientConnection?) in
                 let action = state.machine.pathChanged(path)
-                if case .connect = action { state.pendingAction = action }
+                if case .connect(let endpoint, let attempt) = action { state.pendingAction = .connect(endpoint, attempt: attempt) }
                 return (action, state.current)
             }
             self.logger.debug("network path", metadata: ["path": "\(path)", "action": "\(action)"])
@@ -102,7 +98,7 @@ extension TetherClient {
             case .closeConnection:
                 self.logger.info("the network changed; reconnecting", metadata: ["path": "\(path)"])
                 connection?.close()
-            default:
+            case .none:
                 break
             }
         }
@@ -113,18 +109,12 @@ extension TetherClient {
         self.logger.debug("connecting", metadata: ["endpoint": "\(endpoint)", "attempt": "\(attempt)"])
         self.eventBroadcaster.yield(.connecting(endpoint, attempt: attempt))
         // Backoff counts from the start of the attempt, on the injected clock.
-        var outcome: Result<ClientConnection, any Error>?
-        let elapsed = await self.clock.measure {
-            do {
-                outcome = .success(try await self.race(from: endpoint))
-            } catch {
-                outcome = .failure(error)
-            }
-        }
+        let began = self.clock.now
         let connection: ClientConnection
         do {
-            connection = try outcome!.get()
+            connection = try await self.race(from: endpoint)
         } catch {
+            let elapsed = began.duration(to: self.clock.now)
             let error =
                 (error as? TetherError)
                 ?? TetherError(
@@ -142,7 +132,7 @@ extension TetherClient {
 
         let (next, waiters) = self.state.withLockedValue { state in
             let next = state.machine.connectSucceeded(via: connection.endpoint)
-            guard next == .none else { return (next, State.Waiters()) }
+            guard next == .serve else { return (next, State.Waiters()) }
             state.ready = connection
             state.current = connection
             return (next, state.takeWaiters())
@@ -198,7 +188,7 @@ extension TetherClient {
         let settings = self.configuration.connection
         guard let raceDelay = settings.raceDelay else { return try await self.establish(first) }
         let order = self.racingOrder(from: first)
-        let deadline = ContinuousClock.now + settings.connectTimeout
+        let deadline = self.clock.now.advanced(by: settings.connectTimeout)
 
         enum Outcome: Sendable {
             case won(ClientConnection)
@@ -217,11 +207,11 @@ extension TetherClient {
                 started += 1
                 open += 1
                 group.addTask {
-                    let began = ContinuousClock.now
+                    let began = clock.now
                     do {
                         return .won(try await self.establish(endpoint))
                     } catch {
-                        return .failed(endpoint, error, fast: ContinuousClock.now - began < raceDelay)
+                        return .failed(endpoint, error, fast: began.duration(to: clock.now) < raceDelay)
                     }
                 }
             }
@@ -250,10 +240,10 @@ extension TetherClient {
                     lastError = error
                     if fast { self.penalize(endpoint) }
                     // A refusal frees its place for an endpoint not tried yet in this attempt.
-                    if fast, started < order.count, ContinuousClock.now < deadline { start() }
+                    if fast, started < order.count, clock.now < deadline { start() }
                 case .tick:
                     // (With every racer failed and every endpoint tried, `done` is already set.)
-                    guard !done, ContinuousClock.now < deadline else { break }
+                    guard !done, clock.now < deadline else { break }
                     if open < settings.maximumRacers { start() }
                     scheduleTick()
                 }
@@ -276,13 +266,13 @@ extension TetherClient {
     /// The endpoints in the order an attempt starting at `first` tries them: the list from
     /// `first` on, those that refused recently last.
     private func racingOrder(from first: Endpoint) -> [Endpoint] {
-        let now = ContinuousClock.now
+        let now = self.clock.now
         return self.state.withLockedValue { $0.penalties.order(self.configuration.endpoints, from: first, at: now) }
     }
 
     private func penalize(_ endpoint: Endpoint) {
         guard self.configuration.endpoints.count > 1 else { return }
-        let now = ContinuousClock.now
+        let now = self.clock.now
         self.state.withLockedValue { $0.penalties.penalize(endpoint, at: now) }
     }
 
@@ -422,7 +412,7 @@ extension TetherClient {
             self.logger.warning("ignoring an invalid alternate endpoint in GOAWAY", metadata: ["endpoint": "\(goAway.alternateEndpoint!)"])
         }
         self.state.withLockedValue { state in
-            if state.machine.goAwayReceived(retryAfter: goAway.retryAfter, alternate: alternate) == .stopDispatching {
+            if state.machine.goAwayReceived(retryAfter: goAway.retryAfter, alternate: alternate) {
                 state.ready = nil
             }
         }

@@ -35,7 +35,8 @@ public final class TetherClient: Service, Sendable {
     let eventLoop: any EventLoop
     /// Runs tasks on ``eventLoop``; see ``taskExecutor``.
     private let loopExecutor: EventLoopTaskExecutor
-    let clock: any Clock<Duration>
+    /// The client's one clock (the injected one): backoff, racing and endpoint penalties.
+    let clock: ClientClock
     let logger: Logger
     let state: NIOLockedValueBox<State>
     let requestIDs = ManagedAtomic<UInt64>(1)
@@ -52,7 +53,8 @@ public final class TetherClient: Service, Sendable {
     ///   - configuration: Endpoints, identity, timeouts, heartbeat and backoff.
     ///   - transport: How to reach the gateway; TCP by default.
     ///   - eventLoopGroup: Where the connection's I/O runs; NIO's shared group if `nil`.
-    ///   - clock: The clock backoff delays are measured with; inject a manual clock in tests.
+    ///   - clock: The clock of the run loop: backoff delays, connection racing and endpoint
+    ///     penalties; inject a manual clock in tests.
     ///   - logger: Where the client logs connection changes and protocol problems.
     /// - Throws: ``TetherError`` with code ``TetherError/Code/invalidConfiguration``.
     public init(
@@ -70,7 +72,7 @@ public final class TetherClient: Service, Sendable {
         self.configuration = configuration
         self.transport = transport
         self.eventLoop = (eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton).next()
-        self.clock = clock
+        self.clock = ClientClock(clock)
         var logger = logger
         logger[metadataKey: "tether.client"] = "\(configuration.clientID)"
         self.logger = logger

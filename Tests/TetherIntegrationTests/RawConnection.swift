@@ -19,12 +19,7 @@ final class RawConnection: @unchecked Sendable {
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let decoder = FrameDecodingHandler()
-                    try channel.pipeline.syncOperations.addHandler(decoder)
-                    channel.pipeline.triggerUserOutboundEvent(
-                        TetherChannelEvent.limitsNegotiated(maxInboundBodySize: 1 << 24),
-                        promise: nil
-                    )
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxBodySize: 1 << 24)))
                     try channel.pipeline.syncOperations.addHandler(Collector(continuation: continuation))
                 }
             }

@@ -2,11 +2,12 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
-import Tether
 import TetherCore
 import TetherGateway
 import TetherTestSupport
 import TetherTesting
+
+@testable import Tether
 
 extension IntegrationTests {
     /// The client healing itself: dead links, cut connections, restarts, failover, backoff.
@@ -297,6 +298,46 @@ extension IntegrationTests {
                 #expect(ContinuousClock.now - started < .seconds(5), "the second racer starts after 250 ms, not after the 10 s timeout")
                 #expect(client.connectionState == .connected(live))
                 try await eventually("the losing racer is closed") { silent.openConnections == 0 }
+            }
+        }
+
+        @Test("racing and endpoint bans follow the client's injected clock: a manual clock starts the next racer and lifts the ban")
+        func racingOnInjectedClock() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let stalled = Endpoint(host: "stalled", port: 1)
+                let refusing = Endpoint(host: "refusing", port: 1)
+                let live = Endpoint(host: "live", port: 1)
+                let gateway = try harness.localGateway(
+                    network: network,
+                    at: live,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
+                network.attach(gateway, at: stalled)
+                network.faults.stall(stalled)
+                network.faults.refuse(refusing)
+                let clock = ManualClock()
+                let client = try harness.client([stalled, refusing, live], transport: network.transport, clock: clock) {
+                    $0.connection.connectTimeout = .seconds(60)
+                }
+                // The first racer hangs on the stalled endpoint; the next one waits for the clock.
+                await clock.waitForSleepers(1)
+                try await Task.sleep(for: .milliseconds(400))
+                #expect(client.connectionState == .connecting(stalled), "real time does not start the next racer")
+                clock.advance(by: .milliseconds(250))  // the second racer: refused at once, which starts the third
+                try await eventually("connected to the live endpoint") { client.connectionState == .connected(live) }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "raced")).string == "raced")
+
+                // The refusal banned its endpoint, on the client's clock: until 30 s pass on it.
+                func banned() -> Bool { client.state.withLockedValue { $0.penalties.isPenalized(refusing, at: client.clock.now) } }
+                #expect(banned())
+                clock.advance(by: .seconds(29))
+                #expect(banned())
+                clock.advance(by: .seconds(1))
+                #expect(!banned(), "the ban ends when the injected clock says so")
+                network.faults.heal()
             }
         }
 

@@ -34,7 +34,7 @@ extension TetherClient {
 
         var machine: ConnectivityStateMachine
         /// Endpoints that refused or failed a handshake recently: tried last for a while.
-        var penalties: EndpointPenalties<ContinuousClock.Instant>
+        var penalties: EndpointPenalties<ClientClock.Instant>
         var run: RunPhase = .notStarted
         /// The connection new requests go to; `nil` while connecting, draining or stopped.
         var ready: ClientConnection?

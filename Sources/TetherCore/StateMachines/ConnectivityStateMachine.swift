@@ -56,23 +56,48 @@ public struct ConnectivityStateMachine: Sendable {
         case shutDown
     }
 
-    /// What the driver must do next.
+    /// What the driver's run loop does next.
     public enum Action: Hashable, Sendable {
-        /// Nothing.
-        case none
         /// Open a connection to the endpoint and complete the handshake.
         case connect(Endpoint, attempt: Int)
         /// Wait this long, then report ``ConnectivityStateMachine/backoffElapsed()``.
         case backOff(Duration, next: Endpoint)
         /// Wait until ``ConnectivityStateMachine/pathChanged(_:)`` returns what to do.
         case waitForPath(next: Endpoint)
-        /// Send no new requests on the current connection (it received GOAWAY).
-        case stopDispatching
-        /// Close the current connection once its requests are answered (shutting down).
-        case closeConnection
         /// Give up: the attempt limit was reached.
         case fail(attempts: Int)
         /// Stop: the client is shut down.
+        case stop
+    }
+
+    /// What the driver does with a connection that just completed its handshake.
+    public enum ConnectedAction: Hashable, Sendable {
+        /// Serve it: it is the client's connection now.
+        case serve
+        /// Close it: the client shut down while it was connecting.
+        case closeConnection
+    }
+
+    /// What the driver does when the network path changed.
+    public enum PathAction: Hashable, Sendable {
+        /// Nothing.
+        case none
+        /// Connect now: a network came back while the run loop waited (for a path, or in a
+        /// backoff, whose rest is skipped).
+        case connect(Endpoint, attempt: Int)
+        /// Close the established connection (the network changed under it);
+        /// ``ConnectivityStateMachine/connectionClosed(uptime:)`` then reconnects at once.
+        case closeConnection
+    }
+
+    /// What the driver does when the client shuts down.
+    public enum ShutdownAction: Hashable, Sendable {
+        /// Nothing: it was shut down already.
+        case none
+        /// Close the current connection once its requests are answered; the run loop stops
+        /// when it has closed.
+        case closeConnection
+        /// Stop the run loop (nothing is connected; an attempt in progress ends by itself).
         case stop
     }
 
@@ -114,13 +139,13 @@ public struct ConnectivityStateMachine: Sendable {
         case .shutDown:
             return .stop
         case .connecting, .connected, .draining, .backingOff, .waitingForPath, .failed:
-            return .none
+            preconditionFailure("start in state \(self.state): the client starts once")
         }
     }
 
     /// The connection attempt succeeded, including the handshake.
     /// - Parameter winner: The endpoint that answered, if the attempt raced several.
-    public mutating func connectSucceeded(via winner: Endpoint? = nil) -> Action {
+    public mutating func connectSucceeded(via winner: Endpoint? = nil) -> ConnectedAction {
         switch self.state {
         case .connecting(let attempted, _):
             let endpoint = winner ?? attempted
@@ -129,12 +154,11 @@ public struct ConnectivityStateMachine: Sendable {
             }
             self.triedInRound = 0
             self.state = .connected(endpoint)
-            return .none
+            return .serve
         case .shutDown:
             return .closeConnection
         case .idle, .connected, .draining, .backingOff, .waitingForPath, .failed:
-            assertionFailure("connectSucceeded in state \(self.state)")
-            return .none
+            preconditionFailure("connectSucceeded in state \(self.state): only an attempt succeeds")
         }
     }
 
@@ -170,8 +194,7 @@ public struct ConnectivityStateMachine: Sendable {
         case .shutDown:
             return .stop
         case .idle, .connected, .draining, .backingOff, .waitingForPath, .failed:
-            assertionFailure("connectFailed in state \(self.state)")
-            return .none
+            preconditionFailure("connectFailed in state \(self.state): only an attempt fails")
         }
     }
 
@@ -179,17 +202,18 @@ public struct ConnectivityStateMachine: Sendable {
     /// - Parameters:
     ///   - retryAfter: How long to wait after the connection closed before connecting again.
     ///   - alternate: Where to connect next, if the gateway named a place.
-    public mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Action {
+    /// - Returns: Whether to stop sending new requests on the connection (it was the one in use).
+    public mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Bool {
         switch self.state {
         case .connected(let endpoint):
             self.goAway = (retryAfter, alternate)
             self.state = .draining(endpoint)
-            return .stopDispatching
+            return true
         case .draining:
             self.goAway = (retryAfter, alternate)
-            return .none
+            return false
         case .idle, .connecting, .backingOff, .waitingForPath, .failed, .shutDown:
-            return .none
+            return false
         }
     }
 
@@ -203,8 +227,7 @@ public struct ConnectivityStateMachine: Sendable {
         case .shutDown:
             return .stop
         case .idle, .connecting, .backingOff, .waitingForPath, .failed:
-            assertionFailure("connectionClosed in state \(self.state)")
-            return .none
+            preconditionFailure("connectionClosed in state \(self.state): no connection was established")
         }
 
         let wasStable = uptime >= self.configuration.stableAfter
@@ -253,17 +276,16 @@ public struct ConnectivityStateMachine: Sendable {
         case .shutDown:
             return .stop
         case .idle, .connecting, .connected, .draining, .waitingForPath, .failed:
-            assertionFailure("backoffElapsed in state \(self.state)")
-            return .none
+            preconditionFailure("backoffElapsed in state \(self.state): no backoff was under way")
         }
     }
 
     /// The network-path monitor reported `path`.
-    /// - Returns: ``Action/connect(_:attempt:)`` when a network came back while the machine
+    /// - Returns: ``PathAction/connect(_:attempt:)`` when a network came back while the machine
     ///   waited (for a path, or in a backoff: the rest of the delay is skipped);
-    ///   ``Action/closeConnection`` when the path changed under the established connection
-    ///   (``connectionClosed(uptime:)`` then reconnects at once); otherwise ``Action/none``.
-    public mutating func pathChanged(_ path: NetworkPath) -> Action {
+    ///   ``PathAction/closeConnection`` when the path changed under the established connection
+    ///   (``connectionClosed(uptime:)`` then reconnects at once); otherwise ``PathAction/none``.
+    public mutating func pathChanged(_ path: NetworkPath) -> PathAction {
         let previous = self.path
         self.path = path
         guard path.isAvailable else { return .none }  // attempts wait for a path from now on
@@ -271,13 +293,9 @@ public struct ConnectivityStateMachine: Sendable {
         let changed = previous.map { $0.isAvailable && $0.identity != path.identity } ?? false
         switch self.state {
         case .waitingForPath(let next):
-            self.failedRounds = 0
-            self.triedInRound = 0
-            return self.connect(to: next)
+            return self.reconnectNow(to: next)
         case .backingOff(_, let next) where restored || changed:
-            self.failedRounds = 0
-            self.triedInRound = 0
-            return self.connect(to: next)
+            return self.reconnectNow(to: next)
         case .connected where changed || restored:
             self.reconnectAtOnce = true
             return .closeConnection
@@ -287,7 +305,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// The client shuts down.
-    public mutating func shutdown() -> Action {
+    public mutating func shutdown() -> ShutdownAction {
         switch self.state {
         case .connected, .draining:
             self.state = .shutDown
@@ -303,9 +321,21 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     private mutating func connect(to endpoint: Endpoint) -> Action {
+        .connect(endpoint, attempt: self.beginAttempt(at: endpoint))
+    }
+
+    /// A network came back: connect at once, with the backoff reset.
+    private mutating func reconnectNow(to endpoint: Endpoint) -> PathAction {
+        self.failedRounds = 0
+        self.triedInRound = 0
+        return .connect(endpoint, attempt: self.beginAttempt(at: endpoint))
+    }
+
+    /// Enters `connecting`; returns the attempt's number.
+    private mutating func beginAttempt(at endpoint: Endpoint) -> Int {
         let attempt = self.consecutiveFailures + 1
         self.state = .connecting(endpoint, attempt: attempt)
-        return .connect(endpoint, attempt: attempt)
+        return attempt
     }
 
     /// Whether the monitor reports no network (without a monitor, the network is assumed there).
