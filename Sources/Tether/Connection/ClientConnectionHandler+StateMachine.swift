@@ -77,7 +77,7 @@ extension ClientConnectionHandler {
         private(set) var closeReason: DisconnectReason?
         private(set) var establishedAt: NIODeadline?
         /// Reliable messages on this connection, once negotiated.
-        private var outbox: MessageScheduler?
+        private var outbox: OutboxWindow?
         private var retransmission: RTTEstimator?
         /// An idle probe's fate, for the client's NAT-timeout prober, until the handler takes it.
         private var idleProbeReport: (probe: HeartbeatStateMachine.IdleProbe, answered: Bool)?
@@ -251,7 +251,7 @@ extension ClientConnectionHandler {
             )
             self.heartbeatBounds = bounds
             if negotiated.features.contains(.reliableDelivery), let reliability = self.configuration.reliability {
-                self.outbox = MessageScheduler(window: reliability.window)
+                self.outbox = OutboxWindow(window: reliability.window)
                 self.retransmission = reliability.retransmission
             }
             let settings = self.configuration.heartbeat

@@ -25,68 +25,60 @@ struct ReliableCallbacks: Sendable {
 /// What to do with an inbound DELIVERY.
 typealias DeliveryVerdict = InboxMachine.Verdict
 
-/// The client's reliable messaging (PROTOCOL.md, section 9): the outbox (messages accepted
-/// durably, kept until acknowledged) and the inbox (deliveries handed to the app once, in
-/// order, checkpointed).
+/// The client's reliable messaging (PROTOCOL.md, section 9): the storage I/O and the waiting
+/// callers around two pure machines, ``OutboxMachine`` (messages accepted durably, kept until
+/// acknowledged or expired) and ``InboxMachine`` (deliveries handed to the app once, in order,
+/// checkpointed). The connection's own window of messages in flight is in its state machine.
 ///
 /// Accepting messages uses group commit: the first caller that finds no commit running commits
-/// every message waiting at that moment in one transaction, and numbers them only once that
-/// succeeds, so a failed commit leaves no gap in any conversation. The other callers wait for
-/// their group's commit. Removals, expirations and the delivery checkpoint are written in
-/// groups too, by ``runMaintenance()``, which runs inside ``TetherClient/run()``.
+/// every message waiting at that moment in one transaction, numbered only once that succeeds,
+/// so a failed commit leaves no gap in any conversation; the other callers wait for their
+/// group's commit. Removals, expirations and the delivery checkpoint are written in groups too,
+/// by ``runMaintenance()``, which runs inside ``TetherClient/run()``. One timer, on the client's
+/// event loop, expires messages.
 final class ReliableEngine: Sendable {
-    private struct PendingSend {
-        var topic: String
-        var conversation: String
-        var priority: MessagePriority
-        var expiresAt: Int64?
-        var body: ByteBuffer
-        var ticket: SendTicket
-    }
-
-    private enum Load {
+    enum Load {
         case notLoaded
         case loading([CheckedContinuation<Void, any Error>])
         case loaded
         case failed(TetherError)
     }
 
-    private struct State {
+    struct State {
         var load = Load.notLoaded
         var finished = false
-        // Outbox
-        var epoch: UInt64 = 0
-        var nextID: UInt64 = 1
-        var conversations: [String: UInt64] = [:]
-        var records: [UInt64: OutboxRecord] = [:]
-        var waiting: [PendingSend] = []
-        var committing = false
-        var capacityWaiters: [Int: CheckedContinuation<Void, any Error>] = [:]
-        var nextWaiterID = 0
-        var outcomes: [UInt64: MessageOutcome] = [:]
-        var outcomeOrder = CircularBuffer<UInt64>()
-        var outcomeWaiters: [UInt64: [CheckedContinuation<MessageOutcome?, Never>]] = [:]
-        var reportedSent: Set<UInt64> = []
-        var expiryTimers: [UInt64: Scheduled<Void>] = [:]
-        var toRemove: [UInt64] = []
-        var toExpire: [UInt64] = []
-        var sink: (any ReliableSink)?
-        // Inbox
+        /// The outbox, once loaded.
+        var outbox: OutboxMachine?
         var inbox = InboxMachine(checkpoint: nil)
-        /// The application's consumer, suspended until a delivery arrives.
+        /// The connection messages go to, while there is one.
+        var sink: (any ReliableSink)?
+        /// Who waits for each queued send's receipt, by the send's token.
+        var tickets: [UInt64: SendTicket] = [:]
+        var nextToken: UInt64 = 0
+        var capacityWaiters: [UInt64: CheckedContinuation<Void, any Error>] = [:]
+        var outcomeWaiters: [UInt64: [CheckedContinuation<MessageOutcome?, Never>]] = [:]
+        /// The application's consumer of deliveries, suspended until one arrives.
         var consumer: CheckedContinuation<Frame.Delivery?, Never>?
         var consuming = false
+        /// The expiry timer, and the wall-clock time it fires at.
+        var expiryTimer: (at: Int64, task: Scheduled<Void>)?
+
+        mutating func token() -> UInt64 {
+            defer { self.nextToken += 1 }
+            return self.nextToken
+        }
     }
 
     /// How many finished outcomes are remembered for ``outcome(of:)``.
     static let rememberedOutcomes = 10_000
 
     let configuration: ClientConfiguration.Reliability
-    private let eventLoop: any EventLoop
-    private let logger: Logger
-    private let state = NIOLockedValueBox(State())
+    let eventLoop: any EventLoop
+    let logger: Logger
+    let state = NIOLockedValueBox(State())
     let events = Broadcaster<MessageEvent>(bufferSize: 100_000)
-    private let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    /// Wakes ``runMaintenance()``: storage work or a checkpoint may be due.
+    let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
 
     init(configuration: ClientConfiguration.Reliability, eventLoop: any EventLoop, logger: Logger) {
         self.configuration = configuration
@@ -143,23 +135,23 @@ final class ReliableEngine: Sendable {
         } catch {
             result = .failure(TetherError(code: .storage, message: "cannot load the outbox: \(error)", cause: error))
         }
-        let (waiters, expired) = self.state.withLockedValue { state -> ([CheckedContinuation<Void, any Error>], [OutboxRecord]) in
-            guard case .loading(let waiters) = state.load else { return ([], []) }
+        let waiters = self.state.withLockedValue { state -> [CheckedContinuation<Void, any Error>] in
+            guard case .loading(let waiters) = state.load else { return [] }
             switch result {
             case .failure(let error):
                 state.load = .failed(error)
-                return (waiters, [])
             case .success(let snapshot):
                 state.load = .loaded
-                state.epoch = snapshot.epoch
-                state.nextID = snapshot.nextID
-                state.conversations = snapshot.conversations
-                for record in snapshot.records { state.records[record.id] = record }
+                state.outbox = OutboxMachine(
+                    snapshot: snapshot,
+                    capacity: self.configuration.capacity,
+                    rememberedOutcomes: Self.rememberedOutcomes
+                )
                 state.inbox = InboxMachine(checkpoint: snapshot.checkpoint)
-                return (waiters, snapshot.records.filter { !$0.expired && $0.expiresAt != nil })
             }
+            return waiters
         }
-        for record in expired { self.scheduleExpiry(record) }
+        self.armExpiryTimer()
         let loaded = result.map { _ in () }
         for waiter in waiters { waiter.resume(with: loaded.mapError { $0 as any Error }) }
         return loaded
@@ -184,24 +176,27 @@ final class ReliableEngine: Sendable {
         try await self.loadIfNeeded()
         let expiresAt = ttl.map { WallClock.milliseconds() + max(1, $0.wholeMilliseconds) }
         let ticket = SendTicket()
-        let send = PendingSend(
-            topic: topic,
-            conversation: conversation,
-            priority: priority,
-            expiresAt: expiresAt,
-            body: body,
-            ticket: ticket
-        )
 
         while true {
             enum Admission { case lead, follow, full, shutDown }
             let admission: Admission = self.state.withLockedValue { state in
-                if state.finished { return .shutDown }
-                guard state.records.count + state.waiting.count < self.configuration.capacity else { return .full }
-                state.waiting.append(send)
-                if state.committing { return .follow }
-                state.committing = true
-                return .lead
+                guard !state.finished else { return .shutDown }
+                let token = state.token()
+                let send = OutboxMachine.Send(
+                    topic: topic,
+                    conversation: conversation,
+                    priority: priority,
+                    expiresAt: expiresAt,
+                    body: body,
+                    token: token
+                )
+                switch state.outbox!.admit(send) {
+                case .full:
+                    return .full
+                case .accepted(let lead):
+                    state.tickets[token] = ticket
+                    return lead ? .lead : .follow
+                }
             }
             switch admission {
             case .shutDown:
@@ -212,7 +207,7 @@ final class ReliableEngine: Sendable {
                 try await self.waitForCapacity()
                 continue
             case .lead:
-                await self.commitWaiting()
+                await self.commitQueued()
             case .follow:
                 break
             }
@@ -220,72 +215,42 @@ final class ReliableEngine: Sendable {
         }
     }
 
-    /// Commits every waiting message in groups until none waits.
-    private func commitWaiting() async {
-        while true {
-            let group: (sends: [PendingSend], records: [OutboxRecord], nextID: UInt64, conversations: [String: UInt64])? =
-                self.state.withLockedValue { state in
-                    guard !state.waiting.isEmpty else {
-                        state.committing = false
-                        return nil
-                    }
-                    let sends = state.waiting
-                    state.waiting.removeAll()
-                    // Numbered in a copy: applied only if the commit succeeds.
-                    var nextID = state.nextID
-                    var conversations: [String: UInt64] = [:]
-                    let records = sends.map { send in
-                        let sequence = (conversations[send.conversation] ?? state.conversations[send.conversation] ?? 0) + 1
-                        conversations[send.conversation] = sequence
-                        defer { nextID += 1 }
-                        return OutboxRecord(
-                            id: nextID,
-                            topic: send.topic,
-                            conversation: send.conversation,
-                            sequence: sequence,
-                            priority: send.priority,
-                            expiresAt: send.expiresAt,
-                            body: send.body
-                        )
-                    }
-                    return (sends, records, nextID, conversations)
-                }
-            guard let group else { return }
+    /// Commits every queued message in groups until none is queued.
+    private func commitQueued() async {
+        while let group = self.state.withLockedValue({ $0.outbox!.takeGroup() }) {
             do {
                 try await self.configuration.outbox.append(group.records, nextID: group.nextID, conversations: group.conversations)
             } catch {
                 let failure = TetherError(code: .storage, message: "the outbox could not store the message: \(error)", cause: error)
                 self.logger.error("outbox commit failed", metadata: ["error": "\(error)"])
-                for send in group.sends { send.ticket.resolve(.failure(failure)) }
+                let tickets = self.state.withLockedValue { state in
+                    state.outbox!.groupFailed(group)
+                    return group.tokens.compactMap { state.tickets.removeValue(forKey: $0) }
+                }
+                for ticket in tickets { ticket.resolve(.failure(failure)) }
                 self.wakeCapacityWaiters()
                 continue
             }
-            let sink = self.state.withLockedValue { state in
-                state.nextID = max(state.nextID, group.nextID)
-                state.conversations.merge(group.conversations) { max($0, $1) }
-                for record in group.records { state.records[record.id] = record }
-                return state.sink
+            let (sink, tickets) = self.state.withLockedValue { state in
+                state.outbox!.groupCommitted(group)
+                return (state.sink, group.tokens.map { state.tickets.removeValue(forKey: $0) })
             }
-            for (send, record) in zip(group.sends, group.records) {
-                send.ticket.resolve(.success(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
-                self.events.yield(MessageEvent(id: record.id, conversation: record.conversation, sequence: record.sequence, state: .queued))
-                if record.expiresAt != nil { self.scheduleExpiry(record) }
+            for (record, ticket) in zip(group.records, tickets) {
+                ticket?.resolve(.success(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
+                self.events.yield(MessageEvent(record, .queued))
             }
+            if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
             sink?.enqueue(group.records)
         }
     }
 
     private func waitForCapacity() async throws(TetherError) {
-        let id = self.state.withLockedValue { state in
-            defer { state.nextWaiterID += 1 }
-            return state.nextWaiterID
-        }
+        let id = self.state.withLockedValue { $0.token() }
         do {
             try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                     let ready = self.state.withLockedValue { state -> Bool in
-                        if state.records.count + state.waiting.count < self.configuration.capacity || state.finished { return true }
-                        if Task.isCancelled { return true }
+                        if state.outbox!.hasRoom || state.finished || Task.isCancelled { return true }
                         state.capacityWaiters[id] = continuation
                         return false
                     }
@@ -314,13 +279,16 @@ final class ReliableEngine: Sendable {
     /// The outcome of a message, waiting for it if it is still pending.
     /// - Returns: `nil` for an id the outbox does not know (any more).
     func outcome(of id: UInt64) async -> MessageOutcome? {
-        await withCheckedContinuation { (continuation: CheckedContinuation<MessageOutcome?, Never>) in
+        guard (try? await self.loadIfNeeded()) != nil else { return nil }
+        return await withCheckedContinuation { (continuation: CheckedContinuation<MessageOutcome?, Never>) in
             let known: MessageOutcome?? = self.state.withLockedValue { state in
-                if let outcome = state.outcomes[id] { return .some(outcome) }
-                guard let record = state.records[id] else { return .some(nil) }
-                if record.expired { return .some(.expired) }
-                state.outcomeWaiters[id, default: []].append(continuation)
-                return .none
+                switch state.outbox!.outcome(of: id) {
+                case .finished(let outcome): return .some(outcome)
+                case .unknown: return .some(nil)
+                case .pending:
+                    state.outcomeWaiters[id, default: []].append(continuation)
+                    return .none
+                }
             }
             if let known { continuation.resume(returning: known) }
         }
@@ -330,24 +298,16 @@ final class ReliableEngine: Sendable {
     func pending() async throws(TetherError) -> [MessageReceipt] {
         try await self.loadIfNeeded()
         return self.state.withLockedValue { state in
-            state.records.values.filter { !$0.expired }.sorted { $0.id < $1.id }.map {
-                MessageReceipt(id: $0.id, conversation: $0.conversation, sequence: $0.sequence)
-            }
+            state.outbox!.unfinished.map { MessageReceipt(id: $0.id, conversation: $0.conversation, sequence: $0.sequence) }
         }
     }
 
-    /// Records a final outcome (under the lock) and returns the waiters to resume.
-    private static func finish(
-        _ id: UInt64,
-        with outcome: MessageOutcome,
-        in state: inout State
-    ) -> [CheckedContinuation<MessageOutcome?, Never>] {
-        state.outcomes[id] = outcome
-        state.outcomeOrder.append(id)
-        while state.outcomeOrder.count > Self.rememberedOutcomes, let oldest = state.outcomeOrder.popFirst() {
-            state.outcomes[oldest] = nil
+    /// Tells the waiters and the subscribers that messages finished.
+    private func report(_ finished: [(OutboxRecord, MessageOutcome, [CheckedContinuation<MessageOutcome?, Never>])]) {
+        for (record, outcome, waiters) in finished {
+            for waiter in waiters { waiter.resume(returning: outcome) }
+            self.events.yield(MessageEvent(record, .finished(outcome)))
         }
-        return state.outcomeWaiters.removeValue(forKey: id) ?? []
     }
 
     // MARK: Connection events
@@ -365,7 +325,7 @@ final class ReliableEngine: Sendable {
             // their checkpoint may be saved already, with no connection to acknowledge it on.
             // Acknowledge it now, or the gateway, its window full, would wait for this forever.
             let acknowledge = state.inbox.attached(epoch: deliveryEpoch, resume: resume)
-            return (state.records.values.sorted { $0.id < $1.id }, acknowledge)
+            return (state.outbox?.unacknowledged ?? [], acknowledge)
         }
         if let acknowledge { sink.acknowledgeDeliveries(upTo: acknowledge) }
         self.wakeup.continuation.yield()  // a checkpoint of a new epoch may be due
@@ -384,157 +344,54 @@ final class ReliableEngine: Sendable {
     /// What HELLO says about this client: its outbox epoch, and where its deliveries stand.
     func helloFields() async throws(TetherError) -> (outboxEpoch: UInt64, resume: Frame.Hello.Resume?) {
         try await self.loadIfNeeded()
-        return self.state.withLockedValue { state in
-            (state.epoch, state.inbox.resumePoint)
-        }
+        return self.state.withLockedValue { state in (state.outbox!.epoch, state.inbox.resumePoint) }
     }
 
     /// Messages were sent for the first time on a connection.
     func sent(_ ids: [UInt64]) {
-        let firsts = self.state.withLockedValue { state in
-            ids.compactMap { id -> OutboxRecord? in
-                guard let record = state.records[id], state.reportedSent.insert(id).inserted else { return nil }
-                return record
-            }
-        }
-        for record in firsts {
-            self.events.yield(MessageEvent(id: record.id, conversation: record.conversation, sequence: record.sequence, state: .sent))
-        }
+        let firsts = self.state.withLockedValue { $0.outbox?.sent(ids) ?? [] }
+        for record in firsts { self.events.yield(MessageEvent(record, .sent)) }
     }
 
     /// The gateway acknowledged messages.
     func acknowledged(_ entries: [Frame.MessageAck.Entry]) {
-        var finished: [(OutboxRecord, MessageOutcome, [CheckedContinuation<MessageOutcome?, Never>])] = []
-        let timers = self.state.withLockedValue { state -> [Scheduled<Void>] in
-            var timers: [Scheduled<Void>] = []
-            for entry in entries {
-                guard let record = state.records.removeValue(forKey: entry.id) else { continue }
-                state.reportedSent.remove(entry.id)
-                state.toRemove.append(entry.id)
-                if let timer = state.expiryTimers.removeValue(forKey: entry.id) { timers.append(timer) }
-                guard !record.expired else { continue }  // its outcome was reported when it expired
-                let outcome: MessageOutcome = entry.status == .ok ? .acknowledged : .refused(entry.status)
-                finished.append((record, outcome, Self.finish(entry.id, with: outcome, in: &state)))
+        let finished = self.state.withLockedValue { state in
+            (state.outbox?.acknowledged(entries) ?? []).map { record, outcome in
+                (record, outcome, state.outcomeWaiters.removeValue(forKey: record.id) ?? [])
             }
-            return timers
         }
-        for timer in timers { timer.cancel() }
-        for (record, outcome, waiters) in finished {
-            for waiter in waiters { waiter.resume(returning: outcome) }
-            self.events.yield(
-                MessageEvent(id: record.id, conversation: record.conversation, sequence: record.sequence, state: .finished(outcome))
-            )
-        }
+        self.report(finished)
         self.wakeCapacityWaiters()
         self.wakeup.continuation.yield()
     }
 
     // MARK: Expiry
 
-    private func scheduleExpiry(_ record: OutboxRecord) {
-        guard let expiresAt = record.expiresAt else { return }
-        let remaining = TimeAmount.milliseconds(max(0, expiresAt - WallClock.milliseconds()))
-        let id = record.id
-        let timer = self.eventLoop.scheduleTask(in: remaining) { self.expire(id) }
-        let stale = self.state.withLockedValue { state -> Bool in
-            guard state.records[id] != nil else { return true }
-            state.expiryTimers[id] = timer
-            return false
-        }
-        if stale { timer.cancel() }
-    }
-
-    private func expire(_ id: UInt64) {
-        let result = self.state.withLockedValue {
-            state -> (OutboxRecord, [CheckedContinuation<MessageOutcome?, Never>], (any ReliableSink)?)? in
-            state.expiryTimers[id] = nil
-            guard var record = state.records[id], !record.expired else { return nil }
-            record.expired = true
-            record.body = ByteBuffer()
-            state.records[id] = record
-            state.toExpire.append(id)
-            return (record, Self.finish(id, with: .expired, in: &state), state.sink)
-        }
-        guard let (tombstone, waiters, sink) = result else { return }
-        for waiter in waiters { waiter.resume(returning: .expired) }
-        self.events.yield(
-            MessageEvent(id: id, conversation: tombstone.conversation, sequence: tombstone.sequence, state: .finished(.expired))
-        )
-        sink?.replace(with: tombstone)
-        self.wakeup.continuation.yield()
-    }
-
-    // MARK: Deliveries
-
-    /// A DELIVERY arrived on a connection to the gateway store `epoch`.
-    func receive(_ delivery: Frame.Delivery, epoch: UInt64) -> DeliveryVerdict {
-        let (verdict, handOut) = self.state.withLockedValue {
-            state -> (DeliveryVerdict, (CheckedContinuation<Frame.Delivery?, Never>, Frame.Delivery)?) in
-            let verdict = state.inbox.received(delivery, epoch: epoch)
-            guard verdict == .accepted, let consumer = state.consumer, let next = state.inbox.next() else { return (verdict, nil) }
-            state.consumer = nil
-            state.consuming = false
-            return (verdict, (consumer, next))
-        }
-        if let (consumer, next) = handOut { consumer.resume(returning: next) }
-        return verdict
-    }
-
-    /// The next delivery for the app; the one handed out before is processed from now on.
-    /// - Returns: `nil` once the client has stopped.
-    func nextDelivery() async throws(TetherError) -> Frame.Delivery? {
-        let immediate: Result<Frame.Delivery?, TetherError>? = self.state.withLockedValue { state in
-            guard !state.consuming else {
-                return .failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries"))
-            }
-            if let next = state.inbox.next() { return .success(next) }
-            if state.finished { return .success(nil) }
-            state.consuming = true
-            return nil
-        }
-        self.wakeup.continuation.yield()  // the previous one may be processed: checkpoint it
-        if let immediate { return try immediate.get() }
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Frame.Delivery?, Never>) in
-                let ready: Frame.Delivery?? = self.state.withLockedValue { state in
-                    if let next = state.inbox.next() {
-                        state.consuming = false
-                        return .some(next)
-                    }
-                    if state.finished || Task.isCancelled {
-                        state.consuming = false
-                        return .some(nil)
-                    }
-                    state.consumer = continuation
-                    return .none
-                }
-                if let ready { continuation.resume(returning: ready) }
-            }
-        } onCancel: {
-            let consumer = self.state.withLockedValue { state -> CheckedContinuation<Frame.Delivery?, Never>? in
-                defer { state.consumer = nil; state.consuming = false }
-                return state.consumer
-            }
-            consumer?.resume(returning: nil)
-        }
-    }
-
-    /// The app processed the delivery with this sequence (it was handed out and not yet processed).
-    func acknowledgeDelivery(_ sequence: UInt64) throws(TetherError) {
-        let known = self.state.withLockedValue { $0.inbox.acknowledge(sequence) }
-        guard known else {
-            throw TetherError(code: .invalidArgument, message: "delivery \(sequence) is not the one the app holds")
-        }
-        self.wakeup.continuation.yield()
-    }
-
-    /// The consumer stopped (its loop ended or threw): the delivery it held and did not
-    /// acknowledge is handed out again.
-    func consumerEnded() {
+    /// Makes the one expiry timer fire when the next message expires.
+    private func armExpiryTimer() {
         self.state.withLockedValue { state in
-            state.inbox.consumerStopped()
-            state.consuming = false
+            guard !state.finished, let next = state.outbox?.nextExpiry else { return }
+            if let armed = state.expiryTimer {
+                guard next < armed.at else { return }
+                armed.task.cancel()
+            }
+            let delay = TimeAmount.milliseconds(max(0, next - WallClock.milliseconds()))
+            state.expiryTimer = (next, self.eventLoop.scheduleTask(in: delay) { self.expiryTimerFired() })
         }
+    }
+
+    private func expiryTimerFired() {
+        let now = WallClock.milliseconds()
+        let (tombstones, finished, sink) = self.state.withLockedValue { state in
+            state.expiryTimer = nil
+            let tombstones = state.outbox?.expire(now: now) ?? []
+            let finished = tombstones.map { ($0, MessageOutcome.expired, state.outcomeWaiters.removeValue(forKey: $0.id) ?? []) }
+            return (tombstones, finished, state.sink)
+        }
+        self.report(finished)
+        for tombstone in tombstones { sink?.replace(with: tombstone) }
+        if !tombstones.isEmpty { self.wakeup.continuation.yield() }
+        self.armExpiryTimer()
     }
 
     // MARK: Maintenance
@@ -549,21 +406,17 @@ final class ReliableEngine: Sendable {
     }
 
     private func flush() async {
-        let work = self.state.withLockedValue { state in
-            defer {
-                state.toRemove.removeAll()
-                state.toExpire.removeAll()
-            }
-            return (state.toRemove, state.toExpire, state.inbox.takeCheckpointToSave())
+        let (work, checkpoint) = self.state.withLockedValue { state in
+            (state.outbox?.takeStorageWork() ?? (remove: [], expire: []), state.inbox.takeCheckpointToSave())
         }
         do {
-            if !work.1.isEmpty { try await self.configuration.outbox.markExpired(work.1) }
-            if !work.0.isEmpty { try await self.configuration.outbox.remove(work.0) }
+            if !work.expire.isEmpty { try await self.configuration.outbox.markExpired(work.expire) }
+            if !work.remove.isEmpty { try await self.configuration.outbox.remove(work.remove) }
         } catch {
             // Not fatal: a message not removed is sent again and deduplicated.
             self.logger.error("outbox maintenance failed", metadata: ["error": "\(error)"])
         }
-        guard let checkpoint = work.2 else { return }
+        guard let checkpoint else { return }
         do {
             try await self.configuration.outbox.saveCheckpoint(checkpoint)
         } catch {
@@ -581,19 +434,25 @@ final class ReliableEngine: Sendable {
 
     /// The client stopped: consumers end, senders waiting for room fail, maintenance flushes and ends.
     func finish() {
-        let (consumer, waiters, timers) = self.state.withLockedValue { state in
+        let (consumer, waiters, timer) = self.state.withLockedValue { state in
             state.finished = true
             defer {
                 state.consumer = nil
                 state.capacityWaiters.removeAll()
-                state.expiryTimers.removeAll()
+                state.expiryTimer = nil
             }
-            return (state.consumer, Array(state.capacityWaiters.values), Array(state.expiryTimers.values))
+            return (state.consumer, Array(state.capacityWaiters.values), state.expiryTimer?.task)
         }
         consumer?.resume(returning: nil)
         for waiter in waiters { waiter.resume() }
-        for timer in timers { timer.cancel() }
+        timer?.cancel()
         self.wakeup.continuation.finish()
+    }
+}
+
+extension MessageEvent {
+    init(_ record: OutboxRecord, _ state: State) {
+        self.init(id: record.id, conversation: record.conversation, sequence: record.sequence, state: state)
     }
 }
 

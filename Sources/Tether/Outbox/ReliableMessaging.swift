@@ -10,27 +10,6 @@ public struct MessageReceipt: Sendable, Hashable {
     public var sequence: UInt64
 }
 
-/// How a message ended.
-public enum MessageOutcome: Sendable, Hashable, CustomStringConvertible {
-    /// The gateway processed it (exactly once).
-    case acknowledged
-    /// The gateway refused it for good, with this status (from the handler, or
-    /// ``StatusCode/unknownMethod`` if no handler takes its topic).
-    case refused(StatusCode)
-    /// Its time to live ran out before it was acknowledged. It will not be processed after that
-    /// (unless it was already on its way: a message sent before it expired may still have been
-    /// processed, as with a request that times out).
-    case expired
-
-    public var description: String {
-        switch self {
-        case .acknowledged: "acknowledged"
-        case .refused(let status): "refused (\(status))"
-        case .expired: "expired"
-        }
-    }
-}
-
 /// A change in a message's state, published on ``TetherClient/messageEvents``.
 public struct MessageEvent: Sendable, Hashable, CustomStringConvertible {
     public enum State: Sendable, Hashable {

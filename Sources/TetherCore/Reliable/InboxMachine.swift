@@ -1,18 +1,5 @@
 public import NIOCore
 
-/// How far a client processed its deliveries.
-public struct DeliveryCheckpoint: Sendable, Hashable {
-    /// The gateway's delivery epoch the sequence belongs to.
-    public var epoch: UInt64
-    /// Every delivery up to this sequence was processed.
-    public var lastSequence: UInt64
-
-    public init(epoch: UInt64, lastSequence: UInt64) {
-        self.epoch = epoch
-        self.lastSequence = lastSequence
-    }
-}
-
 /// The client's side of reliable deliveries (PROTOCOL.md, section 9.2): which DELIVERY is new,
 /// a duplicate or past a gap; which one the application holds; how far it processed; what to
 /// checkpoint durably and what to acknowledge.

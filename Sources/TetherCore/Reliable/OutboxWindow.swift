@@ -1,7 +1,7 @@
-import NIOCore
-import TetherCore
+public import NIOCore
 
-/// Decides which reliable message a connection sends next (PROTOCOL.md, section 9.1).
+/// The window of reliable messages on one connection: which message it sends next, which are
+/// in flight, which to send again (PROTOCOL.md, section 9.1).
 ///
 /// - A conversation's messages leave in sequence order: the lanes hold conversations, and a
 ///   conversation offers only its first unsent message.
@@ -9,17 +9,17 @@ import TetherCore
 ///   which go before the low lane; conversations within a lane take turns.
 /// - At most `window` messages are unacknowledged at once.
 ///
-/// It performs no I/O and reads no clock; the connection handler sends what it returns and
-/// tells it about acknowledgements and timeouts.
-struct MessageScheduler {
-    struct InFlight {
-        var record: OutboxRecord
-        var sentAt: NIODeadline
+/// It performs no I/O and reads no clock; the client's connection machine embeds it, sends what
+/// it returns and tells it about acknowledgements and timeouts.
+package struct OutboxWindow: Sendable {
+    package struct InFlight: Sendable {
+        package var record: OutboxRecord
+        package var sentAt: NIODeadline
         /// How often it was sent on this connection; 1 means its acknowledgement measures the RTT.
-        var transmissions: Int
+        package var transmissions: Int
     }
 
-    let window: Int
+    package let window: Int
     /// Per priority, conversations whose first unsent message has that priority, oldest first.
     /// An entry whose generation is out of date is skipped (the conversation moved).
     private var lanes: [CircularBuffer<(conversation: String, generation: Int)>] = Array(repeating: [], count: 3)
@@ -28,29 +28,29 @@ struct MessageScheduler {
     /// The lane and generation under which each waiting conversation is filed.
     private var filed: [String: (lane: Int, generation: Int)] = [:]
     private var nextGeneration = 0
-    private(set) var inFlight: [UInt64: InFlight] = [:]
+    package private(set) var inFlight: [UInt64: InFlight] = [:]
     /// How often each message was sent, kept while it is queued again after a timeout.
     private var transmissions: [UInt64: Int] = [:]
 
-    init(window: Int) {
+    package init(window: Int) {
         self.window = max(1, window)
     }
 
     /// The number of messages waiting to be sent.
-    var queuedCount: Int { self.queues.values.reduce(0) { $0 + $1.count } }
+    package var queuedCount: Int { self.queues.values.reduce(0) { $0 + $1.count } }
 
     /// Whether a message could be sent now.
-    var canSend: Bool { self.inFlight.count < self.window && !self.queues.isEmpty }
+    package var canSend: Bool { self.inFlight.count < self.window && !self.queues.isEmpty }
 
     /// Adds messages to send; each goes after the messages of its conversation with a lower sequence.
-    mutating func enqueue<Records: Sequence<OutboxRecord>>(_ records: Records) {
+    package mutating func enqueue<Records: Sequence<OutboxRecord>>(_ records: Records) {
         for record in records where self.inFlight[record.id] == nil {
             self.insert(record)
         }
     }
 
     /// The next message to send, marked in flight; `nil` if none or the window is full.
-    mutating func next(now: NIODeadline) -> OutboxRecord? {
+    package mutating func next(now: NIODeadline) -> OutboxRecord? {
         guard self.inFlight.count < self.window else { return nil }
         for lane in self.lanes.indices {
             while let entry = self.lanes[lane].popFirst() {
@@ -74,7 +74,7 @@ struct MessageScheduler {
 
     /// An acknowledgement arrived.
     /// - Returns: The acknowledged message, and a round-trip sample if it was sent only once.
-    mutating func acknowledged(_ id: UInt64, now: NIODeadline) -> (record: OutboxRecord, sample: TimeAmount?)? {
+    package mutating func acknowledged(_ id: UInt64, now: NIODeadline) -> (record: OutboxRecord, sample: TimeAmount?)? {
         if let inFlight = self.inFlight.removeValue(forKey: id) {
             return (inFlight.record, inFlight.transmissions == 1 ? now - inFlight.sentAt : nil)
         }
@@ -98,7 +98,7 @@ struct MessageScheduler {
     /// A message's acknowledgement did not come in time: queue it to be sent again.
     /// - Returns: How often it was sent so far, or `nil` if it is not in flight.
     @discardableResult
-    mutating func timedOut(_ id: UInt64) -> Int? {
+    package mutating func timedOut(_ id: UInt64) -> Int? {
         guard let inFlight = self.inFlight.removeValue(forKey: id) else { return nil }
         self.transmissions[id] = inFlight.transmissions
         self.insert(inFlight.record)
@@ -106,7 +106,7 @@ struct MessageScheduler {
     }
 
     /// The message expired: from now on its tombstone is sent instead.
-    mutating func replace(with tombstone: OutboxRecord) {
+    package mutating func replace(with tombstone: OutboxRecord) {
         if self.inFlight[tombstone.id] != nil {
             self.inFlight[tombstone.id]?.record = tombstone
             return

@@ -1,10 +1,10 @@
 import NIOCore
 import Testing
 
-@testable import Tether
+@testable import TetherCore
 
 @Suite("Message scheduler")
-struct MessageSchedulerTests {
+struct OutboxWindowTests {
     let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
 
     func record(_ id: UInt64, _ conversation: String, _ sequence: UInt64, _ priority: MessagePriority = .normal) -> OutboxRecord {
@@ -19,7 +19,7 @@ struct MessageSchedulerTests {
         )
     }
 
-    mutating func drain(_ scheduler: inout MessageScheduler) -> [UInt64] {
+    mutating func drain(_ scheduler: inout OutboxWindow) -> [UInt64] {
         var sent: [UInt64] = []
         while let next = scheduler.next(now: self.now) { sent.append(next.id) }
         return sent
@@ -27,7 +27,7 @@ struct MessageSchedulerTests {
 
     @Test("a conversation's messages leave in sequence order; conversations take turns")
     mutating func order() {
-        var scheduler = MessageScheduler(window: 100)
+        var scheduler = OutboxWindow(window: 100)
         scheduler.enqueue([
             self.record(1, "a", 1), self.record(2, "a", 2), self.record(3, "b", 1), self.record(4, "a", 3), self.record(5, "b", 2),
         ])
@@ -36,7 +36,7 @@ struct MessageSchedulerTests {
 
     @Test("a lone message is sent; messages enqueued out of order still leave in sequence order")
     mutating func insertion() {
-        var scheduler = MessageScheduler(window: 100)
+        var scheduler = OutboxWindow(window: 100)
         scheduler.enqueue([self.record(1, "a", 1)])
         #expect(self.drain(&scheduler) == [1])
         scheduler.enqueue([self.record(4, "b", 3)])
@@ -49,7 +49,7 @@ struct MessageSchedulerTests {
 
     @Test("higher lanes go first, but never ahead of their conversation's earlier messages")
     mutating func priorities() {
-        var scheduler = MessageScheduler(window: 100)
+        var scheduler = OutboxWindow(window: 100)
         scheduler.enqueue([
             self.record(1, "bulk", 1, .low), self.record(2, "bulk", 2, .low),
             self.record(3, "chat", 1, .high), self.record(4, "chat", 2, .high),
@@ -61,7 +61,7 @@ struct MessageSchedulerTests {
 
     @Test("the window bounds the messages in flight; acknowledgements open it, with an RTT sample")
     mutating func window() {
-        var scheduler = MessageScheduler(window: 2)
+        var scheduler = OutboxWindow(window: 2)
         scheduler.enqueue((1...4).map { self.record(UInt64($0), "c", UInt64($0)) })
         #expect(self.drain(&scheduler) == [1, 2])
         #expect(!scheduler.canSend)
@@ -74,7 +74,7 @@ struct MessageSchedulerTests {
 
     @Test("a timed-out message is sent again before the later ones of its conversation, without an RTT sample")
     mutating func retransmission() {
-        var scheduler = MessageScheduler(window: 10)
+        var scheduler = OutboxWindow(window: 10)
         scheduler.enqueue([self.record(1, "c", 1), self.record(2, "c", 2), self.record(3, "c", 3)])
         #expect(self.drain(&scheduler) == [1, 2, 3])
         #expect(scheduler.timedOut(2) == 1)
@@ -86,7 +86,7 @@ struct MessageSchedulerTests {
 
     @Test("messages timing out in any order go again first, in sequence order, ahead of a long queue")
     mutating func retransmissionsAheadOfQueue() {
-        var scheduler = MessageScheduler(window: 10)
+        var scheduler = OutboxWindow(window: 10)
         scheduler.enqueue((1...1_000).map { self.record(UInt64($0), "c", UInt64($0)) })
         #expect(self.drain(&scheduler) == Array(1...10))
         for id in [3, 1, 2, 10, 4, 5, 6, 9, 8, 7] as [UInt64] { scheduler.timedOut(id) }
@@ -97,7 +97,7 @@ struct MessageSchedulerTests {
 
     @Test("an acknowledgement for a message queued again removes it; enqueueing twice sends once")
     mutating func acknowledgedWhileQueued() {
-        var scheduler = MessageScheduler(window: 10)
+        var scheduler = OutboxWindow(window: 10)
         scheduler.enqueue([self.record(1, "c", 1), self.record(2, "c", 2)])
         _ = scheduler.next(now: self.now)
         scheduler.timedOut(1)
@@ -109,7 +109,7 @@ struct MessageSchedulerTests {
 
     @Test("an expired message's tombstone replaces it, queued or in flight")
     mutating func tombstones() {
-        var scheduler = MessageScheduler(window: 1)
+        var scheduler = OutboxWindow(window: 1)
         scheduler.enqueue([self.record(1, "c", 1), self.record(2, "c", 2)])
         _ = scheduler.next(now: self.now)
         var first = self.record(1, "c", 1)
