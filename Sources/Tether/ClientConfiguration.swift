@@ -49,6 +49,25 @@ public struct ClientConfiguration: Sendable {
         self.pushes = .defaults
     }
 
+    /// Creates a configuration from endpoints written as `host:port` or `tether://host:port`.
+    ///
+    /// ```swift
+    /// let configuration = try ClientConfiguration(endpoints: ["gw1.example.com:7700", "tether://gw2.example.com:7700"], clientID: "alice")
+    /// ```
+    /// - Throws: ``ConfigurationError`` naming the endpoint that does not parse.
+    @_disfavoredOverload  // an empty array literal means `[Endpoint]`
+    public init(endpoints: [String], clientID: String) throws(ConfigurationError) {
+        var parsed: [Endpoint] = []
+        for text in endpoints {
+            do {
+                parsed.append(try Endpoint(parsing: text))
+            } catch {
+                throw ConfigurationError("\(error)")
+            }
+        }
+        self.init(endpoints: parsed, clientID: clientID)
+    }
+
     /// Checks every value.
     /// - Throws: ``ConfigurationError`` naming the first invalid value.
     public func validate() throws(ConfigurationError) {

@@ -1,3 +1,18 @@
-// The protocol's vocabulary (Endpoint, StatusCode, Backoff, Frame, …) is part of the client's
-// API: `import Tether` is all an app needs.
-@_exported import TetherCore
+// What an app needs of the lower layers comes with `import Tether`, and nothing more: the
+// protocol's machinery stays in TetherCore (import it to implement the protocol yourself).
+@_exported import struct TetherCore.Backoff
+@_exported import struct TetherCore.ConfigurationError
+@_exported import struct TetherCore.DeliveryCheckpoint
+@_exported import struct TetherCore.Endpoint
+@_exported import struct TetherCore.EndpointParseError
+@_exported import enum TetherCore.MessageOutcome
+@_exported import enum TetherCore.MessagePriority
+@_exported import struct TetherCore.NATTimeoutProber
+@_exported import struct TetherCore.NetworkPath
+@_exported import struct TetherCore.OutboxRecord
+@_exported import struct TetherCore.OutboxSnapshot
+@_exported import struct TetherCore.ProtocolError
+@_exported import struct TetherCore.RTTEstimator
+@_exported import struct TetherCore.StatusCode
+@_exported import protocol TetherNIO.ClientTransport
+@_exported import struct TetherNIO.TCPClientTransport

@@ -1,3 +1,5 @@
+import TetherCore
+
 extension TetherClient {
     /// The heartbeat mode: how often an idle connection is pinged.
     public var heartbeatMode: HeartbeatMode {

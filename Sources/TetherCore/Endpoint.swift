@@ -19,29 +19,53 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
         self.port = port
     }
 
-    /// Parses `host:port`, `[ipv6]:port`, or an IPv6 address with a port after its last colon in brackets.
-    /// - Throws: ``EndpointParseError`` if the text is not of that form or the port is out of range.
+    /// Parses `host:port`, `[ipv6]:port`, or the same as a URL: `tether://host:port`.
+    ///
+    /// ```swift
+    /// let endpoint = try Endpoint(parsing: "tether://gw.example.com:7700")
+    /// ```
+    /// - Throws: ``EndpointParseError`` if the text is not of that form, the port is out of
+    ///   range, or the URL's scheme is not `tether`.
     public init(parsing text: String) throws(EndpointParseError) {
+        var authority = Substring(text)
+        if let schemeEnd = text.firstRange(of: "://") {
+            let scheme = text[..<schemeEnd.lowerBound].lowercased()
+            guard scheme == "tether" else {
+                throw EndpointParseError(
+                    text: text,
+                    reason: "the scheme '\(scheme)' is not one this version speaks: use tether://host:port (plain TCP)"
+                )
+            }
+            authority = text[schemeEnd.upperBound...]
+            if authority.hasSuffix("/") { authority = authority.dropLast() }
+            guard !authority.contains("/") else {
+                throw EndpointParseError(text: text, reason: "a tether:// endpoint has no path")
+            }
+        }
+        try self.init(authority: authority, text: text)
+    }
+
+    private init(authority text: Substring, text original: String) throws(EndpointParseError) {
         let host: Substring
         let portText: Substring
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
-                throw EndpointParseError(text: text, reason: "expected [address]:port")
+                throw EndpointParseError(text: original, reason: "expected [address]:port")
             }
             host = text[text.index(after: text.startIndex)..<close]
             portText = text[text.index(close, offsetBy: 2)...]
         } else {
             guard let colon = text.lastIndex(of: ":"), !text[..<colon].contains(":") else {
-                throw EndpointParseError(text: text, reason: "expected host:port (write IPv6 addresses as [address]:port)")
+                throw EndpointParseError(text: original, reason: "expected host:port (write IPv6 addresses as [address]:port)")
             }
             host = text[..<colon]
             portText = text[text.index(after: colon)...]
         }
         guard !host.isEmpty else {
-            throw EndpointParseError(text: text, reason: "the host is empty")
+            throw EndpointParseError(text: original, reason: "the host is empty")
         }
         guard let port = Int(portText), (0...65535).contains(port) else {
-            throw EndpointParseError(text: text, reason: "the port must be a number from 0 to 65535")
+            throw EndpointParseError(text: original, reason: "the port must be a number from 0 to 65535")
         }
         self.init(host: String(host), port: port)
     }

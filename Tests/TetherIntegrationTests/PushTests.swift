@@ -58,6 +58,9 @@ extension IntegrationTests {
                 #expect(try gateway.push("room", ByteBuffer(string: "lobby news"), to: .room("lobby")) == 2)
                 #expect(try gateway.push("dm", ByteBuffer(string: "for alice"), to: .client("alice")) == 2)
                 #expect(try gateway.push("all", ByteBuffer(string: "everyone"), to: .all) == 3)
+                // A push from outside the connection's event loop is queued on it: a request read
+                // in the same turn of the loop may be answered first. Poke once bob has them.
+                try await eventually("bob has the room's and everyone's pushes") { bobs.bodies.count == 2 }
                 _ = try await bob.request("poke-me")
                 try await eventually("every push arrives") {
                     phone.bodies.count == 3 && laptop.bodies.count == 2 && bobs.bodies.count == 3

@@ -56,7 +56,13 @@ extension ClientConnectionHandler {
         }
 
         let configuration: Configuration
-        private(set) var session: ClientSessionStateMachine
+        private(set) var session: ClientSessionStateMachine {
+            didSet { self.outboundFlags = self.session.outboundFlags }
+        }
+        /// The flags every outbound frame carries now. Stored, so that the handler reads it
+        /// without copying the machine (a computed property of a struct held by a class is
+        /// read from a copy of the whole struct).
+        private(set) var outboundFlags: FrameFlags
         private var started = false
         /// The channel closed and everything was settled.
         private var finished = false
@@ -85,10 +91,8 @@ extension ClientConnectionHandler {
         init(configuration: Configuration) {
             self.configuration = configuration
             self.session = ClientSessionStateMachine(hello: configuration.hello)
+            self.outboundFlags = self.session.outboundFlags
         }
-
-        /// The flags every outbound frame carries now.
-        var outboundFlags: FrameFlags { self.session.outboundFlags }
 
         /// The negotiated parameters, once established.
         var negotiated: Handshake.Negotiated? { self.session.negotiated }
@@ -555,7 +559,7 @@ extension ClientConnectionHandler {
 
         /// The DELIVERY_ACK telling the gateway that every delivery up to `sequence` was
         /// processed, if the connection is established.
-        func deliveryAck(upTo sequence: UInt64) -> Frame.DeliveryAck? {
+        mutating func deliveryAck(upTo sequence: UInt64) -> Frame.DeliveryAck? {
             self.session.negotiated == nil ? nil : Frame.DeliveryAck(sequence: sequence)
         }
 

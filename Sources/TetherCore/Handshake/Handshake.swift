@@ -88,6 +88,14 @@ public enum Handshake {
                 ProtocolError(code: .protocolError, message: "gateway requires features 0x\(String(missing.rawValue, radix: 16))")
             )
         }
+        guard !features.contains(.reliableDelivery) || hello.outboxEpoch != nil else {
+            return .failure(
+                ProtocolError(
+                    code: .protocolError,
+                    message: "a client with reliable delivery must send its outbox epoch (HELLO tag 0x0005)"
+                )
+            )
+        }
         guard hello.maxBodySize >= UInt32(Self.minimumBodyLimit) else {
             return .failure(
                 ProtocolError(

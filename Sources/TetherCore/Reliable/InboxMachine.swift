@@ -1,4 +1,4 @@
-public import NIOCore
+package import NIOCore
 
 /// The client's side of reliable deliveries (PROTOCOL.md, section 9.2): which DELIVERY is new,
 /// a duplicate or past a gap; which one the application holds; how far it processed; what to
@@ -24,9 +24,9 @@ public import NIOCore
 /// _ = inbox.next()                  // the app moved on: `first` is processed
 /// if let checkpoint = inbox.takeCheckpointToSave() { save(checkpoint) }
 /// ```
-public struct InboxMachine: Sendable {
+package struct InboxMachine: Sendable {
     /// What to do with an inbound DELIVERY.
-    public enum Verdict: Sendable, Hashable {
+    package enum Verdict: Sendable, Hashable {
         /// New: it waits in the inbox for the application.
         case accepted
         /// Already received: drop it.
@@ -36,17 +36,17 @@ public struct InboxMachine: Sendable {
     }
 
     /// The delivery epoch the sequence numbers belong to; `nil` until one is known.
-    public private(set) var epoch: UInt64?
+    package private(set) var epoch: UInt64?
     /// The highest sequence accepted (waiting, held by the application, or processed).
-    public private(set) var lastReceived: UInt64
+    package private(set) var lastReceived: UInt64
     /// The highest sequence the application is done with.
-    public private(set) var processed: UInt64
+    package private(set) var processed: UInt64
     /// The highest processed sequence saved durably, in ``epoch``.
-    public private(set) var saved: UInt64
+    package private(set) var saved: UInt64
     /// Accepted and not yet handed to the application, in order.
     private var waiting = CircularBuffer<Frame.Delivery>()
     /// The delivery the application holds, not yet processed.
-    public private(set) var handedOut: Frame.Delivery?
+    package private(set) var handedOut: Frame.Delivery?
     /// A checkpoint that changed since it was last taken for saving.
     private var dirty = false
     /// Whether a connection is attached, and what it acknowledged to the gateway so far
@@ -54,7 +54,7 @@ public struct InboxMachine: Sendable {
     private var connection: (epoch: UInt64, acknowledged: UInt64)?
 
     /// An inbox that starts from what was saved, if anything.
-    public init(checkpoint: DeliveryCheckpoint?) {
+    package init(checkpoint: DeliveryCheckpoint?) {
         self.epoch = checkpoint?.epoch
         self.lastReceived = checkpoint?.lastSequence ?? 0
         self.processed = self.lastReceived
@@ -62,18 +62,18 @@ public struct InboxMachine: Sendable {
     }
 
     /// How many accepted deliveries wait for the application (not counting the one it holds).
-    public var waitingCount: Int { self.waiting.count }
+    package var waitingCount: Int { self.waiting.count }
 
     /// What HELLO says about the deliveries: the epoch and the last sequence processed and
     /// saved; `nil` before any epoch is known. The gateway may forget everything up to it.
-    public var resumePoint: Frame.Hello.Resume? {
+    package var resumePoint: Frame.Hello.Resume? {
         self.epoch.map { Frame.Hello.Resume(epoch: $0, lastSequence: self.saved) }
     }
 
     // MARK: Deliveries from the gateway
 
     /// A DELIVERY arrived on a connection whose WELCOME announced `epoch`.
-    public mutating func received(_ delivery: Frame.Delivery, epoch: UInt64) -> Verdict {
+    package mutating func received(_ delivery: Frame.Delivery, epoch: UInt64) -> Verdict {
         self.adopt(epoch)
         if delivery.sequence <= self.lastReceived { return .duplicate }
         guard delivery.sequence == self.lastReceived + 1 else { return .gap(expected: self.lastReceived + 1) }
@@ -86,7 +86,7 @@ public struct InboxMachine: Sendable {
 
     /// The next delivery for the application, if one waits; the one handed out before, if
     /// any, is processed from now on.
-    public mutating func next() -> Frame.Delivery? {
+    package mutating func next() -> Frame.Delivery? {
         self.markHandedOutProcessed()
         guard let next = self.waiting.popFirst() else { return nil }
         self.handedOut = next
@@ -95,7 +95,7 @@ public struct InboxMachine: Sendable {
 
     /// The application says it processed the delivery with this sequence.
     /// - Returns: `false` if that delivery was not handed out (and is not processed already).
-    public mutating func acknowledge(_ sequence: UInt64) -> Bool {
+    package mutating func acknowledge(_ sequence: UInt64) -> Bool {
         if sequence <= self.processed { return true }
         guard self.handedOut?.sequence == sequence else { return false }
         self.markHandedOutProcessed()
@@ -104,7 +104,7 @@ public struct InboxMachine: Sendable {
 
     /// The application stopped consuming (its loop ended, or threw): the delivery it held, not
     /// acknowledged, goes back to the front, to be handed out again.
-    public mutating func consumerStopped() {
+    package mutating func consumerStopped() {
         guard let held = self.handedOut else { return }
         self.handedOut = nil
         self.waiting.prepend(held)
@@ -122,7 +122,7 @@ public struct InboxMachine: Sendable {
     // MARK: Checkpoints and acknowledgements
 
     /// The checkpoint to save now, if it changed since it was last taken.
-    public mutating func takeCheckpointToSave() -> DeliveryCheckpoint? {
+    package mutating func takeCheckpointToSave() -> DeliveryCheckpoint? {
         guard self.dirty, let epoch = self.epoch else { return nil }
         self.dirty = false
         return DeliveryCheckpoint(epoch: epoch, lastSequence: self.processed)
@@ -130,14 +130,14 @@ public struct InboxMachine: Sendable {
 
     /// A checkpoint taken with ``takeCheckpointToSave()`` is stored durably.
     /// - Returns: The sequence to acknowledge (DELIVERY_ACK) on the attached connection, if any.
-    public mutating func checkpointSaved(_ checkpoint: DeliveryCheckpoint) -> UInt64? {
+    package mutating func checkpointSaved(_ checkpoint: DeliveryCheckpoint) -> UInt64? {
         guard checkpoint.epoch == self.epoch else { return nil }  // the epoch changed meanwhile
         self.saved = max(self.saved, checkpoint.lastSequence)
         return self.acknowledgementDue()
     }
 
     /// Saving a checkpoint failed: it will be taken again.
-    public mutating func checkpointFailed() {
+    package mutating func checkpointFailed() {
         self.dirty = true
     }
 
@@ -145,7 +145,7 @@ public struct InboxMachine: Sendable {
     /// `resume`.
     /// - Returns: The sequence to acknowledge on it at once, if the saved checkpoint is past
     ///   what its HELLO said.
-    public mutating func attached(epoch: UInt64, resume: Frame.Hello.Resume?) -> UInt64? {
+    package mutating func attached(epoch: UInt64, resume: Frame.Hello.Resume?) -> UInt64? {
         self.adopt(epoch)
         let acknowledged = resume.flatMap { $0.epoch == epoch ? $0.lastSequence : nil } ?? 0
         self.connection = (epoch, acknowledged)
@@ -153,7 +153,7 @@ public struct InboxMachine: Sendable {
     }
 
     /// The connection closed.
-    public mutating func detached() {
+    package mutating func detached() {
         self.connection = nil
     }
 

@@ -7,8 +7,8 @@
 ///         └──────── ERROR / violation / close ─────────────┴──▶ closed
 /// ```
 /// The machine classifies each inbound frame into an ``InboundAction`` for its handler.
-public struct ClientSessionStateMachine: Sendable {
-    public enum Phase: Hashable, Sendable {
+package struct ClientSessionStateMachine: Sendable {
+    package enum Phase: Hashable, Sendable {
         case awaitingWelcome
         case established(Handshake.Negotiated)
         case draining(Handshake.Negotiated)
@@ -16,7 +16,7 @@ public struct ClientSessionStateMachine: Sendable {
     }
 
     /// What the handler must do with an inbound frame.
-    public enum InboundAction: Hashable, Sendable {
+    package enum InboundAction: Hashable, Sendable {
         /// The handshake succeeded with these parameters.
         case established(Handshake.Negotiated)
         /// Complete the request with this id.
@@ -42,16 +42,16 @@ public struct ClientSessionStateMachine: Sendable {
         case ignore
     }
 
-    public private(set) var phase: Phase = .awaitingWelcome
+    package private(set) var phase: Phase = .awaitingWelcome
     /// The HELLO this client sent, against which the WELCOME is checked.
-    public let hello: Frame.Hello
+    package let hello: Frame.Hello
 
-    public init(hello: Frame.Hello) {
+    package init(hello: Frame.Hello) {
         self.hello = hello
     }
 
     /// The negotiated parameters once established.
-    public var negotiated: Handshake.Negotiated? {
+    package var negotiated: Handshake.Negotiated? {
         switch self.phase {
         case .established(let negotiated), .draining(let negotiated): negotiated
         case .awaitingWelcome, .closed: nil
@@ -59,14 +59,14 @@ public struct ClientSessionStateMachine: Sendable {
     }
 
     /// Whether a new request may be sent on this connection.
-    public var acceptsRequests: Bool {
+    package var acceptsRequests: Bool {
         if case .established = self.phase { return true }
         return false
     }
 
     /// The flags to set on every outbound frame.
     @inlinable
-    public var outboundFlags: FrameFlags {
+    package var outboundFlags: FrameFlags {
         switch self.phase {
         case .awaitingWelcome: [.checksum]  // HELLO always carries a checksum
         case .established(let negotiated), .draining(let negotiated): negotiated.checksums ? [.checksum] : []
@@ -75,7 +75,7 @@ public struct ClientSessionStateMachine: Sendable {
     }
 
     /// Classifies an inbound frame.
-    public mutating func received(_ frame: Frame) -> InboundAction {
+    package mutating func received(_ frame: Frame) -> InboundAction {
         switch self.phase {
         case .closed:
             return .ignore
@@ -141,14 +141,14 @@ public struct ClientSessionStateMachine: Sendable {
     }
 
     /// The client decided to stop sending requests (it is shutting down).
-    public mutating func drain() {
+    package mutating func drain() {
         if case .established(let negotiated) = self.phase {
             self.phase = .draining(negotiated)
         }
     }
 
     /// The connection closed.
-    public mutating func closed() {
+    package mutating func closed() {
         self.phase = .closed
     }
 

@@ -25,17 +25,17 @@
 ///   one instead of backing off; when one comes back it connects at once, with the backoff
 ///   reset; when the path changes under an established connection, it closes it and
 ///   reconnects at once.
-public struct ConnectivityStateMachine: Sendable {
+package struct ConnectivityStateMachine: Sendable {
     /// The machine's fixed inputs.
-    public struct Configuration: Sendable, Hashable {
+    package struct Configuration: Sendable, Hashable {
         /// The endpoints, in order of preference; at least one.
-        public var endpoints: [Endpoint]
+        package var endpoints: [Endpoint]
         /// Delays between failed attempts.
-        public var backoff: Backoff
+        package var backoff: Backoff
         /// A connection that lasts this long counts as stable and resets the failure count.
-        public var stableAfter: Duration
+        package var stableAfter: Duration
 
-        public init(endpoints: [Endpoint], backoff: Backoff, stableAfter: Duration) {
+        package init(endpoints: [Endpoint], backoff: Backoff, stableAfter: Duration) {
             precondition(!endpoints.isEmpty, "at least one endpoint is required")
             self.endpoints = endpoints
             self.backoff = backoff
@@ -44,7 +44,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// Where the client is in its lifecycle.
-    public enum State: Hashable, Sendable {
+    package enum State: Hashable, Sendable {
         case idle
         case connecting(Endpoint, attempt: Int)
         case connected(Endpoint)
@@ -57,7 +57,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// What the driver's run loop does next.
-    public enum Action: Hashable, Sendable {
+    package enum Action: Hashable, Sendable {
         /// Open a connection to the endpoint and complete the handshake.
         case connect(Endpoint, attempt: Int)
         /// Wait this long, then report ``ConnectivityStateMachine/backoffElapsed()``.
@@ -71,7 +71,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// What the driver does with a connection that just completed its handshake.
-    public enum ConnectedAction: Hashable, Sendable {
+    package enum ConnectedAction: Hashable, Sendable {
         /// Serve it: it is the client's connection now.
         case serve
         /// Close it: the client shut down while it was connecting.
@@ -79,7 +79,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// What the driver does when the network path changed.
-    public enum PathAction: Hashable, Sendable {
+    package enum PathAction: Hashable, Sendable {
         /// Nothing.
         case none
         /// Connect now: a network came back while the run loop waited (for a path, or in a
@@ -91,7 +91,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// What the driver does when the client shuts down.
-    public enum ShutdownAction: Hashable, Sendable {
+    package enum ShutdownAction: Hashable, Sendable {
         /// Nothing: it was shut down already.
         case none
         /// Close the current connection once its requests are answered; the run loop stops
@@ -101,7 +101,7 @@ public struct ConnectivityStateMachine: Sendable {
         case stop
     }
 
-    public private(set) var state: State = .idle
+    package private(set) var state: State = .idle
     private let configuration: Configuration
     private var generator: SplitMix64
     /// Index of the endpoint that worked last, where the next round starts.
@@ -115,7 +115,7 @@ public struct ConnectivityStateMachine: Sendable {
     /// GOAWAY's instructions, applied when the draining connection closes.
     private var goAway: (retryAfter: Duration, alternate: Endpoint?)?
     /// The last network path reported; `nil` until a monitor reports one (assumed available).
-    public private(set) var path: NetworkPath?
+    package private(set) var path: NetworkPath?
     /// The connection is closing because the path changed: reconnect without delay.
     private var reconnectAtOnce = false
 
@@ -123,16 +123,16 @@ public struct ConnectivityStateMachine: Sendable {
     /// - Parameters:
     ///   - configuration: Endpoints, backoff and stability threshold.
     ///   - generator: The source of jitter; fix its seed in tests.
-    public init(configuration: Configuration, generator: SplitMix64 = SplitMix64()) {
+    package init(configuration: Configuration, generator: SplitMix64 = SplitMix64()) {
         self.configuration = configuration
         self.generator = generator
     }
 
     /// The number of failed attempts since the last stable connection.
-    public var failures: Int { self.consecutiveFailures }
+    package var failures: Int { self.consecutiveFailures }
 
     /// The client starts.
-    public mutating func start() -> Action {
+    package mutating func start() -> Action {
         switch self.state {
         case .idle:
             return self.connect(to: self.configuration.endpoints[self.preferredIndex])
@@ -145,7 +145,7 @@ public struct ConnectivityStateMachine: Sendable {
 
     /// The connection attempt succeeded, including the handshake.
     /// - Parameter winner: The endpoint that answered, if the attempt raced several.
-    public mutating func connectSucceeded(via winner: Endpoint? = nil) -> ConnectedAction {
+    package mutating func connectSucceeded(via winner: Endpoint? = nil) -> ConnectedAction {
         switch self.state {
         case .connecting(let attempted, _):
             let endpoint = winner ?? attempted
@@ -165,7 +165,7 @@ public struct ConnectivityStateMachine: Sendable {
     /// The connection attempt failed (refused, timed out, or the handshake failed).
     /// - Parameter elapsed: How long the attempt took. Backoff delays count from the start of
     ///   the attempt: one that timed out after 5 s already spaced the attempts by 5 s.
-    public mutating func connectFailed(after elapsed: Duration = .zero) -> Action {
+    package mutating func connectFailed(after elapsed: Duration = .zero) -> Action {
         switch self.state {
         case .connecting(let endpoint, _):
             if self.offline {
@@ -203,7 +203,7 @@ public struct ConnectivityStateMachine: Sendable {
     ///   - retryAfter: How long to wait after the connection closed before connecting again.
     ///   - alternate: Where to connect next, if the gateway named a place.
     /// - Returns: Whether to stop sending new requests on the connection (it was the one in use).
-    public mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Bool {
+    package mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Bool {
         switch self.state {
         case .connected(let endpoint):
             self.goAway = (retryAfter, alternate)
@@ -219,7 +219,7 @@ public struct ConnectivityStateMachine: Sendable {
 
     /// The established connection closed.
     /// - Parameter uptime: How long the connection was established.
-    public mutating func connectionClosed(uptime: Duration) -> Action {
+    package mutating func connectionClosed(uptime: Duration) -> Action {
         let endpoint: Endpoint
         switch self.state {
         case .connected(let current), .draining(let current):
@@ -269,7 +269,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// The delay of a ``Action/backOff(_:next:)`` passed.
-    public mutating func backoffElapsed() -> Action {
+    package mutating func backoffElapsed() -> Action {
         switch self.state {
         case .backingOff(_, let next):
             return self.connect(to: next)
@@ -285,7 +285,7 @@ public struct ConnectivityStateMachine: Sendable {
     ///   waited (for a path, or in a backoff: the rest of the delay is skipped);
     ///   ``PathAction/closeConnection`` when the path changed under the established connection
     ///   (``connectionClosed(uptime:)`` then reconnects at once); otherwise ``PathAction/none``.
-    public mutating func pathChanged(_ path: NetworkPath) -> PathAction {
+    package mutating func pathChanged(_ path: NetworkPath) -> PathAction {
         let previous = self.path
         self.path = path
         guard path.isAvailable else { return .none }  // attempts wait for a path from now on
@@ -305,7 +305,7 @@ public struct ConnectivityStateMachine: Sendable {
     }
 
     /// The client shuts down.
-    public mutating func shutdown() -> ShutdownAction {
+    package mutating func shutdown() -> ShutdownAction {
         switch self.state {
         case .connected, .draining:
             self.state = .shutDown

@@ -13,7 +13,7 @@
 /// for id in deadlines.popExpired(at: now) { fail(id) }
 /// if let next = deadlines.earliest { armTimer(at: next) }
 /// ```
-public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
+package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     @usableFromInline
     struct Entry {
         @usableFromInline var deadline: Instant
@@ -33,23 +33,23 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     @usableFromInline var live: [Key: Instant] = [:]
 
     @inlinable
-    public init() {}
+    package init() {}
 
     /// The number of keys with a deadline.
     @inlinable
-    public var count: Int { self.live.count }
+    package var count: Int { self.live.count }
 
     /// Whether no key has a deadline.
     @inlinable
-    public var isEmpty: Bool { self.live.isEmpty }
+    package var isEmpty: Bool { self.live.isEmpty }
 
     /// The deadline of `key`, if it has one.
     @inlinable
-    public func deadline(of key: Key) -> Instant? { self.live[key] }
+    package func deadline(of key: Key) -> Instant? { self.live[key] }
 
     /// Sets `key`'s deadline, replacing any earlier one.
     @inlinable
-    public mutating func insert(_ key: Key, deadline: Instant) {
+    package mutating func insert(_ key: Key, deadline: Instant) {
         self.live[key] = deadline
         self.push(Entry(deadline: deadline, key: key))
         self.compactIfNeeded()
@@ -59,7 +59,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     /// - Returns: Whether it had one.
     @inlinable
     @discardableResult
-    public mutating func remove(_ key: Key) -> Bool {
+    package mutating func remove(_ key: Key) -> Bool {
         guard self.live.removeValue(forKey: key) != nil else { return false }
         if self.live.isEmpty {
             self.heap.removeAll(keepingCapacity: self.heap.count <= 1024)
@@ -69,7 +69,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// The earliest live deadline, or `nil` if there is none.
     @inlinable
-    public var earliest: Instant? {
+    package var earliest: Instant? {
         mutating get {
             self.dropStaleTop()
             return self.heap.first?.deadline
@@ -78,7 +78,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// Removes and returns the keys whose deadline is at or before `now`, earliest first.
     @inlinable
-    public mutating func popExpired(at now: Instant) -> [Key] {
+    package mutating func popExpired(at now: Instant) -> [Key] {
         var expired: [Key] = []
         while true {
             self.dropStaleTop()
@@ -93,7 +93,7 @@ public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     /// Forgets every deadline.
     /// - Returns: The keys that had one.
     @inlinable
-    public mutating func removeAll() -> [Key] {
+    package mutating func removeAll() -> [Key] {
         let keys = Array(self.live.keys)
         self.live.removeAll()
         self.heap.removeAll()

@@ -11,31 +11,31 @@
 /// penalties.penalize(a, at: .now)
 /// penalties.order([a, b, c], from: a, at: .now)   // [b, c, a]
 /// ```
-public struct EndpointPenalties<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
+package struct EndpointPenalties<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     /// How long a penalty lasts.
-    public var duration: Duration
+    package var duration: Duration
     private var until: [Endpoint: Instant] = [:]
 
-    public init(duration: Duration) {
+    package init(duration: Duration) {
         precondition(duration >= .zero, "an endpoint penalty must not be negative")
         self.duration = duration
     }
 
     /// `endpoint` failed fast at `now`: it goes last until `now + duration`.
-    public mutating func penalize(_ endpoint: Endpoint, at now: Instant) {
+    package mutating func penalize(_ endpoint: Endpoint, at now: Instant) {
         guard self.duration > .zero else { return }
         self.until[endpoint] = now.advanced(by: self.duration)
     }
 
     /// Whether `endpoint` is penalized at `now`.
-    public func isPenalized(_ endpoint: Endpoint, at now: Instant) -> Bool {
+    package func isPenalized(_ endpoint: Endpoint, at now: Instant) -> Bool {
         self.until[endpoint].map { $0 > now } ?? false
     }
 
     /// The order an attempt starting at `first` tries `endpoints` in: the list rotated to start
     /// at `first` (or `first`, then the list, if it is not in it), with the penalized endpoints
     /// moved to the end in that same order. Expired penalties are forgotten.
-    public mutating func order(_ endpoints: [Endpoint], from first: Endpoint, at now: Instant) -> [Endpoint] {
+    package mutating func order(_ endpoints: [Endpoint], from first: Endpoint, at now: Instant) -> [Endpoint] {
         self.until = self.until.filter { $0.value > now }
         let rotation =
             endpoints.firstIndex(of: first).map { Array(endpoints[$0...] + endpoints[..<$0]) } ?? [first] + endpoints

@@ -14,8 +14,8 @@
 ///
 /// The machine classifies frames; the requests in flight are its owner's (the gateway's
 /// connection machine keeps them, with their deadlines and handlers).
-public struct GatewaySessionStateMachine: Sendable {
-    public enum Phase: Hashable, Sendable {
+package struct GatewaySessionStateMachine: Sendable {
+    package enum Phase: Hashable, Sendable {
         case awaitingHello
         case negotiating
         case established(Handshake.Negotiated)
@@ -24,7 +24,7 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     /// What the handler must do with an inbound frame.
-    public enum InboundAction: Hashable, Sendable {
+    package enum InboundAction: Hashable, Sendable {
         /// Pass the HELLO to the application layer, which authenticates and answers it.
         case forwardHello(Frame.Hello)
         /// Pass the request to the application layer.
@@ -47,12 +47,12 @@ public struct GatewaySessionStateMachine: Sendable {
         case ignore
     }
 
-    public private(set) var phase: Phase = .awaitingHello
+    package private(set) var phase: Phase = .awaitingHello
 
-    public init() {}
+    package init() {}
 
     /// The negotiated parameters once established.
-    public var negotiated: Handshake.Negotiated? {
+    package var negotiated: Handshake.Negotiated? {
         switch self.phase {
         case .established(let negotiated), .draining(let negotiated): negotiated
         case .awaitingHello, .negotiating, .closed: nil
@@ -61,7 +61,7 @@ public struct GatewaySessionStateMachine: Sendable {
 
     /// The flags to set on every outbound frame.
     @inlinable
-    public var outboundFlags: FrameFlags {
+    package var outboundFlags: FrameFlags {
         switch self.phase {
         case .awaitingHello, .negotiating: [.checksum]  // WELCOME and handshake errors carry checksums
         case .established(let negotiated), .draining(let negotiated): negotiated.checksums ? [.checksum] : []
@@ -70,7 +70,7 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     /// Classifies an inbound frame.
-    public mutating func received(_ frame: Frame) -> InboundAction {
+    package mutating func received(_ frame: Frame) -> InboundAction {
         switch self.phase {
         case .closed:
             return .ignore
@@ -141,14 +141,14 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     /// The WELCOME was sent: the connection is established.
-    public mutating func welcomeSent(_ negotiated: Handshake.Negotiated) {
+    package mutating func welcomeSent(_ negotiated: Handshake.Negotiated) {
         if case .negotiating = self.phase {
             self.phase = .established(negotiated)
         }
     }
 
     /// What to do when the gateway wants a connection gone.
-    public enum DrainAction: Hashable, Sendable {
+    package enum DrainAction: Hashable, Sendable {
         /// Send GOAWAY and wait for the client to close (bounded by the grace period).
         case sendGoAway
         /// Send GOAWAY and close at once: the handshake had not completed, no request can be in flight.
@@ -158,7 +158,7 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     /// The gateway wants this connection gone.
-    public mutating func drain() -> DrainAction {
+    package mutating func drain() -> DrainAction {
         switch self.phase {
         case .established(let negotiated):
             self.phase = .draining(negotiated)
@@ -172,7 +172,7 @@ public struct GatewaySessionStateMachine: Sendable {
     }
 
     /// The connection closed.
-    public mutating func closed() {
+    package mutating func closed() {
         self.phase = .closed
     }
 

@@ -1,4 +1,4 @@
-public import NIOCore
+package import NIOCore
 
 /// Decides when to PING and when a silent link is dead.
 ///
@@ -31,27 +31,27 @@ public import NIOCore
 /// case .none: break
 /// }
 /// ```
-public struct HeartbeatStateMachine: Sendable {
+package struct HeartbeatStateMachine: Sendable {
     /// How the machine paces and judges the link.
-    public struct Configuration: Sendable, Hashable {
+    package struct Configuration: Sendable, Hashable {
         /// The longest the link may be idle in either direction before a PING is sent.
-        public var interval: TimeAmount
+        package var interval: TimeAmount
         /// Each interval is shortened by up to this fraction (0 to 0.5), at random.
-        public var jitter: Double
+        package var jitter: Double
         /// The PONG timeout's estimator: its initial timeout is used until a PONG is measured,
         /// and its minimum and maximum bound the derived timeout.
-        public var timeout: RTTEstimator
+        package var timeout: RTTEstimator
         /// A timer at least this late means a suspension; `nil` turns the detection off.
-        public var suspensionThreshold: TimeAmount?
+        package var suspensionThreshold: TimeAmount?
         /// How long the probe sent after a suspension waits for an answer.
-        public var probeTimeout: TimeAmount
+        package var probeTimeout: TimeAmount
         /// While the link is in use (the last frame sent is newer than the last one received,
         /// so an answer may be due), a silence this long is probed with a PING at once instead
         /// of after `interval`: a TCP connection stuck in retransmission backoff on a lossy link
         /// is found in seconds, not left to the kernel's growing timer. `nil` turns this off.
-        public var stallInterval: TimeAmount?
+        package var stallInterval: TimeAmount?
 
-        public init(
+        package init(
             interval: TimeAmount,
             jitter: Double = 0,
             timeout: RTTEstimator,
@@ -72,7 +72,7 @@ public struct HeartbeatStateMachine: Sendable {
     }
 
     /// What the driver must do when the timer fires.
-    public enum TimerAction: Hashable, Sendable {
+    package enum TimerAction: Hashable, Sendable {
         case none
         /// Send a PING with this id.
         case sendPing(id: UInt64)
@@ -82,14 +82,14 @@ public struct HeartbeatStateMachine: Sendable {
 
     /// A PING sent after the link was silent both ways for about a whole interval: since the
     /// previous PING's answer, which came up to one PONG timeout after it, nothing else passed.
-    public struct IdleProbe: Sendable, Hashable {
+    package struct IdleProbe: Sendable, Hashable {
         /// The heartbeat interval in force when it was sent (before jitter).
-        public var interval: TimeAmount
+        package var interval: TimeAmount
         /// How long the link had been silent both ways.
-        public var silence: TimeAmount
+        package var silence: TimeAmount
     }
 
-    public private(set) var configuration: Configuration
+    package private(set) var configuration: Configuration
     private var generator: SplitMix64
 
     private var lastReceived: NIODeadline
@@ -106,18 +106,18 @@ public struct HeartbeatStateMachine: Sendable {
     private var idleProbe: IdleProbe?
 
     /// The most recent round-trip time measured by a PING and its PONG.
-    public private(set) var lastRoundTrip: TimeAmount?
+    package private(set) var lastRoundTrip: TimeAmount?
     /// How many suspensions (late timers) were detected.
-    public private(set) var suspensions = 0
+    package private(set) var suspensions = 0
 
     /// The longest the link may be idle in either direction before a PING is sent.
-    public var interval: TimeAmount { self.configuration.interval }
+    package var interval: TimeAmount { self.configuration.interval }
 
     /// How long a PING waits for an answer now: derived from the round trips measured so far.
-    public var timeout: TimeAmount { TimeAmount(self.configuration.timeout.retransmissionTimeout) }
+    package var timeout: TimeAmount { TimeAmount(self.configuration.timeout.retransmissionTimeout) }
 
     /// Creates a machine for a link that was just established.
-    public init(configuration: Configuration, now: NIODeadline, generator: SplitMix64 = SplitMix64()) {
+    package init(configuration: Configuration, now: NIODeadline, generator: SplitMix64 = SplitMix64()) {
         self.configuration = configuration
         self.generator = generator
         self.lastReceived = now
@@ -127,14 +127,14 @@ public struct HeartbeatStateMachine: Sendable {
     }
 
     /// A machine with a fixed interval and PONG timeout, no jitter and no suspension detection.
-    public init(interval: TimeAmount, timeout: TimeAmount, now: NIODeadline) {
+    package init(interval: TimeAmount, timeout: TimeAmount, now: NIODeadline) {
         precondition(interval > .zero && timeout > .zero, "heartbeat interval and timeout must be positive")
         let fixed = RTTEstimator(initialTimeout: Duration(timeout), minimumTimeout: Duration(timeout), maximumTimeout: Duration(timeout))
         self.init(configuration: Configuration(interval: interval, timeout: fixed), now: now)
     }
 
     /// When the driver's timer must fire next.
-    public var nextDeadline: NIODeadline {
+    package var nextDeadline: NIODeadline {
         if let awaiting = self.awaiting {
             return awaiting.since + awaiting.timeout
         }
@@ -147,13 +147,13 @@ public struct HeartbeatStateMachine: Sendable {
 
     /// The unanswered PING, if it was sent after a whole interval of silence both ways. If the
     /// link dies now, the path probably forgot the idle connection.
-    public var outstandingIdleProbe: IdleProbe? { self.idleProbe }
+    package var outstandingIdleProbe: IdleProbe? { self.idleProbe }
 
     /// A frame arrived.
     /// - Returns: The idle probe this frame answers, if one was outstanding: the path kept the
     ///   connection through that much silence.
     @discardableResult
-    public mutating func frameReceived(at now: NIODeadline) -> IdleProbe? {
+    package mutating func frameReceived(at now: NIODeadline) -> IdleProbe? {
         self.lastReceived = now
         self.awaiting = nil
         defer { self.idleProbe = nil }
@@ -161,7 +161,7 @@ public struct HeartbeatStateMachine: Sendable {
     }
 
     /// A frame was sent.
-    public mutating func frameSent(at now: NIODeadline) {
+    package mutating func frameSent(at now: NIODeadline) {
         self.lastSent = now
     }
 
@@ -169,7 +169,7 @@ public struct HeartbeatStateMachine: Sendable {
     /// - Returns: The round-trip time, if the PONG answers the last PING; it also refines the
     ///   PONG timeout.
     @discardableResult
-    public mutating func pongReceived(id: UInt64, at now: NIODeadline) -> TimeAmount? {
+    package mutating func pongReceived(id: UInt64, at now: NIODeadline) -> TimeAmount? {
         guard let probe = self.probe, probe.id == id else { return nil }
         self.probe = nil
         let roundTrip = now - probe.sentAt
@@ -183,7 +183,7 @@ public struct HeartbeatStateMachine: Sendable {
     /// - Parameters:
     ///   - interval: The new interval.
     ///   - jitter: A new jitter fraction (0 to 0.5), or `nil` to keep the current one.
-    public mutating func setInterval(_ interval: TimeAmount, jitter: Double? = nil) {
+    package mutating func setInterval(_ interval: TimeAmount, jitter: Double? = nil) {
         precondition(interval > .zero, "heartbeat interval must be positive")
         if let jitter {
             precondition((0...0.5).contains(jitter), "heartbeat jitter must be between 0 and 0.5")
@@ -196,13 +196,13 @@ public struct HeartbeatStateMachine: Sendable {
     /// Probes the link at once, judged with the adaptive timeout: the app came back to the
     /// foreground, say, and wants to know now whether the connection survived.
     /// - Returns: The PING to send, or `.none` if one is already awaiting its answer.
-    public mutating func probeNow(at now: NIODeadline) -> TimerAction {
+    package mutating func probeNow(at now: NIODeadline) -> TimerAction {
         guard self.awaiting == nil else { return .none }
         return self.ping(at: now, timeout: self.timeout, idleProbe: nil)
     }
 
     /// The driver's timer fired.
-    public mutating func timerFired(at now: NIODeadline) -> TimerAction {
+    package mutating func timerFired(at now: NIODeadline) -> TimerAction {
         let due = self.nextDeadline
         guard now >= due else { return .none }
         if let threshold = self.configuration.suspensionThreshold, now - due >= threshold {

@@ -2,19 +2,19 @@
 ///
 /// State machines take one of these instead of reading the system's randomness, so that a
 /// test can fix the seed and predict every delay.
-public struct SplitMix64: RandomNumberGenerator, Sendable, Hashable {
+package struct SplitMix64: RandomNumberGenerator, Sendable, Hashable {
     private var state: UInt64
 
     /// Creates a generator with a fixed seed.
-    public init(seed: UInt64) { self.state = seed }
+    package init(seed: UInt64) { self.state = seed }
 
     /// Creates a generator seeded from the system's random source.
-    public init() {
+    package init() {
         var system = SystemRandomNumberGenerator()
         self.state = system.next()
     }
 
-    public mutating func next() -> UInt64 {
+    package mutating func next() -> UInt64 {
         self.state &+= 0x9E37_79B9_7F4A_7C15
         var z = self.state
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
@@ -23,7 +23,7 @@ public struct SplitMix64: RandomNumberGenerator, Sendable, Hashable {
     }
 
     /// A uniformly distributed value in `0..<1`.
-    public mutating func nextUnit() -> Double {
+    package mutating func nextUnit() -> Double {
         Double(self.next() >> 11) * (1.0 / 9_007_199_254_740_992.0)
     }
 }

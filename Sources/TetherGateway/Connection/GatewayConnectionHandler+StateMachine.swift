@@ -48,9 +48,24 @@ extension GatewayConnectionHandler {
         }
 
         let configuration: Configuration
-        private(set) var session = GatewaySessionStateMachine()
+        private(set) var session = GatewaySessionStateMachine() {
+            didSet {
+                self.outboundFlags = self.session.outboundFlags
+                self.peerMaxBodySize = self.session.negotiated?.peerMaxBodySize
+            }
+        }
+        // What the handler reads on every frame is stored, not computed: a computed property of
+        // a struct held by a class is read from a copy of the whole struct.
+        /// The flags every outbound frame carries now.
+        private(set) var outboundFlags = GatewaySessionStateMachine().outboundFlags
+        /// The largest body the client accepts, once the WELCOME went out.
+        private(set) var peerMaxBodySize: Int?
+        /// Requests read and not yet answered, cancelled or closed.
+        private(set) var requestsInFlight = 0
         private var hello: Frame.Hello?
-        private var requests: [UInt64: Request] = [:]
+        private var requests: [UInt64: Request] = [:] {
+            didSet { self.requestsInFlight = self.requests.count }
+        }
         /// Requests read while every slot was taken. Made on first use: an empty buffer already
         /// reserves room for 16, more than an idle connection needs in all.
         private var waiting: CircularBuffer<Frame.Request>?
@@ -82,22 +97,13 @@ extension GatewayConnectionHandler {
             self.handshakeDeadline = now + configuration.handshakeTimeout
         }
 
-        /// The flags every outbound frame carries now.
-        var outboundFlags: FrameFlags { self.session.outboundFlags }
-
-        /// The negotiated parameters, once the WELCOME went out.
-        var negotiated: Handshake.Negotiated? { self.session.negotiated }
-
-        /// Requests read and not yet answered, cancelled or closed.
-        var requestsInFlight: Int { self.requests.count }
-
         /// When the handler's one timer must fire next.
         var nextDeadline: NIODeadline? {
             mutating get {
                 var next = self.timers.earliest
-                for deadline in [self.handshakeDeadline, self.graceDeadline, self.idleDeadline] {
-                    if let deadline { next = min(next ?? deadline, deadline) }
-                }
+                if let handshake = self.handshakeDeadline { next = min(next ?? handshake, handshake) }
+                if let grace = self.graceDeadline { next = min(next ?? grace, grace) }
+                if let idle = self.idleDeadline { next = min(next ?? idle, idle) }
                 return next
             }
         }
@@ -356,7 +362,7 @@ extension GatewayConnectionHandler {
         /// Whether a push of `size` bytes may go out now.
         mutating func admitPush(_ push: Frame.Push) -> PushAdmission {
             guard !self.closing else { return .closing }
-            guard let limit = self.session.negotiated?.peerMaxBodySize else {
+            guard let limit = self.peerMaxBodySize else {
                 self.heldPushes.append(push)
                 return .held
             }

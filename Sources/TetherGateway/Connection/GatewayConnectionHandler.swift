@@ -343,7 +343,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.pushes?.drain()
         guard self.machine.responseReady(response.id) else { return }
         let size = response.bodySize
-        if let limit = self.machine.negotiated?.peerMaxBodySize, size > limit {
+        if let limit = self.machine.peerMaxBodySize, size > limit {
             self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
             self.write(
                 .response(
@@ -412,7 +412,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     ///   `false` if nothing was written, or a flush is already owed.
     func deliver(_ push: EncodedPush) -> Bool {
         guard let context, !self.machine.closing else { return false }
-        if self.writer.framing == .byteStream, let limit = self.machine.negotiated?.peerMaxBodySize, push.largestBody <= limit {
+        if self.writer.framing == .byteStream, let limit = self.machine.peerMaxBodySize, push.largestBody <= limit {
             guard self.keepsUp(context: context) else { return false }
             if let joined = self.writer.take() { context.write(Self.wrapOutboundOut(joined), promise: nil) }
             let bytes = self.machine.outboundFlags.contains(.checksum) ? push.checksummed : push.plain

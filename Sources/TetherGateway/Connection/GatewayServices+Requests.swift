@@ -29,7 +29,7 @@ extension GatewayServices {
     /// method` if nothing handles it (`handler` is `nil`). Called on the connection's event loop.
     func answerInline(_ request: Frame.Request, handler: Gateway.InlineHandler?, scope: ConnectionScope) -> Frame.Response {
         guard let handler else {
-            return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for method '\(request.method)'")
+            return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for '\(request.method)'")
         }
         let context = RequestContext(scope: scope, request: (request.id, request.method))
         let outcome: Outcome

@@ -225,6 +225,21 @@ struct BackoffTests {
             #expect(throws: EndpointParseError.self, "\(bad)") { try Endpoint(parsing: bad) }
         }
     }
+
+    @Test("endpoints parse as tether:// URLs too; another scheme or a path is a clear error")
+    func endpointURLs() throws {
+        #expect(try Endpoint(parsing: "tether://gw.example.com:7700") == Endpoint(host: "gw.example.com", port: 7700))
+        #expect(try Endpoint(parsing: "TETHER://[::1]:80/") == Endpoint(host: "::1", port: 80))
+        for (bad, reason) in [("ws://gw:80/tether", "scheme 'ws'"), ("tether://gw:80/path", "no path"), ("tether://gw", "host:port")] {
+            do {
+                _ = try Endpoint(parsing: bad)
+                Issue.record("\(bad) must not parse")
+            } catch {
+                #expect(error.reason.contains(reason), "\(bad): \(error.reason)")
+                #expect(error.text == bad, "the error names the whole text")
+            }
+        }
+    }
 }
 
 @Suite("Connectivity state machine, network path")

@@ -55,10 +55,30 @@ struct HandshakeTests {
         #expect(throws: ProtocolError.self) { try Handshake.accept(hello, policy: policy, connectionID: 1).get() }
     }
 
+    @Test("a client offering reliable delivery without an outbox epoch is refused, where the gateway offers it")
+    func reliableNeedsOutboxEpoch() throws {
+        var hello = sampleHello
+        hello.features = [.checksum, .reliableDelivery]
+        var policy = samplePolicy
+        policy.features = [.checksum, .reliableDelivery]
+        policy.deliveryEpoch = 7
+        guard case .failure(let error) = Handshake.accept(hello, policy: policy, connectionID: 1) else {
+            Issue.record("expected a refusal")
+            return
+        }
+        #expect(error.code == .protocolError && error.message.contains("outbox epoch"))
+        hello.outboxEpoch = 3
+        #expect(try Handshake.accept(hello, policy: policy, connectionID: 1).get().0.features.contains(.reliableDelivery))
+        hello.outboxEpoch = nil
+        policy.deliveryEpoch = nil  // a gateway without reliable delivery ignores the offer
+        #expect(try Handshake.accept(hello, policy: policy, connectionID: 1).get().0.features == .checksum)
+    }
+
     @Test("reliable delivery is negotiated only with a delivery epoch; a WELCOME without one is refused")
     func reliableNeedsEpoch() throws {
         var hello = sampleHello
         hello.features = [.checksum, .reliableDelivery]
+        hello.outboxEpoch = 1
         var policy = samplePolicy
         policy.features = [.checksum, .reliableDelivery]
         let (plain, _) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
@@ -175,6 +195,7 @@ struct ClientSessionStateMachineTests {
 
         var hello = sampleHello
         hello.features = [.checksum, .reliableDelivery]
+        hello.outboxEpoch = 1
         var policy = samplePolicy
         policy.features = [.checksum, .reliableDelivery]
         policy.deliveryEpoch = 77
@@ -289,6 +310,7 @@ struct GatewaySessionStateMachineTests {
         }
         var hello = sampleHello
         hello.features = [.checksum, .reliableDelivery]
+        hello.outboxEpoch = 1
         var policy = samplePolicy
         policy.features = [.checksum, .reliableDelivery]
         policy.deliveryEpoch = 77
