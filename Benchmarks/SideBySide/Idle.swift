@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Tether
+import TetherCore
 import TetherNIO
 
 /// Gateway scale: idle connections held with heartbeats, and what each costs the gateway.

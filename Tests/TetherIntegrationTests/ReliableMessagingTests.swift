@@ -280,10 +280,11 @@ extension IntegrationTests {
                 for body in ["a", "b", "c"] { try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: body)) }
 
                 do {  // the first run of the app; its outbox file is released at the end
+                    let outbox = try SQLiteOutboxStore(path: path)
                     let first = try TetherClient(
                         configuration: {
                             var configuration = ClientConfiguration(endpoints: [endpoint], clientID: "bob")
-                            configuration.reliability = try! .init(outbox: try! SQLiteOutboxStore(path: path))
+                            configuration.reliability = try! .init(outbox: outbox)
                             return configuration
                         }(),
                         transport: network.transport,
@@ -305,13 +306,21 @@ extension IntegrationTests {
                     #expect(try await consume(failingOn: "c") == ["b"], "the failed delivery comes first in the next loop")
                     first.shutdown()
                     await run.value
-
+                }
+                // The first client's connection lets go of its outbox as its channel closes, and
+                // the store releases the file's lock at the end of its deinit, on whichever thread
+                // let go last: open the file again once it can be.
+                let reopened = NIOLockedValueBox<SQLiteOutboxStore?>(nil)
+                try await eventually("the first run's outbox file is released") {
+                    guard let store = try? SQLiteOutboxStore(path: path) else { return false }
+                    reopened.withLockedValue { $0 = store }
+                    return true
                 }
                 let second = try harness.messagingClient(
                     network: network,
                     endpoint: endpoint,
                     id: "bob",
-                    outbox: try SQLiteOutboxStore(path: path)
+                    outbox: reopened.withLockedValue { $0! }
                 )
                 var iterator = second.deliveries().makeAsyncIterator()
                 let next = try await iterator.next()

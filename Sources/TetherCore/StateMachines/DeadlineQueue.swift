@@ -13,7 +13,7 @@
 /// for id in deadlines.popExpired(at: now) { fail(id) }
 /// if let next = deadlines.earliest { armTimer(at: next) }
 /// ```
-package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
+public struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     @usableFromInline
     struct Entry {
         @usableFromInline var deadline: Instant
@@ -33,23 +33,23 @@ package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     @usableFromInline var live: [Key: Instant] = [:]
 
     @inlinable
-    package init() {}
+    public init() {}
 
     /// The number of keys with a deadline.
     @inlinable
-    package var count: Int { self.live.count }
+    public var count: Int { self.live.count }
 
     /// Whether no key has a deadline.
     @inlinable
-    package var isEmpty: Bool { self.live.isEmpty }
+    public var isEmpty: Bool { self.live.isEmpty }
 
     /// The deadline of `key`, if it has one.
     @inlinable
-    package func deadline(of key: Key) -> Instant? { self.live[key] }
+    public func deadline(of key: Key) -> Instant? { self.live[key] }
 
     /// Sets `key`'s deadline, replacing any earlier one.
     @inlinable
-    package mutating func insert(_ key: Key, deadline: Instant) {
+    public mutating func insert(_ key: Key, deadline: Instant) {
         self.live[key] = deadline
         self.push(Entry(deadline: deadline, key: key))
         self.compactIfNeeded()
@@ -59,7 +59,7 @@ package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     /// - Returns: Whether it had one.
     @inlinable
     @discardableResult
-    package mutating func remove(_ key: Key) -> Bool {
+    public mutating func remove(_ key: Key) -> Bool {
         guard self.live.removeValue(forKey: key) != nil else { return false }
         if self.live.isEmpty {
             self.heap.removeAll(keepingCapacity: self.heap.count <= 1024)
@@ -69,7 +69,7 @@ package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// The earliest live deadline, or `nil` if there is none.
     @inlinable
-    package var earliest: Instant? {
+    public var earliest: Instant? {
         mutating get {
             self.dropStaleTop()
             return self.heap.first?.deadline
@@ -78,7 +78,7 @@ package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
 
     /// Removes and returns the keys whose deadline is at or before `now`, earliest first.
     @inlinable
-    package mutating func popExpired(at now: Instant) -> [Key] {
+    public mutating func popExpired(at now: Instant) -> [Key] {
         var expired: [Key] = []
         while true {
             self.dropStaleTop()
@@ -93,7 +93,7 @@ package struct DeadlineQueue<Key: Hashable, Instant: Comparable> {
     /// Forgets every deadline.
     /// - Returns: The keys that had one.
     @inlinable
-    package mutating func removeAll() -> [Key] {
+    public mutating func removeAll() -> [Key] {
         let keys = Array(self.live.keys)
         self.live.removeAll()
         self.heap.removeAll()

@@ -97,7 +97,7 @@ final class ReliableSession: Sendable {
     // MARK: Processing the client's messages
 
     /// Processes the messages as they arrive, until ``finish()``. Must not be cancelled while
-    /// a batch is under way (see `ConnectionDispatcher`).
+    /// a batch is under way (see `GatewayConnectionHandler`).
     func runProcessor() async {
         for await _ in self.messagesArrived.stream {
             while true {
