@@ -62,7 +62,9 @@ extension IntegrationTests {
                 #expect(!third.lines.contains { $0.hasPrefix("refused") || $0.hasPrefix("expired") })
 
                 let handled = processed.withLockedValue { $0 }
-                try await eventually("bob has everything the gateway processed") { inbox.count >= handled.count }
+                try await eventually("bob has everything the gateway processed (\(handled.count) handler runs)") {
+                    inbox.count >= handled.count
+                }
                 let bodies = inbox.bodies
                 let fromFirst = bodies.prefix { $0.hasPrefix("a-") }.count
                 let fromSecond = bodies.count - fromFirst

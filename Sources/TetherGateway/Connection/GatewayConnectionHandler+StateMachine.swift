@@ -274,14 +274,14 @@ extension GatewayConnectionHandler {
         // MARK: Time limits of other tasks
 
         /// Holds a running task to the handler time limit: past it, `cancel` is called.
+        ///
+        /// Time limits outlive the connection: a batch of reliable messages whose handlers ran
+        /// must still be committed after the connection closed (PROTOCOL.md, section 9.1), so
+        /// its handlers keep running, under their limits, until they end.
         /// - Returns: A token for ``endTimeLimit(_:)``.
         mutating func startTimeLimit(_ cancel: @escaping @Sendable () -> Void, now: NIODeadline) -> UInt64 {
             let token = self.nextTimeLimit
             self.nextTimeLimit += 1
-            guard !self.channelClosed else {
-                cancel()
-                return token
-            }
             self.timeLimited[token] = cancel
             self.timers.insert(.timeLimit(token), deadline: now + self.configuration.handlerTimeout)
             return token
@@ -429,10 +429,8 @@ extension GatewayConnectionHandler {
 
         /// What to settle once the channel closed.
         struct OnClosed {
-            /// The tasks of the handlers still running, to cancel.
+            /// The tasks of the request handlers still running, to cancel.
             var cancel: [Task<Void, Never>] = []
-            /// The cancellations of tasks under a time limit.
-            var cancelLimited: [@Sendable () -> Void] = []
             /// No task is left: the connection is done.
             var done = false
         }
@@ -446,12 +444,11 @@ extension GatewayConnectionHandler {
             self.session.closed()
             var result = OnClosed()
             result.cancel = self.requests.values.compactMap(\.task)
-            result.cancelLimited = Array(self.timeLimited.values)
+            for id in self.requests.keys { self.timers.remove(.request(id)) }
             self.requests.removeAll()
-            self.timeLimited.removeAll()
             self.waiting = nil
             self.heldPushes = []
-            _ = self.timers.removeAll()
+            // The time limits stay, with their deadlines (see ``startTimeLimit(_:now:)``).
             self.handshakeDeadline = nil
             self.graceDeadline = nil
             result.done = self.tasks == 0

@@ -48,6 +48,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     private let pushes: PushBatcher?
     private let logger: Logger
     private var context: ChannelHandlerContext?
+    private let eventLoop: any EventLoop
+    /// The connection's one timer. It keeps running after the channel closed while handlers
+    /// under a time limit still run.
     private var timer = DeadlineTimer()
     /// Between a read from the socket and its `channelReadComplete`: a flush waits for the end
     /// of the read, so that the answers given while reading leave in one write.
@@ -82,6 +85,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.id = id
         self.executor = services.executor(for: eventLoop)
         self.pushes = services.pushBatchers[ObjectIdentifier(eventLoop)]
+        self.eventLoop = eventLoop
         self.logger = logger
     }
 
@@ -98,7 +102,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.context = context
         self.writer = FrameWriter(framing: self.writer.framing, allocator: context.channel.allocator)
         if context.channel.isActive { self.register(context: context) }
-        self.armTimer(context: context)
+        self.armTimer()
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -132,9 +136,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     /// delivery, leave the registry.
     private func closed(context: ChannelHandlerContext) {
         guard let closed = self.machine.closed() else { return }
-        self.timer.cancel()
         for task in closed.cancel { task.cancel() }
-        for cancel in closed.cancelLimited { cancel() }
         self.reliable?.finish()
         self.pump?.cancel()
         self.reliable = nil
@@ -170,7 +172,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         } catch {
             self.violation(error, context: context)
         }
-        self.armTimer(context: context)  // for the deadlines of the requests just read
+        self.armTimer()  // for the deadlines of the requests just read
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -260,7 +262,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.scope = ConnectionScope(connection: session.info, logger: self.logger, gateway: self.services.gateway)
         for push in held { self.write(.push(push), context: context) }
         self.flushNow(context: context)
-        self.armTimer(context: context)
+        self.armTimer()
         if let resume = session.resume, let store = self.services.messageStore, let outbound = self.outbound {
             let reliable = ReliableSession(
                 services: self.services,
@@ -387,12 +389,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
 
     /// Holds a task to the handler time limit (see ``ConnectionOutbound/withTimeLimit(executor:_:)``).
     func startTimeLimit(_ cancel: @escaping @Sendable () -> Void) -> UInt64 {
-        guard let context else {
-            cancel()
-            return 0
-        }
-        let token = self.machine.startTimeLimit(cancel, now: context.eventLoop.now)
-        self.armTimer(context: context)
+        let token = self.machine.startTimeLimit(cancel, now: self.eventLoop.now)
+        self.armTimer()
         return token
     }
 
@@ -475,19 +473,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     // MARK: Time
 
     /// Makes the timer fire at the machine's next deadline, if that is earlier than it fires now.
-    private func armTimer(context: ChannelHandlerContext) {
+    private func armTimer() {
         let next = self.machine.nextDeadline
         guard self.timer.needsArming(at: next) else { return }
-        self.timer.arm(at: next, on: context.eventLoop) { [self] in
+        self.timer.arm(at: next, on: self.eventLoop) { [self] in
             self.timer.fired()
-            guard let context = self.context else { return }
-            self.timerFired(context: context)
+            self.timerFired()
         }
     }
 
-    private func timerFired(context: ChannelHandlerContext) {
-        let due = self.machine.timerFired(now: context.eventLoop.now)
+    private func timerFired() {
+        let due = self.machine.timerFired(now: self.eventLoop.now)
         for cancel in due.cancel { cancel() }
+        defer { self.armTimer() }
+        guard let context = self.context else { return }  // closed: only time limits were due
         if !due.responses.isEmpty {
             self.pushes?.drain()
             for response in due.responses { self.write(.response(response), context: context) }
@@ -502,7 +501,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
             self.logger.info("grace period over; closing the connection", metadata: ["requests": "\(self.machine.requestsInFlight)"])
             self.closeNow(context: context)
         }
-        self.armTimer(context: context)
     }
 
     // MARK: Draining
@@ -516,7 +514,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         case .sendGoAway:
             self.write(.goAway(goAway), context: context)
             self.flushNow(context: context)
-            self.armTimer(context: context)
+            self.armTimer()
         case .sendGoAwayAndClose:
             self.writeAndClose(.goAway(goAway), context: context)
         case .none:
