@@ -1,4 +1,5 @@
 import Atomics
+import Foundation
 public import Logging
 import NIOConcurrencyHelpers
 public import NIOCore
@@ -58,7 +59,7 @@ public final class Gateway: Service, Sendable {
     /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
     let messageStore: (any MessageStore)?
     let deliveryNotifier = DeliveryNotifier()
-    let clientLanes = ClientLanes()
+    let outboxLanes = OutboxLanes()
     let registry = ConnectionRegistry()
     let connectionIDs = ManagedAtomic<UInt64>(1)
     let lifecycle = NIOLockedValueBox(Lifecycle())
@@ -303,12 +304,38 @@ public final class Gateway: Service, Sendable {
                     throw error
                 }
             }
-            await self.activity.finished()
+            await withTaskGroup { group in
+                if let store = self.messageStore {
+                    group.addTask { await self.forgetStaleOutboxes(in: store) }
+                }
+                await self.activity.finished()
+                group.cancelAll()
+            }
             try? await server?.closeFuture.get()
         } onCancel: {
             self.stopNow()
         }
         self.logger.info("stopped")
+    }
+
+    /// Until cancelled, forgets the outboxes away for longer than the retention, every half
+    /// retention (at most hourly); the connected ones count as seen now.
+    private func forgetStaleOutboxes(in store: any MessageStore) async {
+        let retention = self.configuration.timeouts.outboxRetention
+        let interval = min(retention / 2, .seconds(3600))
+        while !Task.isCancelled {
+            let now = Date()
+            do {
+                try await store.touchOutboxes(self.outboxLanes.inUse, at: now)
+                let forgotten = try await store.forgetOutboxes(notSeenSince: now - retention.totalSeconds)
+                if forgotten > 0 {
+                    self.logger.info("forgot outboxes away for longer than the retention", metadata: ["outboxes": "\(forgotten)"])
+                }
+            } catch {
+                self.logger.warning("could not forget stale outboxes; trying again later", metadata: ["error": "\(error)"])
+            }
+            try? await Task.sleep(for: interval)
+        }
     }
 
     /// `SO_REUSEPORT`, which NIO has no name for.

@@ -123,17 +123,29 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var maxBufferedOutboundBytes: Int
         /// How many reliable deliveries a connection may have sent and not yet acknowledged.
         public var deliveryWindow: Int
+        /// What a connection may hold in the gateway's memory of what it sent: the frame being
+        /// read (up to ``maxBodySize``) plus the bodies of its reliable messages waiting to be
+        /// processed. A MESSAGE beyond it is not taken; the client sends it again later. At
+        /// least twice ``maxBodySize``.
+        public var maxBufferedInboundBytes: Int
+        /// The longest client id accepted in HELLO, in UTF-8 bytes; a longer one is refused with
+        /// ERROR `invalid request`.
+        public var maxClientIDLength: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
             maxConcurrentRequestsPerConnection: Int = 512,
             maxBufferedOutboundBytes: Int = 4 << 20,
-            deliveryWindow: Int = 256
+            deliveryWindow: Int = 256,
+            maxBufferedInboundBytes: Int = 4 << 20,
+            maxClientIDLength: Int = 256
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
             self.maxBufferedOutboundBytes = maxBufferedOutboundBytes
             self.deliveryWindow = deliveryWindow
+            self.maxBufferedInboundBytes = maxBufferedInboundBytes
+            self.maxClientIDLength = maxClientIDLength
         }
 
         public static var defaults: Limits { Limits() }
@@ -151,6 +163,12 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 throw ConfigurationError("limits.maxBufferedOutboundBytes must be at least limits.maxBodySize")
             }
             guard self.deliveryWindow >= 1 else { throw ConfigurationError("limits.deliveryWindow must be at least 1") }
+            guard self.maxBufferedInboundBytes >= 2 * self.maxBodySize else {
+                throw ConfigurationError("limits.maxBufferedInboundBytes must be at least twice limits.maxBodySize")
+            }
+            guard (1...Int(UInt16.max)).contains(self.maxClientIDLength) else {
+                throw ConfigurationError("limits.maxClientIDLength must be from 1 to 65535")
+            }
         }
     }
 
@@ -166,19 +184,27 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var idle: Duration
         /// After GOAWAY, the longest the gateway waits for requests in flight before closing.
         public var shutdownGracePeriod: Duration
+        /// With reliable delivery: how long the gateway keeps the deduplication state of a
+        /// client's outbox (one device's numbering) after it was last connected. An outbox
+        /// away for longer is forgotten (PROTOCOL.md, section 9.1): choose a retention far
+        /// above the time a device may stay offline with messages not yet acknowledged. Whole
+        /// seconds, at least one.
+        public var outboxRetention: Duration
 
         public init(
             handshake: Duration = .seconds(10),
             handler: Duration = .seconds(30),
             heartbeatInterval: Duration = .seconds(10),
             idle: Duration = .seconds(30),
-            shutdownGracePeriod: Duration = .seconds(10)
+            shutdownGracePeriod: Duration = .seconds(10),
+            outboxRetention: Duration = .seconds(90 * 24 * 3600)
         ) {
             self.handshake = handshake
             self.handler = handler
             self.heartbeatInterval = heartbeatInterval
             self.idle = idle
             self.shutdownGracePeriod = shutdownGracePeriod
+            self.outboxRetention = outboxRetention
         }
 
         public static var defaults: Timeouts { Timeouts() }
@@ -192,6 +218,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 throw ConfigurationError("timeouts.idle must exceed timeouts.heartbeatInterval (clients ping once per interval)")
             }
             guard self.shutdownGracePeriod >= .zero else { throw ConfigurationError("timeouts.shutdownGracePeriod must not be negative") }
+            guard self.outboxRetention >= .seconds(1) else {
+                throw ConfigurationError("timeouts.outboxRetention must be at least 1 second")
+            }
             let limit = Duration.milliseconds(Int64(UInt32.max))
             guard self.heartbeatInterval <= limit, self.idle <= limit else {
                 throw ConfigurationError("timeouts must fit in 32-bit milliseconds (about 49 days)")
@@ -238,7 +267,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             maxBodySize: UInt32(self.limits.maxBodySize),
             maxConcurrentRequests: UInt32(self.limits.maxConcurrentRequestsPerConnection),
             serverName: self.serverName,
-            deliveryEpoch: deliveryEpoch
+            deliveryEpoch: deliveryEpoch,
+            maxClientIDLength: self.limits.maxClientIDLength
         )
     }
 }

@@ -216,5 +216,85 @@ extension IntegrationTests {
                 #expect(inbox.violations.isEmpty)
             }
         }
+
+        @Test("two devices of one client id, each with its own outbox, send 1,000 messages each through lost ACKs and reconnects")
+        func twoDevicesOfOneClient() async throws {
+            let total = 1_000
+            try await withHarness { harness in
+                let phoneNetwork = LocalNetwork()
+                let tabletNetwork = LocalNetwork()
+                let bobNetwork = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let (_, processed) = try harness.messagingGateway(
+                    at: endpoint,
+                    on: phoneNetwork,
+                    tabletNetwork,
+                    bobNetwork,
+                    store: try SQLiteMessageStore(path: temporaryFile("two-devices", in: harness))
+                )
+                let phone = try harness.messagingClient(network: phoneNetwork, endpoint: endpoint, id: "alice")
+                let tablet = try harness.messagingClient(network: tabletNetwork, endpoint: endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: bobNetwork, endpoint: endpoint, id: "bob")
+                let inbox = DeliveryCollector(bob, in: harness)
+                let phoneEvents = harness.events(of: phone)
+                let tabletEvents = harness.events(of: tablet)
+                try await eventually("both devices are connected") { phoneEvents.connects == 1 && tabletEvents.connects == 1 }
+
+                func sender(_ device: TetherClient, _ name: String) -> Task<[MessageReceipt], any Error> {
+                    Task {
+                        var receipts: [MessageReceipt] = []
+                        for index in 1...total {
+                            receipts.append(
+                                try await device.send("chat.send", body: ByteBuffer(string: "\(name)-\(index)"), conversation: "bob")
+                            )
+                        }
+                        return receipts
+                    }
+                }
+                let phoneSender = sender(phone, "phone")
+                let tabletSender = sender(tablet, "tablet")
+
+                // Twelve times, one device's ACKs are lost while the gateway processes its
+                // messages, then its connection drops: the devices take turns.
+                var processedWhileAcknowledgementsLost = 0
+                for round in 0..<12 {
+                    let (device, network) = round.isMultiple(of: 2) ? (phone, phoneNetwork) : (tablet, tabletNetwork)
+                    let threshold = (round + 1) * 2 * total / 14
+                    try await eventually("the gateway processed \(threshold) messages", timeout: .seconds(60)) {
+                        processed.withLockedValue { $0.count } >= threshold
+                    }
+                    _ = try await waitUntil(timeout: .seconds(5)) {
+                        if case .connected = device.connectionState { true } else { false }
+                    }
+                    network.faults.blackhole(.toClient)
+                    let before = processed.withLockedValue { $0.count }
+                    if try await waitUntil(timeout: .milliseconds(300), { processed.withLockedValue { $0.count } > before }) {
+                        processedWhileAcknowledgementsLost += 1
+                    }
+                    network.faults.dropConnections()
+                    network.faults.heal()
+                }
+
+                for (device, receipts) in [(phone, try await phoneSender.value), (tablet, try await tabletSender.value)] {
+                    if let failure = await firstUnacknowledged(receipts, of: device) {
+                        Issue.record(Comment(rawValue: failure))
+                        return
+                    }
+                }
+                try await eventually("bob has every message", timeout: .seconds(60)) { inbox.count >= 2 * total }
+                try await Task.sleep(for: .milliseconds(100))  // time for a duplicate to show up
+
+                #expect(processedWhileAcknowledgementsLost > 0, "some messages were processed while their ACK was being lost")
+                #expect(phoneEvents.connects > 3 && tabletEvents.connects > 3, "both devices reconnected")
+                let handled = processed.withLockedValue { $0 }
+                #expect(handled.count == 2 * total, "the handler ran once per message")
+                #expect(firstDifference(handled.filter { $0.hasPrefix("phone") }, (1...total).map { "phone-\($0)" }) == nil)
+                #expect(firstDifference(handled.filter { $0.hasPrefix("tablet") }, (1...total).map { "tablet-\($0)" }) == nil)
+                #expect(inbox.count == 2 * total)
+                #expect(firstDifference(inbox.bodies.filter { $0.hasPrefix("phone") }, (1...total).map { "phone-\($0)" }) == nil)
+                #expect(firstDifference(inbox.bodies.filter { $0.hasPrefix("tablet") }, (1...total).map { "tablet-\($0)" }) == nil)
+                #expect(inbox.violations.isEmpty)
+            }
+        }
     }
 }

@@ -129,6 +129,23 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a client id over the gateway's limit gets ERROR invalid request naming the limit")
+        func clientIDTooLong() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway()
+                let connection = try await RawConnection.connect(to: endpoint)
+                let id = String(repeating: "x", count: 60_000)
+                try await connection.send(.hello(.init(versions: 1...1, features: [], maxBodySize: 1 << 20, clientID: id)))
+                guard case .error(let report)? = await connection.next()?.payload else {
+                    Issue.record("expected ERROR")
+                    return
+                }
+                #expect(report.code == .invalidRequest)
+                #expect(report.message.contains("at most 256"))
+                try await connection.waitForClose()
+            }
+        }
+
         @Test("a client with no common version gets ERROR unsupported version")
         func versionMismatch() async throws {
             try await withHarness { harness in

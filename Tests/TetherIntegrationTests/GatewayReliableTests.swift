@@ -118,6 +118,35 @@ extension IntegrationTests {
             }
         }
 
+        @Test("reliable messages waiting in memory are bounded in bytes: the excess is not taken, and is processed once resent")
+        func inboundByteBudget() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness) {
+                    $0.limits.maxBodySize = 4096
+                    $0.limits.maxBufferedInboundBytes = 16_384  // 12 KiB for messages: four of 3 KiB
+                }
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                let padding = String(repeating: ".", count: 3000)
+                // Each handler takes 100 ms: all eight arrive while the first is processed.
+                for sequence in UInt64(1)...8 { try await alice.send(self.message(sequence, sequence, "slow \(sequence) \(padding)")) }
+                try await Task.sleep(for: .milliseconds(1200))  // time for all eight, had they been taken
+                let taken = seen.withLockedValue { $0.count }
+                #expect((1..<8).contains(taken), "some were not taken (\(taken) of 8; at most four fit at once)")
+                let first = await alice.nextMessageAcks(count: taken).map(\.id)
+                #expect(first == (1...UInt64(taken)).map { $0 })
+                // The client sends again what has no acknowledgement, in order, as after its
+                // retransmission timeout.
+                for sequence in UInt64(taken + 1)...8 {
+                    try await alice.send(self.message(sequence, sequence, "slow \(sequence) \(padding)"))
+                }
+                try await Task.sleep(for: .milliseconds(100 * (8 - taken) + 300))
+                let handled = seen.withLockedValue { $0 }.map { $0.split(separator: " ").prefix(2).joined(separator: " ") }
+                #expect(handled == (1...8).map { "bob:\($0):slow \($0)" }, "each processed once, in order")
+                alice.close()
+            }
+        }
+
         @Test("a handler past the handler time limit is cancelled and not acknowledged; the retransmission is processed")
         func handlerTimeLimit() async throws {
             try await withHarness { harness in
@@ -171,7 +200,7 @@ extension IntegrationTests {
             }
         }
 
-        @Test("a new outbox epoch starts the client's conversations again")
+        @Test("a new outbox epoch numbers its conversations from 1; the old outbox's retransmissions stay duplicates")
         func outboxReset() async throws {
             try await withHarness { harness in
                 let (_, endpoint, seen) = try await self.gateway(harness)
@@ -185,8 +214,76 @@ extension IntegrationTests {
                 _ = try await reinstalled.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 2)
                 try await reinstalled.send(self.message(1, 1, "new"))
                 #expect(await reinstalled.nextMessageAck() == [.init(id: 1)])
-                #expect(seen.withLockedValue { $0 } == ["bob:1:old", "bob:1:new"])
                 reinstalled.close()
+
+                let again = try await RawConnection.connect(to: endpoint)
+                _ = try await again.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await again.send(self.message(1, 1, "old"))
+                #expect(await again.nextMessageAck() == [.init(id: 1)], "acknowledged as the duplicate it is")
+                #expect(seen.withLockedValue { $0 } == ["bob:1:old", "bob:1:new"])
+                again.close()
+            }
+        }
+
+        @Test("two devices of one client id, connected at once, each with its own outbox: each message processed once")
+        func twoDevicesOfOneClient() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness)
+                let phone = try await RawConnection.connect(to: endpoint)
+                _ = try await phone.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 0xA)
+                let tablet = try await RawConnection.connect(to: endpoint)
+                _ = try await tablet.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 0xB)
+                for sequence in UInt64(1)...3 {
+                    try await phone.send(self.message(sequence, sequence, "phone \(sequence)"))
+                    try await tablet.send(self.message(100 + sequence, sequence, "tablet \(sequence)"))
+                }
+                #expect(await phone.nextMessageAcks(count: 3).map(\.id) == [1, 2, 3])
+                #expect(await tablet.nextMessageAcks(count: 3).map(\.id) == [101, 102, 103])
+
+                // Both send everything again, as after lost ACKs, and a fourth message each.
+                for sequence in UInt64(1)...4 {
+                    try await phone.send(self.message(sequence, sequence, "phone \(sequence)"))
+                    try await tablet.send(self.message(100 + sequence, sequence, "tablet \(sequence)"))
+                }
+                #expect(await phone.nextMessageAcks(count: 4).map(\.id).sorted() == [1, 2, 3, 4])
+                #expect(await tablet.nextMessageAcks(count: 4).map(\.id).sorted() == [101, 102, 103, 104])
+                let handled = seen.withLockedValue { $0 }
+                #expect(handled.filter { $0.contains("phone") } == (1...4).map { "bob:\($0):phone \($0)" })
+                #expect(handled.filter { $0.contains("tablet") } == (1...4).map { "bob:\($0):tablet \($0)" })
+                #expect(handled.count == 8)
+                phone.close()
+                tablet.close()
+            }
+        }
+
+        @Test("an outbox away for longer than the retention is forgotten; a connected one is kept", .timeLimit(.minutes(1)))
+        func outboxRetention() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness) { $0.timeouts.outboxRetention = .seconds(1) }
+                let away = try await RawConnection.connect(to: endpoint)
+                _ = try await away.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await away.send(self.message(1, 1, "away"))
+                #expect(await away.nextMessageAck() == [.init(id: 1)])
+                away.close()
+                let connected = try await RawConnection.connect(to: endpoint)
+                _ = try await connected.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 2)
+                try await connected.send(self.message(1, 1, "connected"))
+                #expect(await connected.nextMessageAck() == [.init(id: 1)])
+
+                // Past the retention (the gateway looks every half retention, to the second).
+                try await Task.sleep(for: .seconds(3))
+                try await connected.send(self.message(1, 1, "connected"))
+                #expect(await connected.nextMessageAck() == [.init(id: 1)])
+                let back = try await RawConnection.connect(to: endpoint)
+                _ = try await back.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await back.send(self.message(1, 1, "away"))
+                #expect(await back.nextMessageAck() == [.init(id: 1)])
+                #expect(
+                    seen.withLockedValue { $0 } == ["bob:1:away", "bob:1:connected", "bob:1:away"],
+                    "the connected outbox's retransmission is still a duplicate; the forgotten one's is new"
+                )
+                connected.close()
+                back.close()
             }
         }
 

@@ -21,6 +21,8 @@ public enum Handshake {
         public var serverName: String?
         /// The delivery epoch announced when reliable delivery is negotiated; required then.
         public var deliveryEpoch: UInt64?
+        /// The longest client id accepted, in UTF-8 bytes.
+        public var maxClientIDLength: Int
 
         public init(
             versions: ClosedRange<UInt8> = Handshake.supportedVersions,
@@ -31,7 +33,8 @@ public enum Handshake {
             maxBodySize: UInt32,
             maxConcurrentRequests: UInt32,
             serverName: String? = nil,
-            deliveryEpoch: UInt64? = nil
+            deliveryEpoch: UInt64? = nil,
+            maxClientIDLength: Int = Int(UInt16.max)
         ) {
             self.versions = versions
             self.features = features
@@ -42,6 +45,7 @@ public enum Handshake {
             self.maxConcurrentRequests = maxConcurrentRequests
             self.serverName = serverName
             self.deliveryEpoch = deliveryEpoch
+            self.maxClientIDLength = maxClientIDLength
         }
     }
 
@@ -93,6 +97,15 @@ public enum Handshake {
                 ProtocolError(
                     code: .protocolError,
                     message: "a client with reliable delivery must send its outbox epoch (HELLO tag 0x0005)"
+                )
+            )
+        }
+        guard hello.clientID.utf8.count <= policy.maxClientIDLength else {
+            return .failure(
+                ProtocolError(
+                    code: .invalidRequest,
+                    message:
+                        "the client id has \(hello.clientID.utf8.count) bytes; this gateway accepts at most \(policy.maxClientIDLength)"
                 )
             )
         }

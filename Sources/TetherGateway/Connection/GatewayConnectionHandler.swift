@@ -263,11 +263,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         for push in held { self.write(.push(push), context: context) }
         self.flushNow(context: context)
         self.armTimer()
-        if let resume = session.resume, let store = self.services.messageStore, let outbound = self.outbound {
+        if let resume = session.resume, let outbox = session.outbox, let store = self.services.messageStore,
+            let outbound = self.outbound
+        {
             let reliable = ReliableSession(
                 services: self.services,
                 store: store,
                 connection: session.info,
+                outbox: outbox,
                 outbound: outbound,
                 executor: self.executor,
                 logger: self.logger

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOCore
 import TetherCore
@@ -11,6 +12,8 @@ struct EstablishedSession: Sendable {
     var negotiated: Handshake.Negotiated
     /// With reliable delivery: the last delivery the client already has.
     var resume: UInt64?
+    /// With reliable delivery: the client's outbox.
+    var outbox: OutboxID?
 }
 
 /// How a handshake ended.
@@ -53,25 +56,22 @@ extension GatewayServices {
             }
         }
         var resume: UInt64?
+        var outbox: OutboxID?
         if welcome.features.contains(.reliableDelivery), let store = self.messageStore {
+            // Handshake.accept refuses a reliable HELLO without an outbox epoch.
+            let id = OutboxID(client: hello.clientID, epoch: hello.outboxEpoch ?? 0)
             do {
-                let reset = try await self.clientLanes.exclusively(hello.clientID) { lane in
-                    let reset = try await store.registerOutbox(client: hello.clientID, epoch: hello.outboxEpoch ?? 0)
-                    if reset { lane.lastProcessed = [:] }
-                    return reset
-                }
-                if reset {
-                    logger.info("the client has a new outbox; its conversations start again", metadata: ["client": "\(hello.clientID)"])
-                }
+                try await store.touchOutboxes([id], at: Date())
             } catch {
                 logger.error("the message store is unavailable; refusing the connection", metadata: ["error": "\(error)"])
                 return .refused(.goAway(.init(reason: .overloaded, retryAfter: .seconds(1), message: "the message store is unavailable")))
             }
+            outbox = id
             resume = hello.resume.flatMap { $0.epoch == store.epoch ? $0.lastSequence : nil } ?? 0
         }
         guard let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent) else {
             return .gone
         }
-        return .accepted(EstablishedSession(info: info, welcome: welcome, negotiated: negotiated, resume: resume))
+        return .accepted(EstablishedSession(info: info, welcome: welcome, negotiated: negotiated, resume: resume, outbox: outbox))
     }
 }

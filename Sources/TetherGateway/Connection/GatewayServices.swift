@@ -18,7 +18,7 @@ final class GatewayServices: Sendable {
     let authenticator: Gateway.Authenticator?
     /// Where reliable delivery keeps its state; `nil` disables it.
     let messageStore: (any MessageStore)?
-    let clientLanes: ClientLanes
+    let outboxLanes: OutboxLanes
     let deliveryNotifier: DeliveryNotifier
     /// What the gateway offers in WELCOME.
     let handshakePolicy: Handshake.GatewayPolicy
@@ -36,7 +36,7 @@ final class GatewayServices: Sendable {
         self.activity = gateway.activity
         self.authenticator = gateway.authenticator
         self.messageStore = gateway.messageStore
-        self.clientLanes = gateway.clientLanes
+        self.outboxLanes = gateway.outboxLanes
         self.deliveryNotifier = gateway.deliveryNotifier
         self.handshakePolicy = gateway.configuration.handshakePolicy(deliveryEpoch: gateway.messageStore?.epoch)
         self.executors = gateway.executors

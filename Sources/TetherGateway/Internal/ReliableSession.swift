@@ -9,8 +9,9 @@ import TetherCore
 /// Two loops run for the connection's lifetime:
 /// - ``runProcessor()`` takes the messages received so far as a batch, runs their handlers and
 ///   commits them with their deliveries atomically, then acknowledges them. It holds the
-///   client's lane (``ClientLanes``) meanwhile, so that a retransmission on another connection
-///   never runs a handler twice.
+///   outbox's lane (``OutboxLanes``) meanwhile, so that a retransmission on another connection
+///   never runs a handler twice. The conversation state belongs to the client's outbox (its
+///   client id and outbox epoch): the devices of one client id are deduplicated separately.
 /// - ``runPump(from:)`` sends the recipient's stored deliveries in order, at most
 ///   ``Gateway/deliveryWindow`` unacknowledged at a time.
 final class ReliableSession: Sendable {
@@ -21,6 +22,10 @@ final class ReliableSession: Sendable {
 
     private struct State {
         var inbox = CircularBuffer<Received>()
+        /// The body bytes of the messages in `inbox` and in the batch being processed.
+        var bytes = 0
+        /// Messages not taken since the last one that was (the inbox was full).
+        var dropped = 0
         var pendingAck: UInt64?
         var finished = false
     }
@@ -33,11 +38,15 @@ final class ReliableSession: Sendable {
     private let services: GatewayServices
     private let store: any MessageStore
     private let connection: ConnectionInfo
+    private let outbox: OutboxID
     private let outbound: ConnectionOutbound
     /// Where the message handlers' tasks run.
     private let executor: (any TaskExecutor)?
     private let logger: Logger
     private let state = NIOLockedValueBox(State())
+    /// The body bytes of reliable messages held in memory at most: the connection's inbound
+    /// budget less what its frame reader may hold.
+    private let byteBudget: Int
     private let messagesArrived: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
     private let pumpWakeups: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
 
@@ -45,6 +54,7 @@ final class ReliableSession: Sendable {
         services: GatewayServices,
         store: any MessageStore,
         connection: ConnectionInfo,
+        outbox: OutboxID,
         outbound: ConnectionOutbound,
         executor: (any TaskExecutor)?,
         logger: Logger
@@ -52,27 +62,44 @@ final class ReliableSession: Sendable {
         self.services = services
         self.store = store
         self.connection = connection
+        self.outbox = outbox
         self.outbound = outbound
         self.executor = executor
         self.logger = logger
-        _ = services.clientLanes.checkOut(connection.clientID)  // keeps the lane's cache while connected; see finish()
+        let limits = services.configuration.limits
+        self.byteBudget = limits.maxBufferedInboundBytes - limits.maxBodySize
+        services.outboxLanes.checkOut(outbox)  // keeps the lane's cache while connected; see finish()
         self.messagesArrived = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
         self.pumpWakeups = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
     // MARK: Called by the connection's dispatcher, on its event loop
 
-    /// A MESSAGE arrived.
+    /// A MESSAGE arrived. Beyond ``maxInbox`` messages or the byte budget waiting, it is not
+    /// taken: the client sends it again after its retransmission timeout. A full inbox is
+    /// logged once when it starts dropping and once when it takes messages again.
     func receive(_ message: Frame.Message) {
-        let accepted = self.state.withLockedValue { state in
-            guard state.inbox.count < Self.maxInbox else { return false }
+        let size = message.body.readableBytes
+        let (accepted, dropped): (Bool, Int) = self.state.withLockedValue { state in
+            guard state.inbox.count < Self.maxInbox, state.bytes + size <= self.byteBudget || state.bytes == 0 else {
+                state.dropped += 1
+                return (false, state.dropped)
+            }
             state.inbox.append(Received(message: message, receivedAt: .now))
-            return true
+            state.bytes += size
+            defer { state.dropped = 0 }
+            return (true, state.dropped)
         }
         if accepted {
+            if dropped > 0 {
+                self.logger.info("reliable messages are taken again", metadata: ["dropped": "\(dropped)"])
+            }
             self.messagesArrived.continuation.yield()
-        } else {
-            self.logger.warning("too many reliable messages waiting; dropping one (the client sends it again)")
+        } else if dropped == 1 {
+            self.logger.warning(
+                "too many reliable messages waiting; dropping them until the handlers catch up (the client sends them again)",
+                metadata: ["limit-bytes": "\(self.byteBudget)", "limit-messages": "\(Self.maxInbox)"]
+            )
         }
     }
 
@@ -89,7 +116,7 @@ final class ReliableSession: Sendable {
             return !state.finished
         }
         guard first else { return }
-        self.services.clientLanes.checkIn(self.connection.clientID)
+        self.services.outboxLanes.checkIn(self.outbox)
         self.messagesArrived.continuation.finish()
         self.pumpWakeups.continuation.finish()
     }
@@ -110,8 +137,12 @@ final class ReliableSession: Sendable {
                     return batch
                 }
                 guard !batch.isEmpty else { break }
+                defer {
+                    let size = batch.reduce(0) { $0 + $1.message.body.readableBytes }
+                    self.state.withLockedValue { $0.bytes -= size }
+                }
                 do {
-                    try await self.services.clientLanes.exclusively(self.connection.clientID) { lane in
+                    try await self.services.outboxLanes.exclusively(self.outbox) { lane in
                         await self.process(batch, lastProcessed: &lane.lastProcessed)
                     }
                 } catch {
@@ -128,7 +159,7 @@ final class ReliableSession: Sendable {
         var staged: [NewDelivery] = []
         var tentative = lastProcessed
         var blocked: Set<String> = []
-        let client = self.connection.clientID
+        let outbox = self.outbox
 
         for received in batch {
             let message = received.message
@@ -138,7 +169,7 @@ final class ReliableSession: Sendable {
                 last = known
             } else {
                 do {
-                    last = try await self.store.lastProcessed(client: client, conversation: message.conversation)
+                    last = try await self.store.lastProcessed(outbox, conversation: message.conversation)
                 } catch {
                     self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
                     blocked.insert(message.conversation)
@@ -148,7 +179,7 @@ final class ReliableSession: Sendable {
             }
             if message.sequence <= last {
                 // A retransmission: answer with the recorded outcome, do not run the handler again.
-                let status = (try? await self.store.outcome(client: client, conversation: message.conversation, sequence: message.sequence))
+                let status = (try? await self.store.outcome(outbox, conversation: message.conversation, sequence: message.sequence))
                 if let status { duplicateAcks.append(.init(id: message.id, status: status)) }
                 continue
             }
@@ -161,7 +192,7 @@ final class ReliableSession: Sendable {
             }
             tentative[message.conversation] = message.sequence
             processed.append(
-                ProcessedMessage(client: client, conversation: message.conversation, sequence: message.sequence, status: status)
+                ProcessedMessage(outbox: outbox, conversation: message.conversation, sequence: message.sequence, status: status)
             )
             processedAcks.append(.init(id: message.id, status: status))
         }
@@ -174,7 +205,7 @@ final class ReliableSession: Sendable {
                 acks += processedAcks
                 self.services.deliveryNotifier.notify(receipts.map(\.recipient))
             } catch {
-                // A conflict (another connection of this client got there first) or a storage
+                // A conflict (another connection of this outbox got there first) or a storage
                 // failure: nothing was written; the client sends the messages again.
                 self.logger.warning("could not commit reliable messages", metadata: ["error": "\(error)"])
                 lastProcessed.removeAll()

@@ -1,3 +1,4 @@
+public import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 public import TetherCore
@@ -5,7 +6,7 @@ public import TetherCore
 /// A ``MessageStore`` in memory, for tests and for gateways that may lose their state on restart.
 public final class InMemoryMessageStore: MessageStore {
     private struct ConversationKey: Hashable {
-        var client: String
+        var outbox: OutboxID
         var conversation: String
     }
 
@@ -15,7 +16,7 @@ public final class InMemoryMessageStore: MessageStore {
     }
 
     private struct State {
-        var outboxEpochs: [String: UInt64] = [:]
+        var outboxes: [OutboxID: Date] = [:]  // last seen
         var lastProcessed: [ConversationKey: UInt64] = [:]
         var refusals: [ConversationKey: [UInt64: StatusCode]] = [:]
         var streams: [String: Stream] = [:]
@@ -29,22 +30,29 @@ public final class InMemoryMessageStore: MessageStore {
         self.epoch = UInt64.random(in: 1...UInt64.max)
     }
 
-    public func registerOutbox(client: String, epoch: UInt64) async throws -> Bool {
+    public func touchOutboxes(_ outboxes: [OutboxID], at time: Date) async throws {
         self.state.withLockedValue { state in
-            let previous = state.outboxEpochs.updateValue(epoch, forKey: client)
-            guard let previous, previous != epoch else { return false }
-            state.lastProcessed = state.lastProcessed.filter { $0.key.client != client }
-            state.refusals = state.refusals.filter { $0.key.client != client }
-            return true
+            for outbox in outboxes { state.outboxes[outbox] = max(state.outboxes[outbox] ?? time, time) }
         }
     }
 
-    public func lastProcessed(client: String, conversation: String) async throws -> UInt64 {
-        self.state.withLockedValue { $0.lastProcessed[ConversationKey(client: client, conversation: conversation)] ?? 0 }
+    public func forgetOutboxes(notSeenSince time: Date) async throws -> Int {
+        self.state.withLockedValue { state in
+            let forgotten = Set(state.outboxes.lazy.filter { $0.value < time }.map(\.key))
+            guard !forgotten.isEmpty else { return 0 }
+            for outbox in forgotten { state.outboxes[outbox] = nil }
+            state.lastProcessed = state.lastProcessed.filter { !forgotten.contains($0.key.outbox) }
+            state.refusals = state.refusals.filter { !forgotten.contains($0.key.outbox) }
+            return forgotten.count
+        }
     }
 
-    public func outcome(client: String, conversation: String, sequence: UInt64) async throws -> StatusCode {
-        self.state.withLockedValue { $0.refusals[ConversationKey(client: client, conversation: conversation)]?[sequence] ?? .ok }
+    public func lastProcessed(_ outbox: OutboxID, conversation: String) async throws -> UInt64 {
+        self.state.withLockedValue { $0.lastProcessed[ConversationKey(outbox: outbox, conversation: conversation)] ?? 0 }
+    }
+
+    public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
+        self.state.withLockedValue { $0.refusals[ConversationKey(outbox: outbox, conversation: conversation)]?[sequence] ?? .ok }
     }
 
     public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
@@ -52,7 +60,7 @@ public final class InMemoryMessageStore: MessageStore {
             // Check everything first: nothing is written unless all of it can be.
             var last: [ConversationKey: UInt64] = [:]
             for message in processed {
-                let key = ConversationKey(client: message.client, conversation: message.conversation)
+                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
                 let current = last[key] ?? state.lastProcessed[key] ?? 0
                 guard message.sequence == current + 1 else {
                     throw MessageStoreError(
@@ -63,7 +71,7 @@ public final class InMemoryMessageStore: MessageStore {
                 last[key] = message.sequence
             }
             for message in processed {
-                let key = ConversationKey(client: message.client, conversation: message.conversation)
+                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
                 state.lastProcessed[key] = message.sequence
                 if message.status != .ok {
                     state.refusals[key, default: [:]][message.sequence] = message.status

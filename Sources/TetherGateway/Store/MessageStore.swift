@@ -1,3 +1,4 @@
+public import Foundation
 public import NIOCore
 public import TetherCore
 
@@ -16,21 +17,28 @@ public protocol MessageStore: Sendable {
     /// stay the same for the life of the store and differ between stores.
     var epoch: UInt64 { get }
 
-    /// Records a client's outbox epoch. If the client had another one, its conversation state
-    /// is forgotten first (its new outbox numbers from 1 again).
-    /// - Returns: Whether the client's conversation state was reset.
-    func registerOutbox(client: String, epoch: UInt64) async throws -> Bool
+    /// Records that `outboxes` are in use at `time`, creating the records of those not known
+    /// yet: an outbox's conversation state is kept until it has not been seen for the gateway's
+    /// retention (``forgetOutboxes(notSeenSince:)``).
+    ///
+    /// Each outbox of a client (each device, each installation) has its own conversation
+    /// state: a new outbox numbers its conversations from 1 without disturbing the others.
+    func touchOutboxes(_ outboxes: [OutboxID], at time: Date) async throws
 
-    /// The last sequence processed in a conversation, 0 if none.
-    func lastProcessed(client: String, conversation: String) async throws -> UInt64
+    /// Forgets the outboxes last touched before `time`, with their conversation state.
+    /// - Returns: How many were forgotten.
+    func forgetOutboxes(notSeenSince time: Date) async throws -> Int
+
+    /// The last sequence an outbox's conversation had processed, 0 if none.
+    func lastProcessed(_ outbox: OutboxID, conversation: String) async throws -> UInt64
 
     /// The outcome recorded for an already processed message: ``StatusCode/ok`` unless it was refused.
-    func outcome(client: String, conversation: String, sequence: UInt64) async throws -> StatusCode
+    func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode
 
     /// Atomically records processed messages and appends deliveries.
     ///
-    /// The messages of a conversation must appear in sequence order, each directly following
-    /// the conversation's last processed sequence (or the one before it in `processed`).
+    /// The messages of an outbox's conversation must appear in sequence order, each directly
+    /// following the conversation's last processed sequence (or the one before it in `processed`).
     /// - Returns: The sequence numbers given to `deliveries`, in order.
     /// - Throws: ``MessageStoreError`` with code ``MessageStoreError/Code/conflict`` if a
     ///   sequence does not follow (someone processed it meanwhile); nothing is written then.
@@ -43,16 +51,33 @@ public protocol MessageStore: Sendable {
     func acknowledge(recipient: String, upTo sequence: UInt64) async throws
 }
 
+/// One outbox of a client: the numbering of the reliable messages of one device or one
+/// installation of the app (PROTOCOL.md, section 9.1). A client id may have several.
+public struct OutboxID: Sendable, Hashable, CustomStringConvertible {
+    /// The client id the outbox's connections authenticated as.
+    public var client: String
+    /// The outbox epoch the client sent in HELLO.
+    public var epoch: UInt64
+
+    public init(client: String, epoch: UInt64) {
+        self.client = client
+        self.epoch = epoch
+    }
+
+    public var description: String { "\(self.client)#\(String(self.epoch, radix: 16))" }
+}
+
 /// A reliable message the gateway processed, with its outcome.
 public struct ProcessedMessage: Sendable, Hashable {
-    public var client: String
+    /// The outbox that sent it.
+    public var outbox: OutboxID
     public var conversation: String
     public var sequence: UInt64
     /// ``StatusCode/ok``, or why it was refused.
     public var status: StatusCode
 
-    public init(client: String, conversation: String, sequence: UInt64, status: StatusCode = .ok) {
-        self.client = client
+    public init(outbox: OutboxID, conversation: String, sequence: UInt64, status: StatusCode = .ok) {
+        self.outbox = outbox
         self.conversation = conversation
         self.sequence = sequence
         self.status = status

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import GRDB
 import NIOCore
 public import TetherCore
@@ -84,33 +84,77 @@ public final class SQLiteMessageStore: MessageStore {
                     """
             )
         }
+        // Conversation state per outbox (client id and outbox epoch), not per client id: the
+        // outboxes of several devices of one client number their conversations independently.
+        // A v1 store kept one outbox per client; its conversations belong to that outbox.
+        migrator.registerMigration("v2: conversations per outbox") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE outboxes_v2 (
+                        client TEXT NOT NULL, epoch INTEGER NOT NULL, last_seen INTEGER NOT NULL,
+                        PRIMARY KEY (client, epoch)) WITHOUT ROWID;
+                    INSERT INTO outboxes_v2 (client, epoch, last_seen) SELECT client, epoch, ? FROM outboxes;
+                    CREATE TABLE conversations_v2 (
+                        client TEXT NOT NULL, epoch INTEGER NOT NULL, conversation TEXT NOT NULL, last_sequence INTEGER NOT NULL,
+                        PRIMARY KEY (client, epoch, conversation)) WITHOUT ROWID;
+                    INSERT INTO conversations_v2 (client, epoch, conversation, last_sequence)
+                        SELECT c.client, o.epoch, c.conversation, c.last_sequence FROM conversations c JOIN outboxes o USING (client);
+                    CREATE TABLE refusals_v2 (
+                        client TEXT NOT NULL, epoch INTEGER NOT NULL, conversation TEXT NOT NULL, sequence INTEGER NOT NULL,
+                        status INTEGER NOT NULL,
+                        PRIMARY KEY (client, epoch, conversation, sequence)) WITHOUT ROWID;
+                    INSERT INTO refusals_v2 (client, epoch, conversation, sequence, status)
+                        SELECT r.client, o.epoch, r.conversation, r.sequence, r.status FROM refusals r JOIN outboxes o USING (client);
+                    DROP TABLE outboxes;
+                    DROP TABLE conversations;
+                    DROP TABLE refusals;
+                    ALTER TABLE outboxes_v2 RENAME TO outboxes;
+                    ALTER TABLE conversations_v2 RENAME TO conversations;
+                    ALTER TABLE refusals_v2 RENAME TO refusals;
+                    CREATE INDEX outboxes_last_seen ON outboxes (last_seen);
+                    """,
+                arguments: [Int64(Date().timeIntervalSince1970)]
+            )
+        }
         return migrator
     }
 
-    public func registerOutbox(client: String, epoch: UInt64) async throws -> Bool {
+    public func touchOutboxes(_ outboxes: [OutboxID], at time: Date) async throws {
+        guard !outboxes.isEmpty else { return }
+        let seen = Self.seconds(time)
         try await self.write { db in
-            let previous = try Int64.fetchOne(db, sql: "SELECT epoch FROM outboxes WHERE client = ?", arguments: [client])
-            try db.execute(
-                sql: "INSERT INTO outboxes (client, epoch) VALUES (?, ?) ON CONFLICT (client) DO UPDATE SET epoch = excluded.epoch",
-                arguments: [client, Int64(bitPattern: epoch)]
+            let statement = try db.cachedStatement(
+                sql: """
+                    INSERT INTO outboxes (client, epoch, last_seen) VALUES (?, ?, ?)
+                    ON CONFLICT (client, epoch) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen)
+                    """
             )
-            guard let previous, UInt64(bitPattern: previous) != epoch else { return false }
-            try db.execute(sql: "DELETE FROM conversations WHERE client = ?", arguments: [client])
-            try db.execute(sql: "DELETE FROM refusals WHERE client = ?", arguments: [client])
-            return true
+            for outbox in outboxes {
+                try statement.execute(arguments: [outbox.client, Int64(bitPattern: outbox.epoch), seen])
+            }
         }
     }
 
-    public func lastProcessed(client: String, conversation: String) async throws -> UInt64 {
-        try await self.read { db in try Self.lastProcessed(db, client: client, conversation: conversation) }
+    public func forgetOutboxes(notSeenSince time: Date) async throws -> Int {
+        let before = Self.seconds(time)
+        return try await self.write { db in
+            let stale = "SELECT client, epoch FROM outboxes WHERE last_seen < ?"
+            try db.execute(sql: "DELETE FROM conversations WHERE (client, epoch) IN (\(stale))", arguments: [before])
+            try db.execute(sql: "DELETE FROM refusals WHERE (client, epoch) IN (\(stale))", arguments: [before])
+            try db.execute(sql: "DELETE FROM outboxes WHERE last_seen < ?", arguments: [before])
+            return db.changesCount
+        }
     }
 
-    public func outcome(client: String, conversation: String, sequence: UInt64) async throws -> StatusCode {
+    public func lastProcessed(_ outbox: OutboxID, conversation: String) async throws -> UInt64 {
+        try await self.read { db in try Self.lastProcessed(db, outbox: outbox, conversation: conversation) }
+    }
+
+    public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
         try await self.read { db in
             let status = try Int.fetchOne(
-                db,
-                sql: "SELECT status FROM refusals WHERE client = ? AND conversation = ? AND sequence = ?",
-                arguments: [client, conversation, Int64(bitPattern: sequence)]
+                db.cachedStatement(sql: "SELECT status FROM refusals WHERE client = ? AND epoch = ? AND conversation = ? AND sequence = ?"),
+                arguments: [outbox.client, Int64(bitPattern: outbox.epoch), conversation, Int64(bitPattern: sequence)]
             )
             return status.map { StatusCode(rawValue: UInt16(truncatingIfNeeded: $0)) } ?? .ok
         }
@@ -120,8 +164,8 @@ public final class SQLiteMessageStore: MessageStore {
         try await self.write { db in
             var last: [ConversationKey: UInt64] = [:]
             for message in processed {
-                let key = ConversationKey(client: message.client, conversation: message.conversation)
-                let current = try last[key] ?? Self.lastProcessed(db, client: message.client, conversation: message.conversation)
+                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
+                let current = try last[key] ?? Self.lastProcessed(db, outbox: message.outbox, conversation: message.conversation)
                 guard message.sequence == current + 1 else {
                     // Throwing rolls the whole transaction back.
                     throw MessageStoreError(
@@ -131,22 +175,32 @@ public final class SQLiteMessageStore: MessageStore {
                 }
                 last[key] = message.sequence
                 if message.status != .ok {
-                    try db.cachedStatement(sql: "INSERT INTO refusals (client, conversation, sequence, status) VALUES (?, ?, ?, ?)")
-                        .execute(arguments: [
-                            message.client, message.conversation, Int64(bitPattern: message.sequence), Int(message.status.rawValue),
-                        ])
+                    try db.cachedStatement(
+                        sql: "INSERT INTO refusals (client, epoch, conversation, sequence, status) VALUES (?, ?, ?, ?, ?)"
+                    )
+                    .execute(arguments: [
+                        message.outbox.client, Int64(bitPattern: message.outbox.epoch), message.conversation,
+                        Int64(bitPattern: message.sequence), Int(message.status.rawValue),
+                    ])
                 }
             }
             for (key, sequence) in last {
                 try db.cachedStatement(
                     sql: """
-                        INSERT INTO conversations (client, conversation, last_sequence) VALUES (?, ?, ?)
-                        ON CONFLICT (client, conversation) DO UPDATE SET last_sequence = excluded.last_sequence
+                        INSERT INTO conversations (client, epoch, conversation, last_sequence) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (client, epoch, conversation) DO UPDATE SET last_sequence = excluded.last_sequence
                         """
-                ).execute(arguments: [key.client, key.conversation, Int64(bitPattern: sequence)])
+                ).execute(arguments: [
+                    key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation, Int64(bitPattern: sequence),
+                ])
                 if sequence > refusalWindow {
-                    try db.cachedStatement(sql: "DELETE FROM refusals WHERE client = ? AND conversation = ? AND sequence <= ?")
-                        .execute(arguments: [key.client, key.conversation, Int64(bitPattern: sequence - refusalWindow)])
+                    try db.cachedStatement(
+                        sql: "DELETE FROM refusals WHERE client = ? AND epoch = ? AND conversation = ? AND sequence <= ?"
+                    )
+                    .execute(arguments: [
+                        key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation,
+                        Int64(bitPattern: sequence - refusalWindow),
+                    ])
                 }
             }
             return try Self.append(deliveries, db)
@@ -181,14 +235,17 @@ public final class SQLiteMessageStore: MessageStore {
     // MARK: Internals
 
     private struct ConversationKey: Hashable {
-        var client: String
+        var outbox: OutboxID
         var conversation: String
     }
 
-    private static func lastProcessed(_ db: Database, client: String, conversation: String) throws -> UInt64 {
+    /// A time as whole seconds since 1970, as the outboxes table keeps it.
+    private static func seconds(_ time: Date) -> Int64 { Int64(time.timeIntervalSince1970.rounded(.down)) }
+
+    private static func lastProcessed(_ db: Database, outbox: OutboxID, conversation: String) throws -> UInt64 {
         let value = try Int64.fetchOne(
-            db.cachedStatement(sql: "SELECT last_sequence FROM conversations WHERE client = ? AND conversation = ?"),
-            arguments: [client, conversation]
+            db.cachedStatement(sql: "SELECT last_sequence FROM conversations WHERE client = ? AND epoch = ? AND conversation = ?"),
+            arguments: [outbox.client, Int64(bitPattern: outbox.epoch), conversation]
         )
         return value.map { UInt64(bitPattern: $0) } ?? 0
     }

@@ -55,6 +55,21 @@ struct HandshakeTests {
         #expect(throws: ProtocolError.self) { try Handshake.accept(hello, policy: policy, connectionID: 1).get() }
     }
 
+    @Test("a client id longer than the gateway's limit is refused as invalid; one at the limit is accepted")
+    func clientIDLength() throws {
+        var hello = sampleHello
+        var policy = samplePolicy
+        policy.maxClientIDLength = 8
+        hello.clientID = "ü1234567"  // 9 bytes in UTF-8
+        guard case .failure(let error) = Handshake.accept(hello, policy: policy, connectionID: 1) else {
+            Issue.record("expected a refusal")
+            return
+        }
+        #expect(error.code == .invalidRequest && error.message.contains("9 bytes") && error.message.contains("at most 8"))
+        hello.clientID = "u1234567"
+        #expect(throws: Never.self) { try Handshake.accept(hello, policy: policy, connectionID: 1).get() }
+    }
+
     @Test("a client offering reliable delivery without an outbox epoch is refused, where the gateway offers it")
     func reliableNeedsOutboxEpoch() throws {
         var hello = sampleHello
