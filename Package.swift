@@ -8,6 +8,7 @@ import PackageDescription
 //   TetherNIO      SwiftNIO channel handlers (framing) and the client transport abstraction
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
+//   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
@@ -27,6 +28,7 @@ let package = Package(
         .library(name: "TetherNIO", targets: ["TetherNIO"]),
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherGateway", targets: ["TetherGateway"]),
+        .library(name: "TetherJWT", targets: ["TetherJWT"]),
         .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
@@ -39,6 +41,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.39.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
     ],
     targets: [
         // CRC-32C with the processor's instruction; the only C in Tether (see its header).
@@ -93,6 +96,15 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
         .target(
+            name: "TetherJWT",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                .product(name: "JWTKit", package: "jwt-kit"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
             name: "TetherProtobuf",
             dependencies: [
                 "Tether",
@@ -134,6 +146,7 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherGateway",
+                "TetherJWT",
                 "TetherTesting",
                 "TetherLab",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -204,16 +217,29 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
         .testTarget(
+            name: "TetherJWTTests",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                "TetherJWT",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
             name: "TetherIntegrationTests",
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
                 "Tether",
                 "TetherGateway",
+                "TetherJWT",
                 "TetherProtobuf",
                 "TetherTesting",
                 "TetherLab",
                 "TetherTestSupport",
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

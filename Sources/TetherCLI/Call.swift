@@ -29,7 +29,7 @@ struct Call: AsyncParsableCommand {
     func run() async throws {
         try self.logging.bootstrap(default: .critical)
         let timeout = try duration(seconds: self.timeoutSeconds, option: "timeout")
-        var configuration = ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.clientID)
+        var configuration = self.gateway.configuration(clientID: self.clientID)
         // A one-shot call should report an unreachable gateway rather than retry until the deadline.
         configuration.reconnect.backoff.maxAttempts = 2
         let client = try TetherClient(configuration: configuration)

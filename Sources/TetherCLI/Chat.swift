@@ -21,7 +21,7 @@ struct Chat: AsyncParsableCommand {
 
     func run() async throws {
         try self.logging.bootstrap(default: .critical)
-        let client = try TetherClient(configuration: ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.user))
+        let client = try TetherClient(configuration: self.gateway.configuration(clientID: self.user))
         let room = self.room
         let lines = standardInputLines()
         print("* connecting to \(self.gateway.endpoint) as \(self.user); type to talk in #\(room), Ctrl-D to leave")

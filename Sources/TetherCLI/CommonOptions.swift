@@ -1,5 +1,7 @@
 import ArgumentParser
 import Logging
+import NIOCore
+import Tether
 import TetherCore
 
 /// Where a client command connects.
@@ -10,7 +12,17 @@ struct GatewayOptions: ParsableArguments {
     @Option(help: "The gateway's port.")
     var port = 7700
 
+    @Option(help: "The credential sent in HELLO (a JWT for a gateway started with --jwt-key; its subject must be the client id).")
+    var token: String?
+
     var endpoint: Endpoint { Endpoint(host: self.host, port: self.port) }
+
+    /// The client configuration for these options.
+    func configuration(clientID: String) -> ClientConfiguration {
+        var configuration = ClientConfiguration(endpoints: [self.endpoint], clientID: clientID)
+        if let token = self.token { configuration.authentication = .token(ByteBuffer(string: token)) }
+        return configuration
+    }
 }
 
 /// How much the command logs (to standard error).

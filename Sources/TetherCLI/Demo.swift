@@ -73,6 +73,7 @@ final class DemoRun: Sendable {
             let aliceProxy = TCPFaultProxy(upstream: direct)
             let viaAliceProxy = Endpoint(host: "127.0.0.1", port: try await aliceProxy.start().port!)
             self.say("gateway listening on \(direct); alice's proxy on \(viaAliceProxy), bob's on \(viaProxy)")
+            self.say("the demo gateway is open: no authentication (tether serve --jwt-key requires JWTs)")
 
             let alice = try self.client("alice", endpoint: viaAliceProxy)
             let bob = try self.client("bob", endpoint: viaProxy)

@@ -26,7 +26,7 @@ struct ReliableClientOptions: ParsableArguments {
                 throw ValidationError("cannot open the store '\(path)': \(error)")
             }
         }
-        var configuration = ClientConfiguration(endpoints: [self.gateway.endpoint], clientID: self.clientID)
+        var configuration = self.gateway.configuration(clientID: self.clientID)
         configuration.reliability = try .init(outbox: outbox)
         return try TetherClient(configuration: configuration)
     }

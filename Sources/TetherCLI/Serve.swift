@@ -2,6 +2,7 @@ import ArgumentParser
 import Logging
 import ServiceLifecycle
 import TetherGateway
+import TetherJWT
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -36,6 +37,21 @@ struct Serve: AsyncParsableCommand {
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
 
+    @Option(
+        name: .customLong("jwt-key"),
+        help: """
+            Require a JWT from every client, checked with this key: a PEM public key or certificate (RS256, ES256), \
+            a JWKS file, or an HS256 secret of at least 32 bytes. Repeat for several keys. Without it the gateway is open.
+            """
+    )
+    var jwtKeys: [String] = []
+
+    @Option(name: .customLong("jwt-issuer"), help: "With --jwt-key: the issuer (iss) tokens must carry.")
+    var jwtIssuer: String?
+
+    @Option(name: .customLong("jwt-audience"), help: "With --jwt-key: an audience (aud) tokens must include.")
+    var jwtAudience: String?
+
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
@@ -58,7 +74,27 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError("cannot open the store '\(self.store)': \(error)")
             }
         }
-        let gateway = try Gateway(configuration: configuration, messageStore: messageStore, logger: Logger(label: "tether.gateway"))
+        var authenticator: JWTAuthenticator?
+        if self.jwtKeys.isEmpty {
+            if self.jwtIssuer != nil || self.jwtAudience != nil { throw ValidationError("--jwt-issuer and --jwt-audience need --jwt-key") }
+            logger.warning("no --jwt-key: the gateway is open, and any client may claim any client id")
+        } else {
+            do {
+                authenticator = try await JWTAuthenticator(
+                    keyFiles: self.jwtKeys,
+                    configuration: .init(issuer: self.jwtIssuer, audience: self.jwtAudience)
+                )
+            } catch {
+                throw ValidationError("\(error)")
+            }
+            logger.info("clients must present a JWT whose subject is their client id", metadata: ["keys": "\(self.jwtKeys.count)"])
+        }
+        let gateway = try Gateway(
+            configuration: configuration,
+            messageStore: messageStore,
+            authenticator: authenticator,
+            logger: Logger(label: "tether.gateway")
+        )
         DemoService.install(on: gateway)
         let services = ServiceGroup(
             configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

@@ -61,10 +61,15 @@ extension Gateway {
     }
 
     /// Puts a connection in a room.
-    /// - Returns: `false` if no established connection has this id.
+    /// - Returns: `false` if no established connection has this id, or its client may not be in
+    ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).
     @discardableResult
     public func join(room: String, connection: UInt64) -> Bool {
-        self.registry.join(room, connection: connection)
+        // The check runs outside the registry's lock: the application's hook may call the gateway.
+        guard let info = self.registry.info(of: connection), self.services.router.permits(.join(room: room), info) else {
+            return false
+        }
+        return self.registry.join(room, connection: connection)
     }
 
     /// Takes a connection out of a room.

@@ -40,6 +40,8 @@ public final class Gateway: Service, Sendable {
     public typealias InlineHandler = @Sendable (GatewayRequest, RequestContext) throws -> ByteBuffer
     /// Checks a client's credentials during the handshake; throwing refuses the client
     /// (`unauthenticated`, with the ``RequestError/message`` if it is a ``RequestError``).
+    /// For credentials that expire or limit what the client may do, implement
+    /// ``ClientAuthenticator`` instead.
     ///
     /// - Important: The client id in HELLO is only a claim. Check that the token belongs to
     ///   it: pushes to ``PushTarget/client(_:)`` reach every connection that presented that id.
@@ -53,7 +55,7 @@ public final class Gateway: Service, Sendable {
     /// The ``PushBatcher`` of each loop of ``eventLoopGroup``.
     let pushBatchers: [ObjectIdentifier: PushBatcher]
     let logger: Logger
-    let authenticator: Authenticator?
+    let authenticator: (any ClientAuthenticator)?
     /// The routes while they are registered; once the gateway starts, what its connections share.
     private let routing = NIOLockedValueBox(Routing.building(Router()))
     /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
@@ -72,14 +74,16 @@ public final class Gateway: Service, Sendable {
     ///   - eventLoopGroup: Where connections' I/O runs; NIO's shared group if `nil`.
     ///   - messageStore: Where reliable delivery keeps its state (``SQLiteMessageStore`` for a
     ///     file); without one the gateway does not offer reliable delivery.
-    ///   - authenticate: Checks each client's HELLO; `nil` accepts everyone.
+    ///   - authenticator: Checks each client's HELLO and says who it is (``JWTAuthenticator``
+    ///     in `TetherJWT` checks JSON Web Tokens); `nil` accepts everyone as the client id it
+    ///     claims.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public init(
         configuration: GatewayConfiguration = .defaults,
         eventLoopGroup: (any EventLoopGroup)? = nil,
         messageStore: (any MessageStore)? = nil,
-        authenticate: Authenticator? = nil,
+        authenticator: (any ClientAuthenticator)? = nil,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         do {
@@ -98,9 +102,54 @@ public final class Gateway: Service, Sendable {
             pushBatchers[ObjectIdentifier(loop)] = PushBatcher(loop: loop)
         }
         self.pushBatchers = pushBatchers
-        self.authenticator = authenticate
+        self.authenticator = authenticator
         self.messageStore = messageStore
         self.logger = logger
+    }
+
+    /// Decides whether a client may do something: ``Access/request(method:)`` (called on the
+    /// connection's event loop for every request: keep it fast), ``Access/send(topic:)`` and
+    /// ``Access/join(room:)``. A refused request or message gets `permission denied`; a refused
+    /// join returns `false`.
+    public typealias Authorizer = @Sendable (Access, ConnectionInfo) -> Bool
+
+    /// Sets the check of what each client may do, on top of what its credentials allow
+    /// (``ClientIdentity/rooms`` and ``ClientIdentity/topics``). Set it before ``run()``.
+    ///
+    /// ```swift
+    /// gateway.authorize { access, connection in
+    ///     if case .request(let method) = access, method.hasPrefix("admin.") {
+    ///         return connection.identity?.attributes["role"] == "admin"
+    ///     }
+    ///     return true
+    /// }
+    /// ```
+    public func authorize(_ check: @escaping Authorizer) {
+        self.register("authorize") { $0.authorizer = check }
+    }
+
+    /// Creates a gateway whose clients are checked by a closure.
+    /// - Parameters:
+    ///   - configuration: Listening address, limits, timeouts, checksum policy.
+    ///   - eventLoopGroup: Where connections' I/O runs; NIO's shared group if `nil`.
+    ///   - messageStore: Where reliable delivery keeps its state.
+    ///   - authenticate: Checks each client's HELLO; throwing refuses it.
+    ///   - logger: Where the gateway logs connections and errors.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
+    public convenience init(
+        configuration: GatewayConfiguration = .defaults,
+        eventLoopGroup: (any EventLoopGroup)? = nil,
+        messageStore: (any MessageStore)? = nil,
+        authenticate: @escaping Authenticator,
+        logger: Logger = Logger(label: "tether.gateway")
+    ) throws(GatewayError) {
+        try self.init(
+            configuration: configuration,
+            eventLoopGroup: eventLoopGroup,
+            messageStore: messageStore,
+            authenticator: ClosureAuthenticator(check: authenticate),
+            logger: logger
+        )
     }
 
     /// Registers the handler of `method`, replacing any earlier one.

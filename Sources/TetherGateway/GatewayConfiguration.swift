@@ -190,6 +190,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// above the time a device may stay offline with messages not yet acknowledged. Whole
         /// seconds, at least one.
         public var outboxRetention: Duration
+        /// How long a connection stays open after its client's credentials expired
+        /// (``ClientIdentity/expiresAt``) before the gateway ends it with GOAWAY
+        /// `credentials expired`.
+        public var credentialGrace: Duration
 
         public init(
             handshake: Duration = .seconds(10),
@@ -197,7 +201,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             heartbeatInterval: Duration = .seconds(10),
             idle: Duration = .seconds(30),
             shutdownGracePeriod: Duration = .seconds(10),
-            outboxRetention: Duration = .seconds(90 * 24 * 3600)
+            outboxRetention: Duration = .seconds(90 * 24 * 3600),
+            credentialGrace: Duration = .seconds(30)
         ) {
             self.handshake = handshake
             self.handler = handler
@@ -205,6 +210,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.idle = idle
             self.shutdownGracePeriod = shutdownGracePeriod
             self.outboxRetention = outboxRetention
+            self.credentialGrace = credentialGrace
         }
 
         public static var defaults: Timeouts { Timeouts() }
@@ -218,6 +224,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 throw ConfigurationError("timeouts.idle must exceed timeouts.heartbeatInterval (clients ping once per interval)")
             }
             guard self.shutdownGracePeriod >= .zero else { throw ConfigurationError("timeouts.shutdownGracePeriod must not be negative") }
+            guard self.credentialGrace >= .zero else { throw ConfigurationError("timeouts.credentialGrace must not be negative") }
             guard self.outboxRetention >= .seconds(1) else {
                 throw ConfigurationError("timeouts.outboxRetention must be at least 1 second")
             }

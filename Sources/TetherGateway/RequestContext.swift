@@ -12,6 +12,8 @@ public struct ConnectionInfo: Sendable, Hashable {
     public var userAgent: String?
     /// The peer's address, if the transport has one.
     public var remoteAddress: String?
+    /// What the gateway's authenticator proved about the client; `nil` without one.
+    public var identity: ClientIdentity?
 }
 
 /// Who a push goes to.
@@ -44,11 +46,14 @@ final class ConnectionScope: Sendable {
     let connection: ConnectionInfo
     let logger: Logger
     let gateway: Gateway
+    /// Whether the connection's requests must pass the authorization check.
+    let checksAccess: Bool
 
-    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway) {
+    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway, checksAccess: Bool = false) {
         self.connection = connection
         self.logger = logger
         self.gateway = gateway
+        self.checksAccess = checksAccess
     }
 }
 
@@ -85,13 +90,21 @@ public struct RequestContext: Sendable {
             return logger
         }
         set {
-            self.scope = ConnectionScope(connection: self.scope.connection, logger: newValue, gateway: self.scope.gateway)
+            self.scope = ConnectionScope(
+                connection: self.scope.connection,
+                logger: newValue,
+                gateway: self.scope.gateway,
+                checksAccess: self.scope.checksAccess
+            )
             self.request = nil
         }
     }
 
     /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.
-    public func join(_ room: String) {
+    /// - Returns: `false` if the client may not be in that room (its credentials' rooms, or
+    ///   the gateway's ``Gateway/authorize(_:)`` hook), or the connection closed.
+    @discardableResult
+    public func join(_ room: String) -> Bool {
         self.gateway.join(room: room, connection: self.connection.id)
     }
 
@@ -142,4 +155,11 @@ public struct HandshakeInfo: Sendable {
     public var userAgent: String?
     /// The peer's address, if the transport has one.
     public var remoteAddress: String?
+
+    public init(clientID: String, authToken: ByteBuffer?, userAgent: String?, remoteAddress: String?) {
+        self.clientID = clientID
+        self.authToken = authToken
+        self.userAgent = userAgent
+        self.remoteAddress = remoteAddress
+    }
 }

@@ -14,6 +14,18 @@ struct Router: Sendable {
 
     private(set) var routes: [String: Route] = [:]
     private(set) var messageHandlers: [String: Gateway.MessageHandler] = [:]
+    /// The application's authorization hook, if it set one.
+    var authorizer: Gateway.Authorizer?
+
+    /// Whether `connection` may do `access`: its credentials allow it, and so does the hook.
+    func permits(_ access: Access, _ connection: ConnectionInfo) -> Bool {
+        (connection.identity?.allows(access) ?? true) && (self.authorizer?(access, connection) ?? true)
+    }
+
+    /// Whether any access of `connection` must be checked (most connections need no check).
+    func checksAccess(of connection: ConnectionInfo) -> Bool {
+        self.authorizer != nil || connection.identity?.restricts == true
+    }
 
     /// The route of a request method, if any.
     @inline(__always)

@@ -51,17 +51,28 @@ final class Harness: Sendable {
         messageStore: (any MessageStore)? = nil,
         configure: (inout GatewayConfiguration) -> Void = { _ in },
         authenticate: Gateway.Authenticator? = nil,
+        authenticator: (any ClientAuthenticator)? = nil,
         routes: (Gateway) -> Void = { _ in }
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: port)
         configure(&configuration)
-        let gateway = try Gateway(
-            configuration: configuration,
-            messageStore: messageStore,
-            authenticate: authenticate,
-            logger: testLogger("gateway")
-        )
+        let gateway =
+            if let authenticate {
+                try Gateway(
+                    configuration: configuration,
+                    messageStore: messageStore,
+                    authenticate: authenticate,
+                    logger: testLogger("gateway")
+                )
+            } else {
+                try Gateway(
+                    configuration: configuration,
+                    messageStore: messageStore,
+                    authenticator: authenticator,
+                    logger: testLogger("gateway")
+                )
+            }
         routes(gateway)
         self.spawn { try? await gateway.run() }
         self.onExit { gateway.shutdown() }

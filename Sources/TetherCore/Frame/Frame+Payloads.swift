@@ -218,6 +218,9 @@ extension Frame {
             public static let maintenance = Reason(rawValue: 2)
             /// The gateway is overloaded.
             public static let overloaded = Reason(rawValue: 3)
+            /// The client's credentials expired (and were not refreshed): connect again with
+            /// fresh ones.
+            public static let credentialsExpired = Reason(rawValue: 4)
 
             public var description: String {
                 switch self {
@@ -225,6 +228,7 @@ extension Frame {
                 case .idleTimeout: "idle timeout"
                 case .maintenance: "maintenance"
                 case .overloaded: "overloaded"
+                case .credentialsExpired: "credentials expired"
                 default: "reason \(self.rawValue)"
                 }
             }

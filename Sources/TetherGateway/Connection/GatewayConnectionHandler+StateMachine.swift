@@ -79,6 +79,8 @@ extension GatewayConnectionHandler {
         private var nextTimeLimit: UInt64 = 0
         private var handshakeDeadline: NIODeadline?
         private var graceDeadline: NIODeadline?
+        /// When the client's credentials, and their grace period, run out.
+        private var credentialsDeadline: NIODeadline?
         private var lastInbound: NIODeadline
         /// Pushes made before the WELCOME went out; sent right after it.
         private var heldPushes: [Frame.Push] = []
@@ -103,6 +105,7 @@ extension GatewayConnectionHandler {
                 var next = self.timers.earliest
                 if let handshake = self.handshakeDeadline { next = min(next ?? handshake, handshake) }
                 if let grace = self.graceDeadline { next = min(next ?? grace, grace) }
+                if let credentials = self.credentialsDeadline { next = min(next ?? credentials, credentials) }
                 if let idle = self.idleDeadline { next = min(next ?? idle, idle) }
                 return next
             }
@@ -185,10 +188,15 @@ extension GatewayConnectionHandler {
         /// The handshake succeeded: the WELCOME goes out now.
         /// - Returns: The pushes held until now, to send right after it; `nil` if the connection
         ///   is no longer waiting for a WELCOME (it closed meanwhile).
-        mutating func welcome(_ negotiated: Handshake.Negotiated) -> [Frame.Push]? {
+        /// - Parameters:
+        ///   - negotiated: What the handshake settled.
+        ///   - credentialsDeadline: When the client's credentials have expired, grace included;
+        ///     the connection then ends with GOAWAY `credentials expired`.
+        mutating func welcome(_ negotiated: Handshake.Negotiated, credentialsDeadline: NIODeadline? = nil) -> [Frame.Push]? {
             guard case .negotiating = self.session.phase, !self.closing else { return nil }
             self.session.welcomeSent(negotiated)
             self.handshakeDeadline = nil
+            self.credentialsDeadline = credentialsDeadline
             defer { self.heldPushes = [] }
             return self.heldPushes
         }
@@ -308,6 +316,8 @@ extension GatewayConnectionHandler {
             var sendAndClose: Frame.Payload?
             /// Close at once (the grace period after GOAWAY ended).
             var close = false
+            /// Drain the connection with this GOAWAY (the client's credentials expired).
+            var drain: Frame.GoAway?
         }
 
         /// The handler's timer fired (perhaps early: then nothing is due).
@@ -324,6 +334,14 @@ extension GatewayConnectionHandler {
                 self.graceDeadline = nil
                 result.close = true
                 return result
+            }
+            if let deadline = self.credentialsDeadline, now >= deadline {
+                // Drained like a shutdown: the requests in flight are answered, the client closes.
+                self.credentialsDeadline = nil
+                result.drain = Frame.GoAway(
+                    reason: .credentialsExpired,
+                    message: "the client's credentials expired; connect again with fresh ones"
+                )
             }
             if let deadline = self.idleDeadline, now >= deadline {
                 let silence = Duration(now - self.lastInbound).shortDescription

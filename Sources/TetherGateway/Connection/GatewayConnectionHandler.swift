@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOCore
 import TetherCore
@@ -256,10 +257,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.pushes?.drain()
         // The WELCOME carries a checksum, whatever was negotiated.
         let flags = self.machine.outboundFlags
-        guard let held = self.machine.welcome(session.negotiated) else { return }  // closed meanwhile
+        // The credentials' expiry is on the wall clock; the connection's timer runs on the loop's.
+        let credentialsDeadline = session.info.identity?.expiresAt.map { expiresAt in
+            let remaining = Duration.seconds(max(0, expiresAt.timeIntervalSinceNow)) + self.services.configuration.timeouts.credentialGrace
+            return self.eventLoop.now + TimeAmount(remaining)
+        }
+        // nil: the connection closed meanwhile.
+        guard let held = self.machine.welcome(session.negotiated, credentialsDeadline: credentialsDeadline) else { return }
         self.write(.welcome(session.welcome), flags: flags, context: context)
         self.reader.maxBodySize = self.services.configuration.limits.maxBodySize
-        self.scope = ConnectionScope(connection: session.info, logger: self.logger, gateway: self.services.gateway)
+        self.scope = ConnectionScope(
+            connection: session.info,
+            logger: self.logger,
+            gateway: self.services.gateway,
+            checksAccess: self.services.router.checksAccess(of: session.info)
+        )
         for push in held { self.write(.push(push), context: context) }
         self.flushNow(context: context)
         self.armTimer()
@@ -302,6 +314,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     /// task's once a slot is free.
     private func dispatch(_ request: Frame.Request, context: ChannelHandlerContext) {
         guard let scope = self.scope else { return }  // requests come only once established
+        if scope.checksAccess, !self.services.router.permits(.request(method: request.method), scope.connection) {
+            let refusal = Frame.Response(id: request.id, status: .permissionDenied, message: "not allowed to call '\(request.method)'")
+            self.respond(refusal, context: context)
+            return
+        }
         switch self.services.router.route(request.method) {
         case .task(let handler):
             if case .start = self.machine.handlerNeeded(request) {
@@ -503,6 +520,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         } else if due.close {
             self.logger.info("grace period over; closing the connection", metadata: ["requests": "\(self.machine.requestsInFlight)"])
             self.closeNow(context: context)
+        }
+        if let goAway = due.drain {
+            self.logger.info("the client's credentials expired; draining the connection")
+            self.drain(goAway)
         }
     }
 

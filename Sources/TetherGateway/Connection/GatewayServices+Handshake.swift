@@ -39,20 +39,20 @@ extension GatewayServices {
         case .success(let accepted):
             (welcome, negotiated) = accepted
         }
+        var identity: ClientIdentity?
         if let authenticator = self.authenticator {
-            do {
-                try await authenticator(
-                    HandshakeInfo(
-                        clientID: hello.clientID,
-                        authToken: hello.authToken,
-                        userAgent: hello.userAgent,
-                        remoteAddress: remoteAddress
-                    )
-                )
-            } catch {
-                let message = (error as? RequestError)?.message ?? "authentication failed"
-                logger.info("client refused by the authenticator", metadata: ["client": "\(hello.clientID)", "error": "\(error)"])
-                return .refused(.error(.init(code: .unauthenticated, message: message)))
+            let info = HandshakeInfo(
+                clientID: hello.clientID,
+                authToken: hello.authToken,
+                userAgent: hello.userAgent,
+                remoteAddress: remoteAddress
+            )
+            switch await Self.authenticate(info, with: authenticator) {
+            case .success(let proven):
+                identity = proven
+            case .failure(let refusal):
+                logger.info("client refused by the authenticator", metadata: ["client": "\(hello.clientID)", "error": "\(refusal)"])
+                return .refused(.error(.init(code: refusal.status, message: refusal.message)))
             }
         }
         var resume: UInt64?
@@ -69,9 +69,37 @@ extension GatewayServices {
             outbox = id
             resume = hello.resume.flatMap { $0.epoch == store.epoch ? $0.lastSequence : nil } ?? 0
         }
-        guard let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent) else {
+        guard
+            let info = self.registry.established(connectionID, clientID: hello.clientID, userAgent: hello.userAgent, identity: identity)
+        else {
             return .gone
         }
         return .accepted(EstablishedSession(info: info, welcome: welcome, negotiated: negotiated, resume: resume, outbox: outbox))
+    }
+
+    /// Runs the authenticator, and checks that the identity it proves is the one claimed.
+    static func authenticate(
+        _ info: HandshakeInfo,
+        with authenticator: any ClientAuthenticator
+    ) async -> Result<
+        ClientIdentity, AuthenticationError
+    > {
+        let identity: ClientIdentity
+        do {
+            identity = try await authenticator.authenticate(info)
+        } catch let error as AuthenticationError {
+            return .failure(error)
+        } catch {
+            return .failure(AuthenticationError(.unauthenticated, "authentication failed"))
+        }
+        guard identity.clientID == info.clientID else {
+            return .failure(
+                AuthenticationError(
+                    .permissionDenied,
+                    "the credentials are those of client '\(identity.clientID)', not of '\(info.clientID)' that the HELLO claims"
+                )
+            )
+        }
+        return .success(identity)
     }
 }

@@ -15,7 +15,7 @@ final class GatewayServices: Sendable {
     let registry: ConnectionRegistry
     /// What ``Gateway/run()`` waits for: the listener and each connection, until its tasks ended.
     let activity: ActivityTracker
-    let authenticator: Gateway.Authenticator?
+    let authenticator: (any ClientAuthenticator)?
     /// Where reliable delivery keeps its state; `nil` disables it.
     let messageStore: (any MessageStore)?
     let outboxLanes: OutboxLanes

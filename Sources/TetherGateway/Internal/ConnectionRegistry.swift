@@ -50,7 +50,7 @@ final class ConnectionRegistry: Sendable {
     ) -> Frame.GoAway? {
         self.state.withLockedValue { state in
             state.connections[id] = Entry(
-                info: ConnectionInfo(id: id, clientID: "", userAgent: nil, remoteAddress: remoteAddress),
+                info: ConnectionInfo(id: id, clientID: "", userAgent: nil, remoteAddress: remoteAddress, identity: nil),
                 channel: channel,
                 handler: handler,
                 established: false
@@ -60,11 +60,12 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// Records the identity a connection presented in its completed handshake.
-    func established(_ id: UInt64, clientID: String, userAgent: String?) -> ConnectionInfo? {
+    func established(_ id: UInt64, clientID: String, userAgent: String?, identity: ClientIdentity?) -> ConnectionInfo? {
         self.state.withLockedValue { state in
             guard var entry = state.connections[id] else { return nil }
             entry.info.clientID = clientID
             entry.info.userAgent = userAgent
+            entry.info.identity = identity
             entry.established = true
             state.connections[id] = entry
             state.byClient[clientID, default: []].insert(id)
@@ -148,6 +149,11 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// The handler of connection `id`, if it is open.
+    /// An established connection.
+    func info(of id: UInt64) -> ConnectionInfo? {
+        self.state.withLockedValue { state in state.connections[id].flatMap { $0.established ? $0.info : nil } }
+    }
+
     func handler(of id: UInt64) -> NIOLoopBound<GatewayConnectionHandler>? {
         self.state.withLockedValue { $0.connections[id]?.handler }
     }

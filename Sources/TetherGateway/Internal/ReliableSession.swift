@@ -228,6 +228,9 @@ final class ReliableSession: Sendable {
         if let ttl = message.ttl, received.receivedAt + ttl <= .now {
             return .deadlineExceeded
         }
+        guard self.services.router.permits(.send(topic: message.topic), self.connection) else {
+            return .permissionDenied  // a final refusal, recorded like a handler's
+        }
         guard let handler = self.services.router.messageHandler(message.topic) else {
             return .unknownMethod
         }

@@ -28,7 +28,12 @@ struct GatewayConnectionStateMachineTests {
     }
 
     /// A machine past its handshake.
-    func established(maxRunning: Int = 2, maxWaiting: Int = 3, handlerTimeout: TimeAmount = .seconds(30)) throws -> Machine {
+    func established(
+        maxRunning: Int = 2,
+        maxWaiting: Int = 3,
+        handlerTimeout: TimeAmount = .seconds(30),
+        credentialsDeadline: NIODeadline? = nil
+    ) throws -> Machine {
         var machine = self.machine(maxRunning: maxRunning, maxWaiting: maxWaiting, handlerTimeout: handlerTimeout)
         guard case .startHandshake = machine.received(Frame(.hello(Self.hello), flags: .checksum), now: Self.start) else {
             throw Failure("expected the handshake to start")
@@ -41,7 +46,7 @@ struct GatewayConnectionStateMachineTests {
             maxConcurrentRequests: UInt32(maxRunning)
         )
         let (_, negotiated) = try Handshake.accept(Self.hello, policy: policy, connectionID: 1).get()
-        #expect(machine.welcome(negotiated) == [])
+        #expect(machine.welcome(negotiated, credentialsDeadline: credentialsDeadline) == [])
         return machine
     }
 
@@ -190,6 +195,19 @@ struct GatewayConnectionStateMachineTests {
             return
         }
         #expect(goAway.reason == .idleTimeout)
+    }
+
+    @Test("expired credentials: the timer is set for them, and at their deadline the connection is drained with GOAWAY")
+    func credentialsExpire() throws {
+        var machine = try self.established(credentialsDeadline: Self.start + .seconds(12))
+        #expect(machine.nextDeadline == Self.start + .seconds(12))
+        let early = machine.timerFired(now: Self.start + .seconds(11))
+        #expect(early.drain == nil && early.sendAndClose == nil)
+        let due = machine.timerFired(now: Self.start + .seconds(12))
+        #expect(due.drain?.reason == .credentialsExpired)
+        #expect(due.sendAndClose == nil, "drained, not cut: the requests in flight are answered")
+        #expect(machine.timerFired(now: Self.start + .seconds(13)).drain == nil, "once")
+        #expect(machine.drain(now: Self.start + .seconds(12)) == .sendGoAway)
     }
 
     @Test("drain: GOAWAY and a grace period once established; GOAWAY and a close during the handshake; nothing twice")
