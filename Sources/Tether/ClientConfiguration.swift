@@ -92,6 +92,35 @@ public struct ClientConfiguration: Sendable {
         case token(ByteBuffer)
         /// A token fetched before each connection attempt, so it can be refreshed.
         case provider(@Sendable () async throws -> ByteBuffer)
+        /// Tokens that expire (JWTs): one is fetched before each connection attempt and, while
+        /// connected, a fresh one when 80 % of the current one's validity has passed, which is
+        /// sent to the gateway on the open connection: the connection is not interrupted
+        /// (PROTOCOL.md, section 5.1). Times are measured on the client's clock.
+        ///
+        /// ```swift
+        /// configuration.authentication = .expiring {
+        ///     let jwt = try await authService.freshToken()
+        ///     return Credential(token: jwt.string, validFor: .seconds(jwt.expiresIn))
+        /// }
+        /// ```
+        case expiring(@Sendable () async throws -> Credential)
+    }
+
+    /// A token and how long it stays valid.
+    public struct Credential: Sendable {
+        /// What the client sends (HELLO's auth token, or the body of a refresh).
+        public var token: ByteBuffer
+        /// How long after it was fetched the token stops being valid.
+        public var validFor: Duration
+
+        public init(token: ByteBuffer, validFor: Duration) {
+            self.token = token
+            self.validFor = validFor
+        }
+
+        public init(token: String, validFor: Duration) {
+            self.init(token: ByteBuffer(string: token), validFor: validFor)
+        }
     }
 
     /// Request defaults.

@@ -163,7 +163,7 @@ extension TetherClient {
         self.eventBroadcaster.yield(.connected(connection.endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
         waiters.resume(returning: connection)
 
-        let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
+        let closure = await self.serve(connection)
         self.reliable?.detach(connection)
         // Update the state before telling anyone, so that a subscriber reacting to the event
         // already sees the client as disconnected.
@@ -176,6 +176,46 @@ extension TetherClient {
         self.eventBroadcaster.yield(.disconnected(closure.reason))
         return afterClose
     }
+
+    /// Waits until `connection` closes, keeping its credentials fresh meanwhile if they expire.
+    private func serve(_ connection: ClientConnection) async -> ConnectionClosure {
+        await withTaskGroup { group in
+            if let validFor = connection.credentialValidFor, case .expiring(let provider) = self.configuration.authentication {
+                group.addTask { await self.keepCredentialsFresh(validFor: validFor, provider: provider) }
+            }
+            let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
+            group.cancelAll()
+            return closure
+        }
+    }
+
+    /// Until cancelled (the connection closed), fetches a fresh token when 80 % of the current
+    /// one's validity has passed and sends it on the connection (the `$auth` request). A
+    /// refusal or a failure is tried again after a tenth of the validity; if the token runs out
+    /// meanwhile, the gateway ends the connection and the next one starts with a fresh token.
+    private func keepCredentialsFresh(validFor: Duration, provider: @Sendable () async throws -> ClientConfiguration.Credential) async {
+        var wait = validFor * 0.8
+        while !Task.isCancelled {
+            do {
+                try await self.clock.sleep(for: wait)
+            } catch {
+                return  // cancelled
+            }
+            do {
+                let credential = try await provider()
+                _ = try await self.request(Self.refreshCredentialsMethod, body: credential.token)
+                self.logger.debug("credentials refreshed on the open connection", metadata: ["valid-for": "\(credential.validFor)"])
+                wait = credential.validFor * 0.8
+            } catch {
+                if Task.isCancelled { return }
+                self.logger.warning("could not refresh the credentials; trying again", metadata: ["error": "\(error)"])
+                wait = max(validFor / 10, .seconds(1))
+            }
+        }
+    }
+
+    /// The request that replaces a connection's credentials (PROTOCOL.md, section 5.1).
+    static let refreshCredentialsMethod = "$auth"
 
     /// One connection attempt, racing connections as ``ClientConfiguration/Connection-swift.struct/raceDelay``
     /// says: the first to complete the handshake wins, the others are closed.
@@ -280,10 +320,15 @@ extension TetherClient {
     /// task closes the connection.
     private func establish(_ endpoint: Endpoint) async throws -> ClientConnection {
         let token: ByteBuffer?
+        var validFor: Duration?
         switch self.configuration.authentication {
         case .none: token = nil
         case .token(let value): token = value
         case .provider(let provider): token = try await provider()
+        case .expiring(let provider):
+            let credential = try await provider()
+            token = credential.token
+            validFor = credential.validFor
         }
         let connectionConfiguration = self.configuration.connection
         var hello = Frame.Hello(
@@ -332,7 +377,8 @@ extension TetherClient {
                 endpoint,
                 handlerConfiguration: handlerConfiguration,
                 callbacks: callbacks,
-                cancellation: cancellation
+                cancellation: cancellation,
+                credentialValidFor: validFor
             )
         } onCancel: {
             let channel = cancellation.withLockedValue { state -> (any Channel)? in
@@ -347,7 +393,8 @@ extension TetherClient {
         _ endpoint: Endpoint,
         handlerConfiguration: ClientConnectionHandler.Configuration,
         callbacks: ClientConnectionHandler.Callbacks,
-        cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>
+        cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>,
+        credentialValidFor: Duration?
     ) async throws -> ClientConnection {
         let connectionConfiguration = self.configuration.connection
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
@@ -396,7 +443,8 @@ extension TetherClient {
                 endpoint: endpoint,
                 resume: handlerConfiguration.hello.resume,
                 negotiated: negotiated,
-                closeFuture: closed.futureResult
+                closeFuture: closed.futureResult,
+                credentialValidFor: credentialValidFor
             )
         } catch {
             channel.close(promise: nil)

@@ -8,6 +8,7 @@ import TetherCore
 import TetherGateway
 import TetherJWT
 import TetherTestSupport
+import TetherTesting
 
 extension IntegrationTests {
     /// A gateway protected by the JWT authenticator, against clients with good, bad, expired
@@ -225,6 +226,132 @@ extension IntegrationTests {
                 )
                 #expect(await connection.nextMessageAck() == [.init(id: 1, status: .permissionDenied)])
             }
+        }
+
+        /// Accepts tokens that start with "good", as the client id they claim, for ever; records
+        /// every token it sees.
+        struct RecordingAuthenticator: ClientAuthenticator {
+            let seen = NIOLockedValueBox<[String]>([])
+            func authenticate(_ hello: HandshakeInfo) async throws -> ClientIdentity {
+                let token = hello.authToken.map { String(buffer: $0) } ?? ""
+                self.seen.withLockedValue { $0.append(token) }
+                guard token.hasPrefix("good") else { throw AuthenticationError(.unauthenticated, "not a good token: \(token)") }
+                return ClientIdentity(clientID: hello.clientID, attributes: ["token": token])
+            }
+        }
+
+        @Test("on virtual time: 80 % into its token's validity the client sends a fresh one on the open connection; no reconnect")
+        func refreshOnVirtualTime() async throws {
+            try await withHarness { harness in
+                let authenticator = RecordingAuthenticator()
+                let (_, endpoint) = try await harness.gateway(authenticator: authenticator) { gateway in
+                    gateway.handle("token") { _, context in ByteBuffer(string: context.connection.identity?.attributes["token"] ?? "-") }
+                }
+                let clock = ManualClock()
+                let issued = NIOLockedValueBox(0)
+                let client = try harness.client([endpoint], clientID: "alice", clock: clock) {
+                    $0.authentication = .expiring {
+                        let number = issued.withLockedValue {
+                            $0 += 1; return $0
+                        }
+                        return .init(token: number == 3 ? "bad-\(number)" : "good-\(number)", validFor: .seconds(100))
+                    }
+                }
+                let events = harness.events(of: client)
+                #expect(try await client.request("token", body: ByteBuffer()).string == "good-1")
+
+                await clock.waitForSleepers(1)
+                clock.advance(by: .seconds(79))
+                try await Task.sleep(for: .milliseconds(100))
+                #expect(authenticator.seen.withLockedValue { $0 } == ["good-1"], "not before 80 s")
+                clock.advance(by: .seconds(1))
+                try await eventually("the gateway checked the fresh token") { authenticator.seen.withLockedValue { $0.count } == 2 }
+                try await eventually("the connection has the fresh token's identity") {
+                    (try? await client.request("token", body: ByteBuffer()).string) == "good-2"
+                }
+
+                // The next refresh is refused: the connection keeps its credentials, the client
+                // tries again after a tenth of the validity.
+                await clock.waitForSleepers(1)
+                clock.advance(by: .seconds(80))
+                try await eventually("the refused token was checked") { authenticator.seen.withLockedValue { $0.count } == 3 }
+                await clock.waitForSleepers(1)
+                clock.advance(by: .seconds(10))
+                try await eventually("a good one follows") { authenticator.seen.withLockedValue { $0.last } == "good-4" }
+                try await eventually("and replaces it") { (try? await client.request("token", body: ByteBuffer()).string) == "good-4" }
+                #expect(events.connects == 1, "all on the one connection")
+                #expect(authenticator.seen.withLockedValue { $0 } == ["good-1", "good-2", "bad-3", "good-4"])
+            }
+        }
+
+        @Test("with JWTs: a refreshed token moves the connection's expiry, so it is not drained")
+        func refreshKeepsTheConnection() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await self.gateway(harness) { $0.timeouts.credentialGrace = .milliseconds(300) }
+                let issued = NIOLockedValueBox(0)
+                let client = try harness.client([endpoint], clientID: "alice") {
+                    $0.authentication = .expiring {
+                        // The first token is past its expiry (accepted within the 30 s leeway,
+                        // drained after the 300 ms grace); the refresh, at 80 ms, brings a good one.
+                        let first = issued.withLockedValue {
+                            $0 += 1; return $0 == 1
+                        }
+                        let token = try await Self.token(for: "alice", expiresIn: first ? -29 : 3600)
+                        return .init(token: token, validFor: first ? .milliseconds(100) : .seconds(3600))
+                    }
+                }
+                let events = harness.events(of: client)
+                #expect(try await client.request("whoami", body: ByteBuffer()).string == "alice")
+                try await Task.sleep(for: .seconds(1))
+                #expect(issued.withLockedValue { $0 } == 2)
+                #expect(events.disconnectReasons.isEmpty, "not drained: \(events.disconnectReasons)")
+                #expect(events.connects == 1)
+                #expect(try await client.request("whoami", body: ByteBuffer()).string == "alice")
+            }
+        }
+
+        @Test("a refresh with another client's token is refused with permission denied; the connection stays")
+        func refreshWithForeignToken() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await self.gateway(harness)
+                let connection = try await RawConnection.connect(to: endpoint)
+                defer { connection.close() }
+                _ = try await self.refusalFree(connection, token: try await Self.token(for: "alice"))
+                try await connection.send(
+                    .request(.init(id: 1, method: "$auth", body: ByteBuffer(string: try await Self.token(for: "bob"))))
+                )
+                guard case .response(let refused)? = await connection.next()?.payload else {
+                    Issue.record("expected RESPONSE")
+                    return
+                }
+                #expect(refused.status == .permissionDenied)
+                try await connection.send(.request(.init(id: 2, method: "whoami")))
+                guard case .response(let answer)? = await connection.next()?.payload else {
+                    Issue.record("expected RESPONSE")
+                    return
+                }
+                #expect(answer.status == .ok && answer.body.string == "alice")
+            }
+        }
+
+        /// Completes a handshake as alice with `token`.
+        func refusalFree(_ connection: RawConnection, token: String) async throws -> Frame.Welcome? {
+            try await connection.send(
+                .hello(
+                    .init(
+                        versions: 1...1,
+                        features: .checksum,
+                        maxBodySize: 1 << 20,
+                        clientID: "alice",
+                        authToken: ByteBuffer(string: token)
+                    )
+                )
+            )
+            guard case .welcome(let welcome)? = await connection.next()?.payload else {
+                Issue.record("expected WELCOME")
+                return nil
+            }
+            return welcome
         }
     }
 }

@@ -13,6 +13,8 @@ final class ClientConnection: Sendable {
     let resume: Frame.Hello.Resume?
     /// Completes when the channel has closed, with the reason.
     let closeFuture: EventLoopFuture<ConnectionClosure>
+    /// How long the credentials its HELLO carried stay valid, if they expire.
+    let credentialValidFor: Duration?
     private let handler: NIOLoopBound<ClientConnectionHandler>
     /// Requests submitted from outside the event loop, waiting for the one hop that sends them
     /// all: many callers at once cost one wake-up of the loop and one write, not one each.
@@ -36,7 +38,8 @@ final class ClientConnection: Sendable {
         endpoint: Endpoint,
         resume: Frame.Hello.Resume?,
         negotiated: Handshake.Negotiated,
-        closeFuture: EventLoopFuture<ConnectionClosure>
+        closeFuture: EventLoopFuture<ConnectionClosure>,
+        credentialValidFor: Duration? = nil
     ) {
         self.channel = channel
         self.handler = handler
@@ -44,6 +47,7 @@ final class ClientConnection: Sendable {
         self.resume = resume
         self.negotiated = negotiated
         self.closeFuture = closeFuture
+        self.credentialValidFor = credentialValidFor
     }
 
     /// Sends `request` and waits for its response until `deadline`; task cancellation cancels it at once.

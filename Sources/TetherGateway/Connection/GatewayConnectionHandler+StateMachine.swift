@@ -201,6 +201,13 @@ extension GatewayConnectionHandler {
             return self.heldPushes
         }
 
+        /// The client refreshed its credentials on the connection: their new deadline replaces
+        /// the old (unless the connection is already being drained for the old ones).
+        mutating func credentialsReplaced(deadline: NIODeadline?) {
+            guard case .established = self.session.phase else { return }
+            self.credentialsDeadline = deadline
+        }
+
         // MARK: Handlers
 
         enum OnHandlerNeeded: Equatable {

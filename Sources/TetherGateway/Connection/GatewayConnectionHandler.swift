@@ -257,12 +257,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         self.pushes?.drain()
         // The WELCOME carries a checksum, whatever was negotiated.
         let flags = self.machine.outboundFlags
-        // The credentials' expiry is on the wall clock; the connection's timer runs on the loop's.
-        let credentialsDeadline = session.info.identity?.expiresAt.map { expiresAt in
-            let remaining = Duration.seconds(max(0, expiresAt.timeIntervalSinceNow)) + self.services.configuration.timeouts.credentialGrace
-            return self.eventLoop.now + TimeAmount(remaining)
-        }
         // nil: the connection closed meanwhile.
+        let credentialsDeadline = self.credentialsDeadline(of: session.info.identity)
         guard let held = self.machine.welcome(session.negotiated, credentialsDeadline: credentialsDeadline) else { return }
         self.write(.welcome(session.welcome), flags: flags, context: context)
         self.reader.maxBodySize = self.services.configuration.limits.maxBodySize
@@ -314,6 +310,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     /// task's once a slot is free.
     private func dispatch(_ request: Frame.Request, context: ChannelHandlerContext) {
         guard let scope = self.scope else { return }  // requests come only once established
+        if request.method == Self.refreshCredentialsMethod {
+            // Runs the authenticator in a task, in a handler slot like any request.
+            if case .start = self.machine.handlerNeeded(request) {
+                self.startHandler(request, handler: self.refreshCredentials, scope: scope)
+            }
+            return
+        }
         if scope.checksAccess, !self.services.router.permits(.request(method: request.method), scope.connection) {
             let refusal = Frame.Response(id: request.id, status: .permissionDenied, message: "not allowed to call '\(request.method)'")
             self.respond(refusal, context: context)
@@ -343,6 +346,63 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
             outbound.execute { $0.handlerFinished(response) }
         }
         if self.machine.handlerStarted(id, task: task) { task.cancel() }
+    }
+
+    // MARK: Credentials
+
+    /// The request that replaces the connection's credentials (PROTOCOL.md, section 5.1).
+    static let refreshCredentialsMethod = "$auth"
+
+    /// The handler of `$auth`: checks the new token as a HELLO's, for the same client id.
+    /// Accepted, it replaces the connection's identity (its expiry, rooms and topics); refused,
+    /// the connection keeps the credentials it has until they run out. Without an authenticator
+    /// there is nothing to replace: `ok`.
+    private var refreshCredentials: Gateway.Handler {
+        let services = self.services
+        let outbound = self.outbound
+        return { request, context in
+            guard let authenticator = services.authenticator else { return ByteBuffer() }
+            let connection = context.connection
+            let info = HandshakeInfo(
+                clientID: connection.clientID,
+                authToken: request.body,
+                userAgent: connection.userAgent,
+                remoteAddress: connection.remoteAddress
+            )
+            switch await GatewayServices.authenticate(info, with: authenticator) {
+            case .success(let identity):
+                // Ordered before the RESPONSE, which goes through the loop after this returns.
+                outbound?.execute { $0.credentialsReplaced(identity) }
+                return ByteBuffer()
+            case .failure(let refusal):
+                context.logger.info("credentials refresh refused", metadata: ["error": "\(refusal)"])
+                throw RequestError(refusal.status, refusal.message)
+            }
+        }
+    }
+
+    private func credentialsReplaced(_ identity: ClientIdentity) {
+        guard let scope = self.scope else { return }
+        var connection = scope.connection
+        connection.identity = identity
+        self.scope = ConnectionScope(
+            connection: connection,
+            logger: self.logger,
+            gateway: self.services.gateway,
+            checksAccess: self.services.router.checksAccess(of: connection)
+        )
+        self.services.registry.replaceIdentity(of: connection.id, with: identity)
+        self.machine.credentialsReplaced(deadline: self.credentialsDeadline(of: identity))
+        self.armTimer()
+    }
+
+    /// When the connection must end for `identity`'s credentials: their expiry plus the grace
+    /// period. The expiry is on the wall clock; the connection's timer runs on the loop's.
+    private func credentialsDeadline(of identity: ClientIdentity?) -> NIODeadline? {
+        identity?.expiresAt.map { expiresAt in
+            let remaining = Duration.seconds(max(0, expiresAt.timeIntervalSinceNow)) + self.services.configuration.timeouts.credentialGrace
+            return self.eventLoop.now + TimeAmount(remaining)
+        }
     }
 
     private func handlerFinished(_ response: Frame.Response?) {

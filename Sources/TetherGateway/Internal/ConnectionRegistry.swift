@@ -149,6 +149,11 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// The handler of connection `id`, if it is open.
+    /// Replaces a connection's identity after its client refreshed its credentials.
+    func replaceIdentity(of id: UInt64, with identity: ClientIdentity) {
+        self.state.withLockedValue { state in state.connections[id]?.info.identity = identity }
+    }
+
     /// An established connection.
     func info(of id: UInt64) -> ConnectionInfo? {
         self.state.withLockedValue { state in state.connections[id].flatMap { $0.established ? $0.info : nil } }

@@ -210,6 +210,17 @@ struct GatewayConnectionStateMachineTests {
         #expect(machine.drain(now: Self.start + .seconds(12)) == .sendGoAway)
     }
 
+    @Test("refreshed credentials replace the deadline; no credentials expiry leaves none")
+    func credentialsReplaced() throws {
+        var machine = try self.established(credentialsDeadline: Self.start + .seconds(12))
+        machine.credentialsReplaced(deadline: Self.start + .seconds(20))
+        #expect(machine.timerFired(now: Self.start + .seconds(12)).drain == nil)
+        #expect(machine.nextDeadline == Self.start + .seconds(20))
+        machine.credentialsReplaced(deadline: nil)
+        #expect(machine.nextDeadline == Self.start + .seconds(30), "only the idle timeout is left")
+        #expect(machine.timerFired(now: Self.start + .seconds(25)).drain == nil)
+    }
+
     @Test("drain: GOAWAY and a grace period once established; GOAWAY and a close during the handshake; nothing twice")
     func drain() throws {
         var established = try self.established()
