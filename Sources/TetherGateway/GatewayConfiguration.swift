@@ -190,6 +190,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// above the time a device may stay offline with messages not yet acknowledged. Whole
         /// seconds, at least one.
         public var outboxRetention: Duration
+        /// How long a closing frame (an idle connection's GOAWAY, an ERROR) may take to reach a
+        /// client before the connection is closed anyway: a client that stops reading cannot
+        /// hold its connection open.
+        public var closeTimeout: Duration
         /// How long a connection stays open after its client's credentials expired
         /// (``ClientIdentity/expiresAt``) before the gateway ends it with GOAWAY
         /// `credentials expired`.
@@ -202,7 +206,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             idle: Duration = .seconds(30),
             shutdownGracePeriod: Duration = .seconds(10),
             outboxRetention: Duration = .seconds(90 * 24 * 3600),
-            credentialGrace: Duration = .seconds(30)
+            credentialGrace: Duration = .seconds(30),
+            closeTimeout: Duration = .seconds(2)
         ) {
             self.handshake = handshake
             self.handler = handler
@@ -211,6 +216,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.shutdownGracePeriod = shutdownGracePeriod
             self.outboxRetention = outboxRetention
             self.credentialGrace = credentialGrace
+            self.closeTimeout = closeTimeout
         }
 
         public static var defaults: Timeouts { Timeouts() }
@@ -224,6 +230,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 throw ConfigurationError("timeouts.idle must exceed timeouts.heartbeatInterval (clients ping once per interval)")
             }
             guard self.shutdownGracePeriod >= .zero else { throw ConfigurationError("timeouts.shutdownGracePeriod must not be negative") }
+            guard self.closeTimeout > .zero else { throw ConfigurationError("timeouts.closeTimeout must be positive") }
             guard self.credentialGrace >= .zero else { throw ConfigurationError("timeouts.credentialGrace must not be negative") }
             guard self.outboxRetention >= .seconds(1) else {
                 throw ConfigurationError("timeouts.outboxRetention must be at least 1 second")

@@ -136,6 +136,30 @@ extension IntegrationTests {
             }
         }
 
+        @Test("an idle client that stops reading is closed within the close timeout, though its GOAWAY cannot be written")
+        func idleClientThatStopsReading() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: {
+                    $0.timeouts.heartbeatInterval = .milliseconds(200)
+                    $0.timeouts.idle = .milliseconds(600)
+                    $0.timeouts.closeTimeout = .milliseconds(500)
+                    $0.limits.maxBufferedOutboundBytes = 256 << 20  // no slow-consumer close: only the idle one
+                })
+                let stuck = try await RawConnection.connect(to: endpoint)
+                #expect(try await stuck.handshake(clientID: "stuck") != nil)
+                try await stuck.stopReading()
+                // 16 MiB: more than the kernel's socket buffers, so the GOAWAY waits behind them.
+                let chunk = ByteBuffer(repeating: 0x2A, count: 32 * 1024)
+                for _ in 0..<512 { try gateway.push("bulk", chunk, to: .client("stuck")) }
+                let started = ContinuousClock.now
+                try await eventually("the gateway closes the connection", timeout: .seconds(10)) {
+                    !gateway.connections.contains { $0.clientID == "stuck" }
+                }
+                #expect(ContinuousClock.now - started < .seconds(5), "idle (0.6 s) plus the close timeout (0.5 s), not for ever")
+                stuck.close()
+            }
+        }
+
         @Test("a push or reply larger than the client accepts is not sent, and the connection survives")
         func oversizedPush() async throws {
             try await withHarness { harness in

@@ -28,6 +28,9 @@ extension GatewayConnectionHandler {
             var handlerTimeout: TimeAmount
             var idleTimeout: TimeAmount
             var shutdownGracePeriod: TimeAmount
+            /// How long a last frame (GOAWAY, ERROR) may take to be written before the
+            /// connection is closed anyway: a client that does not read cannot hold it open.
+            var closeTimeout: TimeAmount = .seconds(2)
             /// Handlers that may run at once (the limit announced in WELCOME).
             var maxRunning: Int
             /// Requests that may wait for a slot before reading stops.
@@ -81,6 +84,8 @@ extension GatewayConnectionHandler {
         private var graceDeadline: NIODeadline?
         /// When the client's credentials, and their grace period, run out.
         private var credentialsDeadline: NIODeadline?
+        /// When a last frame that is still not written stops holding the connection open.
+        private var closeDeadline: NIODeadline?
         private var lastInbound: NIODeadline
         /// Pushes made before the WELCOME went out; sent right after it.
         private var heldPushes: [Frame.Push] = []
@@ -106,6 +111,7 @@ extension GatewayConnectionHandler {
                 if let handshake = self.handshakeDeadline { next = min(next ?? handshake, handshake) }
                 if let grace = self.graceDeadline { next = min(next ?? grace, grace) }
                 if let credentials = self.credentialsDeadline { next = min(next ?? credentials, credentials) }
+                if let close = self.closeDeadline { next = min(next ?? close, close) }
                 if let idle = self.idleDeadline { next = min(next ?? idle, idle) }
                 return next
             }
@@ -325,6 +331,8 @@ extension GatewayConnectionHandler {
             var close = false
             /// Drain the connection with this GOAWAY (the client's credentials expired).
             var drain: Frame.GoAway?
+            /// `close` because the last frame could not be written in time.
+            var lastFrameStuck = false
         }
 
         /// The handler's timer fired (perhaps early: then nothing is due).
@@ -335,6 +343,12 @@ extension GatewayConnectionHandler {
                 let timeout = Duration(self.configuration.handshakeTimeout).shortDescription
                 self.session.closed()
                 result.sendAndClose = .error(.init(code: .handshakeTimeout, message: "no completed handshake within \(timeout)"))
+                return result
+            }
+            if let deadline = self.closeDeadline, now >= deadline {
+                self.closeDeadline = nil
+                result.close = true
+                result.lastFrameStuck = true
                 return result
             }
             if let deadline = self.graceDeadline, now >= deadline {
@@ -446,10 +460,18 @@ extension GatewayConnectionHandler {
         }
 
         /// The handler is closing the connection: nothing more is written.
+        /// - Parameter now: When a last frame is being written, the time from which it has
+        ///   ``Configuration-swift.struct/closeTimeout`` to be written; after that the timer
+        ///   says to close at once.
         /// - Returns: `false` if it was closing already.
-        mutating func startClosing() -> Bool {
+        mutating func startClosing(writingLastFrameAt now: NIODeadline? = nil) -> Bool {
             defer { self.closing = true }
-            return !self.closing
+            guard !self.closing else { return false }
+            if let now {
+                self.closeDeadline = now + self.configuration.closeTimeout
+                self.graceDeadline = nil
+            }
+            return true
         }
 
         /// What to settle once the channel closed.

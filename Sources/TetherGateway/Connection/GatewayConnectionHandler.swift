@@ -75,6 +75,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
                 handlerTimeout: TimeAmount(configuration.timeouts.handler),
                 idleTimeout: TimeAmount(configuration.timeouts.idle),
                 shutdownGracePeriod: TimeAmount(configuration.timeouts.shutdownGracePeriod),
+                closeTimeout: TimeAmount(configuration.timeouts.closeTimeout),
                 maxRunning: configuration.limits.maxConcurrentRequestsPerConnection,
                 maxWaiting: Self.maxWaiting
             ),
@@ -544,7 +545,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
                 "closing a connection whose client does not read its pushes (slow consumer)",
                 metadata: ["buffered": "\(buffered)", "limit": "\(limit)"]
             )
-            self.closeNow(context: context)
+            // Behind what is buffered; should the client catch up, it learns why.
+            let report = Frame.ErrorReport(
+                code: .resourceExhausted,
+                message: "slow consumer: \(buffered) bytes waited for the client to read them, over the limit of \(limit)"
+            )
+            self.writeAndClose(.error(report), context: context)
             return false
         }
         return true
@@ -578,7 +584,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
             }
             self.writeAndClose(payload, context: context)
         } else if due.close {
-            self.logger.info("grace period over; closing the connection", metadata: ["requests": "\(self.machine.requestsInFlight)"])
+            if due.lastFrameStuck {
+                self.logger.info("the client does not read its last frame; closing the connection")
+            } else {
+                self.logger.info("grace period over; closing the connection", metadata: ["requests": "\(self.machine.requestsInFlight)"])
+            }
             self.closeNow(context: context)
         }
         if let goAway = due.drain {
@@ -664,7 +674,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
 
     /// Writes a frame, flushes, and closes the channel once that write completed.
     private func writeAndClose(_ payload: Frame.Payload, context: ChannelHandlerContext) {
-        guard self.machine.startClosing() else { return }
+        guard self.machine.startClosing(writingLastFrameAt: context.eventLoop.now) else { return }
+        self.armTimer()  // a client that does not read would hold the connection open
         self.pushes?.drain()
         self.write(payload, context: context)
         let written = context.eventLoop.makePromise(of: Void.self)

@@ -210,6 +210,18 @@ struct GatewayConnectionStateMachineTests {
         #expect(machine.drain(now: Self.start + .seconds(12)) == .sendGoAway)
     }
 
+    @Test("a last frame that cannot be written holds the connection for the close timeout at most")
+    func closeTimeout() throws {
+        var machine = try self.established()
+        let first = machine.startClosing(writingLastFrameAt: Self.start + .seconds(1))
+        let second = machine.startClosing(writingLastFrameAt: Self.start + .seconds(1))
+        #expect(first && !second, "once")
+        #expect(machine.nextDeadline == Self.start + .seconds(3), "the default close timeout is 2 s")
+        #expect(!machine.timerFired(now: Self.start + .seconds(2)).close)
+        let due = machine.timerFired(now: Self.start + .seconds(3))
+        #expect(due.close && due.lastFrameStuck)
+    }
+
     @Test("refreshed credentials replace the deadline; no credentials expiry leaves none")
     func credentialsReplaced() throws {
         var machine = try self.established(credentialsDeadline: Self.start + .seconds(12))
