@@ -93,6 +93,11 @@ enum TetherPeer {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: port, reusePort: reusePort)
         configuration.limits.maxConcurrentRequestsPerConnection = 1024
+        // Every generator connects from 127.0.0.1, tens of thousands at once.
+        configuration.limits.maxConnectionsPerAddress = configuration.limits.maxConnections
+        configuration.limits.maxUnauthenticatedConnections = configuration.limits.maxConnections
+        configuration.limits.handshakesPerSecond = 1_000_000
+        configuration.limits.handshakesPerSecondPerAddress = 1_000_000
         let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
         gateway.handleInline("echo.inline") { request, _ in request.body }

@@ -16,6 +16,12 @@ import TetherNIO
     import Darwin
 #endif
 
+#if canImport(Darwin)
+    private let RLIMIT_NOFILE_VALUE = RLIMIT_NOFILE
+#else
+    private let RLIMIT_NOFILE_VALUE = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+#endif
+
 /// The Tether gateway: the server apps keep their long-lived connections to.
 ///
 /// It accepts connections, performs the handshake, routes REQUEST frames to the handlers
@@ -61,6 +67,10 @@ public final class Gateway: Service, Sendable {
     /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
     let messageStore: (any MessageStore)?
     let deliveryNotifier = DeliveryNotifier()
+    /// The connection limits, checked as each connection is accepted.
+    let admission: ConnectionAdmission
+    /// Refusals, logged a few lines at a time however many there are.
+    let refusalLog = RateLimitedLog()
     let outboxLanes = OutboxLanes()
     let registry = ConnectionRegistry()
     let connectionIDs = ManagedAtomic<UInt64>(1)
@@ -104,6 +114,26 @@ public final class Gateway: Service, Sendable {
         self.pushBatchers = pushBatchers
         self.authenticator = authenticator
         self.messageStore = messageStore
+        var admissionLimits = ConnectionAdmission.Limits(
+            connections: configuration.limits.maxConnections,
+            connectionsPerAddress: configuration.limits.maxConnectionsPerAddress,
+            unauthenticated: configuration.limits.maxUnauthenticatedConnections,
+            handshakesPerSecond: configuration.limits.handshakesPerSecond,
+            handshakesPerSecondPerAddress: configuration.limits.handshakesPerSecondPerAddress
+        )
+        // Running out of descriptors makes accepting fail in a loop and every client hang:
+        // refuse connections, with a clear answer, before that.
+        if let descriptors = Self.descriptorLimit(), descriptors - Self.reservedDescriptors < admissionLimits.connections {
+            admissionLimits.connections = max(1, descriptors - Self.reservedDescriptors)
+            logger.warning(
+                "the process's descriptor limit caps the connections below limits.maxConnections",
+                metadata: [
+                    "descriptor-limit": "\(descriptors)", "max-connections": "\(admissionLimits.connections)",
+                    "configured": "\(configuration.limits.maxConnections)",
+                ]
+            )
+        }
+        self.admission = ConnectionAdmission(limits: admissionLimits, now: .now())
         self.logger = logger
     }
 
@@ -385,6 +415,16 @@ public final class Gateway: Service, Sendable {
             }
             try? await Task.sleep(for: interval)
         }
+    }
+
+    /// Descriptors kept for the store, the listener, logs and the handshake of a refusal.
+    static let reservedDescriptors = 64
+
+    /// The process's soft limit on open descriptors, if it has one.
+    static func descriptorLimit() -> Int? {
+        var limit = rlimit()
+        guard getrlimit(RLIMIT_NOFILE_VALUE, &limit) == 0, limit.rlim_cur < rlim_t(Int32.max) else { return nil }
+        return Int(clamping: limit.rlim_cur)
     }
 
     /// `SO_REUSEPORT`, which NIO has no name for.

@@ -131,6 +131,19 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// The longest client id accepted in HELLO, in UTF-8 bytes; a longer one is refused with
         /// ERROR `invalid request`.
         public var maxClientIDLength: Int
+        /// Connections held at once. The gateway also stays below its process's descriptor
+        /// limit (keeping 64 in reserve), whichever is lower. A connection over a limit gets
+        /// ERROR `resource exhausted` saying which, and is closed.
+        public var maxConnections: Int
+        /// Connections held at once from one source address. Mobile carriers put many users
+        /// behind one address: keep it generous.
+        public var maxConnectionsPerAddress: Int
+        /// Connections held at once whose handshake (authentication included) has not completed.
+        public var maxUnauthenticatedConnections: Int
+        /// New connections accepted per second (each runs a handshake), in a burst up to as many.
+        public var handshakesPerSecond: Int
+        /// New connections accepted per second from one source address.
+        public var handshakesPerSecondPerAddress: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
@@ -138,7 +151,12 @@ public struct GatewayConfiguration: Sendable, Hashable {
             maxBufferedOutboundBytes: Int = 4 << 20,
             deliveryWindow: Int = 256,
             maxBufferedInboundBytes: Int = 4 << 20,
-            maxClientIDLength: Int = 256
+            maxClientIDLength: Int = 256,
+            maxConnections: Int = 100_000,
+            maxConnectionsPerAddress: Int = 2_000,
+            maxUnauthenticatedConnections: Int = 10_000,
+            handshakesPerSecond: Int = 10_000,
+            handshakesPerSecondPerAddress: Int = 500
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
@@ -146,6 +164,11 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.deliveryWindow = deliveryWindow
             self.maxBufferedInboundBytes = maxBufferedInboundBytes
             self.maxClientIDLength = maxClientIDLength
+            self.maxConnections = maxConnections
+            self.maxConnectionsPerAddress = maxConnectionsPerAddress
+            self.maxUnauthenticatedConnections = maxUnauthenticatedConnections
+            self.handshakesPerSecond = handshakesPerSecond
+            self.handshakesPerSecondPerAddress = handshakesPerSecondPerAddress
         }
 
         public static var defaults: Limits { Limits() }
@@ -168,6 +191,13 @@ public struct GatewayConfiguration: Sendable, Hashable {
             }
             guard (1...Int(UInt16.max)).contains(self.maxClientIDLength) else {
                 throw ConfigurationError("limits.maxClientIDLength must be from 1 to 65535")
+            }
+            for (name, value) in [
+                ("maxConnections", self.maxConnections), ("maxConnectionsPerAddress", self.maxConnectionsPerAddress),
+                ("maxUnauthenticatedConnections", self.maxUnauthenticatedConnections),
+                ("handshakesPerSecond", self.handshakesPerSecond), ("handshakesPerSecondPerAddress", self.handshakesPerSecondPerAddress),
+            ] where value < 1 {
+                throw ConfigurationError("limits.\(name) must be at least 1")
             }
         }
     }

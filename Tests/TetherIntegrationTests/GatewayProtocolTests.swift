@@ -146,6 +146,55 @@ extension IntegrationTests {
             }
         }
 
+        /// The ERROR the gateway answers a new connection with at once, if it refuses it.
+        func refusal(at endpoint: Endpoint) async throws -> Frame.ErrorReport? {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            // A refused connection may be closed before the HELLO is written.
+            try? await connection.send(.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "x")))
+            guard case .error(let report)? = await connection.next()?.payload else { return nil }
+            return report
+        }
+
+        @Test("connections over the per-address limit get ERROR resource exhausted saying so; a closed one makes room")
+        func connectionLimit() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway { $0.limits.maxConnectionsPerAddress = 3 }
+                var held: [RawConnection] = []
+                for _ in 0..<3 {
+                    let connection = try await RawConnection.connect(to: endpoint)
+                    #expect(try await connection.handshake() != nil)
+                    held.append(connection)
+                }
+                let fourth = try await RawConnection.connect(to: endpoint)
+                guard case .error(let full)? = await fourth.next()?.payload else {
+                    Issue.record("expected ERROR")
+                    return
+                }
+                #expect(full.code == .resourceExhausted && full.message.contains("maximum of 3 connections"))
+                try await fourth.waitForClose()
+
+                held.removeFirst().close()
+                try await Task.sleep(for: .milliseconds(300))
+                let fifth = try await RawConnection.connect(to: endpoint)
+                #expect(try await fifth.handshake() != nil, "room again")
+                for connection in held + [fifth] { connection.close() }
+            }
+        }
+
+        @Test("new connections over the per-address rate get ERROR resource exhausted; the rate refills")
+        func connectionRate() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway { $0.limits.handshakesPerSecondPerAddress = 2 }
+                #expect(try await self.refusal(at: endpoint) == nil)
+                #expect(try await self.refusal(at: endpoint) == nil)
+                let tooFast = try await self.refusal(at: endpoint)
+                #expect(tooFast?.code == .resourceExhausted && tooFast?.message.contains("2 new connections per second") == true)
+                try await Task.sleep(for: .milliseconds(600))
+                #expect(try await self.refusal(at: endpoint) == nil, "a token back after half a second")
+            }
+        }
+
         @Test("a client with no common version gets ERROR unsupported version")
         func versionMismatch() async throws {
             try await withHarness { harness in

@@ -64,6 +64,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     private var registered = false
     /// What every request of the established connection shares.
     private var scope: ConnectionScope?
+    /// Set once the connection counts against the gateway's limits, until it closes.
+    private var admitted: (address: String?, authenticated: Bool)?
     private var reliable: ReliableSession?
     private var pump: Task<Void, Never>?
 
@@ -131,6 +133,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         let remoteAddress = context.channel.remoteAddress?.description
         if let goAway = self.services.registry.add(self.id, channel: context.channel, handler: handler, remoteAddress: remoteAddress) {
             self.drain(goAway)
+            return
+        }
+        let address = context.channel.remoteAddress?.ipAddress
+        if let refusal = self.services.admission.admit(address, now: context.eventLoop.now) {
+            self.services.refusalLog.log(
+                self.logger,
+                .warning,
+                "refusing connections",
+                metadata: ["reason": "\(refusal.message)", "remote": "\(address ?? "-")"]
+            )
+            self.writeAndClose(.error(refusal), context: context)
+        } else {
+            self.admitted = (address, authenticated: false)
         }
     }
 
@@ -138,6 +153,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     /// delivery, leave the registry.
     private func closed(context: ChannelHandlerContext) {
         guard let closed = self.machine.closed() else { return }
+        if let admitted = self.admitted {
+            self.services.admission.left(admitted.address, authenticated: admitted.authenticated)
+            self.admitted = nil
+        }
         for task in closed.cancel { task.cancel() }
         self.reliable?.finish()
         self.pump?.cancel()
@@ -261,6 +280,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         // nil: the connection closed meanwhile.
         let credentialsDeadline = self.credentialsDeadline(of: session.info.identity)
         guard let held = self.machine.welcome(session.negotiated, credentialsDeadline: credentialsDeadline) else { return }
+        if self.admitted != nil, self.admitted?.authenticated == false {
+            self.admitted?.authenticated = true
+            self.services.admission.authenticated()
+        }
         self.write(.welcome(session.welcome), flags: flags, context: context)
         self.reader.maxBodySize = self.services.configuration.limits.maxBodySize
         self.scope = ConnectionScope(

@@ -20,6 +20,8 @@ final class GatewayServices: Sendable {
     let messageStore: (any MessageStore)?
     let outboxLanes: OutboxLanes
     let deliveryNotifier: DeliveryNotifier
+    let admission: ConnectionAdmission
+    let refusalLog: RateLimitedLog
     /// What the gateway offers in WELCOME.
     let handshakePolicy: Handshake.GatewayPolicy
     /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
@@ -38,6 +40,8 @@ final class GatewayServices: Sendable {
         self.messageStore = gateway.messageStore
         self.outboxLanes = gateway.outboxLanes
         self.deliveryNotifier = gateway.deliveryNotifier
+        self.admission = gateway.admission
+        self.refusalLog = gateway.refusalLog
         self.handshakePolicy = gateway.configuration.handshakePolicy(deliveryEpoch: gateway.messageStore?.epoch)
         self.executors = gateway.executors
         self.pushBatchers = gateway.pushBatchers

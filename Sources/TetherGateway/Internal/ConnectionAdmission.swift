@@ -1,0 +1,140 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import TetherCore
+
+/// Decides, as each connection is accepted, whether the gateway takes it: connections in all,
+/// per source address, and before their handshake completed, and new connections per second
+/// (each one a handshake to run), in all and per source address.
+///
+/// A refusal is cheap: the connection gets ERROR `resource exhausted` saying which limit, and
+/// is closed; nothing is read from it.
+final class ConnectionAdmission: Sendable {
+    struct Limits: Sendable {
+        var connections: Int
+        var connectionsPerAddress: Int
+        var unauthenticated: Int
+        var handshakesPerSecond: Int
+        var handshakesPerSecondPerAddress: Int
+    }
+
+    private struct PerAddress {
+        var connections = 0
+        var bucket: TokenBucket
+    }
+
+    private struct State {
+        var connections = 0
+        var unauthenticated = 0
+        var bucket: TokenBucket
+        /// Addresses with connections, or whose rate has not refilled yet.
+        var addresses: [String: PerAddress] = [:]
+        var lastSweep: NIODeadline
+    }
+
+    let limits: Limits
+    private let state: NIOLockedValueBox<State>
+
+    init(limits: Limits, now: NIODeadline) {
+        self.limits = limits
+        self.state = NIOLockedValueBox(State(bucket: TokenBucket(perSecond: limits.handshakesPerSecond, now: now), lastSweep: now))
+    }
+
+    /// A connection from `address` was accepted.
+    /// - Returns: `nil` if it is admitted (it then counts until ``left(_:authenticated:)``),
+    ///   or why not.
+    func admit(_ address: String?, now: NIODeadline) -> Frame.ErrorReport? {
+        self.state.withLockedValue { state -> Frame.ErrorReport? in
+            let limits = self.limits
+            // Once a second, forget the addresses with no connection whose rate has refilled.
+            if now - state.lastSweep >= .seconds(1) {
+                state.lastSweep = now
+                state.addresses = state.addresses.filter { $0.value.connections > 0 || !$0.value.bucket.isFull(now: now) }
+            }
+            if state.connections >= limits.connections {
+                return Self.refusal("the gateway holds its maximum of \(limits.connections) connections")
+            }
+            if state.unauthenticated >= limits.unauthenticated {
+                return Self.refusal("\(limits.unauthenticated) connections are already waiting for their handshake")
+            }
+            var perAddress = address.flatMap { state.addresses[$0] }
+            if let address {
+                if perAddress == nil {
+                    perAddress = PerAddress(bucket: TokenBucket(perSecond: limits.handshakesPerSecondPerAddress, now: now))
+                }
+                if perAddress!.connections >= limits.connectionsPerAddress {
+                    return Self.refusal("\(address) holds its maximum of \(limits.connectionsPerAddress) connections")
+                }
+                guard perAddress!.bucket.take(now: now) else {
+                    state.addresses[address] = perAddress
+                    return Self.refusal("more than \(limits.handshakesPerSecondPerAddress) new connections per second from \(address)")
+                }
+            }
+            guard state.bucket.take(now: now) else {
+                if let address { state.addresses[address] = perAddress }
+                return Self.refusal("more than \(limits.handshakesPerSecond) new connections per second")
+            }
+            state.connections += 1
+            state.unauthenticated += 1
+            if let address {
+                perAddress!.connections += 1
+                state.addresses[address] = perAddress
+            }
+            return nil
+        }
+    }
+
+    /// An admitted connection completed its handshake.
+    func authenticated() {
+        self.state.withLockedValue { $0.unauthenticated -= 1 }
+    }
+
+    /// An admitted connection closed.
+    func left(_ address: String?, authenticated: Bool) {
+        self.state.withLockedValue { state in
+            state.connections -= 1
+            if !authenticated { state.unauthenticated -= 1 }
+            // The address stays (with its rate) until a sweep finds it idle and refilled.
+            guard let address else { return }
+            state.addresses[address]?.connections -= 1
+        }
+    }
+
+    /// The connections admitted and not closed: in all, and before their handshake completed.
+    var counts: (connections: Int, unauthenticated: Int) {
+        self.state.withLockedValue { ($0.connections, $0.unauthenticated) }
+    }
+
+    private static func refusal(_ reason: String) -> Frame.ErrorReport {
+        Frame.ErrorReport(code: .resourceExhausted, message: "connection refused: \(reason); try again later")
+    }
+}
+
+/// A token bucket: up to `perSecond` takes in a burst, refilled at `perSecond` per second.
+struct TokenBucket: Sendable {
+    let perSecond: Int
+    private var tokens: Double
+    private var updated: NIODeadline
+
+    init(perSecond: Int, now: NIODeadline) {
+        self.perSecond = perSecond
+        self.tokens = Double(perSecond)
+        self.updated = now
+    }
+
+    /// Whether the bucket would be full at `now`.
+    func isFull(now: NIODeadline) -> Bool {
+        self.tokens + Double((now - self.updated).nanoseconds) / 1e9 * Double(self.perSecond) >= Double(self.perSecond)
+    }
+
+    /// Takes a token if there is one.
+    mutating func take(now: NIODeadline) -> Bool {
+        let elapsed = Double((now - self.updated).nanoseconds) / 1e9
+        if elapsed > 0 {
+            self.tokens = min(Double(self.perSecond), self.tokens + elapsed * Double(self.perSecond))
+            self.updated = now
+        }
+        guard self.tokens >= 1 else { return false }
+        self.tokens -= 1
+        return true
+    }
+}
