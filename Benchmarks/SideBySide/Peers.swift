@@ -98,6 +98,7 @@ enum TetherPeer {
         configuration.limits.maxUnauthenticatedConnections = configuration.limits.maxConnections
         configuration.limits.handshakesPerSecond = 1_000_000
         configuration.limits.handshakesPerSecondPerAddress = 1_000_000
+        configuration.limits.requestsPerSecondPerConnection = .max  // no limit: the benchmarks are floods
         let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
         gateway.handleInline("echo.inline") { request, _ in request.body }

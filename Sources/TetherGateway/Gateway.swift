@@ -72,7 +72,7 @@ public final class Gateway: Service, Sendable {
     /// Refusals, logged a few lines at a time however many there are.
     let refusalLog = RateLimitedLog()
     let outboxLanes = OutboxLanes()
-    let registry = ConnectionRegistry()
+    let registry: ConnectionRegistry
     let connectionIDs = ManagedAtomic<UInt64>(1)
     let lifecycle = NIOLockedValueBox(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
@@ -134,6 +134,10 @@ public final class Gateway: Service, Sendable {
             )
         }
         self.admission = ConnectionAdmission(limits: admissionLimits, now: .now())
+        self.registry = ConnectionRegistry(
+            roomsPerConnection: configuration.limits.maxRoomsPerConnection,
+            membersPerRoom: configuration.limits.maxMembersPerRoom
+        )
         self.logger = logger
     }
 

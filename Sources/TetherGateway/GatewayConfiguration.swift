@@ -144,6 +144,17 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var handshakesPerSecond: Int
         /// New connections accepted per second from one source address.
         public var handshakesPerSecondPerAddress: Int
+        /// Requests one connection may make per second (in a burst up to as many); beyond,
+        /// they are answered `resource exhausted` without running a handler. `Int.max`: no limit.
+        public var requestsPerSecondPerConnection: Int
+        /// Reliable messages one connection may send per second; beyond, they are not taken
+        /// and the client sends them again. `Int.max`: no limit.
+        public var messagesPerSecondPerConnection: Int
+        /// Rooms one connection may be in; a join beyond fails (``RequestContext/join(_:)``
+        /// returns `false`).
+        public var maxRoomsPerConnection: Int
+        /// Connections one room may hold; a join beyond fails.
+        public var maxMembersPerRoom: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
@@ -156,7 +167,11 @@ public struct GatewayConfiguration: Sendable, Hashable {
             maxConnectionsPerAddress: Int = 2_000,
             maxUnauthenticatedConnections: Int = 10_000,
             handshakesPerSecond: Int = 10_000,
-            handshakesPerSecondPerAddress: Int = 500
+            handshakesPerSecondPerAddress: Int = 500,
+            requestsPerSecondPerConnection: Int = 20_000,
+            messagesPerSecondPerConnection: Int = 5_000,
+            maxRoomsPerConnection: Int = 1_000,
+            maxMembersPerRoom: Int = 100_000
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
@@ -169,6 +184,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.maxUnauthenticatedConnections = maxUnauthenticatedConnections
             self.handshakesPerSecond = handshakesPerSecond
             self.handshakesPerSecondPerAddress = handshakesPerSecondPerAddress
+            self.requestsPerSecondPerConnection = requestsPerSecondPerConnection
+            self.messagesPerSecondPerConnection = messagesPerSecondPerConnection
+            self.maxRoomsPerConnection = maxRoomsPerConnection
+            self.maxMembersPerRoom = maxMembersPerRoom
         }
 
         public static var defaults: Limits { Limits() }
@@ -196,6 +215,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 ("maxConnections", self.maxConnections), ("maxConnectionsPerAddress", self.maxConnectionsPerAddress),
                 ("maxUnauthenticatedConnections", self.maxUnauthenticatedConnections),
                 ("handshakesPerSecond", self.handshakesPerSecond), ("handshakesPerSecondPerAddress", self.handshakesPerSecondPerAddress),
+                ("requestsPerSecondPerConnection", self.requestsPerSecondPerConnection),
+                ("messagesPerSecondPerConnection", self.messagesPerSecondPerConnection),
+                ("maxRoomsPerConnection", self.maxRoomsPerConnection), ("maxMembersPerRoom", self.maxMembersPerRoom),
             ] where value < 1 {
                 throw ConfigurationError("limits.\(name) must be at least 1")
             }

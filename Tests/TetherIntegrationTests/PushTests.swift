@@ -136,6 +136,39 @@ extension IntegrationTests {
             }
         }
 
+        @Test("rooms per connection and members per room are limited: a join beyond fails; a leave makes room")
+        func roomLimits() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    configure: {
+                        $0.limits.maxRoomsPerConnection = 2
+                        $0.limits.maxMembersPerRoom = 2
+                    },
+                    routes: { gateway in
+                        gateway.handle("join") { request, context in
+                            ByteBuffer(string: context.join(String(buffer: request.body)) ? "in" : "refused")
+                        }
+                        gateway.handle("leave") { request, context in
+                            context.leave(String(buffer: request.body))
+                            return ByteBuffer()
+                        }
+                    }
+                )
+                let alice = try harness.client([endpoint], clientID: "alice")
+                #expect(try await alice.request("join", body: ByteBuffer(string: "a")).string == "in")
+                #expect(try await alice.request("join", body: ByteBuffer(string: "a")).string == "in", "already in: no new room")
+                #expect(try await alice.request("join", body: ByteBuffer(string: "b")).string == "in")
+                #expect(try await alice.request("join", body: ByteBuffer(string: "c")).string == "refused", "a third room")
+                _ = try await alice.request("leave", body: ByteBuffer(string: "a"))
+                #expect(try await alice.request("join", body: ByteBuffer(string: "c")).string == "in")
+
+                let bob = try harness.client([endpoint], clientID: "bob")
+                let carol = try harness.client([endpoint], clientID: "carol")
+                #expect(try await bob.request("join", body: ByteBuffer(string: "c")).string == "in")
+                #expect(try await carol.request("join", body: ByteBuffer(string: "c")).string == "refused", "a third member")
+            }
+        }
+
         @Test("an idle client that stops reading is closed within the close timeout, though its GOAWAY cannot be written")
         func idleClientThatStopsReading() async throws {
             try await withHarness { harness in

@@ -35,6 +35,11 @@ extension GatewayConnectionHandler {
             var maxRunning: Int
             /// Requests that may wait for a slot before reading stops.
             var maxWaiting: Int
+            /// Requests accepted per second (a burst up to as many); beyond, `resource exhausted`.
+            var requestsPerSecond: Int = .max
+            /// Reliable messages taken per second; beyond, they are not taken (the client
+            /// sends them again).
+            var messagesPerSecond: Int = .max
         }
 
         /// What a deadline in the timer queue is for.
@@ -86,6 +91,9 @@ extension GatewayConnectionHandler {
         private var credentialsDeadline: NIODeadline?
         /// When a last frame that is still not written stops holding the connection open.
         private var closeDeadline: NIODeadline?
+        /// The rate of requests and of reliable messages, if limited.
+        private var requestRate: TokenBucket?
+        private var messageRate: TokenBucket?
         private var lastInbound: NIODeadline
         /// Pushes made before the WELCOME went out; sent right after it.
         private var heldPushes: [Frame.Push] = []
@@ -101,6 +109,12 @@ extension GatewayConnectionHandler {
         init(configuration: Configuration, now: NIODeadline) {
             self.configuration = configuration
             self.lastInbound = now
+            if configuration.requestsPerSecond < .max {
+                self.requestRate = TokenBucket(perSecond: configuration.requestsPerSecond, now: now)
+            }
+            if configuration.messagesPerSecond < .max {
+                self.messageRate = TokenBucket(perSecond: configuration.messagesPerSecond, now: now)
+            }
             self.handshakeDeadline = now + configuration.handshakeTimeout
         }
 
@@ -141,6 +155,9 @@ extension GatewayConnectionHandler {
             case close(Frame.ErrorReport)
             /// The frame broke the protocol: send ERROR, then close.
             case sendErrorAndClose(ProtocolError)
+            /// Over the connection's rate: send this refusal (a request's), or nothing (a
+            /// message is not taken; the client sends it again).
+            case rateLimited(Frame.Payload?)
         }
 
         /// A frame arrived.
@@ -154,6 +171,18 @@ extension GatewayConnectionHandler {
                 guard self.requests[request.id] == nil else {
                     return self.violation(ProtocolError(code: .protocolError, message: "request id \(request.id) is already in flight"))
                 }
+                if self.requestRate != nil, !self.requestRate!.take(now: now) {
+                    let limit = self.configuration.requestsPerSecond
+                    return .rateLimited(
+                        .response(
+                            .init(
+                                id: request.id,
+                                status: .resourceExhausted,
+                                message: "more than \(limit) requests per second on this connection"
+                            )
+                        )
+                    )
+                }
                 // The effective deadline: the client's, capped by the handler time limit.
                 let timeout =
                     request.timeout.map { min(TimeAmount($0), self.configuration.handlerTimeout) } ?? self.configuration.handlerTimeout
@@ -166,6 +195,7 @@ extension GatewayConnectionHandler {
                 self.timers.remove(.request(cancel.requestID))
                 return .cancel(request.task)
             case .forwardMessage(let message):
+                if self.messageRate != nil, !self.messageRate!.take(now: now) { return .rateLimited(nil) }
                 return .message(message)
             case .forwardDeliveryAck(let ack):
                 return .deliveryAck(ack)

@@ -79,7 +79,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
                 shutdownGracePeriod: TimeAmount(configuration.timeouts.shutdownGracePeriod),
                 closeTimeout: TimeAmount(configuration.timeouts.closeTimeout),
                 maxRunning: configuration.limits.maxConcurrentRequestsPerConnection,
-                maxWaiting: Self.maxWaiting
+                maxWaiting: Self.maxWaiting,
+                requestsPerSecond: configuration.limits.requestsPerSecondPerConnection,
+                messagesPerSecond: configuration.limits.messagesPerSecondPerConnection
             ),
             now: eventLoop.now
         )
@@ -220,6 +222,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         case .send(let payload):
             self.write(payload, context: context)
             self.scheduleFlush(context: context)
+        case .rateLimited(let refusal):
+            self.services.refusalLog.log(
+                self.logger,
+                .warning,
+                "a connection is over its rate of requests or messages",
+                metadata: ["client": "\(self.scope?.connection.clientID ?? "-")"]
+            )
+            if let refusal {
+                self.write(refusal, context: context)
+                self.scheduleFlush(context: context)
+            }
         case .close(let report):
             self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
             self.closeNow(context: context)

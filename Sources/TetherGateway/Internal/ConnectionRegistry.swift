@@ -39,6 +39,11 @@ final class ConnectionRegistry: Sendable {
     }
 
     private let state = NIOLockedValueBox(State())
+    private let limits: (roomsPerConnection: Int, membersPerRoom: Int)
+
+    init(roomsPerConnection: Int = .max, membersPerRoom: Int = .max) {
+        self.limits = (roomsPerConnection, membersPerRoom)
+    }
 
     /// Adds a connection that was just accepted.
     /// - Returns: The GOAWAY to drain it with at once if the gateway is shutting down.
@@ -93,6 +98,10 @@ final class ConnectionRegistry: Sendable {
     func join(_ room: String, connection id: UInt64) -> Bool {
         self.state.withLockedValue { state in
             guard state.connections[id]?.established == true else { return false }
+            if state.rooms[room]?.contains(id) == true { return true }
+            guard (state.roomsOf[id]?.count ?? 0) < self.limits.roomsPerConnection,
+                (state.rooms[room]?.count ?? 0) < self.limits.membersPerRoom
+            else { return false }
             if state.rooms[room, default: []].insert(id).inserted { state.roomRecipients[room] = nil }
             state.roomsOf[id, default: []].insert(room)
             return true

@@ -210,6 +210,54 @@ struct GatewayConnectionStateMachineTests {
         #expect(machine.drain(now: Self.start + .seconds(12)) == .sendGoAway)
     }
 
+    @Test("over the request rate: resource exhausted without a handler; over the message rate: not taken; both refill")
+    func rates() throws {
+        var machine = Machine(
+            configuration: .init(
+                handshakeTimeout: .seconds(10),
+                handlerTimeout: .seconds(30),
+                idleTimeout: .seconds(30),
+                shutdownGracePeriod: .seconds(5),
+                maxRunning: 100,
+                maxWaiting: 100,
+                requestsPerSecond: 2,
+                messagesPerSecond: 1
+            ),
+            now: Self.start
+        )
+        _ = machine.received(Frame(.hello(Self.hello), flags: .checksum), now: Self.start)
+        let policy = Handshake.GatewayPolicy(
+            features: [.checksum, .reliableDelivery],
+            heartbeatInterval: .seconds(10),
+            idleTimeout: .seconds(30),
+            maxBodySize: 1 << 20,
+            maxConcurrentRequests: 100,
+            deliveryEpoch: 1
+        )
+        var hello = Self.hello
+        hello.features = [.checksum, .reliableDelivery]
+        hello.outboxEpoch = 1
+        let (_, negotiated) = try Handshake.accept(hello, policy: policy, connectionID: 1).get()
+        _ = machine.welcome(negotiated)
+
+        for id in UInt64(1)...2 {
+            guard case .request = machine.received(self.request(id), now: Self.start) else { throw Failure("request \(id) refused") }
+        }
+        guard case .rateLimited(.response(let refusal)?) = machine.received(self.request(3), now: Self.start) else {
+            throw Failure("expected a refusal")
+        }
+        #expect(refusal.id == 3 && refusal.status == .resourceExhausted && refusal.message.contains("2 requests per second"))
+        #expect(machine.requestsInFlight == 2, "the refused one is not in flight")
+        guard case .request = machine.received(self.request(3), now: Self.start + .milliseconds(500)) else {
+            throw Failure("half a second later there is room again")
+        }
+
+        let message = Frame(.message(.init(id: 1, topic: "t", conversation: "c", sequence: 1)), flags: .checksum)
+        guard case .message = machine.received(message, now: Self.start) else { throw Failure("the first message is taken") }
+        guard case .rateLimited(nil) = machine.received(message, now: Self.start) else { throw Failure("the second is not") }
+        guard case .message = machine.received(message, now: Self.start + .seconds(1)) else { throw Failure("a second later it is") }
+    }
+
     @Test("a last frame that cannot be written holds the connection for the close timeout at most")
     func closeTimeout() throws {
         var machine = try self.established()
