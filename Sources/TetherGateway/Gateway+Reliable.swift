@@ -92,13 +92,21 @@ extension Gateway {
     /// Delivers a message reliably to a client id, outside any message handler.
     /// - Returns: The delivery's sequence number in the recipient's stream.
     /// - Throws: ``GatewayError``: ``GatewayError/Code/notRunning`` without a message store,
-    ///   ``GatewayError/Code/invalidArgument`` for a bad recipient or topic, or the store's failure.
+    ///   ``GatewayError/Code/invalidArgument`` for a bad recipient or topic,
+    ///   ``GatewayError/Code/quotaExceeded`` when the recipient has its quota of deliveries
+    ///   waiting, or the store's failure.
     @discardableResult
     public func deliver(to recipient: String, topic: String, body: ByteBuffer) async throws(GatewayError) -> UInt64 {
         guard let store = self.messageStore else {
             throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
         }
         try Self.validateDelivery(recipient: recipient, topic: topic)
+        var quotas = RecipientQuotas(limits: self.configuration.limits, store: store)
+        switch await quotas.admit([NewDelivery(recipient: recipient, topic: topic, body: body)]) {
+        case .admitted: break
+        case .over(let reason): throw GatewayError(code: .quotaExceeded, message: "the delivery is refused: \(reason)")
+        case .unavailable(let error): throw GatewayError(code: .storage, message: "could not read the store: \(error)")
+        }
         let receipts: [DeliveryReceipt]
         do {
             receipts = try await store.commit(processed: [], deliveries: [NewDelivery(recipient: recipient, topic: topic, body: body)])

@@ -155,6 +155,13 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var maxRoomsPerConnection: Int
         /// Connections one room may hold; a join beyond fails.
         public var maxMembersPerRoom: Int
+        /// Reliable deliveries a recipient may have waiting in the store (not yet
+        /// acknowledged). A message whose handler delivers beyond it is refused for good with
+        /// `resource exhausted` (its MESSAGE_ACK says so; its deliveries are not stored), and
+        /// ``Gateway/deliver(to:topic:body:)`` throws.
+        public var maxDeliveriesPerRecipient: Int
+        /// The body bytes of the deliveries a recipient may have waiting in the store.
+        public var maxDeliveryBytesPerRecipient: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
@@ -171,7 +178,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
             requestsPerSecondPerConnection: Int = 20_000,
             messagesPerSecondPerConnection: Int = 5_000,
             maxRoomsPerConnection: Int = 1_000,
-            maxMembersPerRoom: Int = 100_000
+            maxMembersPerRoom: Int = 100_000,
+            maxDeliveriesPerRecipient: Int = 10_000,
+            maxDeliveryBytesPerRecipient: Int = 64 << 20
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
@@ -188,6 +197,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.messagesPerSecondPerConnection = messagesPerSecondPerConnection
             self.maxRoomsPerConnection = maxRoomsPerConnection
             self.maxMembersPerRoom = maxMembersPerRoom
+            self.maxDeliveriesPerRecipient = maxDeliveriesPerRecipient
+            self.maxDeliveryBytesPerRecipient = maxDeliveryBytesPerRecipient
         }
 
         public static var defaults: Limits { Limits() }
@@ -218,6 +229,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 ("requestsPerSecondPerConnection", self.requestsPerSecondPerConnection),
                 ("messagesPerSecondPerConnection", self.messagesPerSecondPerConnection),
                 ("maxRoomsPerConnection", self.maxRoomsPerConnection), ("maxMembersPerRoom", self.maxMembersPerRoom),
+                ("maxDeliveriesPerRecipient", self.maxDeliveriesPerRecipient),
+                ("maxDeliveryBytesPerRecipient", self.maxDeliveryBytesPerRecipient),
             ] where value < 1 {
                 throw ConfigurationError("limits.\(name) must be at least 1")
             }

@@ -2,7 +2,7 @@
 public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Wrapped: Hashable, Sendable {
-            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument, storage
+            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument, storage, quotaExceeded
         }
         let wrapped: Wrapped
 
@@ -20,6 +20,8 @@ public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidArgument = Code(wrapped: .invalidArgument)
         /// The message store failed.
         public static let storage = Code(wrapped: .storage)
+        /// A recipient has its quota of deliveries waiting (``GatewayConfiguration/Limits-swift.struct/maxDeliveriesPerRecipient``).
+        public static let quotaExceeded = Code(wrapped: .quotaExceeded)
 
         public var description: String { "\(self.wrapped)" }
     }

@@ -147,6 +147,39 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a recipient's store quota: a message whose delivery would pass it is refused for good with resource exhausted")
+        func recipientQuota() async throws {
+            try await withHarness { harness in
+                let store = InMemoryMessageStore()
+                let (gateway, endpoint, seen) = try await self.gateway(harness, store: store) {
+                    $0.limits.maxDeliveriesPerRecipient = 2
+                    $0.limits.maxDeliveryBytesPerRecipient = 100
+                }
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                for sequence in UInt64(1)...3 { try await alice.send(self.message(sequence, sequence, "hi \(sequence)")) }
+                #expect(await alice.nextMessageAcks(count: 3) == [.init(id: 1), .init(id: 2), .init(id: 3, status: .resourceExhausted)])
+                #expect(seen.withLockedValue { $0.count } == 3, "the handler ran; its delivery was not stored")
+                #expect(try await store.usage(of: "bob").deliveries == 2)
+                // A retransmission gets the same answer.
+                try await alice.send(self.message(3, 3, "hi 3"))
+                #expect(await alice.nextMessageAck() == [.init(id: 3, status: .resourceExhausted)])
+                do {
+                    try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "direct"))
+                    Issue.record("expected quotaExceeded")
+                } catch let error as GatewayError {
+                    #expect(error.code == .quotaExceeded && error.message.contains("'bob'"))
+                }
+
+                // Once bob acknowledges, there is room again; the bytes count too.
+                try await store.acknowledge(recipient: "bob", upTo: 2)
+                try await alice.send(self.message(4, 4, "fits"))
+                try await alice.send(self.message(5, 5, String(repeating: "x", count: 101)))
+                #expect(await alice.nextMessageAcks(count: 2) == [.init(id: 4), .init(id: 5, status: .resourceExhausted)])
+                alice.close()
+            }
+        }
+
         @Test("a handler past the handler time limit is cancelled and not acknowledged; the retransmission is processed")
         func handlerTimeLimit() async throws {
             try await withHarness { harness in

@@ -159,6 +159,7 @@ final class ReliableSession: Sendable {
         var staged: [NewDelivery] = []
         var tentative = lastProcessed
         var blocked: Set<String> = []
+        var quotas = RecipientQuotas(limits: self.services.configuration.limits, store: self.store)
         let outbox = self.outbox
 
         for received in batch {
@@ -186,9 +187,31 @@ final class ReliableSession: Sendable {
             guard message.sequence == last + 1 else {
                 continue  // an earlier message is missing; the client's retransmission fills the gap
             }
-            guard let status = await self.run(received, staging: &staged) else {
+            let stagedBefore = staged.count
+            guard var status = await self.run(received, staging: &staged) else {
                 blocked.insert(message.conversation)  // transient failure: no ack, later messages wait
                 continue
+            }
+            if staged.count > stagedBefore {
+                switch await quotas.admit(staged[stagedBefore...]) {
+                case .admitted:
+                    break
+                case .over(let refusal):
+                    // The handler's deliveries are not stored; the sender learns it for good.
+                    staged.removeSubrange(stagedBefore...)
+                    status = .resourceExhausted
+                    self.services.refusalLog.log(
+                        self.logger,
+                        .warning,
+                        "a recipient's store quota is full",
+                        metadata: ["reason": "\(refusal)"]
+                    )
+                case .unavailable(let error):
+                    staged.removeSubrange(stagedBefore...)
+                    self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
+                    blocked.insert(message.conversation)
+                    continue
+                }
             }
             tentative[message.conversation] = message.sequence
             processed.append(
@@ -324,4 +347,56 @@ final class ReliableSession: Sendable {
 struct HandlerTimeout: Error, CustomStringConvertible {
     var limit: Duration
     var description: String { "the handler did not finish within \(self.limit.shortDescription)" }
+}
+
+/// The deliveries each recipient may have waiting in the store, checked as a batch stages
+/// them: the stored count and bytes (read once per recipient and batch) plus what the batch
+/// staged so far. Batches of different outboxes run at once, so a recipient may pass its quota
+/// by what those batches stage together; never by more.
+struct RecipientQuotas {
+    enum Outcome {
+        case admitted
+        /// Over the quota: why.
+        case over(String)
+        /// The store could not say.
+        case unavailable(any Error)
+    }
+
+    let limits: GatewayConfiguration.Limits
+    let store: any MessageStore
+    private var usage: [String: StreamUsage] = [:]
+
+    init(limits: GatewayConfiguration.Limits, store: any MessageStore) {
+        self.limits = limits
+        self.store = store
+    }
+
+    /// Counts one message's deliveries if they all fit; otherwise counts none of them.
+    mutating func admit(_ deliveries: some Collection<NewDelivery>) async -> Outcome {
+        var after = self.usage
+        for delivery in deliveries {
+            var usage: StreamUsage
+            if let known = after[delivery.recipient] {
+                usage = known
+            } else {
+                do {
+                    usage = try await self.store.usage(of: delivery.recipient)
+                } catch {
+                    return .unavailable(error)
+                }
+                self.usage[delivery.recipient] = usage
+            }
+            usage.deliveries += 1
+            usage.bytes += delivery.body.readableBytes
+            if usage.deliveries > self.limits.maxDeliveriesPerRecipient {
+                return .over("'\(delivery.recipient)' has \(self.limits.maxDeliveriesPerRecipient) deliveries waiting")
+            }
+            if usage.bytes > self.limits.maxDeliveryBytesPerRecipient {
+                return .over("'\(delivery.recipient)' has over \(self.limits.maxDeliveryBytesPerRecipient) bytes of deliveries waiting")
+            }
+            after[delivery.recipient] = usage
+        }
+        self.usage = after
+        return .admitted
+    }
 }

@@ -98,6 +98,13 @@ public final class InMemoryMessageStore: MessageStore {
         }
     }
 
+    public func usage(of recipient: String) async throws -> StreamUsage {
+        self.state.withLockedValue { state in
+            let waiting = state.streams[recipient]?.deliveries ?? []
+            return StreamUsage(deliveries: waiting.count, bytes: waiting.reduce(0) { $0 + $1.body.readableBytes })
+        }
+    }
+
     public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
         self.state.withLockedValue { state in
             state.streams[recipient]?.deliveries.removeAll { $0.sequence <= sequence }

@@ -49,6 +49,30 @@ public protocol MessageStore: Sendable {
 
     /// Forgets the deliveries of `recipient` up to and including `sequence`.
     func acknowledge(recipient: String, upTo sequence: UInt64) async throws
+
+    /// How many deliveries `recipient` has waiting, and their body bytes: what its quota
+    /// counts (``GatewayConfiguration/Limits-swift.struct/maxDeliveriesPerRecipient``).
+    func usage(of recipient: String) async throws -> StreamUsage
+}
+
+extension MessageStore {
+    /// Counts the waiting deliveries by reading them all; implement it with a query.
+    public func usage(of recipient: String) async throws -> StreamUsage {
+        let waiting = try await self.deliveries(for: recipient, after: 0, limit: .max)
+        return StreamUsage(deliveries: waiting.count, bytes: waiting.reduce(0) { $0 + $1.body.readableBytes })
+    }
+}
+
+/// What a recipient has waiting in the store.
+public struct StreamUsage: Sendable, Hashable {
+    public var deliveries: Int
+    /// The deliveries' body bytes.
+    public var bytes: Int
+
+    public init(deliveries: Int, bytes: Int) {
+        self.deliveries = deliveries
+        self.bytes = bytes
+    }
 }
 
 /// One outbox of a client: the numbering of the reliable messages of one device or one

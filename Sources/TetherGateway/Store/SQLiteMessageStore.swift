@@ -225,6 +225,18 @@ public final class SQLiteMessageStore: MessageStore {
         }
     }
 
+    public func usage(of recipient: String) async throws -> StreamUsage {
+        try await self.read { db in
+            let row = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: "SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries WHERE recipient = ?"
+                ),
+                arguments: [recipient]
+            )
+            return StreamUsage(deliveries: row?["n"] ?? 0, bytes: row?["bytes"] ?? 0)
+        }
+    }
+
     public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
         try await self.write { db in
             try db.cachedStatement(sql: "DELETE FROM deliveries WHERE recipient = ? AND sequence <= ?")

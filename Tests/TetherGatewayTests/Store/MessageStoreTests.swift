@@ -105,6 +105,23 @@ struct MessageStoreTests {
         #expect(next.map(\.sequence) == [11], "acknowledged numbers are never reused")
     }
 
+    @Test("usage: the deliveries a recipient has waiting and their bytes, less what it acknowledged", arguments: Kind.allCases)
+    func usage(_ kind: Kind) async throws {
+        let store = try self.make(kind)
+        #expect(try await store.usage(of: "b") == StreamUsage(deliveries: 0, bytes: 0))
+        _ = try await store.commit(
+            processed: [],
+            deliveries: [
+                .init(recipient: "b", topic: "t", body: self.body("12345")), .init(recipient: "b", topic: "t", body: self.body("123")),
+                .init(recipient: "c", topic: "t", body: self.body("1")),
+            ]
+        )
+        #expect(try await store.usage(of: "b") == StreamUsage(deliveries: 2, bytes: 8))
+        try await store.acknowledge(recipient: "b", upTo: 1)
+        #expect(try await store.usage(of: "b") == StreamUsage(deliveries: 1, bytes: 3))
+        #expect(try await store.usage(of: "c") == StreamUsage(deliveries: 1, bytes: 1))
+    }
+
     @Test("each outbox of a client id has conversations of its own", arguments: Kind.allCases)
     func outboxesOfOneClient(_ kind: Kind) async throws {
         let store = try self.make(kind)
