@@ -62,22 +62,35 @@ extension IntegrationTests {
             }
         }
 
-        /// The ERROR a HELLO with `token` claiming `clientID` gets, or `nil` if it is welcomed.
-        func refusal(of token: String?, as clientID: String, at endpoint: Endpoint) async throws -> Frame.ErrorReport? {
-            let connection = try await RawConnection.connect(to: endpoint)
-            defer { connection.close() }
+        /// Sends HELLO as `clientID` with `token`, and returns the gateway's first answer.
+        func hello(
+            _ connection: RawConnection,
+            as clientID: String,
+            token: String?,
+            reliable: Bool = false,
+            resume: Frame.Hello.Resume? = nil
+        ) async throws -> Frame.Payload? {
             try await connection.send(
                 .hello(
                     .init(
                         versions: 1...1,
-                        features: .checksum,
+                        features: reliable ? [.checksum, .reliableDelivery] : .checksum,
                         maxBodySize: 1 << 20,
                         clientID: clientID,
-                        authToken: token.map { ByteBuffer(string: $0) }
+                        authToken: token.map { ByteBuffer(string: $0) },
+                        resume: resume,
+                        outboxEpoch: reliable ? 1 : nil
                     )
                 )
             )
-            switch await connection.next()?.payload {
+            return await connection.next()?.payload
+        }
+
+        /// The ERROR a HELLO with `token` claiming `clientID` gets, or `nil` if it is welcomed.
+        func refusal(of token: String?, as clientID: String, at endpoint: Endpoint) async throws -> Frame.ErrorReport? {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            switch try await self.hello(connection, as: clientID, token: token) {
             case .error(let report): return report
             case .welcome: return nil
             case let other:
@@ -118,20 +131,14 @@ extension IntegrationTests {
                 )
                 let (_, endpoint) = try await self.gateway(harness, messageStore: store)
                 let connection = try await RawConnection.connect(to: endpoint)
-                try await connection.send(
-                    .hello(
-                        .init(
-                            versions: 1...1,
-                            features: [.checksum, .reliableDelivery],
-                            maxBodySize: 1 << 20,
-                            clientID: "bob",
-                            authToken: ByteBuffer(string: try await Self.token(for: "mallory")),
-                            resume: .init(epoch: store.epoch, lastSequence: 1),  // would acknowledge bob's delivery
-                            outboxEpoch: 1
-                        )
-                    )
+                let answer = try await self.hello(
+                    connection,
+                    as: "bob",
+                    token: try await Self.token(for: "mallory"),
+                    reliable: true,
+                    resume: .init(epoch: store.epoch, lastSequence: 1)  // would acknowledge bob's delivery
                 )
-                guard case .error(let report)? = await connection.next()?.payload else {
+                guard case .error(let report)? = answer else {
                     Issue.record("expected ERROR")
                     return
                 }
@@ -205,19 +212,8 @@ extension IntegrationTests {
                 let (_, endpoint) = try await self.gateway(harness, messageStore: InMemoryMessageStore())
                 let connection = try await RawConnection.connect(to: endpoint)
                 defer { connection.close() }
-                try await connection.send(
-                    .hello(
-                        .init(
-                            versions: 1...1,
-                            features: [.checksum, .reliableDelivery],
-                            maxBodySize: 1 << 20,
-                            clientID: "alice",
-                            authToken: ByteBuffer(string: try await Self.token(for: "alice", topics: ["whoami"])),
-                            outboxEpoch: 1
-                        )
-                    )
-                )
-                guard case .welcome? = await connection.next()?.payload else {
+                let token = try await Self.token(for: "alice", topics: ["whoami"])
+                guard case .welcome? = try await self.hello(connection, as: "alice", token: token, reliable: true) else {
                     Issue.record("expected WELCOME")
                     return
                 }
@@ -316,7 +312,10 @@ extension IntegrationTests {
                 let (_, endpoint) = try await self.gateway(harness)
                 let connection = try await RawConnection.connect(to: endpoint)
                 defer { connection.close() }
-                _ = try await self.refusalFree(connection, token: try await Self.token(for: "alice"))
+                guard case .welcome? = try await self.hello(connection, as: "alice", token: try await Self.token(for: "alice")) else {
+                    Issue.record("expected WELCOME")
+                    return
+                }
                 try await connection.send(
                     .request(.init(id: 1, method: "$auth", body: ByteBuffer(string: try await Self.token(for: "bob"))))
                 )
@@ -332,26 +331,6 @@ extension IntegrationTests {
                 }
                 #expect(answer.status == .ok && answer.body.string == "alice")
             }
-        }
-
-        /// Completes a handshake as alice with `token`.
-        func refusalFree(_ connection: RawConnection, token: String) async throws -> Frame.Welcome? {
-            try await connection.send(
-                .hello(
-                    .init(
-                        versions: 1...1,
-                        features: .checksum,
-                        maxBodySize: 1 << 20,
-                        clientID: "alice",
-                        authToken: ByteBuffer(string: token)
-                    )
-                )
-            )
-            guard case .welcome(let welcome)? = await connection.next()?.payload else {
-                Issue.record("expected WELCOME")
-                return nil
-            }
-            return welcome
         }
     }
 }
