@@ -341,7 +341,7 @@ extension TetherClient {
         )
         if let reliable = self.reliable {
             let fields = try await reliable.helloFields()
-            hello.features.insert(.reliableDelivery)
+            hello.features.formUnion([.reliableDelivery, .messageAnswers])
             hello.outboxEpoch = fields.outboxEpoch
             hello.resume = fields.resume
         }

@@ -337,7 +337,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
     ///   offers reliable delivery).
     func handshakePolicy(deliveryEpoch: UInt64?) -> Handshake.GatewayPolicy {
         var features: Features = self.checksums == .disabled ? [] : .checksum
-        if deliveryEpoch != nil { features.insert(.reliableDelivery) }
+        if deliveryEpoch != nil { features.formUnion([.reliableDelivery, .messageAnswers]) }
         return Handshake.GatewayPolicy(
             features: features,
             requiredFeatures: self.checksums == .required ? .checksum : [],

@@ -180,6 +180,34 @@ extension IntegrationTests {
             }
         }
 
+        @Test("with the answers feature: a gap, a transient failure and a full inbox are answered unavailable, not silence")
+        func answers() async throws {
+            try await withHarness { harness in
+                let (_, endpoint, seen) = try await self.gateway(harness) {
+                    $0.limits.maxBodySize = 4096
+                    $0.limits.maxBufferedInboundBytes = 8192  // 4 KiB for messages
+                }
+                let alice = try await RawConnection.connect(to: endpoint)
+                let welcome = try await alice.handshake(clientID: "alice", features: Self.reliable.union(.messageAnswers), outboxEpoch: 1)
+                #expect(welcome?.features.contains(.messageAnswers) == true)
+                try await alice.send(self.message(2, 2, "early"))
+                #expect(await alice.nextMessageAck() == [.init(id: 2, status: .unavailable)], "1 is missing")
+                try await alice.send(self.message(1, 1, "flaky"))
+                #expect(await alice.nextMessageAck() == [.init(id: 1, status: .unavailable)], "the handler failed")
+                try await alice.send(self.message(1, 1, "one"))
+                try await alice.send(self.message(2, 2, "two"))
+                #expect(await alice.nextMessageAcks(count: 2).map(\.id) == [1, 2])
+                // Three 3 KiB messages at once: one fits in the 4 KiB; the others are not taken.
+                let padding = String(repeating: ".", count: 3000)
+                for sequence in UInt64(3)...5 { try await alice.send(self.message(sequence, sequence, "slow \(padding)")) }
+                var entries = await alice.nextMessageAcks(count: 3)
+                entries.sort { $0.id < $1.id }
+                #expect(entries == [.init(id: 3), .init(id: 4, status: .unavailable), .init(id: 5, status: .unavailable)], "\(entries)")
+                #expect(seen.withLockedValue { $0 }.prefix(3).map { $0.prefix(9) } == ["bob:1:fla", "bob:1:one", "bob:2:two"])
+                alice.close()
+            }
+        }
+
         @Test("a handler past the handler time limit is cancelled and not acknowledged; the retransmission is processed")
         func handlerTimeLimit() async throws {
             try await withHarness { harness in

@@ -221,13 +221,18 @@ extension ClientConnectionHandler {
                 return self.violation(error)
 
             case .messageAck(let ack):
-                guard self.outbox != nil else { return .messagesAcknowledged(ack.entries) }
-                for entry in ack.entries {
+                // With the answers feature, `unavailable` means "not taken now": the message
+                // stays in flight and its retransmission timer sends it again.
+                let entries =
+                    self.session.negotiated?.features.contains(.messageAnswers) == true
+                    ? ack.entries.filter { $0.status != .unavailable } : ack.entries
+                guard self.outbox != nil else { return .messagesAcknowledged(entries) }
+                for entry in entries {
                     guard let (_, sample) = self.outbox!.acknowledged(entry.id, now: now) else { continue }
                     self.timers.remove(.retransmission(entry.id))
                     if let sample { self.retransmission?.record(sample: Duration(sample)) }
                 }
-                return .messagesAcknowledged(ack.entries)
+                return .messagesAcknowledged(entries)
 
             case .delivery(let delivery):
                 guard let epoch = self.session.negotiated?.deliveryEpoch else { return .none }

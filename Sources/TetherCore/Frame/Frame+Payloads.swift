@@ -363,7 +363,11 @@ public struct Features: OptionSet, Hashable, Sendable {
     public static let checksum = Features(rawValue: 1 << 0)
     /// MESSAGE, MESSAGE_ACK, DELIVERY and DELIVERY_ACK may be used, and HELLO may resume.
     public static let reliableDelivery = Features(rawValue: 1 << 1)
+    /// With reliable delivery: the gateway answers a MESSAGE it does not take now (a gap before
+    /// it, a full inbox, a rate over the limit) with a MESSAGE_ACK entry `unavailable`, which
+    /// is not final: the client sends the message again (PROTOCOL.md, section 9.1).
+    public static let messageAnswers = Features(rawValue: 1 << 2)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum, .reliableDelivery]
+    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers]
 }

@@ -195,7 +195,10 @@ extension GatewayConnectionHandler {
                 self.timers.remove(.request(cancel.requestID))
                 return .cancel(request.task)
             case .forwardMessage(let message):
-                if self.messageRate != nil, !self.messageRate!.take(now: now) { return .rateLimited(nil) }
+                if self.messageRate != nil, !self.messageRate!.take(now: now) {
+                    let answers = self.session.negotiated?.features.contains(.messageAnswers) == true
+                    return .rateLimited(answers ? .messageAck(.init(entries: [.init(id: message.id, status: .unavailable)])) : nil)
+                }
                 return .message(message)
             case .forwardDeliveryAck(let ack):
                 return .deliveryAck(ack)

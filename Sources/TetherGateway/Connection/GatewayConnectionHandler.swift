@@ -316,6 +316,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
                 store: store,
                 connection: session.info,
                 outbox: outbox,
+                answers: session.negotiated.features.contains(.messageAnswers),
                 outbound: outbound,
                 executor: self.executor,
                 logger: self.logger

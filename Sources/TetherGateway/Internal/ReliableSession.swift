@@ -39,6 +39,9 @@ final class ReliableSession: Sendable {
     private let store: any MessageStore
     private let connection: ConnectionInfo
     private let outbox: OutboxID
+    /// Whether the client takes `unavailable` answers to messages not taken now (the
+    /// `message answers` feature); without it, those get no answer.
+    private let answers: Bool
     private let outbound: ConnectionOutbound
     /// Where the message handlers' tasks run.
     private let executor: (any TaskExecutor)?
@@ -55,6 +58,7 @@ final class ReliableSession: Sendable {
         store: any MessageStore,
         connection: ConnectionInfo,
         outbox: OutboxID,
+        answers: Bool = false,
         outbound: ConnectionOutbound,
         executor: (any TaskExecutor)?,
         logger: Logger
@@ -63,6 +67,7 @@ final class ReliableSession: Sendable {
         self.store = store
         self.connection = connection
         self.outbox = outbox
+        self.answers = answers
         self.outbound = outbound
         self.executor = executor
         self.logger = logger
@@ -89,6 +94,9 @@ final class ReliableSession: Sendable {
             state.bytes += size
             defer { state.dropped = 0 }
             return (true, state.dropped)
+        }
+        if !accepted, self.answers {
+            self.outbound.send(.messageAck(.init(entries: [.init(id: message.id, status: .unavailable)])))
         }
         if accepted {
             if dropped > 0 {
@@ -156,6 +164,8 @@ final class ReliableSession: Sendable {
         var processed: [ProcessedMessage] = []
         var processedAcks: [Frame.MessageAck.Entry] = []
         var duplicateAcks: [Frame.MessageAck.Entry] = []
+        /// `unavailable` answers to messages not taken now, with the answers feature.
+        var notTaken: [Frame.MessageAck.Entry] = []
         var staged: [NewDelivery] = []
         var tentative = lastProcessed
         var blocked: Set<String> = []
@@ -164,7 +174,10 @@ final class ReliableSession: Sendable {
 
         for received in batch {
             let message = received.message
-            guard !blocked.contains(message.conversation) else { continue }
+            guard !blocked.contains(message.conversation) else {
+                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                continue
+            }
             let last: UInt64
             if let known = tentative[message.conversation] {
                 last = known
@@ -185,11 +198,14 @@ final class ReliableSession: Sendable {
                 continue
             }
             guard message.sequence == last + 1 else {
-                continue  // an earlier message is missing; the client's retransmission fills the gap
+                // An earlier message is missing; the client's retransmission fills the gap.
+                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                continue
             }
             let stagedBefore = staged.count
             guard var status = await self.run(received, staging: &staged) else {
                 blocked.insert(message.conversation)  // transient failure: no ack, later messages wait
+                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
                 continue
             }
             if staged.count > stagedBefore {
@@ -210,6 +226,7 @@ final class ReliableSession: Sendable {
                     staged.removeSubrange(stagedBefore...)
                     self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
                     blocked.insert(message.conversation)
+                    if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
                     continue
                 }
             }
@@ -220,7 +237,7 @@ final class ReliableSession: Sendable {
             processedAcks.append(.init(id: message.id, status: status))
         }
 
-        var acks = duplicateAcks
+        var acks = duplicateAcks + notTaken
         if !processed.isEmpty {
             do {
                 let receipts = try await self.store.commit(processed: processed, deliveries: staged)
@@ -232,6 +249,7 @@ final class ReliableSession: Sendable {
                 // failure: nothing was written; the client sends the messages again.
                 self.logger.warning("could not commit reliable messages", metadata: ["error": "\(error)"])
                 lastProcessed.removeAll()
+                if self.answers { acks += processedAcks.map { .init(id: $0.id, status: .unavailable) } }
             }
         }
         if !acks.isEmpty {
@@ -280,6 +298,10 @@ final class ReliableSession: Sendable {
         case .success:
             staged += context.takeStaged()
             return .ok
+        case .failure(let error as RequestError) where error.status == .unavailable:
+            // "Not now": a transient failure, not an outcome to record.
+            context.logger.info("message handler answered unavailable; the client will send the message again")
+            return nil
         case .failure(let error as RequestError):
             return error.status == .ok ? .internalError : error.status
         case .failure(let error):

@@ -14,12 +14,13 @@ struct ClientConnectionStateMachineTests {
     static let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "alice", outboxEpoch: 5)
     static let foreground = Machine.HeartbeatPreference(mode: .foreground)
 
-    static func welcome(slots: UInt32 = 2, reliable: Bool = false) -> Frame {
+    static func welcome(slots: UInt32 = 2, reliable: Bool = false, answers: Bool = false) -> Frame {
         Frame(
             .welcome(
                 .init(
                     version: 1,
-                    features: reliable ? [.checksum, .reliableDelivery] : .checksum,
+                    features: reliable
+                        ? (answers ? [.checksum, .reliableDelivery, .messageAnswers] : [.checksum, .reliableDelivery]) : .checksum,
                     connectionID: 1,
                     heartbeatInterval: .seconds(10),
                     idleTimeout: .seconds(30),
@@ -34,7 +35,7 @@ struct ClientConnectionStateMachineTests {
 
     func machine(reliable: Bool = false) -> Machine {
         var hello = Self.hello
-        if reliable { hello.features.insert(.reliableDelivery) }
+        if reliable { hello.features.formUnion([.reliableDelivery, .messageAnswers]) }
         return Machine(
             configuration: .init(
                 hello: hello,
@@ -46,10 +47,10 @@ struct ClientConnectionStateMachineTests {
         )
     }
 
-    func established(slots: UInt32 = 2, reliable: Bool = false) -> Machine {
+    func established(slots: UInt32 = 2, reliable: Bool = false, answers: Bool = false) -> Machine {
         var machine = self.machine(reliable: reliable)
         _ = machine.start(now: Self.start)
-        _ = machine.received(Self.welcome(slots: slots, reliable: reliable), now: Self.start, preference: Self.foreground)
+        _ = machine.received(Self.welcome(slots: slots, reliable: reliable, answers: answers), now: Self.start, preference: Self.foreground)
         return machine
     }
 
@@ -288,5 +289,34 @@ struct ClientConnectionStateMachineTests {
         #expect(machine.timerFired(now: Self.start + .seconds(1)).pumpMessages, "2 and 3 are due again")
         let again = machine.nextMessage(now: Self.start + .seconds(1), wallClock: 0)
         #expect(again?.0.id == 2 && again?.first == false)
+    }
+
+    @Test(
+        "with the answers feature, an unavailable entry is not final: the message stays in flight and is sent again; without it, it is a refusal"
+    )
+    func unavailableAnswers() {
+        let record = OutboxRecord(id: 1, topic: "t", conversation: "c", sequence: 2, priority: .normal, expiresAt: nil, body: ByteBuffer())
+        let notTaken = Frame(.messageAck(.init(entries: [.init(id: 1, status: .unavailable)])), flags: .checksum)
+
+        var machine = self.established(reliable: true, answers: true)
+        _ = machine.enqueueMessages([record])
+        #expect(machine.nextMessage(now: Self.start, wallClock: 0)?.0.id == 1)
+        guard case .messagesAcknowledged(let entries) = machine.received(notTaken, now: Self.start, preference: Self.foreground) else {
+            Issue.record("expected an acknowledgement action")
+            return
+        }
+        #expect(entries.isEmpty, "nothing final for the outbox")
+        #expect(machine.nextDeadline == Self.start + .seconds(1), "still in flight, with its retransmission deadline")
+        #expect(machine.timerFired(now: Self.start + .seconds(1)).pumpMessages)
+        #expect(machine.nextMessage(now: Self.start + .seconds(1), wallClock: 0)?.0.id == 1, "sent again")
+
+        var old = self.established(reliable: true, answers: false)
+        _ = old.enqueueMessages([record])
+        _ = old.nextMessage(now: Self.start, wallClock: 0)
+        guard case .messagesAcknowledged(let final) = old.received(notTaken, now: Self.start, preference: Self.foreground) else {
+            Issue.record("expected an acknowledgement action")
+            return
+        }
+        #expect(final.map(\.status) == [.unavailable], "a gateway without the feature recorded it as the handler's refusal")
     }
 }
