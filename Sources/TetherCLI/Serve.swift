@@ -4,6 +4,12 @@ import ServiceLifecycle
 import TetherGateway
 import TetherJWT
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run a gateway with the demo handlers (echo, time.now, chat.join/send/leave, demo.slow, dm).",
@@ -56,6 +62,7 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         try self.logging.bootstrap(default: .info)
+        Self.raiseDescriptorLimit()
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: self.host, port: self.port, reusePort: self.reusePort)
         configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
@@ -100,5 +107,19 @@ struct Serve: AsyncParsableCommand {
             configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await services.run()
+    }
+
+    /// Raises the process's soft limit on open descriptors to its hard limit: each connection
+    /// holds one, and the gateway caps its connections below the soft limit.
+    static func raiseDescriptorLimit() {
+        #if canImport(Darwin)
+            let resource = RLIMIT_NOFILE
+        #else
+            let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #endif
+        var limit = rlimit()
+        guard getrlimit(resource, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(resource, &limit)
     }
 }
