@@ -75,7 +75,11 @@ public struct JWTAuthenticator: ClientAuthenticator {
     ) async throws(JWTConfigurationError) {
         guard !keys.isEmpty else { throw JWTConfigurationError("a JWT authenticator needs at least one key") }
         let collection = JWTKeyCollection()
+        // Keys outside a JWKS have no `kid` when there is one (the collection's default key), and
+        // a made-up one each when there are several (a token is then checked against each).
+        let several = keys.filter { if case .jwks = $0 { false } else { true } }.count > 1
         var plainKeys = 0
+        func kid() -> JWKIdentifier? { several ? JWKIdentifier(string: "tether-key-\(plainKeys)") : nil }
         for key in keys {
             switch key {
             case .hmacSecret(let secret):
@@ -83,17 +87,17 @@ public struct JWTAuthenticator: ClientAuthenticator {
                 guard secret.count >= 32 else {
                     throw JWTConfigurationError("an HS256 secret must have at least 32 bytes (it has \(secret.count))")
                 }
-                await collection.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256, kid: Self.kid(plainKeys, of: keys))
+                await collection.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256, kid: kid())
                 plainKeys += 1
             case .publicKeyPEM(let pem):
                 if let key = try? ES256PublicKey(pem: pem) {
-                    await collection.add(ecdsa: key, kid: Self.kid(plainKeys, of: keys))
+                    await collection.add(ecdsa: key, kid: kid())
                 } else if let key = try? ES256PublicKey(certificate: pem) {
-                    await collection.add(ecdsa: key, kid: Self.kid(plainKeys, of: keys))
+                    await collection.add(ecdsa: key, kid: kid())
                 } else if let key = try? Insecure.RSA.PublicKey(pem: pem) {
-                    await collection.add(rsa: key, digestAlgorithm: .sha256, kid: Self.kid(plainKeys, of: keys))
+                    await collection.add(rsa: key, digestAlgorithm: .sha256, kid: kid())
                 } else if let key = try? Insecure.RSA.PublicKey(certificatePEM: pem) {
-                    await collection.add(rsa: key, digestAlgorithm: .sha256, kid: Self.kid(plainKeys, of: keys))
+                    await collection.add(rsa: key, digestAlgorithm: .sha256, kid: kid())
                 } else {
                     throw JWTConfigurationError("not a P-256 or RSA public key or certificate in PEM")
                 }
@@ -107,7 +111,7 @@ public struct JWTAuthenticator: ClientAuthenticator {
             }
         }
         self.keys = collection
-        self.iteratesKeys = plainKeys > 1
+        self.iteratesKeys = several
         self.configuration = configuration
         self.now = now
     }
@@ -142,13 +146,6 @@ public struct JWTAuthenticator: ClientAuthenticator {
         var secret = data
         while secret.last == UInt8(ascii: "\n") || secret.last == UInt8(ascii: "\r") { secret.removeLast() }
         return .hmacSecret(secret)
-    }
-
-    /// Keys outside a JWKS have no `kid` when there is one (the collection's default key), and a
-    /// made-up one each when there are several (the token is then checked against each).
-    private static func kid(_ index: Int, of keys: [Key]) -> JWKIdentifier? {
-        let plain = keys.filter { if case .jwks = $0 { false } else { true } }.count
-        return plain > 1 ? JWKIdentifier(string: "tether-key-\(index)") : nil
     }
 
     public func authenticate(_ hello: HandshakeInfo) async throws -> ClientIdentity {

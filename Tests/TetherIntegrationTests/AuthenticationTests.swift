@@ -6,9 +6,10 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
-import TetherJWT
 import TetherTestSupport
 import TetherTesting
+
+@testable import TetherJWT
 
 extension IntegrationTests {
     /// A gateway protected by the JWT authenticator, against clients with good, bad, expired
@@ -16,14 +17,6 @@ extension IntegrationTests {
     @Suite("Authentication", .timeLimit(.minutes(1)))
     struct AuthenticationTests {
         static let secret = "the test gateway's HS256 secret, 32+ bytes"
-
-        struct Claims: JWTPayload {
-            var sub: SubjectClaim
-            var exp: ExpirationClaim
-            var rooms: [String]?
-            var topics: [String]?
-            func verify(using algorithm: some JWTAlgorithm) async throws {}
-        }
 
         static func token(
             for subject: String,
@@ -34,7 +27,12 @@ extension IntegrationTests {
         ) async throws -> String {
             try await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
                 .sign(
-                    Claims(sub: SubjectClaim(value: subject), exp: ExpirationClaim(value: Date() + expiresIn), rooms: rooms, topics: topics)
+                    TetherClaims(
+                        sub: SubjectClaim(value: subject),
+                        exp: ExpirationClaim(value: Date() + expiresIn),
+                        rooms: rooms,
+                        topics: topics
+                    )
                 )
         }
 

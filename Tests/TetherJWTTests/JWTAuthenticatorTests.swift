@@ -4,23 +4,15 @@ import NIOCore
 import Testing
 import TetherCore
 import TetherGateway
-import TetherJWT
+
+@testable import TetherJWT
 
 /// Tokens signed here with jwt-kit (and an RSA key made by `openssl`), checked by the
 /// authenticator as a gateway would.
 @Suite("JWT authenticator")
 struct JWTAuthenticatorTests {
-    /// The claims a token carries; `nil` leaves a claim out.
-    struct Claims: JWTPayload {
-        var sub: SubjectClaim?
-        var exp: ExpirationClaim?
-        var nbf: NotBeforeClaim?
-        var iss: IssuerClaim?
-        var aud: AudienceClaim?
-        var rooms: [String]?
-        var topics: [String]?
-        func verify(using algorithm: some JWTAlgorithm) async throws {}
-    }
+    /// The claims a token carries, as the authenticator reads them; `nil` leaves a claim out.
+    typealias Claims = TetherClaims
 
     static let now = Date(timeIntervalSince1970: 1_800_000_000)
     static let secret = "a shared secret of more than 32 bytes"

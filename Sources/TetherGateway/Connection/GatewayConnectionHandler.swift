@@ -299,12 +299,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         }
         self.write(.welcome(session.welcome), flags: flags, context: context)
         self.reader.maxBodySize = self.services.configuration.limits.maxBodySize
-        self.scope = ConnectionScope(
-            connection: session.info,
-            logger: self.logger,
-            gateway: self.services.gateway,
-            checksAccess: self.services.router.checksAccess(of: session.info)
-        )
+        self.scope = self.scope(of: session.info)
         for push in held { self.write(.push(push), context: context) }
         self.flushNow(context: context)
         self.armTimer()
@@ -423,15 +418,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         guard let scope = self.scope else { return }
         var connection = scope.connection
         connection.identity = identity
-        self.scope = ConnectionScope(
+        self.scope = self.scope(of: connection)
+        self.services.registry.replaceIdentity(of: connection.id, with: identity)
+        self.machine.credentialsReplaced(deadline: self.credentialsDeadline(of: identity))
+        self.armTimer()
+    }
+
+    /// What the requests of `connection` share, with whether its accesses must be checked.
+    private func scope(of connection: ConnectionInfo) -> ConnectionScope {
+        ConnectionScope(
             connection: connection,
             logger: self.logger,
             gateway: self.services.gateway,
             checksAccess: self.services.router.checksAccess(of: connection)
         )
-        self.services.registry.replaceIdentity(of: connection.id, with: identity)
-        self.machine.credentialsReplaced(deadline: self.credentialsDeadline(of: identity))
-        self.armTimer()
     }
 
     /// When the connection must end for `identity`'s credentials: their expiry plus the grace

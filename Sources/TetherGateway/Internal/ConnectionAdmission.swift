@@ -56,29 +56,25 @@ final class ConnectionAdmission: Sendable {
             if state.unauthenticated >= limits.unauthenticated {
                 return Self.refusal("\(limits.unauthenticated) connections are already waiting for their handshake")
             }
-            var perAddress = address.flatMap { state.addresses[$0] }
             if let address {
-                if perAddress == nil {
-                    perAddress = PerAddress(bucket: TokenBucket(perSecond: limits.handshakesPerSecondPerAddress, now: now))
-                }
-                if perAddress!.connections >= limits.connectionsPerAddress {
+                var perAddress =
+                    state.addresses[address]
+                    ?? PerAddress(bucket: TokenBucket(perSecond: limits.handshakesPerSecondPerAddress, now: now))
+                if perAddress.connections >= limits.connectionsPerAddress {
                     return Self.refusal("\(address) holds its maximum of \(limits.connectionsPerAddress) connections")
                 }
-                guard perAddress!.bucket.take(now: now) else {
-                    state.addresses[address] = perAddress
+                let took = perAddress.bucket.take(now: now)
+                state.addresses[address] = perAddress  // a token taken counts even if the global rate refuses
+                guard took else {
                     return Self.refusal("more than \(limits.handshakesPerSecondPerAddress) new connections per second from \(address)")
                 }
             }
             guard state.bucket.take(now: now) else {
-                if let address { state.addresses[address] = perAddress }
                 return Self.refusal("more than \(limits.handshakesPerSecond) new connections per second")
             }
             state.connections += 1
             state.unauthenticated += 1
-            if let address {
-                perAddress!.connections += 1
-                state.addresses[address] = perAddress
-            }
+            if let address { state.addresses[address]?.connections += 1 }
             return nil
         }
     }

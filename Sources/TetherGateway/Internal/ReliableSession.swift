@@ -166,6 +166,9 @@ final class ReliableSession: Sendable {
         var duplicateAcks: [Frame.MessageAck.Entry] = []
         /// `unavailable` answers to messages not taken now, with the answers feature.
         var notTaken: [Frame.MessageAck.Entry] = []
+        func notTakenNow(_ message: Frame.Message) {
+            if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+        }
         var staged: [NewDelivery] = []
         var tentative = lastProcessed
         var blocked: Set<String> = []
@@ -175,7 +178,7 @@ final class ReliableSession: Sendable {
         for received in batch {
             let message = received.message
             guard !blocked.contains(message.conversation) else {
-                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                notTakenNow(message)
                 continue
             }
             let last: UInt64
@@ -199,13 +202,13 @@ final class ReliableSession: Sendable {
             }
             guard message.sequence == last + 1 else {
                 // An earlier message is missing; the client's retransmission fills the gap.
-                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                notTakenNow(message)
                 continue
             }
             let stagedBefore = staged.count
             guard var status = await self.run(received, staging: &staged) else {
                 blocked.insert(message.conversation)  // transient failure: no ack, later messages wait
-                if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                notTakenNow(message)
                 continue
             }
             if staged.count > stagedBefore {
@@ -226,7 +229,7 @@ final class ReliableSession: Sendable {
                     staged.removeSubrange(stagedBefore...)
                     self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
                     blocked.insert(message.conversation)
-                    if self.answers { notTaken.append(.init(id: message.id, status: .unavailable)) }
+                    notTakenNow(message)
                     continue
                 }
             }
