@@ -346,7 +346,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         if request.method == Self.refreshCredentialsMethod {
             // Runs the authenticator in a task, in a handler slot like any request.
             if case .start = self.machine.handlerNeeded(request) {
-                self.startHandler(request, handler: self.refreshCredentials, scope: scope)
+                self.startHandler(request, scope: scope)
             }
             return
         }
@@ -356,9 +356,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
             return
         }
         switch self.services.router.route(request.method) {
-        case .task(let handler):
+        case .task:
             if case .start = self.machine.handlerNeeded(request) {
-                self.startHandler(request, handler: handler, scope: scope)
+                self.startHandler(request, scope: scope)
             }
         case .inline(let handler):
             self.respond(self.services.answerInline(request, handler: handler, scope: scope), context: context)
@@ -367,9 +367,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    /// Starts a request's handler in a task; its slot is taken.
-    private func startHandler(_ request: Frame.Request, handler: @escaping Gateway.Handler, scope: ConnectionScope) {
-        guard let outbound = self.outbound else { return }
+    /// Starts a request's handler in a task; its slot is taken. The request is one that
+    /// ``dispatch(_:context:)`` gave a slot to, now or after it waited for one: `$auth`, or a
+    /// method with a task handler.
+    private func startHandler(_ request: Frame.Request, scope: ConnectionScope) {
+        let handler: Gateway.Handler
+        if request.method == Self.refreshCredentialsMethod {
+            handler = self.refreshCredentials
+        } else if case .task(let routed) = self.services.router.route(request.method) {
+            handler = routed
+        } else {
+            // The routes are fixed while the gateway runs, so this does not happen; if it did,
+            // the slot must still be given back, or the connection would never be done.
+            self.handlerFinished(self.services.answerInline(request, handler: nil, scope: scope))
+            return
+        }
+        guard let outbound = self.outbound else {
+            self.handlerFinished(nil)  // the handler is gone from the pipeline: give the slot back
+            return
+        }
         let services = self.services
         let id = request.id
         // On the connection's loop, the handler starts at once, as an inline one would; its
@@ -447,10 +463,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         if let response, let context { self.respond(response, context: context) }
         let next = self.machine.handlerEnded()
         if let scope = self.scope {
-            for request in next.start {
-                guard case .task(let handler) = self.services.router.route(request.method) else { continue }
-                self.startHandler(request, handler: handler, scope: scope)
-            }
+            for request in next.start { self.startHandler(request, scope: scope) }
         }
         if next.resumeReading { self.context?.read() }
         self.taskEnded(done: next.done)

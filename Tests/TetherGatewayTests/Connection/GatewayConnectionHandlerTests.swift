@@ -489,6 +489,26 @@ struct GatewayConnectionHandlerTests {
         _ = try? fixture.channel.finish()
     }
 
+    @Test("a credential refresh that waited for a slot runs once one frees, is answered, and gives its slot back")
+    func refreshWaitsForASlot() throws {
+        let fixture = try GatewayHandlerFixture(maxConcurrentRequests: 1)
+        try fixture.establish()
+        try fixture.request(1)
+        try fixture.request(2, method: "$auth")
+        #expect(fixture.handler.state.running == 1, "the refresh waits behind the held request")
+        fixture.held.release(1)
+        fixture.loop.run()
+        let answers = try [fixture.readOutbound(), fixture.readOutbound()].compactMap { frame -> UInt64? in
+            guard case .response(let response)? = frame?.payload, response.status == .ok else { return nil }
+            return response.id
+        }
+        #expect(answers == [1, 2], "the gateway has no authenticator: the refresh is answered ok")
+        #expect(fixture.handler.state.running == 0 && fixture.handler.state.tasks == 0, "no slot is left taken")
+        fixture.channel.close(promise: nil)
+        fixture.loop.run()
+        #expect(fixture.gateway.activity.active == 0, "so the gateway is not held open by it")
+    }
+
     @Test("a malformed frame gets ERROR and a close; an empty method is malformed")
     func malformed() throws {
         let fixture = try GatewayHandlerFixture()
