@@ -22,26 +22,70 @@ struct IntegrationTests {}
 /// Starts gateways and clients for a test and tears them down afterwards.
 ///
 /// `withHarness` returns only after every gateway and client it started has shut down and
-/// every task it spawned has finished, so a test cannot leak work into the next one.
+/// every task it spawned has finished, so a test cannot leak work into the next one. A test
+/// that hangs fails instead of holding up the whole run: see ``withHarness(timeLimit:_:)``.
 final class Harness: Sendable {
     private let tasks = NIOLockedValueBox<[Task<Void, Never>]>([])
-    private let exitHandlers = NIOLockedValueBox<[@Sendable () -> Void]>([])
+    /// The tasks spawned and not yet ended, by number: what a hang report names.
+    private let running = NIOLockedValueBox<(next: Int, labels: [Int: String])>((0, [:]))
+    private let exitHandlers = NIOLockedValueBox<(ran: Bool, handlers: [@Sendable () -> Void])>((false, []))
     private let recorders = NIOLockedValueBox<[ObjectIdentifier: EventRecorder]>([:])
+    private let describers = NIOLockedValueBox<[@Sendable () -> String]>([])
 
-    /// Runs `operation` in the background until the harness finishes.
-    func spawn(_ operation: @escaping @Sendable () async -> Void) {
-        let task = Task { await operation() }
+    /// Runs `operation` in the background until the harness finishes; `label` names it if it
+    /// does not end.
+    func spawn(_ label: String = "a task of the test", _ operation: @escaping @Sendable () async -> Void) {
+        let number = self.running.withLockedValue { running in
+            defer { running.next += 1 }
+            running.labels[running.next] = label
+            return running.next
+        }
+        let task = Task {
+            await operation()
+            self.running.withLockedValue { _ = $0.labels.removeValue(forKey: number) }
+        }
         self.tasks.withLockedValue { $0.append(task) }
+    }
+
+    /// Adds a line to what a hang report says of the harness's gateways and clients.
+    func describe(_ line: @escaping @Sendable () -> String) {
+        self.describers.withLockedValue { $0.append(line) }
+    }
+
+    /// The tasks still running, and the state of the gateways and clients: what a hang report says.
+    var report: String {
+        let states = self.describers.withLockedValue { $0 }.map { $0() }
+        return "spawned tasks still running: \(self.stillRunning); \(states.joined(separator: "; "))"
     }
 
     /// Runs `handler` when the test body is done (to shut something down).
     func onExit(_ handler: @escaping @Sendable () -> Void) {
-        self.exitHandlers.withLockedValue { $0.append(handler) }
+        self.exitHandlers.withLockedValue { $0.handlers.append(handler) }
     }
 
-    fileprivate func finish() async {
-        for handler in self.exitHandlers.withLockedValue({ $0 }).reversed() { handler() }
-        for task in self.tasks.withLockedValue({ $0 }) { await task.value }
+    /// The labels of the spawned tasks still running, in the order they were spawned.
+    var stillRunning: [String] {
+        self.running.withLockedValue { running in running.labels.sorted { $0.key < $1.key }.map(\.value) }
+    }
+
+    /// Shuts down what the test started, once (the exit handlers run in reverse order).
+    fileprivate func shutDown() {
+        let handlers = self.exitHandlers.withLockedValue { exit in
+            defer { exit.ran = true }
+            return exit.ran ? [] : exit.handlers
+        }
+        for handler in handlers.reversed() { handler() }
+    }
+
+    /// Shuts everything down and waits for the spawned tasks, for at most `limit`.
+    /// - Returns: `nil` if they all ended, else a report of what did not (it is abandoned).
+    fileprivate func finish(within limit: Duration) async -> String? {
+        self.shutDown()
+        let tasks = self.tasks.withLockedValue { $0 }
+        let ended = await firstOf(limit: limit) {
+            for task in tasks { await task.value }
+        }
+        return ended ? nil : self.report
     }
 
     /// A gateway on 127.0.0.1 with an ephemeral port, and its endpoint; `routes` registers its
@@ -74,7 +118,8 @@ final class Harness: Sendable {
                 )
             }
         routes(gateway)
-        self.spawn { try? await gateway.run() }
+        self.spawn("gateway.run() of a gateway on 127.0.0.1") { try? await gateway.run() }
+        self.describe { "gateway on 127.0.0.1: \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }
         let address = try await gateway.listeningAddress
         return (gateway, Endpoint(host: "127.0.0.1", port: address.port!))
@@ -94,7 +139,8 @@ final class Harness: Sendable {
         let gateway = try Gateway(configuration: configuration, logger: testLogger("gateway"))
         routes(gateway)
         network.attach(gateway, at: endpoint)
-        self.spawn { try? await gateway.run() }
+        self.spawn("gateway.run() at \(endpoint) on a local network") { try? await gateway.run() }
+        self.describe { "gateway at \(endpoint): \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }
         return gateway
     }
@@ -119,7 +165,8 @@ final class Harness: Sendable {
         // Subscribe before the client starts, so that `events(of:)` sees its first attempt.
         let recorder = EventRecorder(client, in: self)
         self.recorders.withLockedValue { $0[ObjectIdentifier(client)] = recorder }
-        self.spawn { try? await client.run() }
+        self.spawn("client.run() of '\(clientID)'") { try? await client.run() }
+        self.describe { "client '\(clientID)': \(client.connectionState)" }
         self.onExit { client.shutdown() }
         return client
     }
@@ -135,15 +182,72 @@ final class Harness: Sendable {
 }
 
 /// Runs `body` with a harness; shuts everything down afterwards.
-func withHarness(_ body: (Harness) async throws -> Void) async throws {
+///
+/// A hang becomes a failure that names what hung, rather than a run that never ends (a task
+/// waiting on something that ignores cancellation outlives the suite's time limit):
+/// - if `body` still runs after `timeLimit`, the harness records an issue naming the tasks
+///   still running and shuts down its gateways and clients, which usually ends what `body`
+///   waits for;
+/// - once `body` returned, the spawned tasks (the gateways' and clients' `run()`) get 30 s to
+///   end after the shutdown; those that do not are named in an issue and abandoned.
+func withHarness(timeLimit: Duration = .seconds(90), _ body: (Harness) async throws -> Void) async throws {
     let harness = Harness()
+    let watchdog = Task {
+        guard (try? await Task.sleep(for: timeLimit)) != nil else { return }
+        Issue.record(
+            """
+            the test still runs after \(timeLimit); shutting down its gateways and clients. \
+            \(harness.report)
+            """
+        )
+        harness.shutDown()
+    }
+    defer { watchdog.cancel() }
+    let failure: (any Error)?
     do {
         try await body(harness)
+        failure = nil
     } catch {
-        await harness.finish()
-        throw error
+        failure = error
     }
-    await harness.finish()
+    watchdog.cancel()
+    if let abandoned = await harness.finish(within: .seconds(30)) {
+        Issue.record("30 s after the shutdown, the harness had not finished (what is left is abandoned): \(abandoned)")
+    }
+    if let failure { throw failure }
+}
+
+/// Runs `operation` in a task of its own and waits for it for at most `limit`.
+/// - Returns: Whether it ended in time; if not, it is left running.
+func firstOf(limit: Duration, _ operation: @escaping @Sendable () async -> Void) async -> Bool {
+    let outcome = NIOLockedValueBox<(continuation: CheckedContinuation<Bool, Never>?, result: Bool?)>((nil, nil))
+    @Sendable func settle(_ result: Bool) {
+        let continuation = outcome.withLockedValue { state -> CheckedContinuation<Bool, Never>? in
+            guard state.result == nil else { return nil }
+            state.result = result
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        continuation?.resume(returning: result)
+    }
+    let work = Task {
+        await operation()
+        settle(true)
+    }
+    let timer = Task {
+        guard (try? await Task.sleep(for: limit)) != nil else { return }
+        settle(false)
+    }
+    let ended = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+        let early = outcome.withLockedValue { state -> Bool? in
+            if state.result == nil { state.continuation = continuation }
+            return state.result
+        }
+        if let early { continuation.resume(returning: early) }
+    }
+    timer.cancel()
+    _ = work
+    return ended
 }
 
 /// Records a client's connection events for later assertions.
@@ -153,7 +257,7 @@ final class EventRecorder: Sendable {
     /// Subscribes to `client`'s events from now on; ``Harness/events(of:)`` has them from the start.
     fileprivate init(_ client: TetherClient, in harness: Harness) {
         let stream = client.events
-        harness.spawn {
+        harness.spawn("the event recorder of a client") {
             for await event in stream { self.events.withLockedValue { $0.append(event) } }
         }
     }
