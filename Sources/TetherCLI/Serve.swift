@@ -37,6 +37,12 @@ struct Serve: AsyncParsableCommand {
     )
     var idleSeconds: Double?
 
+    @Option(
+        name: .customLong("handshake-timeout"),
+        help: "Close a connection that has not completed its handshake (HELLO, authentication) within this many seconds (default: 10)."
+    )
+    var handshakeSeconds: Double?
+
     @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
     var store = "tether-gateway.sqlite"
 
@@ -58,6 +64,8 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("jwt-audience"), help: "With --jwt-key: an audience (aud) tokens must include.")
     var jwtAudience: String?
 
+    @OptionGroup(title: "Limits on what clients may claim") var limits: LimitOptions
+
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
@@ -68,8 +76,10 @@ struct Serve: AsyncParsableCommand {
         configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
         configuration.timeouts.idle =
             try self.idleSeconds.map { try duration(seconds: $0, option: "idle-timeout") } ?? configuration.timeouts.heartbeatInterval * 3
+        if let handshakeSeconds { configuration.timeouts.handshake = try duration(seconds: handshakeSeconds, option: "handshake-timeout") }
         try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
+        try self.limits.apply(to: &configuration.limits)
         let logger = Logger(label: "tether.serve")
         let messageStore: any MessageStore
         if self.store == ":memory:" {

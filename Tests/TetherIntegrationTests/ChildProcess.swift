@@ -56,6 +56,21 @@ final class ChildProcess: @unchecked Sendable {
         return lines
     }
 
+    /// The process's id.
+    var processIdentifier: Int32 { self.process.withLockedValue { $0.processIdentifier } }
+
+    /// Whether it still runs.
+    var isRunning: Bool { self.process.withLockedValue { $0.isRunning } }
+
+    /// Its resident memory in bytes (`VmRSS` in `/proc`), or `nil` where there is no `/proc`.
+    var residentBytes: Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(self.processIdentifier)/status", encoding: .utf8),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kilobytes = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) })
+        else { return nil }
+        return kilobytes * 1024
+    }
+
     /// Sends SIGKILL: the process ends at once, without any cleanup.
     func kill() {
         self.process.withLockedValue { process in

@@ -1,0 +1,418 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+import Tether
+import TetherCore
+import TetherTestSupport
+
+extension IntegrationTests {
+    /// The attacks of issue 21 against a real `tether serve` process (JWT-protected, with
+    /// small limits), one after the other, while a well-behaved client calls it every 20 ms.
+    /// Loopback only; every attack is bounded in count and time.
+    ///
+    /// Asserted: the gateway stays up and under its memory bound, each attack gets the answer
+    /// the limits promise, and the well-behaved client never fails and keeps a bounded p99.
+    /// The figures are printed (`abuse:` lines) for the record.
+    @Suite("Abuse: a gateway process under attack", .timeLimit(.minutes(3)))
+    struct AbuseTests {
+        static let secret = "the abuse suite's HS256 secret, 32+ bytes long"
+        /// What the gateway process may hold at most, at any time of the run.
+        static let memoryBound = 400 << 20
+        /// The well-behaved client's 99th percentile round trip, at most (debug builds on a
+        /// shared 2-core machine: generous; the figures printed are the real measure).
+        static let p99Bound = Duration.seconds(1.5)
+
+        @Test("attacks one after the other while a client calls every 20 ms: the gateway stays up, bounded; the client is served")
+        func underAttack() async throws {
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("tether-abuse-\(UUID().uuidString).key").path
+                try Data(Self.secret.utf8).write(to: URL(fileURLWithPath: keyFile))
+                harness.onExit { try? FileManager.default.removeItem(atPath: keyFile) }
+                let port = try await freePort()
+                let endpoint = Endpoint(host: "127.0.0.1", port: port)
+                let gateway = try ChildProcess(
+                    [
+                        "serve", "--port", "\(port)", "--store", ":memory:", "--jwt-key", keyFile,
+                        "--heartbeat", "1", "--idle-timeout", "3", "--handshake-timeout", "2",
+                        "--max-connections-per-address", "300", "--max-unauthenticated", "100",
+                        "--handshakes-per-second-per-address", "2000", "--requests-per-second", "2000",
+                        "--messages-per-second", "1000", "--max-delivery-bytes-per-recipient", "\(8 << 20)",
+                    ],
+                    in: harness
+                )
+                try await eventually("the gateway listens", timeout: .seconds(60)) {
+                    gateway.lines.contains { $0.contains("listening") }
+                }
+                let memory = MemoryWatch(gateway, in: harness)
+
+                let goodToken = try await Self.token(for: "good")
+                let good = try harness.client([endpoint], clientID: "good") { $0.authentication = .token(ByteBuffer(string: goodToken)) }
+                try await eventually("the good client is connected") { if case .connected = good.connectionState { true } else { false } }
+                let calls = WellBehavedCalls(good, in: harness)
+
+                var report: [(attack: String, answer: String, p99: Duration)] = []
+                func record(_ attack: String, _ answer: String) {
+                    let p99 = calls.p99(since: calls.mark)
+                    report.append((attack, answer, p99))
+                    print("abuse: \(attack): \(answer); the good client's p99 during it \(p99.milliseconds) ms")
+                    calls.mark = calls.count
+                }
+                try await Task.sleep(for: .milliseconds(500))
+                record("baseline", "-")
+
+                record("impostors", try await self.impostors(endpoint))
+                record("a 60 KB client id", try await self.longClientID(endpoint))
+                record("400 idle connections from one address", try await self.connectionFlood(endpoint))
+                record("200 unauthenticated partial 60 KB frames", try await self.partialFramesBeforeHandshake(endpoint))
+                record("60 authenticated partial 1 MB frames", try await self.partialFramesAfterHandshake(endpoint))
+                record("100 reliable messages of 256 KiB", try await self.bigReliableMessages(endpoint))
+                record("20,000 pipelined requests", try await self.requestFlood(endpoint))
+                record("a client that stops reading", try await self.slowReader(endpoint))
+
+                let figures = calls.finish()
+                #expect(gateway.isRunning, "the gateway survived")
+                let peak = memory.finish()
+                print(
+                    "abuse: gateway RSS peak \(peak >> 20) MiB; good client \(figures.count) calls, \(figures.failures) failed, p99 \(figures.p99.milliseconds) ms"
+                )
+                #expect(peak < Self.memoryBound, "gateway RSS peaked at \(peak >> 20) MiB")
+                #expect(figures.failures == 0, "the well-behaved client's calls failed: \(figures.failureSamples)")
+                #expect(figures.count > 100)
+                for (attack, _, p99) in report {
+                    #expect(p99 <= Self.p99Bound, "during '\(attack)', the good client's p99 was \(p99.milliseconds) ms")
+                }
+            }
+        }
+
+        static func token(for subject: String) async throws -> String {
+            try await AuthenticationTests.token(for: subject, secret: Self.secret)
+        }
+
+        // MARK: The attacks
+
+        /// HELLOs without a token, and with another client's token: each refused.
+        func impostors(_ endpoint: Endpoint) async throws -> String {
+            var answers: [String: Int] = [:]
+            for attempt in 0..<50 {
+                let connection = try await RawConnection.connect(to: endpoint)
+                defer { connection.close() }
+                let token = attempt.isMultiple(of: 2) ? nil : try await Self.token(for: "mallory")
+                try await connection.send(.hello(Self.hello(clientID: "good", token: token)))
+                answers[Self.describe(await connection.next()?.payload), default: 0] += 1
+            }
+            #expect(answers.keys.allSatisfy { !$0.hasPrefix("WELCOME") }, "\(answers)")
+            return Self.summary(answers)
+        }
+
+        /// A HELLO with a 60 KB client id: refused before any authentication.
+        func longClientID(_ endpoint: Endpoint) async throws -> String {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            try await connection.send(.hello(Self.hello(clientID: String(repeating: "x", count: 60_000), token: nil)))
+            let answer = Self.describe(await connection.next()?.payload)
+            #expect(answer.hasPrefix("ERROR invalid request"), "\(answer)")
+            return answer
+        }
+
+        /// 400 connections that send nothing: at most 100 are held before their handshake, the
+        /// rest get ERROR resource exhausted; the held ones are closed at the handshake timeout.
+        func connectionFlood(_ endpoint: Endpoint) async throws -> String {
+            var connections: [RawConnection] = []
+            defer { for connection in connections { connection.close() } }
+            for _ in 0..<400 { connections.append(try await RawConnection.connect(to: endpoint)) }
+            try await Task.sleep(for: .seconds(1))
+            var refused = 0
+            for connection in connections where !connection.channel.isActive {
+                if case .error(let error)? = await connection.next()?.payload, error.code == .resourceExhausted { refused += 1 }
+            }
+            let held = connections.filter(\.channel.isActive).count
+            #expect(held <= 100, "\(held) connections held before their handshake")
+            #expect(refused >= 300)
+            return "\(refused) refused with ERROR resource exhausted, \(held) held until their handshake timeout"
+        }
+
+        /// 200 connections each send the header of a frame with a 60 KB body, and 30 KB of it,
+        /// before any HELLO: at most 100 are held (the unauthenticated limit), each with its
+        /// partial frame, until the handshake timeout (2 s here) closes them.
+        func partialFramesBeforeHandshake(_ endpoint: Endpoint) async throws -> String {
+            var connections: [RawConnection] = []
+            defer { for connection in connections { connection.close() } }
+            for _ in 0..<200 {
+                let connection = try await RawConnection.connect(to: endpoint)
+                connections.append(connection)
+                connection.channel.writeAndFlush(try Self.partialRequest(bodySize: 60_000, sending: 30_000), promise: nil)
+            }
+            try await Task.sleep(for: .milliseconds(500))
+            let held = connections.filter(\.channel.isActive).count
+            var refused = 0
+            for connection in connections where !connection.channel.isActive {
+                if case .error(let error)? = await connection.next()?.payload, error.code == .resourceExhausted { refused += 1 }
+            }
+            #expect(held <= 100, "\(held) connections held before their handshake")
+            let start = ContinuousClock.now
+            let partial = connections
+            try await eventually("the partial frames are dropped at the handshake timeout", timeout: .seconds(20)) {
+                partial.allSatisfy { !$0.channel.isActive }
+            }
+            return
+                "\(refused) refused with ERROR resource exhausted, \(held) held, closed \((ContinuousClock.now - start).milliseconds) ms later"
+        }
+
+        /// 60 authenticated connections each send 900 KB of a 1 MB request and stall: each
+        /// holds at most its frame, and the idle timeout (3 s) closes them.
+        func partialFramesAfterHandshake(_ endpoint: Endpoint) async throws -> String {
+            var connections: [RawConnection] = []
+            defer { for connection in connections { connection.close() } }
+            for index in 0..<60 {
+                let connection = try await RawConnection.connect(to: endpoint)
+                connections.append(connection)
+                try await connection.send(
+                    .hello(Self.hello(clientID: "stall-\(index)", token: try await Self.token(for: "stall-\(index)")))
+                )
+                guard case .welcome? = await connection.next()?.payload else {
+                    Issue.record("stall-\(index) was not welcomed")
+                    return "not welcomed"
+                }
+                connection.channel.writeAndFlush(try Self.partialRequest(bodySize: 1_000_000, sending: 900_000), promise: nil)
+            }
+            let start = ContinuousClock.now
+            let stalled = connections
+            try await eventually("the stalled connections are closed", timeout: .seconds(20)) {
+                stalled.allSatisfy { !$0.channel.isActive }
+            }
+            let elapsed = ContinuousClock.now - start
+            #expect(elapsed > .seconds(1), "closed by the idle timeout, not refused at once")
+            return "all 60 held, then closed by the gateway \(elapsed.milliseconds) ms after the last stalled"
+        }
+
+        /// 100 reliable messages of 256 KiB, sent at once to one recipient: the gateway holds at
+        /// most 4 MiB of them in memory and answers the rest `unavailable` (send again); the
+        /// recipient's store quota (8 MiB here) refuses the excess for good.
+        func bigReliableMessages(_ endpoint: Endpoint) async throws -> String {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            try await connection.send(
+                .hello(
+                    Self.hello(
+                        clientID: "hoarder",
+                        token: try await Self.token(for: "hoarder"),
+                        features: [.checksum, .reliableDelivery, .messageAnswers],
+                        outboxEpoch: 1
+                    )
+                )
+            )
+            guard case .welcome? = await connection.next()?.payload else {
+                Issue.record("the hoarder was not welcomed")
+                return "not welcomed"
+            }
+            var frames = ByteBuffer()
+            let body = ByteBuffer(repeating: 0x61, count: 256 << 10)
+            for id in 1...100 as ClosedRange<UInt64> {
+                let message = Frame.Message(id: id, topic: "dm", conversation: "victim", sequence: id, body: body)
+                try FrameEncoder().encode(Frame(.message(message), flags: .checksum), into: &frames)
+            }
+            connection.channel.writeAndFlush(frames, promise: nil)
+            var answers: [String: Int] = [:]
+            var answered = 0
+            while answered < 100, let entries = try await withTimeout(.seconds(20), { await connection.nextMessageAck() }) ?? nil {
+                for entry in entries { answers["\(entry.status)", default: 0] += 1 }
+                answered += entries.count
+            }
+            #expect(answered == 100, "every message is answered: \(answers)")
+            // The recipient's quota holds 32 of them; what the gateway could not hold in memory
+            // meanwhile is answered unavailable (the client would send it again).
+            #expect(answers["ok", default: 0] <= 32, "\(answers)")
+            #expect(answers["resource exhausted", default: 0] > 0, "\(answers)")
+            #expect(Set(answers.keys).isSubset(of: ["ok", "resource exhausted", "unavailable"]), "\(answers)")
+            return Self.summary(answers)
+        }
+
+        /// 20,000 `echo` requests written at once on one connection: beyond 2,000 a second they
+        /// are answered `resource exhausted` without running a handler.
+        func requestFlood(_ endpoint: Endpoint) async throws -> String {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            try await connection.send(.hello(Self.hello(clientID: "flooder", token: try await Self.token(for: "flooder"))))
+            guard case .welcome? = await connection.next()?.payload else {
+                Issue.record("the flooder was not welcomed")
+                return "not welcomed"
+            }
+            let total = 20_000
+            var frames = ByteBuffer()
+            for id in 1...UInt64(total) {
+                try FrameEncoder().encode(
+                    Frame(.request(.init(id: id, method: "echo", body: ByteBuffer(string: "x"))), flags: .checksum),
+                    into: &frames
+                )
+            }
+            connection.channel.writeAndFlush(frames, promise: nil)
+            var answers: [String: Int] = [:]
+            var answered = 0
+            while answered < total,
+                case .response(let response)? = try await withTimeout(.seconds(30), { await connection.next(where: Self.isResponse) })
+                    ?? nil
+            {
+                answers["\(response.status)", default: 0] += 1
+                answered += 1
+            }
+            #expect(answered == total, "every request is answered: \(answers)")
+            #expect(answers["resource exhausted", default: 0] > 0)
+            return Self.summary(answers)
+        }
+
+        /// A client asks for 32 MiB of answers and stops reading: the gateway stops reading it,
+        /// closes it at the idle timeout even though its GOAWAY cannot be written, and frees it.
+        func slowReader(_ endpoint: Endpoint) async throws -> String {
+            let connection = try await RawConnection.connect(to: endpoint)
+            defer { connection.close() }
+            try await connection.send(.hello(Self.hello(clientID: "sloth", token: try await Self.token(for: "sloth"))))
+            guard case .welcome? = await connection.next()?.payload else {
+                Issue.record("the sloth was not welcomed")
+                return "not welcomed"
+            }
+            try await connection.stopReading()
+            var frames = ByteBuffer()
+            let body = ByteBuffer(repeating: 0x62, count: 256 << 10)
+            for id in 1...128 as ClosedRange<UInt64> {
+                try FrameEncoder().encode(Frame(.request(.init(id: id, method: "echo", body: body)), flags: .checksum), into: &frames)
+            }
+            connection.channel.writeAndFlush(frames, promise: nil)
+            let start = ContinuousClock.now
+            try await eventually("the gateway closes the client that stopped reading", timeout: .seconds(30)) {
+                !connection.channel.isActive
+            }
+            return "closed by the gateway after \((ContinuousClock.now - start).milliseconds) ms"
+        }
+
+        // MARK: Helpers
+
+        static func hello(
+            clientID: String,
+            token: String?,
+            features: Features = .checksum,
+            outboxEpoch: UInt64? = nil
+        ) -> Frame.Hello {
+            Frame.Hello(
+                versions: 1...1,
+                features: features,
+                maxBodySize: 1 << 20,
+                clientID: clientID,
+                authToken: token.map { ByteBuffer(string: $0) },
+                outboxEpoch: outboxEpoch
+            )
+        }
+
+        /// The header of a REQUEST frame announcing `bodySize` body bytes, and `sending` of them.
+        static func partialRequest(bodySize: Int, sending: Int) throws -> ByteBuffer {
+            let request = Frame.Request(id: 1, method: "echo", body: ByteBuffer(repeating: 0x63, count: bodySize))
+            var whole = ByteBuffer()
+            try FrameEncoder().encode(Frame(.request(request), flags: .checksum), into: &whole)
+            return whole.getSlice(at: whole.readerIndex, length: whole.readableBytes - (bodySize - sending))!
+        }
+
+        @Sendable static func isResponse(_ payload: Frame.Payload) -> Bool {
+            if case .response = payload { true } else { false }
+        }
+
+        static func describe(_ payload: Frame.Payload?) -> String {
+            switch payload {
+            case .welcome?: "WELCOME"
+            case .error(let error)?: "ERROR \(error.code)"
+            case .goAway(let goAway)?: "GOAWAY \(goAway.reason)"
+            case let other?: "\(other.type)"
+            case nil: "closed without an answer"
+            }
+        }
+
+        static func summary(_ counts: [String: Int]) -> String {
+            counts.sorted { $0.key < $1.key }.map { "\($0.value) × \($0.key)" }.joined(separator: ", ")
+        }
+    }
+}
+
+/// Runs `operation`, giving up after `limit`: `nil` then.
+func withTimeout<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async -> T) async throws -> T? {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { await operation() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            return nil
+        }
+        let first = try await group.next()!
+        group.cancelAll()
+        return first
+    }
+}
+
+/// The peak resident memory of a child process, sampled every 100 ms.
+final class MemoryWatch: Sendable {
+    private let peak = NIOLockedValueBox(0)
+    private let stop = NIOLockedValueBox(false)
+
+    init(_ process: ChildProcess, in harness: Harness) {
+        harness.spawn("the memory watch") {
+            while !self.stop.withLockedValue({ $0 }), process.isRunning {
+                if let bytes = process.residentBytes { self.peak.withLockedValue { $0 = max($0, bytes) } }
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+    }
+
+    /// Stops sampling; the peak seen.
+    func finish() -> Int {
+        self.stop.withLockedValue { $0 = true }
+        return self.peak.withLockedValue { $0 }
+    }
+}
+
+/// A well-behaved client's `echo` every 20 ms, with each round trip and failure recorded.
+final class WellBehavedCalls: Sendable {
+    private let state = NIOLockedValueBox((rtts: [Duration](), failures: [String](), stop: false, mark: 0))
+
+    init(_ client: TetherClient, in harness: Harness) {
+        harness.spawn("the well-behaved client's calls") {
+            while !self.state.withLockedValue({ $0.stop }) {
+                let start = ContinuousClock.now
+                do {
+                    _ = try await client.request("echo", body: ByteBuffer(string: "ping"), timeout: .seconds(10))
+                    let rtt = ContinuousClock.now - start
+                    self.state.withLockedValue { $0.rtts.append(rtt) }
+                } catch {
+                    self.state.withLockedValue { $0.failures.append("\(error)") }
+                }
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+        }
+    }
+
+    var count: Int { self.state.withLockedValue { $0.rtts.count + $0.failures.count } }
+
+    /// Where the current phase began (a count of calls).
+    var mark: Int {
+        get { self.state.withLockedValue { $0.mark } }
+        set { self.state.withLockedValue { $0.mark = newValue } }
+    }
+
+    /// The 99th percentile of the round trips from call `start` on.
+    func p99(since start: Int) -> Duration {
+        let rtts = self.state.withLockedValue { Array($0.rtts.dropFirst(min(start, $0.rtts.count))) }.sorted()
+        guard !rtts.isEmpty else { return .zero }
+        return rtts[min(rtts.count - 1, rtts.count * 99 / 100)]
+    }
+
+    /// Stops calling; every call's figures.
+    func finish() -> (count: Int, failures: Int, failureSamples: [String], p99: Duration) {
+        self.state.withLockedValue { $0.stop = true }
+        return (
+            self.count, self.state.withLockedValue { $0.failures.count }, self.state.withLockedValue { Array($0.failures.prefix(3)) },
+            self.p99(since: 0)
+        )
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds.
+    var milliseconds: Int64 { self.components.seconds * 1000 + self.components.attoseconds / 1_000_000_000_000_000 }
+}
