@@ -9,6 +9,8 @@ let tether = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletin
 //
 //   swift build -c debug -Xswiftc -sanitize=fuzzer,address --toolset lld-toolset.json
 //   .build/debug/FuzzFrameDecoder Corpus/FrameDecoder -max_total_time=300
+//   .build/debug/FuzzGatewayConnection Corpus/GatewayConnection -max_total_time=600
+//   .build/debug/FuzzClientConnection Corpus/ClientConnection -max_total_time=600
 //
 // No -parse-as-library: each target's main.swift calls LLVMFuzzerRunDriver itself, which
 // sidesteps SwiftPM's renamed entry point for executables. The toolset selects lld because
@@ -19,7 +21,10 @@ let tether = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletin
 let package = Package(
     name: "tether-fuzz",
     dependencies: [
-        .package(path: "..")
+        .package(path: ".."),
+        // The same copies the main package resolves (its Package.swift names the versions).
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
         .target(name: "CLibFuzzer"),
@@ -30,6 +35,29 @@ let package = Package(
                 .product(name: "TetherCore", package: tether),
             ],
             swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // The connection handlers, through @testable imports (debug builds enable testing).
+        .executableTarget(
+            name: "FuzzGatewayConnection",
+            dependencies: [
+                "CLibFuzzer",
+                .product(name: "TetherCore", package: tether),
+                .product(name: "TetherGateway", package: tether),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .executableTarget(
+            name: "FuzzClientConnection",
+            dependencies: [
+                "CLibFuzzer",
+                .product(name: "Tether", package: tether),
+                .product(name: "TetherCore", package: tether),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            swiftSettings: [.swiftLanguageMode(.v5)]
         ),
     ]
 )
