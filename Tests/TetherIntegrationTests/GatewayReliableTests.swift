@@ -96,6 +96,38 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "a conflicting duplicate (another message id with a processed sequence) is refused invalid request; the retransmission still gets ok",
+            arguments: [false, true]
+        )
+        func conflictingDuplicate(sqlite: Bool) async throws {
+            try await withHarness { harness in
+                let store: any MessageStore =
+                    sqlite ? try SQLiteMessageStore(path: temporaryFile("conflict", in: harness)) : InMemoryMessageStore()
+                let (_, endpoint, seen) = try await self.gateway(harness, store: store)
+                let alice = try await RawConnection.connect(to: endpoint)
+                _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
+                try await alice.send(self.message(1, 1, "first"))
+                #expect(await alice.nextMessageAck() == [.init(id: 1)])
+                // Committed earlier: another id for sequence 1 is refused, the same id is a retransmission.
+                try await alice.send(self.message(2, 1, "impostor"))
+                #expect(await alice.nextMessageAck() == [.init(id: 2, status: .invalidRequest)])
+                try await alice.send(self.message(1, 1, "first"))
+                #expect(await alice.nextMessageAck() == [.init(id: 1)])
+                // In one batch: sequence 2 twice with different ids, and a true duplicate of it.
+                var frames = ByteBuffer()
+                for payload in [self.message(3, 2, "second"), self.message(4, 2, "other second"), self.message(3, 2, "second")] {
+                    try FrameEncoder().encode(Frame(payload, flags: .checksum), into: &frames)
+                }
+                try await alice.send(bytes: frames)
+                let answers = await alice.nextMessageAcks(count: 3)
+                #expect(answers.filter { $0.id == 4 } == [.init(id: 4, status: .invalidRequest)], "\(answers)")
+                #expect(answers.filter { $0.id == 3 } == [.init(id: 3), .init(id: 3)], "\(answers)")
+                #expect(seen.withLockedValue { $0 } == ["bob:1:first", "bob:2:second"], "each sequence's handler ran once")
+                alice.close()
+            }
+        }
+
         @Test("a transient handler failure is not acknowledged; the retransmission is processed")
         func transientFailure() async throws {
             try await withHarness { harness in

@@ -171,6 +171,8 @@ final class ReliableSession: Sendable {
         }
         var staged: [NewDelivery] = []
         var tentative = lastProcessed
+        /// The messages processed in this batch, by conversation and sequence: their ids and outcomes.
+        var inBatch: [String: [UInt64: (id: UInt64, status: StatusCode)]] = [:]
         var blocked: Set<String> = []
         var quotas = RecipientQuotas(limits: self.services.configuration.limits, store: self.store)
         let outbox = self.outbox
@@ -195,9 +197,33 @@ final class ReliableSession: Sendable {
                 tentative[message.conversation] = last
             }
             if message.sequence <= last {
-                // A retransmission: answer with the recorded outcome, do not run the handler again.
-                let status = (try? await self.store.outcome(outbox, conversation: message.conversation, sequence: message.sequence))
-                if let status { duplicateAcks.append(.init(id: message.id, status: status)) }
+                // Processed already. The same message again (a retransmission) gets the outcome
+                // it had, without running the handler again; another message claiming its
+                // sequence (a conflicting duplicate, PROTOCOL.md 9.1) is refused for good.
+                if let earlier = inBatch[message.conversation]?[message.sequence] {
+                    // Processed in this batch, not committed yet: its answer waits for the commit.
+                    if earlier.id == message.id {
+                        processedAcks.append(.init(id: message.id, status: earlier.status))
+                    } else {
+                        duplicateAcks.append(self.conflict(message, with: earlier.id))
+                    }
+                    continue
+                }
+                do {
+                    let recorded = try await self.store.recordedOutcome(
+                        outbox,
+                        conversation: message.conversation,
+                        sequence: message.sequence
+                    )
+                    if let earlierID = recorded?.messageID, earlierID != message.id {
+                        duplicateAcks.append(self.conflict(message, with: earlierID))
+                    } else {
+                        duplicateAcks.append(.init(id: message.id, status: recorded?.status ?? .ok))
+                    }
+                } catch {
+                    self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
+                    notTakenNow(message)
+                }
                 continue
             }
             guard message.sequence == last + 1 else {
@@ -234,8 +260,15 @@ final class ReliableSession: Sendable {
                 }
             }
             tentative[message.conversation] = message.sequence
+            inBatch[message.conversation, default: [:]][message.sequence] = (message.id, status)
             processed.append(
-                ProcessedMessage(outbox: outbox, conversation: message.conversation, sequence: message.sequence, status: status)
+                ProcessedMessage(
+                    outbox: outbox,
+                    conversation: message.conversation,
+                    sequence: message.sequence,
+                    status: status,
+                    messageID: message.id
+                )
             )
             processedAcks.append(.init(id: message.id, status: status))
         }
@@ -260,6 +293,22 @@ final class ReliableSession: Sendable {
             // socket. What is acknowledged is committed; a lost ACK makes the client send again.
             self.outbound.send(.messageAck(.init(entries: acks)))
         }
+    }
+
+    /// The answer to a conflicting duplicate: `message` claims a sequence that the message
+    /// `earlierID` had. Refused for good (`invalid request`): the client's outbox reused a
+    /// sequence, which the gateway cannot process without losing one of the two messages.
+    private func conflict(_ message: Frame.Message, with earlierID: UInt64) -> Frame.MessageAck.Entry {
+        self.services.refusalLog.log(
+            self.logger,
+            .warning,
+            "refusing a message whose sequence another message already had",
+            metadata: [
+                "conversation": "\(message.conversation)", "sequence": "\(message.sequence)",
+                "message": "\(message.id)", "earlier": "\(earlierID)",
+            ]
+        )
+        return .init(id: message.id, status: .invalidRequest)
     }
 
     /// Runs the handler of one message.

@@ -18,7 +18,7 @@ public final class InMemoryMessageStore: MessageStore {
     private struct State {
         var outboxes: [OutboxID: Date] = [:]  // last seen
         var lastProcessed: [ConversationKey: UInt64] = [:]
-        var refusals: [ConversationKey: [UInt64: StatusCode]] = [:]
+        var outcomes: [ConversationKey: [UInt64: RecordedOutcome]] = [:]
         var streams: [String: Stream] = [:]
     }
 
@@ -42,7 +42,7 @@ public final class InMemoryMessageStore: MessageStore {
             guard !forgotten.isEmpty else { return 0 }
             for outbox in forgotten { state.outboxes[outbox] = nil }
             state.lastProcessed = state.lastProcessed.filter { !forgotten.contains($0.key.outbox) }
-            state.refusals = state.refusals.filter { !forgotten.contains($0.key.outbox) }
+            state.outcomes = state.outcomes.filter { !forgotten.contains($0.key.outbox) }
             return forgotten.count
         }
     }
@@ -52,7 +52,11 @@ public final class InMemoryMessageStore: MessageStore {
     }
 
     public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
-        self.state.withLockedValue { $0.refusals[ConversationKey(outbox: outbox, conversation: conversation)]?[sequence] ?? .ok }
+        try await self.recordedOutcome(outbox, conversation: conversation, sequence: sequence)?.status ?? .ok
+    }
+
+    public func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome? {
+        self.state.withLockedValue { $0.outcomes[ConversationKey(outbox: outbox, conversation: conversation)]?[sequence] }
     }
 
     public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
@@ -73,12 +77,9 @@ public final class InMemoryMessageStore: MessageStore {
             for message in processed {
                 let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
                 state.lastProcessed[key] = message.sequence
-                if message.status != .ok {
-                    state.refusals[key, default: [:]][message.sequence] = message.status
-                }
-            }
-            for (key, sequence) in last where sequence > refusalWindow {
-                state.refusals[key] = state.refusals[key]?.filter { $0.key > sequence - refusalWindow }
+                state.outcomes[key, default: [:]][message.sequence] = RecordedOutcome(status: message.status, messageID: message.messageID)
+                // Sequences follow one another: the one leaving the window is the one to forget.
+                if message.sequence > outcomeWindow { state.outcomes[key]?[message.sequence - outcomeWindow] = nil }
             }
             return deliveries.map { delivery in
                 var stream = state.streams[delivery.recipient] ?? Stream()

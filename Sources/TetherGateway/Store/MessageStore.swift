@@ -35,6 +35,14 @@ public protocol MessageStore: Sendable {
     /// The outcome recorded for an already processed message: ``StatusCode/ok`` unless it was refused.
     func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode
 
+    /// The outcome and the message id recorded for an already processed message, if the store
+    /// still has them: it keeps those of the last 10,000 sequences of each conversation. `nil`
+    /// for an older one (it was processed; its outcome is no longer known).
+    ///
+    /// The default implementation answers ``outcome(_:conversation:sequence:)`` without an id:
+    /// such a store cannot tell a conflicting duplicate from a retransmission.
+    func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome?
+
     /// Atomically records processed messages and appends deliveries.
     ///
     /// The messages of an outbox's conversation must appear in sequence order, each directly
@@ -56,6 +64,10 @@ public protocol MessageStore: Sendable {
 }
 
 extension MessageStore {
+    public func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome? {
+        RecordedOutcome(status: try await self.outcome(outbox, conversation: conversation, sequence: sequence))
+    }
+
     /// Counts the waiting deliveries by reading them all; implement it with a query.
     public func usage(of recipient: String) async throws -> StreamUsage {
         let waiting = try await self.deliveries(for: recipient, after: 0, limit: .max)
@@ -99,12 +111,29 @@ public struct ProcessedMessage: Sendable, Hashable {
     public var sequence: UInt64
     /// ``StatusCode/ok``, or why it was refused.
     public var status: StatusCode
+    /// The client's id of the message: with it, a store tells a retransmission (same id) from
+    /// a conflicting duplicate (another message claiming the same sequence).
+    public var messageID: UInt64?
 
-    public init(outbox: OutboxID, conversation: String, sequence: UInt64, status: StatusCode = .ok) {
+    public init(outbox: OutboxID, conversation: String, sequence: UInt64, status: StatusCode = .ok, messageID: UInt64? = nil) {
         self.outbox = outbox
         self.conversation = conversation
         self.sequence = sequence
         self.status = status
+        self.messageID = messageID
+    }
+}
+
+/// What a store remembers of a processed message: its outcome, and its id if it was recorded.
+public struct RecordedOutcome: Sendable, Hashable {
+    /// ``StatusCode/ok``, or why it was refused.
+    public var status: StatusCode
+    /// The client's id of the message that had this sequence; `nil` if not recorded.
+    public var messageID: UInt64?
+
+    public init(status: StatusCode, messageID: UInt64? = nil) {
+        self.status = status
+        self.messageID = messageID
     }
 }
 
@@ -173,7 +202,8 @@ public struct MessageStoreError: Error, Hashable, Sendable, CustomStringConverti
     public var description: String { "\(self.code): \(self.message)" }
 }
 
-/// How many refusals per conversation a store remembers, to answer retransmissions with the
-/// same status. (Successes need no record: every sequence up to the last processed one is a
-/// duplicate.)
-let refusalWindow: UInt64 = 10_000
+/// How many outcomes (status and message id) per conversation a store remembers: to answer
+/// retransmissions with the same status, and to tell a conflicting duplicate (another message
+/// with a sequence already processed) from a retransmission. A client retransmits only what
+/// it has in flight, far fewer.
+let outcomeWindow: UInt64 = 10_000

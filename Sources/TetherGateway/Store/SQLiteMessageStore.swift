@@ -116,6 +116,16 @@ public final class SQLiteMessageStore: MessageStore {
                 arguments: [Int64(Date().timeIntervalSince1970)]
             )
         }
+        // Every processed message's outcome and id, not only the refusals: a retransmission
+        // (same id) is told from a conflicting duplicate (another id, same sequence).
+        migrator.registerMigration("v3: outcomes with message ids") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE refusals RENAME TO outcomes;
+                    ALTER TABLE outcomes ADD COLUMN message_id INTEGER;
+                    """
+            )
+        }
         return migrator
     }
 
@@ -140,7 +150,7 @@ public final class SQLiteMessageStore: MessageStore {
         return try await self.write { db in
             let stale = "SELECT client, epoch FROM outboxes WHERE last_seen < ?"
             try db.execute(sql: "DELETE FROM conversations WHERE (client, epoch) IN (\(stale))", arguments: [before])
-            try db.execute(sql: "DELETE FROM refusals WHERE (client, epoch) IN (\(stale))", arguments: [before])
+            try db.execute(sql: "DELETE FROM outcomes WHERE (client, epoch) IN (\(stale))", arguments: [before])
             try db.execute(sql: "DELETE FROM outboxes WHERE last_seen < ?", arguments: [before])
             return db.changesCount
         }
@@ -151,12 +161,23 @@ public final class SQLiteMessageStore: MessageStore {
     }
 
     public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
+        try await self.recordedOutcome(outbox, conversation: conversation, sequence: sequence)?.status ?? .ok
+    }
+
+    public func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome? {
         try await self.read { db in
-            let status = try Int.fetchOne(
-                db.cachedStatement(sql: "SELECT status FROM refusals WHERE client = ? AND epoch = ? AND conversation = ? AND sequence = ?"),
+            let row = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: "SELECT status, message_id FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence = ?"
+                ),
                 arguments: [outbox.client, Int64(bitPattern: outbox.epoch), conversation, Int64(bitPattern: sequence)]
             )
-            return status.map { StatusCode(rawValue: UInt16(truncatingIfNeeded: $0)) } ?? .ok
+            return row.map { row in
+                RecordedOutcome(
+                    status: StatusCode(rawValue: UInt16(truncatingIfNeeded: row["status"] as Int)),
+                    messageID: (row["message_id"] as Int64?).map { UInt64(bitPattern: $0) }
+                )
+            }
         }
     }
 
@@ -174,15 +195,14 @@ public final class SQLiteMessageStore: MessageStore {
                     )
                 }
                 last[key] = message.sequence
-                if message.status != .ok {
-                    try db.cachedStatement(
-                        sql: "INSERT INTO refusals (client, epoch, conversation, sequence, status) VALUES (?, ?, ?, ?, ?)"
-                    )
-                    .execute(arguments: [
-                        message.outbox.client, Int64(bitPattern: message.outbox.epoch), message.conversation,
-                        Int64(bitPattern: message.sequence), Int(message.status.rawValue),
-                    ])
-                }
+                try db.cachedStatement(
+                    sql: "INSERT INTO outcomes (client, epoch, conversation, sequence, status, message_id) VALUES (?, ?, ?, ?, ?, ?)"
+                )
+                .execute(arguments: [
+                    message.outbox.client, Int64(bitPattern: message.outbox.epoch), message.conversation,
+                    Int64(bitPattern: message.sequence), Int(message.status.rawValue),
+                    message.messageID.map { Int64(bitPattern: $0) },
+                ])
             }
             for (key, sequence) in last {
                 try db.cachedStatement(
@@ -193,13 +213,13 @@ public final class SQLiteMessageStore: MessageStore {
                 ).execute(arguments: [
                     key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation, Int64(bitPattern: sequence),
                 ])
-                if sequence > refusalWindow {
+                if sequence > outcomeWindow {
                     try db.cachedStatement(
-                        sql: "DELETE FROM refusals WHERE client = ? AND epoch = ? AND conversation = ? AND sequence <= ?"
+                        sql: "DELETE FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence <= ?"
                     )
                     .execute(arguments: [
                         key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation,
-                        Int64(bitPattern: sequence - refusalWindow),
+                        Int64(bitPattern: sequence - outcomeWindow),
                     ])
                 }
             }

@@ -74,6 +74,28 @@ struct MessageStoreTests {
         #expect(try await store.outcome(OutboxID(client: "x", epoch: 1), conversation: "c", sequence: 2) == .ok)
     }
 
+    @Test("outcomes and message ids are recorded for the last 10,000 sequences of a conversation", arguments: Kind.allCases)
+    func recordedOutcomes(_ kind: Kind) async throws {
+        let store = try self.make(kind)
+        let processed = (1...10_002 as ClosedRange<UInt64>).map { sequence in
+            ProcessedMessage(
+                outbox: self.a,
+                conversation: "c",
+                sequence: sequence,
+                status: sequence == 3 ? .invalidRequest : .ok,
+                messageID: 1000 + sequence
+            )
+        }
+        for batch in stride(from: 0, to: processed.count, by: 500) {
+            _ = try await store.commit(processed: Array(processed[batch..<min(batch + 500, processed.count)]), deliveries: [])
+        }
+        #expect(try await store.recordedOutcome(self.a, conversation: "c", sequence: 10_002) == .init(status: .ok, messageID: 11_002))
+        #expect(try await store.recordedOutcome(self.a, conversation: "c", sequence: 3) == .init(status: .invalidRequest, messageID: 1003))
+        #expect(try await store.recordedOutcome(self.a, conversation: "c", sequence: 2) == nil, "beyond the window")
+        #expect(try await store.outcome(self.a, conversation: "c", sequence: 2) == .ok, "processed, outcome no longer known")
+        #expect(try await store.recordedOutcome(self.a, conversation: "d", sequence: 1) == nil)
+    }
+
     @Test("deliveries are numbered per recipient from 1, kept until acknowledged, never renumbered", arguments: Kind.allCases)
     func deliveries(_ kind: Kind) async throws {
         let store = try self.make(kind)
