@@ -18,6 +18,13 @@ let tether = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletin
 //
 // Inputs that crashed once are kept in Corpus/FrameDecoder and replayed by the main package's
 // tests (FuzzRegressionTests), so a fixed crash stays fixed.
+//
+// The connection handlers' targets run little programs (bytes in, time passing, requests,
+// closes) through @testable imports; each program's source is a link to the file in the main
+// package's tests that replays Corpus/GatewayConnection and Corpus/ClientConnection, so the
+// fuzzer and `swift test` run the very same code. Their seeds are written by
+// `TETHER_WRITE_FUZZ_SEEDS=1 swift test --filter FuzzRegression`; add an input that failed
+// next to them.
 let package = Package(
     name: "tether-fuzz",
     dependencies: [

@@ -1,0 +1,1 @@
+../../../Tests/TetherTests/Fuzz/ClientConnectionProgram.swift
