@@ -27,11 +27,15 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// Starts `tether ARGUMENTS`; it is killed when the harness finishes, if still running.
-    init(_ arguments: [String], in harness: Harness) throws {
+    convenience init(_ arguments: [String], in harness: Harness) throws {
+        try self.init(executable: try Self.tetherExecutable(), arguments, in: harness)
+    }
+
+    /// Starts `EXECUTABLE ARGUMENTS` (a path); it is killed when the harness finishes, if still running.
+    init(executable: String, _ arguments: [String], in harness: Harness) throws {
         self.arguments = arguments
         self.outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("tether-child-\(UUID().uuidString).out").path
         FileManager.default.createFile(atPath: self.outputPath, contents: nil)
-        let executable = try Self.tetherExecutable()
         let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.outputPath))
         try self.process.withLockedValue { process in
             process.executableURL = URL(fileURLWithPath: executable)

@@ -37,3 +37,32 @@ extension ByteBuffer {
     /// The bytes as UTF-8 text.
     public var string: String { String(buffer: self) }
 }
+
+/// Replays the committed corpus of a fuzz target (`FuzzTesting/Corpus/<target>`): its seeds,
+/// and the inputs that once failed. Checks that the committed seeds are `seeds` (with
+/// `TETHER_WRITE_FUZZ_SEEDS` set, it writes them first), then runs every file with `run`,
+/// which returns what went wrong, if anything; each failure is an issue naming the file.
+public func replayFuzzCorpus(
+    of target: String,
+    seeds: [String: [UInt8]],
+    sourceLocation: SourceLocation = #_sourceLocation,
+    _ run: ([UInt8]) -> String?
+) throws {
+    let directory = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("FuzzTesting/Corpus/\(target)")
+    if ProcessInfo.processInfo.environment["TETHER_WRITE_FUZZ_SEEDS"] != nil {
+        // After a change to the seeds: TETHER_WRITE_FUZZ_SEEDS=1 swift test --filter FuzzRegression
+        for (name, bytes) in seeds { try Data(bytes).write(to: directory.appendingPathComponent("seed-\(name)")) }
+    }
+    let files = try FileManager.default.contentsOfDirectory(at: directory, includingPropertiesForKeys: nil)
+    for (name, bytes) in seeds {
+        let committed = try files.first { $0.lastPathComponent == "seed-\(name)" }.map { try Data(contentsOf: $0) }
+        #expect(committed == Data(bytes), "seed-\(name) is committed as the program's seeds() make it", sourceLocation: sourceLocation)
+    }
+    for file in files.sorted(by: { $0.lastPathComponent < $1.lastPathComponent }) {
+        if let failure = run(Array(try Data(contentsOf: file))) {
+            Issue.record("\(file.lastPathComponent): \(failure)", sourceLocation: sourceLocation)
+        }
+    }
+}
