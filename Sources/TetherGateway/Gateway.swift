@@ -446,6 +446,10 @@ public final class Gateway: Service, Sendable {
                 // starts at 2 KiB: a quarter of an idle connection's memory. Start small; a busy
                 // connection's buffer doubles on each full read, up to 64 KiB.
                 .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+                // Fairness: one read (at most 64 KiB) per connection per turn of its event loop,
+                // not NIO's default of four, so that a connection that floods the gateway gets
+                // no more of its loop per turn than the others.
+                .childChannelOption(.maxMessagesPerRead, value: 1)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try self.configure(channel, framing: .byteStream)
