@@ -293,7 +293,7 @@ extension IntegrationTests {
         /// (with two, each of the gateway's two event loops has a flood, the well-behaved
         /// client's too): beyond 2,000 a second per connection they are answered `resource
         /// exhausted` without running a handler, and the other connections on the loop are
-        /// still served (NIO reads a connection at most four times per turn of its loop).
+        /// still served (the gateway reads a connection once per turn of its loop).
         func requestFlood(_ endpoint: Endpoint, connections: Int, perConnection: Int) async throws -> String {
             let answers = try await withThrowingTaskGroup(of: [String: Int].self) { group in
                 for index in 0..<connections {
