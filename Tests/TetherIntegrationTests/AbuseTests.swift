@@ -74,7 +74,7 @@ extension IntegrationTests {
                 record("200 unauthenticated partial 60 KB frames", try await self.partialFramesBeforeHandshake(endpoint))
                 record("60 authenticated partial 1 MB frames", try await self.partialFramesAfterHandshake(endpoint))
                 record("100 reliable messages of 256 KiB", try await self.bigReliableMessages(endpoint))
-                record("20,000 pipelined requests", try await self.requestFlood(endpoint, connections: 1, perConnection: 20_000))
+                record("20,000 pipelined requests", try await self.requestFlood(endpoint, requests: 20_000))
                 record(
                     "200,000 pipelined requests from two flooding processes",
                     try await self.floodFromProcesses(endpoint, files: floodFiles, perConnection: Self.processFlood, in: harness)
@@ -178,15 +178,8 @@ extension IntegrationTests {
             var connections: [RawConnection] = []
             defer { for connection in connections { connection.close() } }
             for index in 0..<60 {
-                let connection = try await RawConnection.connect(to: endpoint)
+                guard let connection = try await Self.signIn(endpoint, as: "stall-\(index)") else { return "not welcomed" }
                 connections.append(connection)
-                try await connection.send(
-                    .hello(Self.hello(clientID: "stall-\(index)", token: try await Self.token(for: "stall-\(index)")))
-                )
-                guard case .welcome? = await connection.next()?.payload else {
-                    Issue.record("stall-\(index) was not welcomed")
-                    return "not welcomed"
-                }
                 connection.channel.writeAndFlush(try Self.partialRequest(bodySize: 1_000_000, sending: 900_000), promise: nil)
             }
             let start = ContinuousClock.now
@@ -203,22 +196,15 @@ extension IntegrationTests {
         /// most 4 MiB of them in memory and answers the rest `unavailable` (send again); the
         /// recipient's store quota (8 MiB here) refuses the excess for good.
         func bigReliableMessages(_ endpoint: Endpoint) async throws -> String {
-            let connection = try await RawConnection.connect(to: endpoint)
-            defer { connection.close() }
-            try await connection.send(
-                .hello(
-                    Self.hello(
-                        clientID: "hoarder",
-                        token: try await Self.token(for: "hoarder"),
-                        features: [.checksum, .reliableDelivery, .messageAnswers],
-                        outboxEpoch: 1
-                    )
+            guard
+                let connection = try await Self.signIn(
+                    endpoint,
+                    as: "hoarder",
+                    features: [.checksum, .reliableDelivery, .messageAnswers],
+                    outboxEpoch: 1
                 )
-            )
-            guard case .welcome? = await connection.next()?.payload else {
-                Issue.record("the hoarder was not welcomed")
-                return "not welcomed"
-            }
+            else { return "not welcomed" }
+            defer { connection.close() }
             var frames = ByteBuffer()
             let body = ByteBuffer(repeating: 0x61, count: 256 << 10)
             for id in 1...100 as ClosedRange<UInt64> {
@@ -254,12 +240,7 @@ extension IntegrationTests {
                 Frame(.hello(Self.hello(clientID: clientID, token: try await Self.token(for: clientID))), flags: .checksum),
                 into: &frames
             )
-            for id in 1...UInt64(requests) {
-                try FrameEncoder().encode(
-                    Frame(.request(.init(id: id, method: "echo", body: ByteBuffer(string: "x"))), flags: .checksum),
-                    into: &frames
-                )
-            }
+            try Self.encodeEchoRequests(requests, into: &frames)
             let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-flood-\(UUID().uuidString)").path
             try Data(frames.readableBytesView).write(to: URL(fileURLWithPath: path))
             harness.onExit { try? FileManager.default.removeItem(atPath: path) }
@@ -293,39 +274,13 @@ extension IntegrationTests {
             return Self.summary(answers)
         }
 
-        /// `perConnection` `echo` requests written at once on each of `connections` connections
-        /// (with two, each of the gateway's two event loops has a flood, the well-behaved
-        /// client's too): beyond 2,000 a second per connection they are answered `resource
-        /// exhausted` without running a handler, and the other connections on the loop are
-        /// still served (the gateway reads a connection once per turn of its loop).
-        func requestFlood(_ endpoint: Endpoint, connections: Int, perConnection: Int) async throws -> String {
-            let answers = try await withThrowingTaskGroup(of: [String: Int].self) { group in
-                for index in 0..<connections {
-                    group.addTask { try await Self.flood(endpoint, as: "flooder-\(index)", requests: perConnection) }
-                }
-                return try await group.reduce(into: [:]) { total, answers in total.merge(answers, uniquingKeysWith: +) }
-            }
-            #expect(answers.values.reduce(0, +) == connections * perConnection, "every request is answered: \(answers)")
-            #expect(answers["resource exhausted", default: 0] > 0)
-            return Self.summary(answers)
-        }
-
-        /// One flooding connection: its answers, counted by status.
-        static func flood(_ endpoint: Endpoint, as clientID: String, requests total: Int) async throws -> [String: Int] {
-            let connection = try await RawConnection.connect(to: endpoint)
+        /// `total` `echo` requests written at once on one connection: beyond 2,000 a second they
+        /// are answered `resource exhausted` without running a handler.
+        func requestFlood(_ endpoint: Endpoint, requests total: Int) async throws -> String {
+            guard let connection = try await Self.signIn(endpoint, as: "flooder") else { return "not welcomed" }
             defer { connection.close() }
-            try await connection.send(.hello(Self.hello(clientID: clientID, token: try await Self.token(for: clientID))))
-            guard case .welcome? = await connection.next()?.payload else {
-                Issue.record("\(clientID) was not welcomed")
-                return [:]
-            }
             var frames = ByteBuffer()
-            for id in 1...UInt64(total) {
-                try FrameEncoder().encode(
-                    Frame(.request(.init(id: id, method: "echo", body: ByteBuffer(string: "x"))), flags: .checksum),
-                    into: &frames
-                )
-            }
+            try Self.encodeEchoRequests(total, into: &frames)
             connection.channel.writeAndFlush(frames, promise: nil)
             var answers: [String: Int] = [:]
             var answered = 0
@@ -336,19 +291,16 @@ extension IntegrationTests {
                 answers["\(response.status)", default: 0] += 1
                 answered += 1
             }
-            return answers
+            #expect(answered == total, "every request is answered: \(answers)")
+            #expect(answers["resource exhausted", default: 0] > 0)
+            return Self.summary(answers)
         }
 
         /// A client asks for 32 MiB of answers and stops reading: the gateway stops reading it,
         /// closes it at the idle timeout even though its GOAWAY cannot be written, and frees it.
         func slowReader(_ endpoint: Endpoint) async throws -> String {
-            let connection = try await RawConnection.connect(to: endpoint)
+            guard let connection = try await Self.signIn(endpoint, as: "sloth") else { return "not welcomed" }
             defer { connection.close() }
-            try await connection.send(.hello(Self.hello(clientID: "sloth", token: try await Self.token(for: "sloth"))))
-            guard case .welcome? = await connection.next()?.payload else {
-                Issue.record("the sloth was not welcomed")
-                return "not welcomed"
-            }
             try await connection.stopReading()
             var frames = ByteBuffer()
             let body = ByteBuffer(repeating: 0x62, count: 256 << 10)
@@ -364,6 +316,36 @@ extension IntegrationTests {
         }
 
         // MARK: Helpers
+
+        /// A connection that said HELLO as `clientID`, with a token for it, and was welcomed;
+        /// `nil` (an issue recorded) if the gateway answered otherwise.
+        static func signIn(
+            _ endpoint: Endpoint,
+            as clientID: String,
+            features: Features = .checksum,
+            outboxEpoch: UInt64? = nil
+        ) async throws -> RawConnection? {
+            let connection = try await RawConnection.connect(to: endpoint)
+            let token = try await Self.token(for: clientID)
+            try await connection.send(.hello(Self.hello(clientID: clientID, token: token, features: features, outboxEpoch: outboxEpoch)))
+            let answer = await connection.next()?.payload
+            guard case .welcome? = answer else {
+                Issue.record("\(clientID) was not welcomed: \(Self.describe(answer))")
+                connection.close()
+                return nil
+            }
+            return connection
+        }
+
+        /// Appends `count` `echo` requests (ids from 1, one-byte bodies, with checksums) to `frames`.
+        static func encodeEchoRequests(_ count: Int, into frames: inout ByteBuffer) throws {
+            for id in 1...UInt64(count) {
+                try FrameEncoder().encode(
+                    Frame(.request(.init(id: id, method: "echo", body: ByteBuffer(string: "x"))), flags: .checksum),
+                    into: &frames
+                )
+            }
+        }
 
         static func hello(
             clientID: String,

@@ -202,7 +202,6 @@ func withHarness(timeLimit: Duration = .seconds(90), _ body: (Harness) async thr
         )
         harness.shutDown()
     }
-    defer { watchdog.cancel() }
     let failure: (any Error)?
     do {
         try await body(harness)
@@ -230,7 +229,7 @@ func firstOf(limit: Duration, _ operation: @escaping @Sendable () async -> Void)
         }
         continuation?.resume(returning: result)
     }
-    let work = Task {
+    Task {
         await operation()
         settle(true)
     }
@@ -246,7 +245,6 @@ func firstOf(limit: Duration, _ operation: @escaping @Sendable () async -> Void)
         if let early { continuation.resume(returning: early) }
     }
     timer.cancel()
-    _ = work
     return ended
 }
 
