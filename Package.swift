@@ -5,7 +5,8 @@ import PackageDescription
 // as an HTTP request. The targets follow the layers of the design:
 //
 //   TetherCore     sans-IO protocol: frames, codec, handshake, state machines (no sockets)
-//   TetherNIO      SwiftNIO channel handlers (framing) and the client transport abstraction
+//   TetherNIO      SwiftNIO channel handlers and transports: framing, TLS (swift-nio-ssl),
+//                  WebSocket (NIOWebSocket), the client transport abstraction
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
 //   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
@@ -42,6 +43,10 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
     ],
     targets: [
         // CRC-32C with the processor's instruction; the only C in Tether (see its header).
@@ -60,6 +65,12 @@ let package = Package(
                 "TetherCore",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strictSwift6
         ),
@@ -86,6 +97,10 @@ let package = Package(
                 "TetherNIO",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -163,6 +178,9 @@ let package = Package(
             name: "TetherTestSupport",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Tests/TetherTestSupport",

@@ -115,13 +115,7 @@ extension TetherClient {
             connection = try await self.race(from: endpoint)
         } catch {
             let elapsed = began.duration(to: self.clock.now)
-            let error =
-                (error as? TetherError)
-                ?? TetherError(
-                    code: .notConnected,
-                    message: "could not connect to \(endpoint): \(TransportErrors.describe(error))",
-                    cause: error
-                )
+            let error = TransportErrors.connectFailure(error, endpoint: endpoint)
             self.logger.info("connection attempt failed", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
             self.eventBroadcaster.yield(.connectFailed(endpoint, error))
             return self.state.withLockedValue { state in

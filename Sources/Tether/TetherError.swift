@@ -21,6 +21,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case timedOut, cancelled, notConnected, connectionLost, serverError, protocolError
             case shutdown, invalidArgument, requestTooLarge, invalidConfiguration, handshakeFailed, invalidResponse
             case outboxFull, storage
+            case tlsFailed, certificatePinMismatch, webSocketUpgradeFailed
             case notDispatched
         }
 
@@ -55,6 +56,17 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         public static let outboxFull = Code(.outboxFull)
         /// The outbox's storage failed; the message was not accepted.
         public static let storage = Code(.storage)
+        /// The TLS handshake failed: the gateway's certificate is not trusted (unknown
+        /// authority, expired, issued for another name), or no TLS version or ALPN protocol is
+        /// in common. Counts as a failed connection attempt (with backoff), like a refusal.
+        public static let tlsFailed = Code(.tlsFailed)
+        /// The gateway's certificate is trusted, but its public key matches none of
+        /// ``ClientTLSConfiguration/pins``: someone may be intercepting the connection, or the
+        /// gateway's key changed without the app's pins.
+        public static let certificatePinMismatch = Code(.certificatePinMismatch)
+        /// The server refused the WebSocket upgrade (an HTTP status other than 101: a wrong
+        /// path, a proxy that does not pass WebSockets) or is not a Tether gateway.
+        public static let webSocketUpgradeFailed = Code(.webSocketUpgradeFailed)
         /// Internal: the request never reached a gateway handler and can be sent again.
         static let notDispatched = Code(.notDispatched)
 
@@ -74,6 +86,9 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case .invalidResponse: "invalid response"
             case .outboxFull: "outbox full"
             case .storage: "storage failure"
+            case .tlsFailed: "TLS failed"
+            case .certificatePinMismatch: "certificate pin mismatch"
+            case .webSocketUpgradeFailed: "WebSocket upgrade failed"
             case .notDispatched: "not dispatched"
             }
         }

@@ -1,51 +1,114 @@
-/// A place a client can connect to: a host name or IP address and a port.
+/// A place a client can connect to: a transport, a host name or IP address, a port and, for
+/// WebSocket, a path.
+///
+/// Written as a URL: `tether://host:port` (TCP), `tethers://host:port` (TLS),
+/// `ws://host:port/path` and `wss://host:port/path` (WebSocket, without and with TLS). A bare
+/// `host:port` is TCP. An endpoint list may mix transports.
 ///
 /// ```swift
-/// let primary = Endpoint(host: "gw1.example.com", port: 7700)
-/// let backup = try Endpoint(parsing: "[2001:db8::1]:7700")
+/// let primary = try Endpoint(parsing: "wss://gw1.example.com/tether")
+/// let backup = try Endpoint(parsing: "tethers://[2001:db8::1]:7700")
+/// let plain = Endpoint(host: "127.0.0.1", port: 7700)
 /// ```
 public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
+    /// How a client reaches an endpoint: PROTOCOL.md, section "Transport bindings".
+    public enum Transport: String, Hashable, Sendable, CaseIterable, CustomStringConvertible {
+        /// Tether frames on a TCP connection: `tether://`.
+        case tcp = "tether"
+        /// Tether frames on TLS over TCP, ALPN `tether/1`: `tethers://`.
+        case tls = "tethers"
+        /// One Tether frame per binary WebSocket message, subprotocol `tether.v1`: `ws://`.
+        case webSocket = "ws"
+        /// WebSocket over TLS: `wss://`.
+        case secureWebSocket = "wss"
+
+        /// The URL scheme: `tether`, `tethers`, `ws` or `wss`.
+        public var scheme: String { self.rawValue }
+        /// Whether the connection is encrypted and the server authenticated (TLS).
+        public var isSecure: Bool { self == .tls || self == .secureWebSocket }
+        /// Whether the connection is a WebSocket.
+        public var isWebSocket: Bool { self == .webSocket || self == .secureWebSocket }
+        public var description: String { self.rawValue }
+    }
+
+    /// The path a gateway accepts WebSocket upgrades on unless configured otherwise.
+    public static let defaultWebSocketPath = "/tether"
+
     /// The host name or IP address.
     public var host: String
     /// The TCP port.
     public var port: Int
+    /// The transport: TCP, TLS, WebSocket or WebSocket over TLS.
+    public var transport: Transport
+    /// The HTTP path of a WebSocket endpoint (`/tether` by default); `nil` for TCP and TLS.
+    public var path: String?
 
     /// Creates an endpoint.
     /// - Parameters:
     ///   - host: A host name or an IP address (IPv6 without brackets).
     ///   - port: A TCP port, 0–65535.
-    public init(host: String, port: Int) {
+    ///   - transport: How to reach it; TCP by default.
+    ///   - path: For WebSocket, the HTTP path (``defaultWebSocketPath`` if `nil`); ignored
+    ///     for TCP and TLS.
+    public init(host: String, port: Int, transport: Transport = .tcp, path: String? = nil) {
         self.host = host
         self.port = port
+        self.transport = transport
+        self.path = transport.isWebSocket ? (path ?? Self.defaultWebSocketPath) : nil
     }
 
-    /// Parses `host:port`, `[ipv6]:port`, or the same as a URL: `tether://host:port`.
+    /// Parses an endpoint URL, `tether://host:port`, `tethers://host:port`,
+    /// `ws://host[:port][/path]` or `wss://host[:port][/path]`, or a bare `host:port` (TCP).
+    ///
+    /// IPv6 addresses are written in brackets: `tethers://[::1]:7700`. A WebSocket URL without
+    /// a port uses 80 (`ws`) or 443 (`wss`), and without a path ``defaultWebSocketPath``.
     ///
     /// ```swift
-    /// let endpoint = try Endpoint(parsing: "tether://gw.example.com:7700")
+    /// let endpoint = try Endpoint(parsing: "wss://gw.example.com:7443/tether")
     /// ```
     /// - Throws: ``EndpointParseError`` if the text is not of that form, the port is out of
-    ///   range, or the URL's scheme is not `tether`.
+    ///   range, or the scheme is not one of the four.
     public init(parsing text: String) throws(EndpointParseError) {
-        var authority = Substring(text)
-        if let schemeEnd = text.firstRange(of: "://") {
-            let scheme = text[..<schemeEnd.lowerBound].lowercased()
-            guard scheme == "tether" else {
-                throw EndpointParseError(
-                    text: text,
-                    reason: "the scheme '\(scheme)' is not one this version speaks: use tether://host:port (plain TCP)"
-                )
-            }
-            authority = text[schemeEnd.upperBound...]
-            if authority.hasSuffix("/") { authority = authority.dropLast() }
-            guard !authority.contains("/") else {
-                throw EndpointParseError(text: text, reason: "a tether:// endpoint has no path")
-            }
+        guard let schemeEnd = text.firstRange(of: "://") else {
+            try self.init(authority: Substring(text), transport: .tcp, path: nil, text: text)
+            return
         }
-        try self.init(authority: authority, text: text)
+        let scheme = text[..<schemeEnd.lowerBound].lowercased()
+        guard let transport = Transport(rawValue: scheme) else {
+            throw EndpointParseError(
+                text: text,
+                reason:
+                    "the scheme '\(scheme)' is not one Tether speaks: use tether:// (TCP), tethers:// (TLS), ws:// or wss:// (WebSocket)"
+            )
+        }
+        let rest = text[schemeEnd.upperBound...]
+        guard !rest.contains("?"), !rest.contains("#") else {
+            throw EndpointParseError(text: text, reason: "an endpoint URL has no query or fragment")
+        }
+        let slash = rest.firstIndex(of: "/")
+        let authority = rest[..<(slash ?? rest.endIndex)]
+        var path = slash.map { String(rest[$0...]) }
+        if transport.isWebSocket {
+            if path == nil || path == "/" { path = nil }
+        } else if let given = path, given != "/" {
+            throw EndpointParseError(text: text, reason: "a \(scheme):// endpoint has no path (got '\(given)')")
+        }
+        var defaultPort: Int?
+        switch transport {
+        case .webSocket: defaultPort = 80
+        case .secureWebSocket: defaultPort = 443
+        case .tcp, .tls: defaultPort = nil
+        }
+        if let defaultPort, !authority.hasSuffix("]"), !authority.contains(":") {
+            try self.init(authority: Substring("\(authority):\(defaultPort)"), transport: transport, path: path, text: text)
+        } else if let defaultPort, authority.hasPrefix("["), authority.hasSuffix("]") {
+            try self.init(authority: Substring("\(authority):\(defaultPort)"), transport: transport, path: path, text: text)
+        } else {
+            try self.init(authority: authority, transport: transport, path: path, text: text)
+        }
     }
 
-    private init(authority text: Substring, text original: String) throws(EndpointParseError) {
+    private init(authority text: Substring, transport: Transport, path: String?, text original: String) throws(EndpointParseError) {
         let host: Substring
         let portText: Substring
         if text.hasPrefix("[") {
@@ -67,18 +130,28 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
         guard let port = Int(portText), (0...65535).contains(port) else {
             throw EndpointParseError(text: original, reason: "the port must be a number from 0 to 65535")
         }
-        self.init(host: String(host), port: port)
+        self.init(host: String(host), port: port, transport: transport, path: path)
     }
 
-    /// Whether the host and port can be connected to at all (non-empty host, port 1–65535).
-    public var isValid: Bool { !self.host.isEmpty && (1...65535).contains(self.port) }
+    /// Whether the host and port can be connected to at all (non-empty host, port 1–65535, a
+    /// WebSocket path that starts with `/`).
+    public var isValid: Bool {
+        !self.host.isEmpty && (1...65535).contains(self.port) && (self.path.map { $0.hasPrefix("/") } ?? !self.transport.isWebSocket)
+    }
 
+    /// `host:port` for TCP (`[address]:port` for IPv6), the URL for the other transports:
+    /// `tethers://host:port`, `wss://host:port/path`. ``init(parsing:)`` reads it back.
     public var description: String {
-        self.host.contains(":") ? "[\(self.host)]:\(self.port)" : "\(self.host):\(self.port)"
+        let authority = self.host.contains(":") ? "[\(self.host)]:\(self.port)" : "\(self.host):\(self.port)"
+        switch self.transport {
+        case .tcp: return authority
+        case .tls: return "tethers://\(authority)"
+        case .webSocket, .secureWebSocket: return "\(self.transport.scheme)://\(authority)\(self.path ?? Self.defaultWebSocketPath)"
+        }
     }
 }
 
-/// Text that is not a valid `host:port` endpoint.
+/// Text that is not a valid endpoint (`host:port` or an endpoint URL).
 public struct EndpointParseError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The text that failed to parse.
     public var text: String

@@ -77,6 +77,8 @@ public final class Gateway: Service, Sendable {
     let lifecycle = NIOLockedValueBox(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
     let activity = ActivityTracker()
+    /// The TLS contexts of the listeners that speak TLS, made from ``GatewayConfiguration/tls``.
+    let tlsContexts: ServerTLSContexts?
 
     /// Creates a gateway; it accepts connections once ``run()`` is called.
     /// - Parameters:
@@ -102,6 +104,11 @@ public final class Gateway: Service, Sendable {
             throw GatewayError(code: .invalidConfiguration, message: error.message)
         }
         self.configuration = configuration
+        do {
+            self.tlsContexts = try configuration.tls.map { tls throws(ConfigurationError) in try ServerTLSContexts(tls) }
+        } catch {
+            throw GatewayError(code: .invalidConfiguration, message: error.message)
+        }
         self.eventLoopGroup = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
         switch configuration.execution {
         case .eventLoop: self.executors = EventLoopTaskExecutor.perLoop(of: self.eventLoopGroup)
@@ -257,7 +264,8 @@ public final class Gateway: Service, Sendable {
     /// The established connections.
     public var connections: [ConnectionInfo] { self.registry.established }
 
-    /// The address the gateway listens on, once it is bound (useful with port 0).
+    /// The address the gateway's TCP listener (``GatewayConfiguration/listen``) is bound to,
+    /// once it is (useful with port 0).
     /// - Throws: ``GatewayError`` if the gateway has no TCP listener, failed to bind, or shut
     ///   down before binding.
     public var listeningAddress: SocketAddress {
@@ -265,16 +273,33 @@ public final class Gateway: Service, Sendable {
             if self.configuration.listen == nil {
                 throw GatewayError(code: .notListening, message: "the configuration has no TCP listener")
             }
-            let result: Result<SocketAddress, GatewayError> = await withCheckedContinuation { continuation in
-                let ready: Result<SocketAddress, GatewayError>? = self.lifecycle.withLockedValue { lifecycle in
-                    if let address = lifecycle.address { return address }
-                    lifecycle.addressWaiters.append(continuation)
-                    return nil
-                }
-                if let ready { continuation.resume(returning: ready) }
-            }
-            return try result.get()
+            return try await self.boundAddress(of: .tcp)
         }
+    }
+
+    /// The address the gateway's WebSocket listener (``GatewayConfiguration/webSocket``) is
+    /// bound to, once it is (useful with port 0).
+    /// - Throws: ``GatewayError`` if the gateway has no WebSocket listener, failed to bind, or
+    ///   shut down before binding.
+    public var webSocketAddress: SocketAddress {
+        get async throws(GatewayError) {
+            if self.configuration.webSocket == nil {
+                throw GatewayError(code: .notListening, message: "the configuration has no WebSocket listener")
+            }
+            return try await self.boundAddress(of: .webSocket)
+        }
+    }
+
+    private func boundAddress(of listener: Listener) async throws(GatewayError) -> SocketAddress {
+        let result: Result<SocketAddress, GatewayError> = await withCheckedContinuation { continuation in
+            let ready: Result<SocketAddress, GatewayError>? = self.lifecycle.withLockedValue { lifecycle in
+                if let address = lifecycle.addresses[listener] { return address }
+                lifecycle.addressWaiters.append((listener, continuation))
+                return nil
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+        return try result.get()
     }
 
     /// Accepts connections until ``shutdown()`` (or the service group's graceful shutdown),
@@ -306,7 +331,7 @@ public final class Gateway: Service, Sendable {
         for handler in self.registry.beginDraining(with: goAway) {
             ConnectionOutbound(handler: handler).execute { $0.drain(goAway) }
         }
-        self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
+        self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
     }
 
     /// Stops at once: no more accepting, every connection closed without GOAWAY (which settles
@@ -321,14 +346,14 @@ public final class Gateway: Service, Sendable {
     /// - Returns: Whether this call began the shutdown (`false` if it had already begun).
     @discardableResult
     private func stopAccepting() -> Bool {
-        let stop: (began: Bool, server: (any Channel)?, releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
+        let stop: (began: Bool, servers: [any Channel], releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
             defer {
                 lifecycle.shuttingDown = true
                 lifecycle.accepting = false
             }
-            return (!lifecycle.shuttingDown, lifecycle.serverChannel, lifecycle.accepting)
+            return (!lifecycle.shuttingDown, lifecycle.serverChannels, lifecycle.accepting)
         }
-        stop.server?.close(promise: nil)
+        for server in stop.servers { server.close(promise: nil) }
         if stop.releases { self.activity.leave() }
         return stop.began
     }
@@ -373,15 +398,15 @@ public final class Gateway: Service, Sendable {
             throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
         }
         _ = self.services  // the routes are fixed from now on
-        defer { self.resolveAddress(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
+        defer { self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
 
         // Connections are served by their channel handlers, and tasks exist only while there is
         // work; `activity` counts both. Cancelling this task stops everything at once.
         try await withTaskCancellationHandler {
-            var server: (any Channel)?
-            if let listen = self.configuration.listen, !start.shuttingDown {
+            var servers: [any Channel] = []
+            if !start.shuttingDown {
                 do {
-                    server = try await self.bind(listen)
+                    servers = try await self.bindListeners()
                 } catch {
                     self.stopNow()
                     throw error
@@ -394,7 +419,7 @@ public final class Gateway: Service, Sendable {
                 await self.activity.finished()
                 group.cancelAll()
             }
-            try? await server?.closeFuture.get()
+            for server in servers { try? await server.closeFuture.get() }
         } onCancel: {
             self.stopNow()
         }
@@ -431,53 +456,9 @@ public final class Gateway: Service, Sendable {
         return Int(clamping: limit.rlim_cur)
     }
 
-    /// `SO_REUSEPORT`, which NIO has no name for.
-    private static var reusePortOption: NIOBSDSocket.Option { NIOBSDSocket.Option(rawValue: SO_REUSEPORT) }
-
-    private func bind(_ listen: GatewayConfiguration.Listen) async throws -> any Channel {
-        let server: any Channel
-        do {
-            server = try await ServerBootstrap(group: self.eventLoopGroup)
-                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-                .serverChannelOption(.socketOption(Self.reusePortOption), value: listen.reusePort ? 1 : 0)
-                .serverChannelOption(.backlog, value: 1024)
-                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
-                // NIO keeps each connection's receive buffer at the largest size it ever had, and
-                // starts at 2 KiB: a quarter of an idle connection's memory. Start small; a busy
-                // connection's buffer doubles on each full read, up to 64 KiB.
-                .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
-                // Fairness: one read (at most 64 KiB) per connection per turn of its event loop,
-                // not NIO's default of four, so that a connection that floods the gateway gets
-                // no more of its loop per turn than the others.
-                .childChannelOption(.maxMessagesPerRead, value: 1)
-                .childChannelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try self.configure(channel, framing: .byteStream)
-                    }
-                }
-                .bind(host: listen.host, port: listen.port)
-                .get()
-        } catch {
-            let failure = GatewayError(code: .bindFailed, message: "cannot listen on \(listen.host):\(listen.port): \(error)")
-            self.resolveAddress(.failure(failure))
-            throw failure
-        }
-        let address = server.localAddress
-        let shutDown = self.lifecycle.withLockedValue { lifecycle in
-            lifecycle.serverChannel = server
-            return lifecycle.shuttingDown
-        }
-        if shutDown { server.close(promise: nil) }
-        if let address {
-            self.logger.info("listening", metadata: ["address": "\(address)"])
-            self.resolveAddress(.success(address))
-        }
-        return server
-    }
-
     /// Adds the connection handler to a channel whose pipeline reads and writes bytes. Runs on
     /// the channel's event loop.
-    private func configure(_ channel: any Channel, framing: Framing) throws {
+    func configure(_ channel: any Channel, framing: Framing) throws {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
         var logger = self.logger
         logger[metadataKey: "tether.connection"] = "\(id)"
@@ -491,24 +472,38 @@ public final class Gateway: Service, Sendable {
         try channel.pipeline.syncOperations.addHandler(handler)
     }
 
-    private func resolveAddress(_ result: Result<SocketAddress, GatewayError>) {
-        let waiters = self.lifecycle.withLockedValue { lifecycle in
-            if lifecycle.address == nil { lifecycle.address = result }
-            defer { lifecycle.addressWaiters.removeAll() }
-            return (lifecycle.addressWaiters, lifecycle.address!)
+    /// Settles the address of `listener` for those waiting for it (the first result stands).
+    func resolveAddress(of listener: Listener, _ result: Result<SocketAddress, GatewayError>) {
+        let (waiters, settled) = self.lifecycle.withLockedValue { lifecycle in
+            let settled = lifecycle.addresses[listener] ?? result
+            lifecycle.addresses[listener] = settled
+            let waiting = lifecycle.addressWaiters.filter { $0.0 == listener }.map(\.1)
+            lifecycle.addressWaiters.removeAll { $0.0 == listener }
+            return (waiting, settled)
         }
-        for waiter in waiters.0 { waiter.resume(returning: waiters.1) }
+        for waiter in waiters { waiter.resume(returning: settled) }
+    }
+
+    /// Settles every listener's address not settled yet with `result` (a failure).
+    func resolveAddresses(_ result: Result<SocketAddress, GatewayError>) {
+        for listener in Listener.allCases { self.resolveAddress(of: listener, result) }
     }
 }
 
 extension Gateway {
+    /// The gateway's own listeners.
+    enum Listener: CaseIterable, Hashable, Sendable {
+        case tcp
+        case webSocket
+    }
+
     struct Lifecycle {
         var started = false
         /// `run()` is accepting connections; it holds one count of `activity` meanwhile.
         var accepting = false
         var shuttingDown = false
-        var serverChannel: (any Channel)?
-        var address: Result<SocketAddress, GatewayError>?
-        var addressWaiters: [CheckedContinuation<Result<SocketAddress, GatewayError>, Never>] = []
+        var serverChannels: [any Channel] = []
+        var addresses: [Listener: Result<SocketAddress, GatewayError>] = [:]
+        var addressWaiters: [(Listener, CheckedContinuation<Result<SocketAddress, GatewayError>, Never>)] = []
     }
 }

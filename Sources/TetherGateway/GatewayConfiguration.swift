@@ -8,9 +8,16 @@ public import TetherCore
 /// configuration.timeouts.handler = .seconds(5)
 /// ```
 public struct GatewayConfiguration: Sendable, Hashable {
-    /// Where to accept TCP connections; `nil` accepts only connections handed to
-    /// ``Gateway/accept(_:)`` (for example by an in-process or WebSocket transport).
+    /// Where to accept TCP connections (`tether://`, or `tethers://` with ``Listen/tls``);
+    /// `nil` accepts none there.
     public var listen: Listen?
+    /// Where to accept WebSocket connections (`ws://`, or `wss://` with
+    /// ``WebSocket-swift.struct/tls``); `nil` accepts none. A WebSocket can also share an
+    /// application's own HTTP port: see ``Gateway/webSocketUpgrader()``.
+    public var webSocket: WebSocket?
+    /// The gateway's certificate and key, and whether it asks clients for theirs: needed by
+    /// every listener with `tls` on.
+    public var tls: TLS?
     /// The name sent in WELCOME, for the clients' logs.
     public var serverName: String
     /// Size and concurrency limits.
@@ -49,9 +56,13 @@ public struct GatewayConfiguration: Sendable, Hashable {
         checksums: ChecksumPolicy,
         goAway: GoAway,
         exposeHandlerErrors: Bool,
-        execution: Execution = .eventLoop
+        execution: Execution = .eventLoop,
+        webSocket: WebSocket? = nil,
+        tls: TLS? = nil
     ) {
         self.listen = listen
+        self.webSocket = webSocket
+        self.tls = tls
         self.serverName = serverName
         self.limits = limits
         self.timeouts = timeouts
@@ -80,6 +91,18 @@ public struct GatewayConfiguration: Sendable, Hashable {
             guard !listen.host.isEmpty, (0...65535).contains(listen.port) else {
                 throw ConfigurationError("listen needs a host and a port from 0 to 65535")
             }
+            if listen.tls, self.tls == nil {
+                throw ConfigurationError("listen.tls is on, but tls (a certificate and key) is not set")
+            }
+        }
+        if let webSocket = self.webSocket {
+            try webSocket.validate()
+            if webSocket.tls, self.tls == nil {
+                throw ConfigurationError("webSocket.tls is on, but tls (a certificate and key) is not set")
+            }
+            if let listen = self.listen, listen.port != 0, listen.port == webSocket.port, listen.host == webSocket.host {
+                throw ConfigurationError("listen and webSocket cannot share \(listen.host):\(listen.port)")
+            }
         }
         guard self.serverName.utf8.count <= Int(UInt16.max) else { throw ConfigurationError("serverName is too long") }
         try self.limits.validate()
@@ -97,11 +120,15 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// Each process must set it. Pushes and reliable delivery reach only the connections of
         /// the process they are made in.
         public var reusePort: Bool
+        /// Whether connections speak TLS (`tethers://`, ALPN `tether/1`) with the certificate
+        /// of ``GatewayConfiguration/tls``.
+        public var tls: Bool
 
-        public init(host: String = "127.0.0.1", port: Int = 7700, reusePort: Bool = false) {
+        public init(host: String = "127.0.0.1", port: Int = 7700, reusePort: Bool = false, tls: Bool = false) {
             self.host = host
             self.port = port
             self.reusePort = reusePort
+            self.tls = tls
         }
 
         public static var defaults: Listen { Listen() }

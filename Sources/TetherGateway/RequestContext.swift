@@ -1,6 +1,7 @@
 public import Logging
 public import NIOCore
 public import TetherCore
+public import X509
 
 /// A client connection as the gateway's application code sees it.
 public struct ConnectionInfo: Sendable, Hashable {
@@ -155,11 +156,18 @@ public struct HandshakeInfo: Sendable {
     public var userAgent: String?
     /// The peer's address, if the transport has one.
     public var remoteAddress: String?
+    /// The certificate the client presented in the TLS handshake, already verified against
+    /// ``GatewayConfiguration/TLS-swift.struct/ClientCertificates-swift.enum``'s roots (mutual
+    /// TLS); `nil` without TLS or without one. Its subject and alternative names say who the
+    /// client is.
+    public var clientCertificate: Certificate?
 
-    public init(clientID: String, authToken: ByteBuffer?, userAgent: String?, remoteAddress: String?) {
+    public init(clientID: String, authToken: ByteBuffer?, userAgent: String?, remoteAddress: String?, clientCertificate: Certificate? = nil)
+    {
         self.clientID = clientID
         self.authToken = authToken
         self.userAgent = userAgent
         self.remoteAddress = remoteAddress
+        self.clientCertificate = clientCertificate
     }
 }

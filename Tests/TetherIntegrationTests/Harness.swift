@@ -92,6 +92,7 @@ final class Harness: Sendable {
     /// handlers before it starts.
     func gateway(
         port: Int = 0,
+        transport: Endpoint.Transport = .tcp,
         messageStore: (any MessageStore)? = nil,
         configure: (inout GatewayConfiguration) -> Void = { _ in },
         authenticate: Gateway.Authenticator? = nil,
@@ -99,7 +100,7 @@ final class Harness: Sendable {
         routes: (Gateway) -> Void = { _ in }
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
-        configuration.listen = .init(host: "127.0.0.1", port: port)
+        configuration.configureListener(transport, port: port)
         configure(&configuration)
         let gateway =
             if let authenticate {
@@ -121,8 +122,8 @@ final class Harness: Sendable {
         self.spawn("gateway.run() of a gateway on 127.0.0.1") { try? await gateway.run() }
         self.describe { "gateway on 127.0.0.1: \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }
-        let address = try await gateway.listeningAddress
-        return (gateway, Endpoint(host: "127.0.0.1", port: address.port!))
+        let address = try await transport.isWebSocket ? gateway.webSocketAddress : gateway.listeningAddress
+        return (gateway, Endpoint(host: "127.0.0.1", port: address.port!, transport: transport))
     }
 
     /// A gateway reachable only through a ``LocalNetwork``; `routes` registers its handlers
@@ -158,7 +159,7 @@ final class Harness: Sendable {
         configure(&configuration)
         let client = try TetherClient(
             configuration: configuration,
-            transport: transport ?? TCPClientTransport(),
+            transport: transport ?? testClientTransport(),
             clock: clock ?? ContinuousClock(),
             logger: testLogger("client")
         )
@@ -292,6 +293,31 @@ final class WaitingHandler: Sendable {
                 throw error
             }
             return request.body
+        }
+    }
+}
+
+/// The transport of the tests' clients: every endpoint kind, trusting the test CA.
+func testClientTransport(configure: (inout ClientTLSConfiguration) -> Void = { _ in }) throws -> TCPClientTransport {
+    var tls = ClientTLSConfiguration(trustRoots: .only(.text(TestCertificates.shared.authority.certificatePEM)))
+    configure(&tls)
+    return try TCPClientTransport(tls: tls)
+}
+
+extension GatewayConfiguration {
+    /// Listens on 127.0.0.1 over `transport` only, with the test certificate for TLS.
+    mutating func configureListener(_ transport: Endpoint.Transport, port: Int = 0) {
+        let certificates = TestCertificates.shared
+        if transport.isSecure {
+            self.tls = .init(certificateChain: .text(certificates.server.certificatePEM), privateKey: .text(certificates.server.keyPEM))
+        }
+        switch transport {
+        case .tcp, .tls:
+            self.listen = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
+            self.webSocket = nil
+        case .webSocket, .secureWebSocket:
+            self.listen = nil
+            self.webSocket = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
         }
     }
 }

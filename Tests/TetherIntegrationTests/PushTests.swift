@@ -26,23 +26,26 @@ final class PushCollector: Sendable {
 extension IntegrationTests {
     @Suite("Pushes", .timeLimit(.minutes(2)))
     struct PushTests {
-        @Test("pushes reach a connection, all connections of a client id, a room, or everyone")
-        func targets() async throws {
+        @Test("pushes reach a connection, all connections of a client id, a room, or everyone", arguments: Endpoint.Transport.allCases)
+        func targets(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
-                    gateway.handle("join") { request, context in
-                        context.join(request.body.string)
-                        return ByteBuffer(string: "ok")
+                let (gateway, endpoint) = try await harness.gateway(
+                    transport: transport,
+                    routes: { gateway in
+                        gateway.handle("join") { request, context in
+                            context.join(request.body.string)
+                            return ByteBuffer(string: "ok")
+                        }
+                        gateway.handle("leave") { request, context in
+                            context.leave(request.body.string)
+                            return ByteBuffer(string: "ok")
+                        }
+                        gateway.handle("poke-me") { _, context in
+                            try context.push("poke", ByteBuffer(string: "to you"))
+                            return ByteBuffer(string: "ok")
+                        }
                     }
-                    gateway.handle("leave") { request, context in
-                        context.leave(request.body.string)
-                        return ByteBuffer(string: "ok")
-                    }
-                    gateway.handle("poke-me") { _, context in
-                        try context.push("poke", ByteBuffer(string: "to you"))
-                        return ByteBuffer(string: "ok")
-                    }
-                })
+                )
                 let alicePhone = try harness.client([endpoint], clientID: "alice")
                 let aliceLaptop = try harness.client([endpoint], clientID: "alice")
                 let bob = try harness.client([endpoint], clientID: "bob")

@@ -8,17 +8,23 @@ import TetherTestSupport
 @testable import Tether
 
 extension IntegrationTests {
-    @Suite("Requests over TCP", .timeLimit(.minutes(2)))
+    @Suite("Requests", .timeLimit(.minutes(2)))
     struct RequestResponseTests {
-        @Test("a request gets its handler's reply; unknown methods and handler errors get clear statuses")
-        func basics() async throws {
+        @Test(
+            "a request gets its handler's reply; unknown methods and handler errors get clear statuses",
+            arguments: Endpoint.Transport.allCases
+        )
+        func basics(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
-                    gateway.handle("echo") { request, _ in request.body }
-                    gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
-                    gateway.handle("crash") { _, _ in throw SomeInternalError() }
-                    gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
-                })
+                let (gateway, endpoint) = try await harness.gateway(
+                    transport: transport,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                        gateway.handle("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
+                        gateway.handle("crash") { _, _ in throw SomeInternalError() }
+                        gateway.handle("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
+                    }
+                )
                 let client = try harness.client([endpoint], clientID: "alice")
 
                 #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
@@ -76,17 +82,23 @@ extension IntegrationTests {
             }
         }
 
-        @Test("10,000 concurrent requests over one connection each get their own response, out of order")
-        func tenThousandConcurrent() async throws {
+        @Test(
+            "10,000 concurrent requests over one connection each get their own response, out of order",
+            arguments: Endpoint.Transport.allCases
+        )
+        func tenThousandConcurrent(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
-                    gateway.handle("square") { request, _ in
-                        let value = Int(request.body.string)!
-                        // Make some handlers slower so that responses overtake each other.
-                        if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
-                        return ByteBuffer(string: "\(value * value)")
+                let (gateway, endpoint) = try await harness.gateway(
+                    transport: transport,
+                    routes: { gateway in
+                        gateway.handle("square") { request, _ in
+                            let value = Int(request.body.string)!
+                            // Make some handlers slower so that responses overtake each other.
+                            if value % 3 == 0 { try await Task.sleep(for: .milliseconds(value % 20)) }
+                            return ByteBuffer(string: "\(value * value)")
+                        }
                     }
-                })
+                )
                 let client = try harness.client([endpoint]) { $0.requests.defaultTimeout = .seconds(120) }
                 let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
                     for value in 0..<10_000 {
@@ -153,11 +165,17 @@ extension IntegrationTests {
             }
         }
 
-        @Test("cancelling the calling task cancels the request at once and reaches the gateway handler")
-        func cancellationReachesGateway() async throws {
+        @Test(
+            "cancelling the calling task cancels the request at once and reaches the gateway handler",
+            arguments: Endpoint.Transport.allCases
+        )
+        func cancellationReachesGateway(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
                 let wait = WaitingHandler()
-                let (_, endpoint) = try await harness.gateway(routes: { gateway in gateway.handle("wait", wait.handler) })
+                let (_, endpoint) = try await harness.gateway(
+                    transport: transport,
+                    routes: { gateway in gateway.handle("wait", wait.handler) }
+                )
                 let client = try harness.client([endpoint])
                 let task = Task { try await client.request("wait", timeout: .seconds(60)) }
                 try await eventually("the handler runs") { wait.started }

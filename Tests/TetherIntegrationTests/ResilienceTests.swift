@@ -24,10 +24,14 @@ extension IntegrationTests {
             configuration.connection.handshakeTimeout = .milliseconds(500)
         }
 
-        @Test("a silent gateway (TCP open, nothing answers) is detected by the heartbeat and the client reconnects")
-        func silentGatewayOverTCP() async throws {
+        @Test(
+            "a silent gateway (TCP open, nothing answers) is detected by the heartbeat and the client reconnects",
+            arguments: Endpoint.Transport.allCases
+        )
+        func silentGateway(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway(
+                    transport: transport,
                     configure: Self.fastHeartbeat,
                     routes: { gateway in
                         gateway.handle("echo") { request, _ in request.body }
@@ -36,7 +40,10 @@ extension IntegrationTests {
                 let proxy = TCPFaultProxy(upstream: endpoint)
                 let proxyAddress = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
-                let client = try harness.client([Endpoint(host: "127.0.0.1", port: proxyAddress.port!)], configure: Self.fastClient)
+                let client = try harness.client(
+                    [Endpoint(host: "127.0.0.1", port: proxyAddress.port!, transport: transport)],
+                    configure: Self.fastClient
+                )
                 let events = harness.events(of: client)
                 #expect(try await client.request("echo", body: ByteBuffer(string: "a")).string == "a")
 
@@ -171,17 +178,17 @@ extension IntegrationTests {
             }
         }
 
-        @Test("a gateway restart: the client reconnects by itself and requests succeed again")
-        func gatewayRestart() async throws {
+        @Test("a gateway restart: the client reconnects by itself and requests succeed again", arguments: Endpoint.Transport.allCases)
+        func gatewayRestart(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
                 var configuration = GatewayConfiguration.defaults
-                configuration.listen = .init(host: "127.0.0.1", port: 0)
+                configuration.configureListener(transport)
                 configuration.goAway.retryAfter = .milliseconds(50)
                 let first = try Gateway(configuration: configuration, logger: testLogger("gateway-1"))
                 first.handle("who") { _, _ in ByteBuffer(string: "first") }
                 let firstRun = Task { try await first.run() }
-                let port = try await first.listeningAddress.port!
-                let endpoint = Endpoint(host: "127.0.0.1", port: port)
+                let port = try await (transport.isWebSocket ? first.webSocketAddress : first.listeningAddress).port!
+                let endpoint = Endpoint(host: "127.0.0.1", port: port, transport: transport)
 
                 let client = try harness.client([endpoint])
                 let events = harness.events(of: client)
@@ -193,7 +200,7 @@ extension IntegrationTests {
                 let pending = Task { try await client.request("who", timeout: .seconds(20)) }
                 try await Task.sleep(for: .milliseconds(300))
 
-                configuration.listen = .init(host: "127.0.0.1", port: port)
+                configuration.configureListener(transport, port: port)
                 let second = try Gateway(configuration: configuration, logger: testLogger("gateway-2"))
                 second.handle("who") { _, _ in ByteBuffer(string: "second") }
                 harness.spawn { try? await second.run() }
@@ -341,13 +348,17 @@ extension IntegrationTests {
             }
         }
 
-        @Test("GOAWAY with an alternate endpoint moves the client there")
-        func goAwayRedirect() async throws {
+        @Test("GOAWAY with an alternate endpoint moves the client there", arguments: Endpoint.Transport.allCases)
+        func goAwayRedirect(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (second, secondEndpoint) = try await harness.gateway(routes: { second in
-                    second.handle("who") { _, _ in ByteBuffer(string: "second") }
-                })
+                let (second, secondEndpoint) = try await harness.gateway(
+                    transport: transport,
+                    routes: { second in
+                        second.handle("who") { _, _ in ByteBuffer(string: "second") }
+                    }
+                )
                 let (first, firstEndpoint) = try await harness.gateway(
+                    transport: transport,
                     configure: { $0.goAway = .init(retryAfter: .milliseconds(10), alternateEndpoint: secondEndpoint) },
                     routes: { first in first.handle("who") { _, _ in ByteBuffer(string: "first") } }
                 )

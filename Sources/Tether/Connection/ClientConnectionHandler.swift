@@ -313,7 +313,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         guard let context, case .cancelled(let waiter, let error, let sendCancel, let after) = self.machine.cancel(id) else { return }
         if sendCancel { self.write(.cancel(.init(requestID: id)), context: context) }
         self.perform(after, context: context)
-        if !self.writer.isEmpty { self.flushNow(context: context) }  // a CANCEL does not wait
+        if self.flushOwed { self.flushNow(context: context) }  // a CANCEL does not wait
         waiter.fail(error)
     }
 
@@ -411,7 +411,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         case .none:
             break
         }
-        if !self.writer.isEmpty { self.flushNow(context: context) }
+        if self.flushOwed { self.flushNow(context: context) }
         if due.pumpMessages { self.pumpMessages(context: context) }
         for (waiter, error) in due.expired { waiter.fail(error) }
         self.reportIdleProbe()

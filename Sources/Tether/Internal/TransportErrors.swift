@@ -1,5 +1,7 @@
 import NIOCore
 import NIOPosix
+import TetherCore
+import TetherNIO
 
 #if canImport(Darwin)
     import Darwin
@@ -9,10 +11,34 @@ import NIOPosix
 
 /// Short descriptions of the errors transports throw, for messages people read.
 enum TransportErrors {
+    /// A failed connection attempt to `endpoint` as the ``TetherError`` the client reports:
+    /// TLS and WebSocket failures keep codes of their own.
+    static func connectFailure(_ error: any Error, endpoint: Endpoint) -> TetherError {
+        switch error {
+        case let error as TetherError:
+            return error
+        case let error as TransportError:
+            let code: TetherError.Code
+            switch error.code {
+            case .tlsHandshakeFailed: code = .tlsFailed
+            case .certificatePinMismatch: code = .certificatePinMismatch
+            case .webSocketUpgradeFailed: code = .webSocketUpgradeFailed
+            default: code = .notConnected
+            }
+            return TetherError(code: code, message: error.message, cause: error)
+        case let error as ConfigurationError:
+            return TetherError(code: .invalidConfiguration, message: error.message, cause: error)
+        default:
+            return TetherError(code: .notConnected, message: "could not connect to \(endpoint): \(Self.describe(error))", cause: error)
+        }
+    }
+
     /// `connection refused`, `timed out after 5 s`, `cannot resolve gw.example.com`, …
     static func describe(_ error: any Error) -> String {
         switch error {
         case let error as TetherError:
+            return error.message
+        case let error as TransportError:
             return error.message
         case let error as NIOConnectionError:
             if let failure = error.connectionErrors.last {

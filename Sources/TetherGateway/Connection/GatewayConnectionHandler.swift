@@ -1,8 +1,10 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOSSL
 import TetherCore
 import TetherNIO
+import X509
 
 /// The gateway's one channel handler for one connection.
 ///
@@ -265,11 +267,27 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
         let id = self.id
         let logger = self.logger
         let remoteAddress = context.channel.remoteAddress?.description
+        let clientCertificate = Self.clientCertificate(of: context.channel)
         self.machine.taskStarted()
         self.spawn {
-            let outcome = await services.handshake(hello, connectionID: id, remoteAddress: remoteAddress, logger: logger)
+            let outcome = await services.handshake(
+                hello,
+                connectionID: id,
+                remoteAddress: remoteAddress,
+                clientCertificate: clientCertificate,
+                logger: logger
+            )
             outbound.execute { $0.handshakeFinished(outcome) }
         }
+    }
+
+    /// The certificate the client presented in its TLS handshake, if the connection is TLS.
+    private static func clientCertificate(of channel: any Channel) -> Certificate? {
+        guard let tls = try? channel.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self),
+            let certificate = tls.peerCertificate,
+            let der = try? certificate.toDERBytes()
+        else { return nil }
+        return try? Certificate(derEncoded: der)
     }
 
     private func handshakeFinished(_ outcome: HandshakeOutcome) {
@@ -718,7 +736,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler {
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         // What was written (or pushed) before the close goes out first.
         self.pushes?.drain()
-        if self.flushPending || !self.writer.isEmpty { self.flushNow(context: context) }
+        if self.flushPending || self.unflushed > 0 { self.flushNow(context: context) }
         context.close(mode: mode, promise: promise)
     }
 

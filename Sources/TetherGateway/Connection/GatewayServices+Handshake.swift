@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import NIOCore
 import TetherCore
+import X509
 
 /// What a connection's handshake established.
 struct EstablishedSession: Sendable {
@@ -29,7 +30,13 @@ enum HandshakeOutcome: Sendable {
 extension GatewayServices {
     /// Negotiates, authenticates and registers the client; the connection's handler sends the
     /// WELCOME or the refusal.
-    func handshake(_ hello: Frame.Hello, connectionID: UInt64, remoteAddress: String?, logger: Logger) async -> HandshakeOutcome {
+    func handshake(
+        _ hello: Frame.Hello,
+        connectionID: UInt64,
+        remoteAddress: String?,
+        clientCertificate: Certificate?,
+        logger: Logger
+    ) async -> HandshakeOutcome {
         let welcome: Frame.Welcome
         let negotiated: Handshake.Negotiated
         switch Handshake.accept(hello, policy: self.handshakePolicy, connectionID: connectionID) {
@@ -45,7 +52,8 @@ extension GatewayServices {
                 clientID: hello.clientID,
                 authToken: hello.authToken,
                 userAgent: hello.userAgent,
-                remoteAddress: remoteAddress
+                remoteAddress: remoteAddress,
+                clientCertificate: clientCertificate
             )
             switch await Self.authenticate(info, with: authenticator) {
             case .success(let proven):

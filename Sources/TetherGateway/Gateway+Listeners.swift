@@ -1,0 +1,269 @@
+import Foundation
+public import NIOCore
+public import NIOHTTP1
+import NIOPosix
+import NIOSSL
+public import NIOWebSocket
+import TetherCore
+import TetherNIO
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+// The gateway's listeners: TCP (optionally TLS) and WebSocket (optionally TLS), and the
+// WebSocket upgrader an application's own HTTP server can use.
+extension Gateway {
+    /// `SO_REUSEPORT`, which NIO has no name for.
+    private static var reusePortOption: NIOBSDSocket.Option { NIOBSDSocket.Option(rawValue: SO_REUSEPORT) }
+
+    /// Binds every configured listener; on a failure, closes those already bound.
+    func bindListeners() async throws -> [any Channel] {
+        var servers: [any Channel] = []
+        do {
+            if let listen = self.configuration.listen {
+                servers.append(try await self.bindTCP(listen))
+            }
+            if let webSocket = self.configuration.webSocket {
+                servers.append(try await self.bindWebSocket(webSocket))
+            }
+        } catch {
+            for server in servers { server.close(promise: nil) }
+            throw error
+        }
+        return servers
+    }
+
+    /// A server bootstrap with the options every listener's connections share.
+    private func serverBootstrap(reusePort: Bool) -> ServerBootstrap {
+        ServerBootstrap(group: self.eventLoopGroup)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(.socketOption(Self.reusePortOption), value: reusePort ? 1 : 0)
+            .serverChannelOption(.backlog, value: 1024)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            // NIO keeps each connection's receive buffer at the largest size it ever had, and
+            // starts at 2 KiB: a quarter of an idle connection's memory. Start small; a busy
+            // connection's buffer doubles on each full read, up to 64 KiB.
+            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+            // Fairness: one read (at most 64 KiB) per connection per turn of its event loop,
+            // not NIO's default of four, so that a connection that floods the gateway gets
+            // no more of its loop per turn than the others.
+            .childChannelOption(.maxMessagesPerRead, value: 1)
+    }
+
+    private func bindTCP(_ listen: GatewayConfiguration.Listen) async throws -> any Channel {
+        let tls = listen.tls ? self.tlsContexts?.tether : nil
+        let bootstrap = self.serverBootstrap(reusePort: listen.reusePort)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                    }
+                    try self.configure(channel, framing: .byteStream)
+                }
+            }
+        return try await self.bind(bootstrap, host: listen.host, port: listen.port, as: .tcp, scheme: listen.tls ? "tethers" : "tether")
+    }
+
+    private func bindWebSocket(_ settings: GatewayConfiguration.WebSocket) async throws -> any Channel {
+        let tls = settings.tls ? self.tlsContexts?.http : nil
+        let upgradeTimeout = TimeAmount(self.configuration.timeouts.handshake)
+        let bootstrap = self.serverBootstrap(reusePort: false)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                    }
+                    try self.configureWebSocketUpgrade(channel, settings: settings, timeout: upgradeTimeout)
+                }
+            }
+        let scheme = settings.tls ? "wss" : "ws"
+        return try await self.bind(bootstrap, host: settings.host, port: settings.port, as: .webSocket, scheme: scheme, path: settings.path)
+    }
+
+    private func bind(
+        _ bootstrap: ServerBootstrap,
+        host: String,
+        port: Int,
+        as listener: Listener,
+        scheme: String,
+        path: String = ""
+    ) async throws -> any Channel {
+        let server: any Channel
+        do {
+            server = try await bootstrap.bind(host: host, port: port).get()
+        } catch {
+            let failure = GatewayError(code: .bindFailed, message: "cannot listen on \(host):\(port) (\(scheme)): \(error)")
+            self.resolveAddress(of: listener, .failure(failure))
+            throw failure
+        }
+        let shutDown = self.lifecycle.withLockedValue { lifecycle in
+            lifecycle.serverChannels.append(server)
+            return lifecycle.shuttingDown
+        }
+        if shutDown { server.close(promise: nil) }
+        if let address = server.localAddress {
+            self.logger.info("listening", metadata: ["address": "\(scheme)://\(address.ipAddress ?? host):\(address.port ?? port)\(path)"])
+            self.resolveAddress(of: listener, .success(address))
+        }
+        return server
+    }
+
+    /// An HTTP/1.1 pipeline that upgrades to a Tether WebSocket on `settings.path`, answers
+    /// anything else with an HTTP error, and closes connections that have not upgraded within
+    /// `timeout`.
+    private func configureWebSocketUpgrade(_ channel: any Channel, settings: GatewayConfiguration.WebSocket, timeout: TimeAmount) throws {
+        let upgraded = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
+        let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
+        let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
+            upgraded.value = true
+            channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
+        }
+        try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+            withServerUpgrade: (upgraders: [upgrader], completionHandler: { _ in }),
+            withErrorHandling: true
+        )
+        try channel.pipeline.syncOperations.addHandler(refusal)
+        channel.eventLoop.scheduleTask(in: timeout) {
+            if !upgraded.value { channel.close(promise: nil) }
+        }
+    }
+
+    /// A WebSocket upgrader for an application's own HTTP/1.1 server, so that the gateway
+    /// shares its port: requests for `path` with subprotocol `tether.v1` become Tether
+    /// connections of this gateway; the application's handlers serve the rest.
+    ///
+    /// ```swift
+    /// try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+    ///     withServerUpgrade: (upgraders: [gateway.webSocketUpgrader()], completionHandler: { _ in })
+    /// )
+    /// try channel.pipeline.syncOperations.addHandler(MyHTTPHandler())
+    /// ```
+    /// The application's handler stays in the pipeline after an upgrade unless it removes
+    /// itself; it sees no bytes after it, as the upgrade replaces the HTTP codec.
+    /// - Parameters:
+    ///   - path: The path to upgrade on.
+    ///   - allowedOrigins: The `Origin` headers accepted; `nil` accepts any.
+    public func webSocketUpgrader(
+        path: String = Endpoint.defaultWebSocketPath,
+        allowedOrigins: Set<String>? = nil
+    ) -> any HTTPServerProtocolUpgrader & Sendable {
+        self.makeWebSocketUpgrader(path: path, allowedOrigins: allowedOrigins) { _ in }
+    }
+
+    private func makeWebSocketUpgrader(
+        path: String,
+        allowedOrigins: Set<String>?,
+        upgraded: @escaping @Sendable (any Channel) throws -> Void
+    ) -> NIOWebSocketServerUpgrader {
+        NIOWebSocketServerUpgrader(
+            maxFrameSize: WebSocketBinding.maxFrameSize,
+            automaticErrorHandling: true,
+            shouldUpgrade: { channel, head in
+                guard WebSocketUpgradeRefusal.refusal(of: head, path: path, allowedOrigins: allowedOrigins) == nil else {
+                    return channel.eventLoop.makeSucceededFuture(nil)
+                }
+                var headers = HTTPHeaders()
+                headers.add(name: "Sec-WebSocket-Protocol", value: WebSocketBinding.subprotocol)
+                return channel.eventLoop.makeSucceededFuture(headers)
+            },
+            upgradePipelineHandler: { channel, _ in
+                channel.eventLoop.makeCompletedFuture {
+                    try upgraded(channel)
+                    try WebSocketBinding.addMessageHandlers(to: channel, role: .server)
+                    try self.configure(channel, framing: .messages)
+                }
+            }
+        )
+    }
+}
+
+/// Answers an HTTP request the WebSocket upgrader declined with a status that says why, then
+/// closes: `404` for another path, `426` for a request that is not a WebSocket upgrade, `400`
+/// without the `tether.v1` subprotocol, `403` for an origin not allowed.
+final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let path: String
+    private let allowedOrigins: Set<String>?
+    private var refusal: (status: HTTPResponseStatus, message: String)?
+
+    init(path: String, allowedOrigins: Set<String>?) {
+        self.path = path
+        self.allowedOrigins = allowedOrigins
+    }
+
+    /// Why a request cannot become a Tether WebSocket, or `nil` if it can.
+    static func refusal(
+        of head: HTTPRequestHead,
+        path: String,
+        allowedOrigins: Set<String>?
+    ) -> (status: HTTPResponseStatus, message: String)? {
+        let requestPath = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        guard requestPath == path else {
+            return (.notFound, "no Tether endpoint at \(requestPath): WebSocket connections go to \(path)")
+        }
+        let upgrade = head.headers[canonicalForm: "Upgrade"].contains { $0.lowercased() == "websocket" }
+        guard head.method == .GET, upgrade else {
+            return (.upgradeRequired, "\(path) speaks Tether over WebSocket only: send a GET with 'Upgrade: websocket'")
+        }
+        if let allowedOrigins, let origin = head.headers.first(name: "Origin"), !allowedOrigins.contains(origin) {
+            return (.forbidden, "the origin \(origin) may not connect")
+        }
+        let protocols = head.headers[canonicalForm: "Sec-WebSocket-Protocol"]
+        guard protocols.contains(where: { $0.lowercased() == WebSocketBinding.subprotocol }) else {
+            return (.badRequest, "ask for the '\(WebSocketBinding.subprotocol)' subprotocol (Sec-WebSocket-Protocol)")
+        }
+        return nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch Self.unwrapInboundIn(data) {
+        case .head(let head):
+            self.refusal =
+                Self.refusal(of: head, path: self.path, allowedOrigins: self.allowedOrigins)
+                ?? (.badRequest, "invalid WebSocket upgrade (Sec-WebSocket-Key and Sec-WebSocket-Version 13 are required)")
+        case .body:
+            break
+        case .end:
+            guard let refusal = self.refusal else { return }
+            self.refusal = nil
+            var body = context.channel.allocator.buffer(capacity: refusal.message.utf8.count + 1)
+            body.writeString(refusal.message + "\n")
+            var headers = HTTPHeaders()
+            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+            headers.add(name: "Content-Length", value: "\(body.readableBytes)")
+            headers.add(name: "Connection", value: "close")
+            if refusal.status == .upgradeRequired {
+                headers.add(name: "Upgrade", value: "websocket")
+            }
+            let head = HTTPResponseHead(version: .http1_1, status: refusal.status, headers: headers)
+            context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
+            context.write(Self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+            context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+        }
+    }
+}
+
+/// The gateway's NIOSSL contexts: one offering ALPN `tether/1` (TCP), one `http/1.1` (WebSocket).
+final class ServerTLSContexts: Sendable {
+    let tether: NIOSSLContext
+    let http: NIOSSLContext
+
+    init(_ tls: GatewayConfiguration.TLS) throws(ConfigurationError) {
+        do {
+            self.tether = try NIOSSLContext(configuration: try tls.nioSSLConfiguration(alpn: ["tether/1"]))
+            self.http = try NIOSSLContext(configuration: try tls.nioSSLConfiguration(alpn: ["http/1.1"]))
+        } catch let error as ConfigurationError {
+            throw error
+        } catch {
+            throw ConfigurationError("tls: cannot set up TLS with this certificate and key: \(error)")
+        }
+    }
+}

@@ -1,0 +1,206 @@
+public import NIOCore
+public import NIOWebSocket
+import TetherCore
+
+/// Carries Tether frames as WebSocket messages: one frame per binary message (PROTOCOL.md,
+/// "Transport bindings").
+///
+/// It sits between NIOWebSocket's frame codec (and its ``NIOWebSocketFrameAggregator``, so
+/// that fragmented messages arrive whole) and a Tether connection handler in
+/// ``Framing/messages`` mode:
+/// - reads: a binary message's payload goes on as one `ByteBuffer`; a PING is answered with
+///   a PONG; a text message is refused (close 1003); a CLOSE is answered and reported as a
+///   ``TransportError`` with code ``TransportError/Code/webSocketClosed``.
+/// - writes: each `ByteBuffer` (one Tether frame) becomes one binary message, masked when
+///   this side is the client.
+/// - close: a CLOSE frame goes first, with the code that matches the last Tether frame sent:
+///   1001 after GOAWAY, 1002/1008/1009/1011/1013 after ERROR, 1000 otherwise.
+///
+/// Tether's own heartbeat stays the liveness check; WebSocket PINGs are only answered.
+public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    public typealias InboundIn = WebSocketFrame
+    public typealias InboundOut = ByteBuffer
+    public typealias OutboundIn = ByteBuffer
+    public typealias OutboundOut = WebSocketFrame
+
+    /// Which end of the WebSocket this is: clients mask what they send (RFC 6455, 5.3).
+    public enum Role: Sendable, Hashable {
+        case client
+        case server
+    }
+
+    private let role: Role
+    /// The type byte of the last Tether frame written, and the code of the last ERROR.
+    private var lastFrameType: UInt8 = 0
+    private var lastErrorCode: UInt16 = 0
+    private var closeSent = false
+    private var closeReceived = false
+
+    /// - Parameter role: Whether this end is the client (it masks its frames) or the server.
+    public init(role: Role) {
+        self.role = role
+    }
+
+    // MARK: Reads
+
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = Self.unwrapInboundIn(data)
+        if self.role == .server, frame.maskKey == nil, frame.opcode != .connectionClose {
+            // RFC 6455, 5.1: a server must close the connection on an unmasked client frame.
+            self.sendClose(code: .protocolError, reason: "client frames must be masked", context: context)
+            return
+        }
+        switch frame.opcode {
+        case .binary:
+            context.fireChannelRead(Self.wrapInboundOut(frame.unmaskedData))
+        case .ping:
+            guard !self.closeSent else { return }
+            let pong = WebSocketFrame(fin: true, opcode: .pong, maskKey: self.maskKey(), data: frame.unmaskedData)
+            context.writeAndFlush(Self.wrapOutboundOut(pong), promise: nil)
+        case .pong:
+            break
+        case .connectionClose:
+            self.received(close: frame, context: context)
+        case .text:
+            self.sendClose(code: .unacceptableData, reason: "Tether frames travel in binary messages", context: context)
+        default:
+            self.sendClose(code: .protocolError, reason: "unexpected WebSocket opcode \(frame.opcode)", context: context)
+        }
+    }
+
+    private func received(close frame: WebSocketFrame, context: ChannelHandlerContext) {
+        guard !self.closeReceived else { return }
+        self.closeReceived = true
+        var payload = frame.unmaskedData
+        let code = payload.readInteger(as: UInt16.self)
+        let reason = payload.readString(length: payload.readableBytes) ?? ""
+        if !self.closeSent {
+            // Answer with the same code (RFC 6455, 5.5.1), then close; tell the handlers above why.
+            let closeCode = code.map { WebSocketErrorCode(codeNumber: Int($0)) } ?? .normalClosure
+            context.fireErrorCaught(Self.closedError(code: code, reason: reason, byPeer: true))
+            self.closeSent = true
+            var data = context.channel.allocator.buffer(capacity: 2)
+            data.write(webSocketErrorCode: closeCode)
+            let answer = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
+            context.writeAndFlush(Self.wrapOutboundOut(answer)).whenComplete { _ in context.close(promise: nil) }
+        } else {
+            context.close(promise: nil)
+        }
+    }
+
+    /// The error reported when the peer closes the WebSocket.
+    static func closedError(code: UInt16?, reason: String, byPeer: Bool) -> TransportError {
+        let meaning = code.map { Self.describe(closeCode: $0) } ?? "no close code"
+        let reasonText = reason.isEmpty ? "" : " (\(reason))"
+        return TransportError(
+            code: .webSocketClosed,
+            message: "the peer closed the WebSocket: \(code.map(String.init) ?? "-") \(meaning)\(reasonText)",
+            webSocketCloseCode: code
+        )
+    }
+
+    /// A close code's name (RFC 6455, 7.4.1).
+    public static func describe(closeCode code: UInt16) -> String {
+        switch code {
+        case 1000: "normal closure"
+        case 1001: "going away"
+        case 1002: "protocol error"
+        case 1003: "unsupported data"
+        case 1007: "invalid payload"
+        case 1008: "policy violation"
+        case 1009: "message too big"
+        case 1011: "internal error"
+        case 1013: "try again later"
+        default: "close code \(code)"
+        }
+    }
+
+    // MARK: Writes
+
+    public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let buffer = Self.unwrapOutboundIn(data)
+        guard !self.closeSent else {
+            promise?.fail(ChannelError.outputClosed)
+            return
+        }
+        self.remember(buffer)
+        let frame = WebSocketFrame(fin: true, opcode: .binary, maskKey: self.maskKey(), data: buffer)
+        context.write(Self.wrapOutboundOut(frame), promise: promise)
+    }
+
+    public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        guard mode == .all, !self.closeSent, context.channel.isActive else {
+            context.close(mode: mode, promise: promise)
+            return
+        }
+        self.closeSent = true
+        var data = context.channel.allocator.buffer(capacity: 2)
+        data.write(webSocketErrorCode: self.closeCode())
+        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
+        // The CLOSE goes out before the TCP connection closes; waiting for the peer's answer
+        // would let a peer that never answers hold the connection.
+        context.writeAndFlush(Self.wrapOutboundOut(frame)).whenComplete { _ in
+            context.close(mode: .all, promise: promise)
+        }
+    }
+
+    private func sendClose(code: WebSocketErrorCode, reason: String, context: ChannelHandlerContext) {
+        guard !self.closeSent else { return }
+        self.closeSent = true
+        var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
+        data.write(webSocketErrorCode: code)
+        data.writeString(reason)
+        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
+        context.fireErrorCaught(
+            TransportError(
+                code: .webSocketClosed,
+                message: "closing the WebSocket: \(reason)",
+                webSocketCloseCode: UInt16(webSocketErrorCode: code)
+            )
+        )
+        context.writeAndFlush(Self.wrapOutboundOut(frame)).whenComplete { _ in context.close(promise: nil) }
+    }
+
+    /// Notes the type of the Tether frame in `buffer` (and an ERROR's code), for the close code.
+    private func remember(_ buffer: ByteBuffer) {
+        let start = buffer.readerIndex
+        guard let type = buffer.getInteger(at: start + 3, as: UInt8.self) else { return }
+        self.lastFrameType = type
+        if type == FrameType.error.rawValue, let code = buffer.getInteger(at: start + FrameHeader.size, as: UInt16.self) {
+            self.lastErrorCode = code
+        }
+    }
+
+    /// The close code for the last Tether frame sent (PROTOCOL.md, "Transport bindings").
+    private func closeCode() -> WebSocketErrorCode {
+        switch self.lastFrameType {
+        case FrameType.goAway.rawValue:
+            return .goingAway
+        case FrameType.error.rawValue:
+            switch self.lastErrorCode {
+            case 103: return .messageTooLarge
+            case 100...199: return .protocolError
+            case 3, 8, 9: return .policyViolation
+            case 7: return WebSocketErrorCode(codeNumber: 1013)
+            default: return .unexpectedServerError
+            }
+        default:
+            return .normalClosure
+        }
+    }
+
+    private func maskKey() -> WebSocketMaskingKey? {
+        self.role == .client ? .random() : nil
+    }
+}
+
+@available(*, unavailable)
+extension WebSocketMessageHandler: Sendable {}
+
+extension UInt16 {
+    init(webSocketErrorCode code: WebSocketErrorCode) {
+        var buffer = ByteBuffer()
+        buffer.write(webSocketErrorCode: code)
+        self = buffer.readInteger(as: UInt16.self) ?? 1000
+    }
+}
