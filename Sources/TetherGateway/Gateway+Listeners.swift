@@ -138,14 +138,21 @@ extension Gateway {
     /// shares its port: requests for `path` with subprotocol `tether.v1` become Tether
     /// connections of this gateway; the application's handlers serve the rest.
     ///
+    /// The application's HTTP handler must leave the pipeline when the upgrade completes (the
+    /// bytes that follow are WebSocket frames, which it cannot read), as in NIO's own examples:
+    ///
     /// ```swift
+    /// let http = NIOLoopBound(MyHTTPHandler(), eventLoop: channel.eventLoop)
     /// try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-    ///     withServerUpgrade: (upgraders: [gateway.webSocketUpgrader()], completionHandler: { _ in })
+    ///     withServerUpgrade: (
+    ///         upgraders: [gateway.webSocketUpgrader()],
+    ///         completionHandler: { context in context.pipeline.syncOperations.removeHandler(http.value, promise: nil) }
+    ///     )
     /// )
-    /// try channel.pipeline.syncOperations.addHandler(MyHTTPHandler())
+    /// try channel.pipeline.syncOperations.addHandler(http.value)
     /// ```
-    /// The application's handler stays in the pipeline after an upgrade unless it removes
-    /// itself; it sees no bytes after it, as the upgrade replaces the HTTP codec.
+    /// A request the upgrader declines (another path, no `tether.v1` subprotocol, an origin
+    /// not allowed) goes on to the application's handler as a plain HTTP request.
     /// - Parameters:
     ///   - path: The path to upgrade on.
     ///   - allowedOrigins: The `Origin` headers accepted; `nil` accepts any.

@@ -226,17 +226,34 @@ struct BackoffTests {
         }
     }
 
-    @Test("endpoints parse as tether:// URLs too; another scheme or a path is a clear error")
+    @Test("endpoints parse as URLs of the four transports; each prints back as it parses")
     func endpointURLs() throws {
         #expect(try Endpoint(parsing: "tether://gw.example.com:7700") == Endpoint(host: "gw.example.com", port: 7700))
         #expect(try Endpoint(parsing: "TETHER://[::1]:80/") == Endpoint(host: "::1", port: 80))
-        for (bad, reason) in [("ws://gw:80/tether", "scheme 'ws'"), ("tether://gw:80/path", "no path"), ("tether://gw", "host:port")] {
+        #expect(try Endpoint(parsing: "tethers://gw:7701") == Endpoint(host: "gw", port: 7701, transport: .tls))
+        #expect(try Endpoint(parsing: "ws://gw:80/tether") == Endpoint(host: "gw", port: 80, transport: .webSocket))
+        #expect(
+            try Endpoint(parsing: "wss://gw/custom/path")
+                == Endpoint(host: "gw", port: 443, transport: .secureWebSocket, path: "/custom/path")
+        )
+        #expect(try Endpoint(parsing: "ws://[::1]") == Endpoint(host: "::1", port: 80, transport: .webSocket, path: "/tether"))
+        #expect(try Endpoint(parsing: "wss://[::1]:8443/") == Endpoint(host: "::1", port: 8443, transport: .secureWebSocket))
+        #expect(Endpoint(host: "gw", port: 1, transport: .tls, path: "/ignored").path == nil, "TCP and TLS have no path")
+        for text in ["gw:7700", "tethers://gw:7701", "ws://gw:80/tether", "wss://[::1]:443/a/b"] {
+            #expect(try Endpoint(parsing: text).description == text)
+            #expect(try Endpoint(parsing: Endpoint(parsing: text).description) == Endpoint(parsing: text))
+        }
+        let bad = [
+            ("http://gw:80/tether", "scheme 'http'"), ("tether://gw:80/path", "no path"), ("tethers://gw:80/x", "no path"),
+            ("tether://gw", "host:port"), ("wss://gw:99999/", "port"), ("ws://gw:80/tether?x=1", "no query"),
+        ]
+        for (text, reason) in bad {
             do {
-                _ = try Endpoint(parsing: bad)
-                Issue.record("\(bad) must not parse")
+                _ = try Endpoint(parsing: text)
+                Issue.record("\(text) must not parse")
             } catch {
-                #expect(error.reason.contains(reason), "\(bad): \(error.reason)")
-                #expect(error.text == bad, "the error names the whole text")
+                #expect(error.reason.contains(reason), "\(text): \(error.reason)")
+                #expect(error.text == text, "the error names the whole text")
             }
         }
     }

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""A Tether peer written from PROTOCOL.md alone, over WebSocket, with the `websockets` library.
+
+Usage: websocket_peer.py URL CA_FILE ORIGIN_REFUSED
+
+URL is ws://HOST:PORT/PATH or wss://HOST:PORT/PATH; CA_FILE the PEM of the CA that signed the
+gateway's certificate (ignored for ws://); ORIGIN_REFUSED an Origin the gateway refuses.
+The gateway must route `echo` to a handler that returns the request's body.
+
+It checks, in order, and prints one JSON object per line, {"check": ..., "ok": ..., "detail": ...}:
+  upgrade     the upgrade succeeds with subprotocol tether.v1
+  handshake   a HELLO it frames itself gets a WELCOME
+  request     a REQUEST `echo` gets a RESPONSE with status 0 and the same body
+  ping        a WebSocket PING gets a PONG
+  close-code  a binary message that is not a Tether frame gets ERROR, then close code 1002
+  http-404    a GET on another path gets HTTP 404
+  http-426    a GET on the path without `Upgrade: websocket` gets HTTP 426
+  http-400    an upgrade without the tether.v1 subprotocol gets HTTP 400
+  http-403    an upgrade from the refused origin gets HTTP 403
+Only the frame header (section 2), CRC-32C (2.2), HELLO (4.1), REQUEST (4.3), RESPONSE (4.4)
+and ERROR (4.9) are implemented here, plus the WebSocket binding ("Transport bindings").
+"""
+import asyncio
+import json
+import socket
+import ssl
+import struct
+import sys
+import urllib.parse
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+MAGIC, VERSION, HEADER = b"TH", 1, 26
+HELLO, WELCOME, REQUEST, RESPONSE, ERROR = 0x01, 0x02, 0x03, 0x04, 0x0A
+CHECKSUM_FLAG = 0x0001
+
+
+def crc32c_table():
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+TABLE = crc32c_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def frame(frame_type, frame_id, body, checksum=True):
+    flags = CHECKSUM_FLAG if checksum else 0
+    head = MAGIC + struct.pack(">BBHIQI", VERSION, frame_type, flags, 0, frame_id, len(body))
+    crc = crc32c(head + body) if checksum else 0
+    return head + struct.pack(">I", crc) + body
+
+
+def parse(data):
+    if len(data) < HEADER or data[:2] != MAGIC:
+        raise ValueError("not a Tether frame: %r" % data[:8])
+    frame_type, flags = data[3], struct.unpack(">H", data[4:6])[0]
+    (frame_id,) = struct.unpack(">Q", data[10:18])
+    (length,) = struct.unpack(">I", data[18:22])
+    (checksum,) = struct.unpack(">I", data[22:26])
+    body = data[HEADER:]
+    if len(body) != length:
+        raise ValueError("length %d but %d body bytes" % (length, len(body)))
+    if flags & CHECKSUM_FLAG and crc32c(data[:22] + body) != checksum:
+        raise ValueError("checksum mismatch")
+    return frame_type, frame_id, body
+
+
+def tlv(tag, value):
+    return struct.pack(">HH", tag, len(value)) + value
+
+
+def hello_body(client_id):
+    # min version, max version, features (none), max body size, fields: client id, user agent
+    return struct.pack(">BBII", 1, 1, 0, 1 << 20) + tlv(1, client_id.encode()) + tlv(3, b"websocket_peer.py")
+
+
+def request_body(method, payload, timeout_ms=5000):
+    return struct.pack(">IH", timeout_ms, len(method)) + method.encode() + payload
+
+
+def report(check, ok, detail=""):
+    print(json.dumps({"check": check, "ok": bool(ok), "detail": str(detail)}), flush=True)
+
+
+def ssl_context(url, ca_file):
+    if not url.startswith("wss://"):
+        return None
+    context = ssl.create_default_context(cafile=ca_file)
+    return context
+
+
+async def conversation(url, context):
+    async with connect(url, subprotocols=["tether.v1"], ssl=context, open_timeout=10) as ws:
+        report("upgrade", ws.subprotocol == "tether.v1", "subprotocol=%s" % ws.subprotocol)
+        await ws.send(frame(HELLO, 0, hello_body("python-peer")))
+        frame_type, _, _ = parse(await asyncio.wait_for(ws.recv(), 10))
+        report("handshake", frame_type == WELCOME, "first frame type 0x%02x" % frame_type)
+        await ws.send(frame(REQUEST, 7, request_body("echo", b"hi from python"), checksum=False))
+        frame_type, frame_id, body = parse(await asyncio.wait_for(ws.recv(), 10))
+        status = struct.unpack(">H", body[:2])[0] if len(body) >= 2 else None
+        (message_length,) = struct.unpack(">H", body[2:4]) if len(body) >= 4 else (0,)
+        payload = body[4 + message_length:]
+        report(
+            "request",
+            frame_type == RESPONSE and frame_id == 7 and status == 0 and payload == b"hi from python",
+            "type 0x%02x id %d status %s payload %r" % (frame_type, frame_id, status, payload),
+        )
+        pong = await ws.ping(b"are you there")
+        await asyncio.wait_for(pong, 10)
+        report("ping", True, "PONG received")
+        await ws.send(b"this is not a Tether frame")
+        got_error = False
+        try:
+            while True:
+                frame_type, _, _ = parse(await asyncio.wait_for(ws.recv(), 10))
+                got_error = got_error or frame_type == ERROR
+        except ConnectionClosed as closed:
+            code = closed.rcvd.code if closed.rcvd else None
+            report("close-code", got_error and code == 1002, "ERROR frame: %s, close code %s" % (got_error, code))
+
+
+def raw_http(url, context, request_line, headers):
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname=parts.hostname)
+    lines = [request_line, "Host: %s:%d" % (parts.hostname, parts.port)] + headers + ["", ""]
+    sock.sendall("\r\n".join(lines).encode())
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    status_line = data.split(b"\r\n", 1)[0].decode(errors="replace")
+    fields = status_line.split(" ")
+    return (int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None), status_line
+
+
+async def refused_upgrade(url, context, **options):
+    try:
+        async with connect(url, ssl=context, open_timeout=10, **options):
+            return None, "upgraded"
+    except InvalidStatus as error:
+        return error.response.status_code, error.response.reason_phrase
+
+
+async def main():
+    url, ca_file, refused_origin = sys.argv[1], sys.argv[2], sys.argv[3]
+    context = ssl_context(url, ca_file)
+    try:
+        await conversation(url, context)
+    except Exception as error:  # report and go on to the HTTP checks
+        report("conversation", False, repr(error))
+    path = urllib.parse.urlsplit(url).path
+    status, line = raw_http(url, context, "GET /not-tether HTTP/1.1", ["Connection: close"])
+    report("http-404", status == 404, line)
+    status, line = raw_http(url, context, "GET %s HTTP/1.1" % path, ["Connection: close"])
+    report("http-426", status == 426, line)
+    status, reason = await refused_upgrade(url, context)
+    report("http-400", status == 400, "%s %s" % (status, reason))
+    status, reason = await refused_upgrade(url, context, subprotocols=["tether.v1"], origin=refused_origin)
+    report("http-403", status == 403, "%s %s" % (status, reason))
+
+
+asyncio.run(main())
