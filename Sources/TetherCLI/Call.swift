@@ -7,14 +7,32 @@ import Tether
 struct Call: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send one request and print the response body.",
-        discussion: "Example: tether call echo hello"
+        discussion: """
+            Examples:
+              tether call echo hello
+              tether call wss://127.0.0.1:7443/tether echo hello --ca cert.pem
+            """
     )
 
-    @Argument(help: "The method to call, e.g. echo or time.now.")
-    var method: String
+    @Argument(
+        help: ArgumentHelp(
+            "[gateway URL] method [body]: the gateway (tether://, tethers://, ws:// or wss://; --host and --port otherwise), the method to call (e.g. echo), the request body (UTF-8 text).",
+            valueName: "words"
+        )
+    )
+    var words: [String]
 
-    @Argument(help: "The request body (UTF-8 text).")
-    var body = ""
+    /// The gateway URL, method and body the positional words name.
+    private var parsed: (endpoint: String?, method: String, body: String) {
+        get throws {
+            var words = self.words[...]
+            let endpoint = words.first?.contains("://") == true ? words.popFirst() : nil
+            guard let method = words.popFirst() else { throw ValidationError("name the method to call, e.g. tether call echo hello") }
+            let body = words.popFirst() ?? ""
+            guard words.isEmpty else { throw ValidationError("too many arguments: quote a body that has spaces") }
+            return (endpoint, method, body)
+        }
+    }
 
     @OptionGroup var gateway: GatewayOptions
 
@@ -29,10 +47,11 @@ struct Call: AsyncParsableCommand {
     func run() async throws {
         try self.logging.bootstrap(default: .critical)
         let timeout = try duration(seconds: self.timeoutSeconds, option: "timeout")
-        var configuration = self.gateway.configuration(clientID: self.clientID)
+        let (endpoint, method, body) = try self.parsed
+        var configuration = try self.gateway.configuration(clientID: self.clientID, first: endpoint)
         // A one-shot call should report an unreachable gateway rather than retry until the deadline.
         configuration.reconnect.backoff.maxAttempts = 2
-        let client = try TetherClient(configuration: configuration)
+        let client = try TetherClient(configuration: configuration, transport: try self.gateway.transport())
 
         let result = await withTaskGroup(of: Result<ByteBuffer, TetherError>?.self) { group in
             group.addTask {
@@ -42,7 +61,7 @@ struct Call: AsyncParsableCommand {
             group.addTask {
                 defer { client.shutdown() }
                 do throws(TetherError) {
-                    return .success(try await client.request(self.method, body: ByteBuffer(string: self.body), timeout: timeout))
+                    return .success(try await client.request(method, body: ByteBuffer(string: body), timeout: timeout))
                 } catch {
                     return .failure(error)
                 }

@@ -21,10 +21,12 @@ struct Chat: AsyncParsableCommand {
 
     func run() async throws {
         try self.logging.bootstrap(default: .critical)
-        let client = try TetherClient(configuration: self.gateway.configuration(clientID: self.user))
+        let client = try TetherClient(configuration: self.gateway.configuration(clientID: self.user), transport: self.gateway.transport())
         let room = self.room
         let lines = standardInputLines()
-        print("* connecting to \(self.gateway.endpoint) as \(self.user); type to talk in #\(room), Ctrl-D to leave")
+        print(
+            "* connecting to \(try self.gateway.endpoints().map(\.description).joined(separator: ", ")) as \(self.user); type to talk in #\(room), Ctrl-D to leave"
+        )
 
         try await withThrowingDiscardingTaskGroup { group in
             let events = client.events

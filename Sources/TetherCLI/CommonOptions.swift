@@ -4,24 +4,89 @@ import NIOCore
 import Tether
 import TetherCore
 
-/// Where a client command connects.
+/// Where a client command connects, and how it trusts the gateway.
 struct GatewayOptions: ParsableArguments {
-    @Option(help: "The gateway's host.")
+    @Option(help: "The gateway's host (without --endpoint).")
     var host = "127.0.0.1"
 
-    @Option(help: "The gateway's port.")
+    @Option(help: "The gateway's port (without --endpoint).")
     var port = 7700
+
+    @Option(
+        name: .customLong("endpoint"),
+        help: ArgumentHelp(
+            "A gateway URL: tether://host:port, tethers://host:port (TLS), ws://host:port/path or wss://host:port/path (WebSocket). Repeat it for failover; transports may be mixed.",
+            valueName: "url"
+        )
+    )
+    var endpointURLs: [String] = []
 
     @Option(help: "The credential sent in HELLO (a JWT for a gateway started with --jwt-key; its subject must be the client id).")
     var token: String?
 
-    var endpoint: Endpoint { Endpoint(host: self.host, port: self.port) }
+    @Option(
+        name: .customLong("ca"),
+        help: ArgumentHelp("A PEM file of certificate authorities to trust besides the system's (tethers://, wss://).", valueName: "file")
+    )
+    var caFile: String?
+
+    @Option(
+        name: .customLong("pin"),
+        help: ArgumentHelp(
+            "A pin of the gateway's public key, sha256/BASE64; repeat it for rotation. A certificate matching none is refused.",
+            valueName: "pin"
+        )
+    )
+    var pins: [String] = []
+
+    @Option(name: .customLong("server-name"), help: "The name to check the gateway's certificate against, instead of the host.")
+    var serverName: String?
+
+    @Option(
+        name: .customLong("client-cert"),
+        help: ArgumentHelp("A PEM certificate chain to present to a gateway that asks for one (mutual TLS).", valueName: "file")
+    )
+    var clientCertificate: String?
+
+    @Option(name: .customLong("client-key"), help: ArgumentHelp("The private key of --client-cert (PEM).", valueName: "file"))
+    var clientKey: String?
+
+    /// The endpoints: `first` (a URL given as an argument), the --endpoint options, or else --host and --port.
+    func endpoints(first: String? = nil) throws -> [Endpoint] {
+        let texts = (first.map { [$0] } ?? []) + self.endpointURLs
+        guard !texts.isEmpty else { return [Endpoint(host: self.host, port: self.port)] }
+        return try texts.map { text in
+            do {
+                return try Endpoint(parsing: text)
+            } catch {
+                throw ValidationError("\(error)")
+            }
+        }
+    }
 
     /// The client configuration for these options.
-    func configuration(clientID: String) -> ClientConfiguration {
-        var configuration = ClientConfiguration(endpoints: [self.endpoint], clientID: clientID)
+    func configuration(clientID: String, first: String? = nil) throws -> ClientConfiguration {
+        var configuration = ClientConfiguration(endpoints: try self.endpoints(first: first), clientID: clientID)
         if let token = self.token { configuration.authentication = .token(ByteBuffer(string: token)) }
         return configuration
+    }
+
+    /// The transport, with the TLS options.
+    func transport() throws -> TCPClientTransport {
+        var tls = ClientTLSConfiguration.defaults
+        if let caFile { tls.additionalTrustRoots = [.file(caFile)] }
+        tls.pins = try self.pins.map { try CertificatePin($0) }
+        tls.serverName = self.serverName
+        switch (self.clientCertificate, self.clientKey) {
+        case (let chain?, let key?): tls.clientCertificate = (chain: .file(chain), privateKey: .file(key))
+        case (nil, nil): break
+        default: throw ValidationError("--client-cert and --client-key go together")
+        }
+        do {
+            return try TCPClientTransport(tls: tls)
+        } catch {
+            throw ValidationError(error.message)
+        }
     }
 }
 

@@ -26,9 +26,9 @@ struct ReliableClientOptions: ParsableArguments {
                 throw ValidationError("cannot open the store '\(path)': \(error)")
             }
         }
-        var configuration = self.gateway.configuration(clientID: self.clientID)
+        var configuration = try self.gateway.configuration(clientID: self.clientID)
         configuration.reliability = try .init(outbox: outbox)
-        return try TetherClient(configuration: configuration)
+        return try TetherClient(configuration: configuration, transport: self.gateway.transport())
     }
 }
 

@@ -64,6 +64,8 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("jwt-audience"), help: "With --jwt-key: an audience (aud) tokens must include.")
     var jwtAudience: String?
 
+    @OptionGroup(title: "TLS and WebSocket") var transports: TransportOptions
+
     @OptionGroup(title: "Limits on what clients may claim") var limits: LimitOptions
 
     @OptionGroup var logging: LoggingOptions
@@ -73,6 +75,7 @@ struct Serve: AsyncParsableCommand {
         Self.raiseDescriptorLimit()
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: self.host, port: self.port, reusePort: self.reusePort)
+        try self.transports.apply(to: &configuration)
         configuration.timeouts.heartbeatInterval = try duration(seconds: self.heartbeatSeconds, option: "heartbeat")
         configuration.timeouts.idle =
             try self.idleSeconds.map { try duration(seconds: $0, option: "idle-timeout") } ?? configuration.timeouts.heartbeatInterval * 3

@@ -5,3 +5,5 @@
 @_exported import struct TetherCore.EndpointParseError
 @_exported import enum TetherCore.Framing
 @_exported import struct TetherCore.StatusCode
+@_exported import enum TetherNIO.PEMSource
+@_exported import enum TetherNIO.WebSocketBinding
