@@ -69,7 +69,7 @@ struct FanOut: AsyncParsableCommand {
         let perRequest = self.perRequest
         let messages = self.messages
         let bodySize = self.body
-        let recipients = try await TetherPeer.withClient(port: port, method: "room.publish", onLoop: false) { client in
+        let recipients = try await TetherPeer.withClient(port: port, transport: .tcp, method: "room.publish", onLoop: false) { client in
             let client = (client as! TetherPeer.Client).client
             var recipients = 0
             var sent = 0

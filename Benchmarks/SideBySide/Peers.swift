@@ -42,6 +42,12 @@ enum Peer: String, CaseIterable, Sendable {
     /// each completion handler, on the client's event loop, sends the next request, as the raw
     /// floor's driver does. No Swift task per request on either side.
     case tetherCallback = "tether-callback"
+    /// ``tether`` over TLS 1.3 (`tethers://`, swift-nio-ssl on both sides).
+    case tetherTLS = "tether-tls"
+    /// ``tether`` over WebSocket (`ws://`, NIOWebSocket on both sides).
+    case tetherWebSocket = "tether-ws"
+    /// ``tether`` over WebSocket over TLS 1.3 (`wss://`).
+    case tetherSecureWebSocket = "tether-wss"
     /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
     case http = "http1"
     /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
@@ -62,8 +68,8 @@ enum Peer: String, CaseIterable, Sendable {
     func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
-        case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback:
-            try await TetherPeer.serve(port: port, reusePort: reusePort, ready: ready)
+        case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket:
+            try await TetherPeer.serve(port: port, transport: self.transport, reusePort: reusePort, ready: ready)
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
         case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
@@ -75,9 +81,10 @@ enum Peer: String, CaseIterable, Sendable {
         switch self {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
         case .tetherCallback: fatalError("the callback peer is driven by CallbackDriver.drive")
-        case .tether: try await TetherPeer.withClient(port: port, method: "echo", onLoop: false, body)
-        case .tetherInline: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: false, body)
-        case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, method: "echo.inline", onLoop: true, body)
+        case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket:
+            try await TetherPeer.withClient(port: port, transport: self.transport, method: "echo", onLoop: false, body)
+        case .tetherInline: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: false, body)
+        case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: true, body)
         case .http: try await HTTPPeer.withClient(port: port, body)
         case .grpcUnary: try await GRPCPeer.withClient(port: port, streaming: false, body)
         case .grpcStream: try await GRPCPeer.withClient(port: port, streaming: true, body)
@@ -86,12 +93,38 @@ enum Peer: String, CaseIterable, Sendable {
     }
 }
 
+extension Peer {
+    /// How a Tether peer's client reaches its gateway.
+    var transport: Endpoint.Transport {
+        switch self {
+        case .tetherTLS: .tls
+        case .tetherWebSocket: .webSocket
+        case .tetherSecureWebSocket: .secureWebSocket
+        default: .tcp
+        }
+    }
+}
+
 // MARK: - Tether
 
 enum TetherPeer {
-    static func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
+    static func serve(
+        port: Int,
+        transport: Endpoint.Transport = .tcp,
+        reusePort: Bool = false,
+        ready: @escaping @Sendable (Int) -> Void
+    ) async throws {
         var configuration = GatewayConfiguration.defaults
-        configuration.listen = .init(host: "127.0.0.1", port: port, reusePort: reusePort)
+        if transport.isSecure {
+            let files = try BenchCertificate.files()
+            configuration.tls = .init(certificateChain: .file(files.certificate), privateKey: .file(files.key))
+        }
+        if transport.isWebSocket {
+            configuration.listen = nil
+            configuration.webSocket = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
+        } else {
+            configuration.listen = .init(host: "127.0.0.1", port: port, reusePort: reusePort, tls: transport.isSecure)
+        }
         configuration.limits.maxConcurrentRequestsPerConnection = 1024
         // Every generator connects from 127.0.0.1, tens of thousands at once.
         configuration.limits.maxConnectionsPerAddress = configuration.limits.maxConnections
@@ -127,7 +160,8 @@ enum TetherPeer {
     static func run(_ gateway: Gateway, ready: @escaping @Sendable (Int) -> Void) async throws {
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { try await gateway.run() }
-            ready(try await gateway.listeningAddress.port!)
+            let address = try await gateway.configuration.webSocket != nil ? gateway.webSocketAddress : gateway.listeningAddress
+            ready(address.port!)
             try await withTaskCancellationHandler {
                 try await Task.sleep(for: .seconds(1_000_000))
             } onCancel: {
@@ -148,19 +182,27 @@ enum TetherPeer {
 
     static func withClient<R: Sendable>(
         port: Int,
+        transport: Endpoint.Transport,
         method: String,
         onLoop: Bool,
         _ body: @escaping @Sendable (any EchoClient) async throws -> R
     ) async throws -> R {
-        try await Self.withClient(port: port) { client in
+        try await Self.withClient(port: port, transport: transport) { client in
             try await body(Client(client: client, method: method, onLoop: onLoop))
         }
     }
 
     /// Runs `body` with a client connected to the gateway on `port`.
-    static func withClient<R: Sendable>(port: Int, _ body: @escaping @Sendable (TetherClient) async throws -> R) async throws -> R {
+    static func withClient<R: Sendable>(
+        port: Int,
+        transport: Endpoint.Transport = .tcp,
+        _ body: @escaping @Sendable (TetherClient) async throws -> R
+    ) async throws -> R {
+        var tls = ClientTLSConfiguration.defaults
+        if transport.isSecure { tls.trustRoots = .only(.file(try BenchCertificate.files().certificate)) }
         let client = try TetherClient(
-            configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: port)], clientID: "bench"),
+            configuration: .init(endpoints: [Endpoint(host: "127.0.0.1", port: port, transport: transport)], clientID: "bench"),
+            transport: try TCPClientTransport(tls: tls),
             logger: Peer.logger
         )
         return try await withThrowingTaskGroup(of: Void.self) { group in

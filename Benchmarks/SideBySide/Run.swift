@@ -26,6 +26,8 @@ struct Run: AsyncParsableCommand {
 
     func run() async throws {
         let executable = try ChildProcess.thisExecutable()
+        // Made here, so that each TLS server and its drivers share one certificate.
+        if self.peers.contains(where: { $0.transport.isSecure }) { _ = try BenchCertificate.files() }
         var measurements: [Measurement] = []
         for body in self.bodies {
             for peer in self.peers {

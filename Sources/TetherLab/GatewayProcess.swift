@@ -17,16 +17,32 @@ final class GatewayProcess: @unchecked Sendable {
     /// `nil`: `tether serve`'s default (three heartbeats).
     let idleTimeout: Duration?
     let logFile: String
+    /// `tether serve`'s options for the listener: `--port`, or TLS and WebSocket options.
+    let listenerArguments: [String]
     private let lock = NIOLock()
     private var process: Process?
 
-    init(executable: String, port: Int, store: String, heartbeat: Duration, idleTimeout: Duration? = nil, logFile: String) {
+    init(
+        executable: String,
+        port: Int,
+        store: String,
+        heartbeat: Duration,
+        idleTimeout: Duration? = nil,
+        logFile: String,
+        transport: Endpoint.Transport = .tcp,
+        certificate: LabCertificate? = nil
+    ) {
         self.executable = executable
         self.port = port
         self.store = store
         self.heartbeat = heartbeat
         self.idleTimeout = idleTimeout
         self.logFile = logFile
+        var listener = transport.isWebSocket ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
+        if transport.isSecure, let certificate {
+            listener += ["--tls-cert", certificate.certificate, "--tls-key", certificate.key]
+        }
+        self.listenerArguments = listener
     }
 
     /// Starts the gateway and returns once it accepts connections.
@@ -35,9 +51,8 @@ final class GatewayProcess: @unchecked Sendable {
         process.executableURL = URL(fileURLWithPath: self.executable)
         process.arguments =
             [
-                "serve", "--port", "\(self.port)", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)",
-                "--log-level", "warning",
-            ] + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
+                "serve", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)", "--log-level", "warning",
+            ] + self.listenerArguments + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
         if !FileManager.default.fileExists(atPath: self.logFile) {
             FileManager.default.createFile(atPath: self.logFile, contents: nil)
         }
@@ -89,5 +104,30 @@ final class GatewayProcess: @unchecked Sendable {
         let port = channel.localAddress!.port!
         try await channel.close()
         return port
+    }
+}
+
+/// A self-signed certificate for 127.0.0.1 made with `openssl req` for a lab run over TLS.
+struct LabCertificate: Sendable {
+    let certificate: String
+    let key: String
+
+    /// Makes the certificate and key in `directory`.
+    init(in directory: String) throws {
+        self.certificate = "\(directory)/tls-cert.pem"
+        self.key = "\(directory)/tls-key.pem"
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        openssl.arguments = [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-keyout", self.key, "-out", self.certificate, "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ]
+        openssl.standardOutput = FileHandle.nullDevice
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        guard openssl.terminationStatus == 0 else {
+            throw GatewayProcess.Failure(description: "openssl req failed: the lab needs openssl to run over TLS")
+        }
     }
 }

@@ -70,16 +70,20 @@ struct ScenarioRun: Sendable {
 
     func run() async throws -> ScenarioResult {
         let scenario = self.scenario
+        let certificate = scenario.transport.isSecure ? try LabCertificate(in: self.directory) : nil
         let gateway = GatewayProcess(
             executable: self.lab.executable,
             port: try await GatewayProcess.freePort(),
             store: "\(self.directory)/gateway.sqlite",
             heartbeat: scenario.heartbeatInterval,
-            logFile: "\(self.directory)/gateway.log"
+            logFile: "\(self.directory)/gateway.log",
+            transport: scenario.transport,
+            certificate: certificate
         )
         try await gateway.start()
         defer { gateway.kill() }
-        let upstream = Endpoint(host: "127.0.0.1", port: gateway.port)
+        let upstream = Endpoint(host: "127.0.0.1", port: gateway.port, transport: scenario.transport)
+        let transport = try TCPClientTransport(tls: .init(trustRoots: certificate.map { .only(.file($0.certificate)) } ?? .system))
         let impairment = try TCPFaultProxy.Impairment(latency: scenario.latency, jitter: scenario.jitter)
 
         // Each client's link is a proxy: it counts bytes, adds delay, and can go silent.
@@ -89,7 +93,7 @@ struct ScenarioRun: Sendable {
         for link in ["alice", "bob", "carol"] + (observersDirect || scenario.observers == 0 ? [] : ["observers"]) {
             let proxy = TCPFaultProxy(upstream: upstream)
             proxy.impairment = impairment
-            endpoints[link] = Endpoint(host: "127.0.0.1", port: try await proxy.start().port!)
+            endpoints[link] = Endpoint(host: "127.0.0.1", port: try await proxy.start().port!, transport: scenario.transport)
             proxies[link] = proxy
         }
         endpoints["observers"] = endpoints["observers"] ?? upstream
@@ -98,12 +102,17 @@ struct ScenarioRun: Sendable {
         if scenario.loss > 0 { try self.lab.packetFilter?.drop(probability: scenario.loss, ports: clientPorts) }
 
         let path = ManualNetworkPathMonitor()
-        let alice = try self.client("alice", endpoint: endpoints["alice"]!, path: path, outbox: "alice")
-        let bob = try self.client("bob", endpoint: endpoints["bob"]!, path: path, outbox: "bob")
-        let carol = try self.client("carol", endpoint: endpoints["carol"]!, path: path, outbox: nil)
+        let alice = try self.client("alice", endpoint: endpoints["alice"]!, path: path, outbox: "alice", transport: transport)
+        let bob = try self.client("bob", endpoint: endpoints["bob"]!, path: path, outbox: "bob", transport: transport)
+        let carol = try self.client("carol", endpoint: endpoints["carol"]!, path: path, outbox: nil, transport: transport)
         var clients: [(String, TetherClient)] = [("alice", alice), ("bob", bob), ("carol", carol)]
         for index in 0..<scenario.observers {
-            clients.append(("o\(index)", try self.client("o\(index)", endpoint: endpoints["observers"]!, path: path, outbox: nil)))
+            clients.append(
+                (
+                    "o\(index)",
+                    try self.client("o\(index)", endpoint: endpoints["observers"]!, path: path, outbox: nil, transport: transport)
+                )
+            )
         }
         self.say(
             "gateway on \(gateway.port), \(clients.count) clients"
@@ -185,7 +194,13 @@ struct ScenarioRun: Sendable {
         return result
     }
 
-    private func client(_ name: String, endpoint: Endpoint, path: ManualNetworkPathMonitor, outbox: String?) throws -> TetherClient {
+    private func client(
+        _ name: String,
+        endpoint: Endpoint,
+        path: ManualNetworkPathMonitor,
+        outbox: String?,
+        transport: TCPClientTransport
+    ) throws -> TetherClient {
         // The defaults a user gets, plus the device's network path.
         var configuration = ClientConfiguration(endpoints: [endpoint], clientID: name)
         configuration.pathMonitor = path
@@ -194,7 +209,7 @@ struct ScenarioRun: Sendable {
         }
         var logger = Logger(label: "tether.lab.\(name)")
         logger.logLevel = .critical
-        return try TetherClient(configuration: configuration, logger: logger)
+        return try TetherClient(configuration: configuration, transport: transport, logger: logger)
     }
 
     private func send(_ alice: TetherClient, backlog: Bool) async throws {

@@ -62,6 +62,18 @@ public struct Scenario: Sendable, Hashable {
     public var heartbeatInterval: Duration
     /// The NAT-timeout experiment instead of the usual traffic, if set.
     public var nat: NATSetup?
+    /// How the clients reach the gateway: TCP, or WebSocket over TLS (`wss://`) for the
+    /// scenarios named `…-wss`.
+    public var transport: Endpoint.Transport = .tcp
+
+    /// The same scenario over another transport, named `NAME-SCHEME` (`loss-30-wss`).
+    public func over(_ transport: Endpoint.Transport) -> Scenario {
+        var scenario = self
+        scenario.name = "\(self.name)-\(transport.scheme)"
+        scenario.summary = "\(self.summary), over \(transport.scheme)://"
+        scenario.transport = transport
+        return scenario
+    }
 
     public init(
         name: String,
@@ -192,6 +204,11 @@ public struct Scenario: Sendable, Hashable {
     }
 
     private static var quickCatalog: [Scenario] {
+        let catalog = Self.quickTCPCatalog
+        return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
+    }
+
+    private static var quickTCPCatalog: [Scenario] {
         [
             Scenario(name: "clean", summary: "loopback, no impairment", steadyDuration: .seconds(3), backlog: 300, observers: 5),
             Scenario(name: "loss-30", summary: "30 % packet loss each way", loss: 0.3, steadyDuration: .seconds(4), backlog: 1000),

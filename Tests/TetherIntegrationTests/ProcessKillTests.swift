@@ -81,12 +81,23 @@ extension IntegrationTests {
             }
         }
 
-        @Test("the gateway process is killed and restarted mid-stream, twice: nothing accepted is lost or doubled")
-        func gatewayKilled() async throws {
+        @Test(
+            "the gateway process is killed and restarted mid-stream, twice: nothing accepted is lost or doubled",
+            arguments: Endpoint.Transport.allCases
+        )
+        func gatewayKilled(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
                 let port = try await freePort()
-                let endpoint = Endpoint(host: "127.0.0.1", port: port)
-                let serve = ["serve", "--port", "\(port)", "--store", temporaryFile("killed-gateway", in: harness)]
+                let endpoint = Endpoint(host: "127.0.0.1", port: port, transport: transport)
+                var serve = ["serve", "--store", temporaryFile("killed-gateway", in: harness)]
+                serve += transport.isWebSocket ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
+                if transport.isSecure {
+                    let certificates = TestCertificates.shared
+                    serve += [
+                        "--tls-cert", try TestCertificates.write(certificates.server.certificatePEM, name: "server.pem"),
+                        "--tls-key", try TestCertificates.write(certificates.server.keyPEM, name: "server-key.pem"),
+                    ]
+                }
                 var gateway = try ChildProcess(serve, in: harness)
                 func reliableClient(_ id: String) throws -> TetherClient {
                     try harness.client([endpoint], clientID: id) { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }

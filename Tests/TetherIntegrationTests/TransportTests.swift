@@ -9,6 +9,7 @@ import TetherCore
 import TetherGateway
 import TetherNIO
 import TetherTestSupport
+import TetherTesting
 import X509
 
 extension IntegrationTests {
@@ -236,6 +237,77 @@ extension IntegrationTests {
                 let health = try await httpGet(port: port, path: "/health")
                 #expect(health.hasPrefix("HTTP/1.1 200"), "\(health)")
                 #expect(health.hasSuffix("ok"), "\(health)")
+            }
+        }
+
+        @Test(
+            "reliable delivery through connections cut and blackholed at random points: each message processed once, delivered once, in order",
+            arguments: Endpoint.Transport.allCases
+        )
+        func reliableChaos(over transport: Endpoint.Transport) async throws {
+            let seed = IntegrationTests.DeliveryFaultTests.seed
+            var generator = SplitMix64(seed: seed ^ UInt64(transport.scheme.utf8.count))
+            let total = 2_000
+            let texts = (1...total).map { "m-\($0)" }
+            try await withHarness { harness in
+                var chatHandler: NIOLockedValueBox<[String]>?
+                let (_, endpoint) = try await harness.gateway(
+                    transport: transport,
+                    messageStore: InMemoryMessageStore(),
+                    configure: { $0.timeouts.heartbeatInterval = .milliseconds(300) },
+                    routes: { chatHandler = harness.installChatHandler(on: $0) }
+                )
+                let processed = try #require(chatHandler)
+                let proxy = TCPFaultProxy(upstream: endpoint)
+                let proxyPort = try await proxy.start().port!
+                harness.onExit { proxy.cutAll() }
+                let proxied = Endpoint(host: "127.0.0.1", port: proxyPort, transport: transport)
+                func reliableClient(_ id: String) throws -> TetherClient {
+                    try harness.client([proxied], clientID: id) {
+                        $0.reliability = try! .init(outbox: InMemoryOutboxStore())
+                        $0.heartbeat.timeout = .milliseconds(600)
+                    }
+                }
+                let alice = try reliableClient("alice")
+                let bob = try reliableClient("bob")
+                let inbox = DeliveryCollector(bob, in: harness)
+                let sender = Task {
+                    var receipts: [MessageReceipt] = []
+                    for text in texts {
+                        receipts.append(try await alice.send("chat.send", body: ByteBuffer(string: text), conversation: "bob"))
+                    }
+                    return receipts
+                }
+                let thresholds = (0..<8).map { _ in Int.random(in: 50..<total - 50, using: &generator) }.sorted()
+                for (index, threshold) in thresholds.enumerated() {
+                    try await eventually("the gateway processed \(threshold)", timeout: .seconds(60)) {
+                        processed.withLockedValue { $0.count } >= threshold
+                    }
+                    if index % 3 == 2 {
+                        // A silent link: bytes vanish both ways until the heartbeat gives up.
+                        proxy.mode = .blackhole
+                        try await Task.sleep(for: .milliseconds(Int.random(in: 50...300, using: &generator)))
+                        proxy.mode = .forward
+                    }
+                    proxy.cutAll()
+                }
+                let receipts = try await sender.value
+                if let failure = await firstUnacknowledged(receipts, of: alice) {
+                    Issue.record(Comment(rawValue: "seed \(seed): \(failure)"))
+                    return
+                }
+                try await eventually("bob has every message", timeout: .seconds(60)) { inbox.count >= total }
+                try await Task.sleep(for: .milliseconds(100))  // time for a duplicate to show up
+                let handled = processed.withLockedValue { $0 }
+                #expect(handled.count == total, "the handler ran once per message (seed \(seed))")
+                #expect(firstDifference(handled, texts) == nil, "in the order of the sends")
+                #expect(inbox.count == total)
+                #expect(firstDifference(inbox.bodies, texts) == nil, "bob's app got each message once, in order")
+                #expect(inbox.violations.isEmpty)
+                #expect(
+                    proxy.acceptedConnections >= thresholds.count + 2,
+                    "the cuts cut connections (\(proxy.acceptedConnections) accepted)"
+                )
             }
         }
 

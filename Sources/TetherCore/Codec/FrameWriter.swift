@@ -6,7 +6,10 @@ public import NIOCore
 /// With ``Framing/byteStream``, the frames written between two flushes are joined into one
 /// buffer (one allocation and one `iovec` per flush, not per frame); a buffer that grows past
 /// ``maxJoinedBytes`` is handed out at once, so that the channel's writability follows what was
-/// written. With ``Framing/messages``, each frame is a buffer of its own.
+/// written. With ``Framing/messages``, each frame is a buffer of its own, with
+/// ``messageHeadroom`` bytes free in front of it: there a WebSocket encoder writes its own
+/// header (and masks in place), rather than allocating a header buffer and a second `iovec`
+/// per message.
 ///
 /// ```swift
 /// var writer = FrameWriter(framing: .byteStream)
@@ -16,6 +19,9 @@ public import NIOCore
 public struct FrameWriter: Sendable {
     /// How many encoded bytes are joined before they are handed out without waiting for a flush.
     public static let maxJoinedBytes = 64 * 1024
+    /// The bytes left free in front of each frame with ``Framing/messages``: the largest
+    /// WebSocket frame header (2 bytes, an 8-byte length, a 4-byte masking key).
+    public static let messageHeadroom = 14
 
     /// How the transport takes frames.
     public let framing: Framing
@@ -43,7 +49,11 @@ public struct FrameWriter: Sendable {
     public mutating func append(_ frame: Frame) throws(FrameEncodingError) -> ByteBuffer? {
         switch self.framing {
         case .messages:
-            return try self.encoder.encode(frame, allocator: self.allocator)
+            var buffer = self.allocator.buffer(capacity: Self.messageHeadroom + FrameHeader.size + 64)
+            buffer.moveWriterIndex(forwardBy: Self.messageHeadroom)
+            buffer.moveReaderIndex(forwardBy: Self.messageHeadroom)
+            try self.encoder.encode(frame, into: &buffer)
+            return buffer
         case .byteStream:
             if self.joined.readableBytes == 0 {
                 // A new batch: a buffer of its own, big enough for a few small frames.

@@ -1,3 +1,4 @@
+import Crypto
 public import NIOCore
 public import NIOWebSocket
 import TetherCore
@@ -30,6 +31,8 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     }
 
     private let role: Role
+    /// Where a client's masking keys come from.
+    private var maskingKeys = MaskingKeys()
     /// The type byte of the last Tether frame written, and the code of the last ERROR.
     private var lastFrameType: UInt8 = 0
     private var lastErrorCode: UInt16 = 0
@@ -190,7 +193,27 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     }
 
     private func maskKey() -> WebSocketMaskingKey? {
-        self.role == .client ? .random() : nil
+        self.role == .client ? self.maskingKeys.next() : nil
+    }
+}
+
+/// Masking keys from a strong random source (RFC 6455, 5.3), drawn 1 KiB at a time:
+/// `WebSocketMaskingKey.random()` costs a `getrandom` system call per message on Linux.
+struct MaskingKeys {
+    private var pool: [UInt8] = []
+    private var index = 0
+
+    mutating func next() -> WebSocketMaskingKey {
+        if self.index + 4 > self.pool.count { self.refill() }
+        defer { self.index += 4 }
+        return WebSocketMaskingKey(self.pool[self.index..<self.index + 4])!
+    }
+
+    private mutating func refill() {
+        // A key of swift-crypto is 1 KiB from the platform's CSPRNG (BoringSSL's RAND_bytes
+        // on Linux), in one call.
+        self.pool = SymmetricKey(size: SymmetricKeySize(bitCount: 8192)).withUnsafeBytes { Array($0) }
+        self.index = 0
     }
 }
 

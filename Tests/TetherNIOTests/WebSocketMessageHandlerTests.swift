@@ -1,0 +1,126 @@
+import NIOCore
+import NIOEmbedded
+import NIOWebSocket
+import Testing
+import TetherCore
+import TetherNIO
+
+/// Catches the errors a handler fires, as the Tether handler above it would.
+private final class ErrorCatcher: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    var errors: [any Error] = []
+    var reads: [ByteBuffer] = []
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) { self.reads.append(Self.unwrapInboundIn(data)) }
+    func errorCaught(context: ChannelHandlerContext, error: any Error) { self.errors.append(error) }
+}
+
+@Suite("WebSocket message handler")
+struct WebSocketMessageHandlerTests {
+    private func channel(_ role: WebSocketMessageHandler.Role) throws -> (EmbeddedChannel, ErrorCatcher) {
+        let channel = EmbeddedChannel()
+        let catcher = ErrorCatcher()
+        try channel.pipeline.syncOperations.addHandler(WebSocketMessageHandler(role: role))
+        try channel.pipeline.syncOperations.addHandler(catcher)
+        try channel.connect(to: .init(ipAddress: "127.0.0.1", port: 1)).wait()
+        return (channel, catcher)
+    }
+
+    private func encoded(_ payload: Frame.Payload) throws -> ByteBuffer {
+        var buffer = ByteBuffer()
+        try FrameEncoder().encode(Frame(payload), into: &buffer)
+        return buffer
+    }
+
+    /// A frame as NIOWebSocket's decoder delivers it: with a masking key, its data is masked.
+    private func frame(_ opcode: WebSocketOpcode, _ data: ByteBuffer, masked: Bool) -> WebSocketFrame {
+        guard masked else { return WebSocketFrame(fin: true, opcode: opcode, data: data) }
+        let key = WebSocketMaskingKey.random()
+        var maskedData = data
+        maskedData.webSocketMask(key)
+        return WebSocketFrame(fin: true, opcode: opcode, maskKey: key, data: maskedData)
+    }
+
+    /// The close code of a frame the handler wrote (written frames hold plain data: the
+    /// encoder masks them).
+    private func closeCode(of frame: WebSocketFrame?) -> UInt16? {
+        guard let frame, frame.opcode == .connectionClose else { return nil }
+        var data = frame.data
+        return data.readInteger(as: UInt16.self)
+    }
+
+    @Test("a binary message goes up as one frame's bytes; a Tether frame written goes out as one binary message, masked by the client only")
+    func binaryBothWays() throws {
+        for role in [WebSocketMessageHandler.Role.client, .server] {
+            let (channel, catcher) = try self.channel(role)
+            let ping = try self.encoded(.ping(.init(id: 7)))
+            try channel.writeInbound(self.frame(.binary, ping, masked: role == .server))
+            #expect(catcher.reads == [ping])
+            try channel.writeOutbound(ping)
+            let sent = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+            #expect(sent.opcode == .binary && sent.fin)
+            #expect((sent.maskKey != nil) == (role == .client))
+            #expect(sent.data == ping, "written frames hold plain data; NIOWebSocket's encoder masks them")
+        }
+    }
+
+    @Test("a PING is answered with a PONG carrying its data")
+    func pingAnswered() throws {
+        let (channel, _) = try self.channel(.server)
+        try channel.writeInbound(self.frame(.ping, ByteBuffer(string: "hello?"), masked: true))
+        let pong = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+        #expect(pong.opcode == .pong && pong.data == ByteBuffer(string: "hello?"))
+    }
+
+    @Test("a text message is refused with close 1003; an unmasked client frame with 1002; both are reported")
+    func refusals() throws {
+        let (text, textCatcher) = try self.channel(.client)
+        try text.writeInbound(self.frame(.text, ByteBuffer(string: "{}"), masked: false))
+        #expect(self.closeCode(of: try text.readOutbound(as: WebSocketFrame.self)) == 1003)
+        #expect((textCatcher.errors.first as? TransportError)?.code == .webSocketClosed)
+        #expect(!text.isActive)
+
+        let (unmasked, _) = try self.channel(.server)
+        try unmasked.writeInbound(self.frame(.binary, try self.encoded(.ping(.init(id: 1))), masked: false))
+        #expect(self.closeCode(of: try unmasked.readOutbound(as: WebSocketFrame.self)) == 1002)
+        #expect(!unmasked.isActive)
+    }
+
+    @Test(
+        "closing sends the close code of the last Tether frame: 1001 after GOAWAY, 1009 after ERROR frame too large, 1002 after another protocol error, 1000 otherwise"
+    )
+    func closeCodes() throws {
+        let goAway = Frame.Payload.goAway(.init(reason: .shutdown, retryAfter: .zero, alternateEndpoint: nil, message: "bye"))
+        let cases: [(Frame.Payload?, UInt16)] = [
+            (goAway, 1001),
+            (.error(.init(code: .frameTooLarge, message: "big")), 1009),
+            (.error(.init(code: .protocolError, message: "bad")), 1002),
+            (.error(.init(code: .unauthenticated, message: "who?")), 1008),
+            (.ping(.init(id: 3)), 1000),
+            (nil, 1000),
+        ]
+        for (last, code) in cases {
+            let (channel, _) = try self.channel(.server)
+            if let last {
+                try channel.writeOutbound(try self.encoded(last))
+                _ = try channel.readOutbound(as: WebSocketFrame.self)
+            }
+            channel.close(promise: nil)
+            #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == code, "after \(String(describing: last))")
+            #expect(!channel.isActive)
+        }
+    }
+
+    @Test("a close from the peer is answered with its code and reported as webSocketClosed with that code")
+    func peerCloses() throws {
+        let (channel, catcher) = try self.channel(.client)
+        var data = ByteBuffer()
+        data.writeInteger(UInt16(1001))
+        data.writeString("restarting")
+        try channel.writeInbound(self.frame(.connectionClose, data, masked: false))
+        #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == 1001)
+        let error = try #require(catcher.errors.first as? TransportError)
+        #expect(error.code == .webSocketClosed && error.webSocketCloseCode == 1001)
+        #expect(error.message.contains("going away") && error.message.contains("restarting"))
+        #expect(!channel.isActive)
+    }
+}
