@@ -153,21 +153,22 @@ public enum LabReport {
         var checks: [String] = []
         func check(_ met: Bool, _ text: String) { checks.append((met ? "✅ " : "❌ ") + text) }
         func result(_ name: String) -> ScenarioResult? { results.first { $0.name == name && $0.skipped == nil } }
-        for name in ["loss-30", "loss-50"] {
+        for name in ["loss-30", "loss-50", "loss-30-wss"] {
             guard let result = result(name), let delivery = result.delivery else { continue }
             check(
                 delivery.eventually == delivery.accepted && delivery.duplicates == 0 && delivery.orderViolations == 0,
                 "\(name): \(delivery.eventually) of \(delivery.accepted) delivered eventually, \(delivery.duplicates) duplicates, \(delivery.orderViolations) order violations"
             )
         }
-        if let backlog = result("loss-30")?.backlog {
+        for name in ["loss-30", "loss-30-wss"] {
+            guard let backlog = result(name)?.backlog else { continue }
             let drain = backlog.drainSeconds
             check(
                 (drain ?? .infinity) <= 10,
-                "loss-30: \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 10 s)"
+                "\(name): \(backlog.messages)-message backlog drained in \(drain.map { Self.number($0, 1) + " s" } ?? "—") (target ≤ 10 s)"
             )
             if let p99 = backlog.latency?.p99 {
-                check(p99 <= 5000, "loss-30: backlog p99 latency \(Self.number(p99, 0)) ms (target ≤ 5,000 ms)")
+                check(p99 <= 5000, "\(name): backlog p99 latency \(Self.number(p99, 0)) ms (target ≤ 5,000 ms)")
             }
         }
         if let backlog = result("loss-50")?.backlog {
@@ -185,21 +186,22 @@ public enum LabReport {
                 )
             }
         }
-        if let blackhole = result("blackhole"), let reconnection = blackhole.reconnection {
+        for name in ["blackhole", "blackhole-wss"] {
+            guard let blackhole = result(name), let reconnection = blackhole.reconnection else { continue }
             if let restored = reconnection.restoredToConnected {
                 check(
                     restored.p95 <= 2,
-                    "blackhole lifted (no signal): restored → connected p95 \(Self.number(restored.p95, 2)) s (target ≤ 2 s)"
+                    "\(name) lifted (no signal): restored → connected p95 \(Self.number(restored.p95, 2)) s (target ≤ 2 s)"
                 )
             }
             if let detection = reconnection.detection {
                 check(
                     detection.max <= 16,
-                    "blackhole detected after at most \(Self.number(detection.max, 1)) s (target: heartbeat interval 10 s + timeout 5 s + 1 s = 16 s)"
+                    "\(name) detected after at most \(Self.number(detection.max, 1)) s (target: heartbeat interval 10 s + timeout 5 s + 1 s = 16 s)"
                 )
             }
             if let probe = blackhole.ttlProbe {
-                check(probe == "expired", "a message that missed its TTL in the blackhole ended as \(probe)")
+                check(probe == "expired", "\(name): a message that missed its TTL in the blackhole ended as \(probe)")
             }
         }
         if let nat = result("nat")?.natTimeout {

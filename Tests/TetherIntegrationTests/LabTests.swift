@@ -55,25 +55,27 @@ extension IntegrationTests {
         }
 
         @Test(
-            "30 % packet loss and a blackhole without signal (real dropped packets)",
+            "30 % packet loss and a blackhole without signal (real dropped packets), over TCP and over WSS",
             .enabled(if: Self.packetFilterUnavailable == nil, "skipped: \(Self.packetFilterUnavailable ?? "")")
         )
         func withPacketLoss() async throws {
-            try await withHarness { harness in
-                let results = try await Self.run(["loss-30", "blackhole"], in: harness)
-                try Self.expectEverythingDelivered(results["loss-30"])
-                #expect(results["loss-30"]?.backlog?.drainSeconds != nil, "the 1,000-message backlog drained")
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                let results = try await Self.run(["loss-30", "blackhole", "loss-30-wss", "blackhole-wss"], in: harness)
+                for suffix in ["", "-wss"] {
+                    try Self.expectEverythingDelivered(results["loss-30" + suffix])
+                    #expect(results["loss-30" + suffix]?.backlog?.drainSeconds != nil, "the 1,000-message backlog drained")
 
-                try Self.expectEverythingDelivered(results["blackhole"])
-                let blackhole = try #require(results["blackhole"])
-                let reconnection = try #require(blackhole.reconnection)
-                #expect(!reconnection.signalled)
-                #expect(reconnection.neverReconnected == 0)
-                // Detected by the heartbeat: 2 s interval + at most 5 s timeout, plus a second.
-                let detection = try #require(reconnection.detection)
-                #expect(detection.count >= 10)
-                #expect(detection.max <= 8, "a blackholed link was detected only after \(detection.max) s")
-                #expect(blackhole.ttlProbe == "expired", "a message that missed its TTL fails visibly")
+                    try Self.expectEverythingDelivered(results["blackhole" + suffix])
+                    let blackhole = try #require(results["blackhole" + suffix])
+                    let reconnection = try #require(blackhole.reconnection)
+                    #expect(!reconnection.signalled)
+                    #expect(reconnection.neverReconnected == 0)
+                    // Detected by the heartbeat: 2 s interval + at most 5 s timeout, plus a second.
+                    let detection = try #require(reconnection.detection)
+                    #expect(detection.count >= 10)
+                    #expect(detection.max <= 8, "a blackholed link was detected only after \(detection.max) s (\(blackhole.name))")
+                    #expect(blackhole.ttlProbe == "expired", "a message that missed its TTL fails visibly")
+                }
             }
         }
     }
