@@ -130,6 +130,11 @@ public struct Scenario: Sendable, Hashable {
     }
 
     private static var fullCatalog: [Scenario] {
+        let catalog = Self.fullTCPCatalog
+        return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
+    }
+
+    private static var fullTCPCatalog: [Scenario] {
         [
             Scenario(name: "clean", summary: "loopback, no impairment", backlog: 1000, observers: 20),
             Scenario(name: "loss-10", summary: "10 % packet loss each way", loss: 0.1, backlog: 1000),
