@@ -1,3 +1,4 @@
+import Atomics
 import Foundation
 public import NIOCore
 public import NIOHTTP1
@@ -117,11 +118,34 @@ extension Gateway {
     /// anything else with an HTTP error, and closes connections that have not upgraded within
     /// `timeout`.
     private func configureWebSocketUpgrade(_ channel: any Channel, settings: GatewayConfiguration.WebSocket, timeout: TimeAmount) throws {
+        // Connections that have not upgraded yet are not Tether connections, so the admission
+        // limits do not see them: cap them here, at the limit of unauthenticated connections.
+        let limit = self.configuration.limits.maxUnauthenticatedConnections
+        guard self.pendingUpgrades.loadThenWrappingIncrement(ordering: .relaxed) < limit else {
+            self.pendingUpgrades.wrappingDecrement(ordering: .relaxed)
+            self.refusalLog.log(
+                self.logger,
+                .warning,
+                "refusing WebSocket connections",
+                metadata: ["reason": "\(limit) connections are waiting to upgrade"]
+            )
+            channel.close(promise: nil)
+            return
+        }
+        let pendingUpgrades = self.pendingUpgrades
+        let settled = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        @Sendable func leave() {
+            guard !settled.value else { return }
+            settled.value = true
+            pendingUpgrades.wrappingDecrement(ordering: .relaxed)
+        }
+        channel.closeFuture.whenComplete { _ in leave() }
         let upgraded = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
         let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
         let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
         let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
             upgraded.value = true
+            leave()
             channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
         }
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(

@@ -74,6 +74,8 @@ public final class Gateway: Service, Sendable {
     let outboxLanes = OutboxLanes()
     let registry: ConnectionRegistry
     let connectionIDs = ManagedAtomic<UInt64>(1)
+    /// Connections of the WebSocket listener that have not upgraded yet.
+    let pendingUpgrades = ManagedAtomic<Int>(0)
     let lifecycle = NIOLockedValueBox(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
     let activity = ActivityTracker()

@@ -304,13 +304,18 @@ func testClientTransport(configure: (inout ClientTLSConfiguration) -> Void = { _
     return try TCPClientTransport(tls: tls)
 }
 
+extension GatewayConfiguration.TLS {
+    /// A gateway identity made of a test certificate and its key.
+    init(serving identity: TestCertificates.Identity) {
+        self.init(certificateChain: .text(identity.certificatePEM), privateKey: .text(identity.keyPEM))
+    }
+}
+
 extension GatewayConfiguration {
     /// Listens on 127.0.0.1 over `transport` only, with the test certificate for TLS.
     mutating func configureListener(_ transport: Endpoint.Transport, port: Int = 0) {
         let certificates = TestCertificates.shared
-        if transport.isSecure {
-            self.tls = .init(certificateChain: .text(certificates.server.certificatePEM), privateKey: .text(certificates.server.keyPEM))
-        }
+        if transport.isSecure { self.tls = .init(serving: certificates.server) }
         switch transport {
         case .tcp, .tls:
             self.listen = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)

@@ -67,12 +67,7 @@ extension IntegrationTests {
                 // A gateway whose certificate comes from a CA the client does not trust.
                 let (_, impostorEndpoint) = try await harness.gateway(
                     transport: .tls,
-                    configure: {
-                        $0.tls = .init(
-                            certificateChain: .text(Self.certificates.impostor.certificatePEM),
-                            privateKey: .text(Self.certificates.impostor.keyPEM)
-                        )
-                    },
+                    configure: { $0.tls = .init(serving: Self.certificates.impostor) },
                     routes: Self.echo
                 )
                 let fooled = try harness.client([impostorEndpoint], clientID: "fooled")
@@ -84,12 +79,7 @@ extension IntegrationTests {
                 // connecting to 127.0.0.1, accepted with the server name overridden to it.
                 let (_, endpoint) = try await harness.gateway(
                     transport: .tls,
-                    configure: {
-                        $0.tls = .init(
-                            certificateChain: .text(Self.certificates.client.certificatePEM),
-                            privateKey: .text(Self.certificates.client.keyPEM)
-                        )
-                    },
+                    configure: { $0.tls = .init(serving: Self.certificates.client) },
                     routes: Self.echo
                 )
                 let misnamed = try harness.client([endpoint], clientID: "misnamed")
@@ -308,6 +298,38 @@ extension IntegrationTests {
                     proxy.acceptedConnections >= thresholds.count + 2,
                     "the cuts cut connections (\(proxy.acceptedConnections) accepted)"
                 )
+            }
+        }
+
+        @Test("connections to the WebSocket listener that never upgrade are capped and closed at the handshake timeout")
+        func idleUpgradesCapped() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    transport: .webSocket,
+                    configure: {
+                        $0.limits.maxUnauthenticatedConnections = 5
+                        $0.timeouts.handshake = .seconds(1)
+                    },
+                    routes: Self.echo
+                )
+                let closed = NIOLockedValueBox(0)
+                var idle: [any Channel] = []
+                for _ in 0..<8 {
+                    let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                        .connect(host: "127.0.0.1", port: endpoint.port).get()
+                    channel.closeFuture.whenComplete { _ in closed.withLockedValue { $0 += 1 } }
+                    idle.append(channel)
+                }
+                try await eventually("the 3 beyond the cap are closed at once", timeout: .milliseconds(800)) {
+                    closed.withLockedValue { $0 } >= 3
+                }
+                #expect(closed.withLockedValue { $0 } == 3, "the 5 within the cap wait for their upgrade")
+                try await eventually("the others are closed at the handshake timeout", timeout: .seconds(5)) {
+                    closed.withLockedValue { $0 } == 8
+                }
+                let client = try harness.client([endpoint])
+                #expect(try await client.request("echo", body: ByteBuffer(string: "room again")).string == "room again")
+                for channel in idle { channel.close(promise: nil) }
             }
         }
 

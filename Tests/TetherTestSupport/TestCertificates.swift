@@ -67,28 +67,41 @@ public struct TestCertificates: Sendable {
     private static func authority(named name: String) throws -> Identity {
         let key = P256.Signing.PrivateKey()
         let subject = try DistinguishedName { CommonName(name) }
-        let now = Date()
-        let certificate = try Certificate(
-            version: .v3,
-            serialNumber: Certificate.SerialNumber(),
-            publicKey: Certificate.PublicKey(key.publicKey),
-            notValidBefore: now - 3600,
-            notValidAfter: now + 86400 * 30,
-            issuer: subject,
-            subject: subject,
-            signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
-                Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-            },
-            issuerPrivateKey: Certificate.PrivateKey(key)
-        )
-        return try Self.identity(certificate, key)
+        let extensions = try Certificate.Extensions {
+            Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+            Critical(KeyUsage(keyCertSign: true, cRLSign: true))
+        }
+        return try Self.issue(key: key, subject: subject, extensions: extensions, issuer: subject, issuerKey: key)
     }
 
     private static func leaf(commonName: String, issuer: Identity, serverNames: Bool) throws -> Identity {
-        let key = P256.Signing.PrivateKey()
-        let issuerKey = try P256.Signing.PrivateKey(pemRepresentation: issuer.keyPEM)
+        let extensions = try Certificate.Extensions {
+            Critical(BasicConstraints.notCertificateAuthority)
+            Critical(KeyUsage(digitalSignature: true))
+            try ExtendedKeyUsage([.serverAuth, .clientAuth])
+            if serverNames {
+                SubjectAlternativeNames([.dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1]))])
+            } else {
+                SubjectAlternativeNames([.dnsName(commonName)])
+            }
+        }
+        return try Self.issue(
+            key: P256.Signing.PrivateKey(),
+            subject: try DistinguishedName { CommonName(commonName) },
+            extensions: extensions,
+            issuer: issuer.certificate.subject,
+            issuerKey: try P256.Signing.PrivateKey(pemRepresentation: issuer.keyPEM)
+        )
+    }
+
+    /// A certificate for `key`, valid from an hour ago for 30 days, signed by `issuerKey`.
+    private static func issue(
+        key: P256.Signing.PrivateKey,
+        subject: DistinguishedName,
+        extensions: Certificate.Extensions,
+        issuer: DistinguishedName,
+        issuerKey: P256.Signing.PrivateKey
+    ) throws -> Identity {
         let now = Date()
         let certificate = try Certificate(
             version: .v3,
@@ -96,19 +109,10 @@ public struct TestCertificates: Sendable {
             publicKey: Certificate.PublicKey(key.publicKey),
             notValidBefore: now - 3600,
             notValidAfter: now + 86400 * 30,
-            issuer: issuer.certificate.subject,
-            subject: try DistinguishedName { CommonName(commonName) },
+            issuer: issuer,
+            subject: subject,
             signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.notCertificateAuthority)
-                Critical(KeyUsage(digitalSignature: true))
-                try ExtendedKeyUsage([.serverAuth, .clientAuth])
-                if serverNames {
-                    SubjectAlternativeNames([.dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1]))])
-                } else {
-                    SubjectAlternativeNames([.dnsName(commonName)])
-                }
-            },
+            extensions: extensions,
             issuerPrivateKey: Certificate.PrivateKey(issuerKey)
         )
         return try Self.identity(certificate, key)
