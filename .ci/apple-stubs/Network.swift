@@ -1,9 +1,27 @@
 // A stand-in for Network.framework on Linux: only the API that
-// Sources/Tether/NWPathNetworkMonitor.swift uses, declared as Apple documents it
-// (https://developer.apple.com/documentation/network/nwpathmonitor). CI type-checks that file
-// against it (see check-apple-sources), so that a Swift mistake there is caught before an
-// Apple build meets it. It proves nothing about the real SDK beyond these declarations.
+// Sources/Tether/NWPathNetworkMonitor.swift and Sources/TetherNIO/Transport/NIOTSClientTransport.swift
+// use, declared as Apple documents it (https://developer.apple.com/documentation/network/nwpathmonitor,
+// .../nwprotocoltls, .../nwerror). CI type-checks those files against it (see
+// check-apple-sources), so that a Swift mistake there is caught before an Apple build meets
+// it. It proves nothing about the real SDK beyond these declarations.
 import Dispatch
+
+#if WITH_SECURITY
+    import Security
+
+    public final class NWProtocolTLS {
+        public final class Options {
+            public init() {}
+            public var securityProtocolOptions: sec_protocol_options_t { sec_protocol_options_t() }
+        }
+    }
+
+    public enum NWError: Error {
+        case posix(Int32)
+        case dns(Int32)
+        case tls(OSStatus)
+    }
+#endif
 
 public struct NWInterface: Sendable {
     public enum InterfaceType: Sendable { case other, wifi, cellular, wiredEthernet, loopback }

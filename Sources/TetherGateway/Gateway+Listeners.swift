@@ -1,10 +1,10 @@
 import Atomics
 import Foundation
-public import NIOCore
+import NIOCore
 public import NIOHTTP1
 import NIOPosix
 import NIOSSL
-public import NIOWebSocket
+import NIOWebSocket
 import TetherCore
 import TetherNIO
 
@@ -277,7 +277,7 @@ final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHand
             let head = HTTPResponseHead(version: .http1_1, status: refusal.status, headers: headers)
             context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
             context.write(Self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
-            context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+            context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
         }
     }
 }

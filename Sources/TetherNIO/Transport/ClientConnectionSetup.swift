@@ -39,9 +39,17 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
     ///   - deadline: When to give up.
     ///   - promise: Succeeded once `ready` ran; failed with a ``TransportError``.
     ///   - ready: Installs the Tether handler; runs on the event loop.
-    init(endpoint: Endpoint, deadline: NIODeadline, promise: EventLoopPromise<Void>, ready: @escaping (any Channel) throws -> Void) {
+    ///   - tlsInPipeline: Whether TLS is a handler of this pipeline, whose handshake to wait
+    ///     for (swift-nio-ssl), or done below it before the channel is active (Network.framework).
+    init(
+        endpoint: Endpoint,
+        deadline: NIODeadline,
+        promise: EventLoopPromise<Void>,
+        tlsInPipeline: Bool = true,
+        ready: @escaping (any Channel) throws -> Void
+    ) {
         self.endpoint = endpoint
-        self.secure = endpoint.transport.isSecure
+        self.secure = endpoint.transport.isSecure && tlsInPipeline
         self.webSocket = endpoint.transport.isWebSocket
         self.deadline = deadline
         self.promise = promise

@@ -123,7 +123,9 @@ public struct TCPClientTransport: ClientTransport {
 
     /// Builds the pipeline for `endpoint`'s transport; `install` adds the Tether handler once
     /// the connection carries frames.
-    private static func configure(
+    /// - Parameter ssl: swift-nio-ssl's handler for a secure endpoint; `nil` for a plain one,
+    ///   or where TLS runs below the pipeline (Network.framework).
+    static func configure(
         _ channel: any Channel,
         endpoint: Endpoint,
         ssl: NIOSSLClientHandler?,
@@ -133,12 +135,12 @@ public struct TCPClientTransport: ClientTransport {
     ) throws {
         let pipeline = channel.pipeline.syncOperations
         if let ssl { try pipeline.addHandler(ssl) }
-        guard endpoint.transport != .tcp else {
+        guard endpoint.transport.isWebSocket || ssl != nil else {
             try install(channel)
             ready.succeed()
             return
         }
-        let setup = ClientConnectionSetup(endpoint: endpoint, deadline: deadline, promise: ready, ready: install)
+        let setup = ClientConnectionSetup(endpoint: endpoint, deadline: deadline, promise: ready, tlsInPipeline: ssl != nil, ready: install)
         if endpoint.transport.isWebSocket {
             let setupBox = NIOLoopBound(setup, eventLoop: channel.eventLoop)
             let upgrader = NIOWebSocketClientUpgrader(

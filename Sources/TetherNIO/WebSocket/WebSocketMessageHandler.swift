@@ -85,7 +85,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             var data = context.channel.allocator.buffer(capacity: 2)
             data.write(webSocketErrorCode: closeCode)
             let answer = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
-            context.writeAndFlush(Self.wrapOutboundOut(answer)).whenComplete { _ in context.close(promise: nil) }
+            context.writeAndFlush(Self.wrapOutboundOut(answer)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
         } else {
             context.close(promise: nil)
         }
@@ -142,7 +142,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
         // The CLOSE goes out before the TCP connection closes; waiting for the peer's answer
         // would let a peer that never answers hold the connection.
-        context.writeAndFlush(Self.wrapOutboundOut(frame)).whenComplete { _ in
+        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in
             context.close(mode: .all, promise: promise)
         }
     }
@@ -161,7 +161,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
                 webSocketCloseCode: UInt16(webSocketErrorCode: code)
             )
         )
-        context.writeAndFlush(Self.wrapOutboundOut(frame)).whenComplete { _ in context.close(promise: nil) }
+        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 
     /// Notes the type of the Tether frame in `buffer` (and an ERROR's code), for the close code.
