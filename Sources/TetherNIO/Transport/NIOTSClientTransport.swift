@@ -105,13 +105,7 @@
                 }
                 throw error
             }
-            do {
-                try await ready.futureResult.get()
-            } catch {
-                channel.close(promise: nil)
-                throw error
-            }
-            return channel
+            return try await TCPClientTransport.whenReady(channel, ready)
         }
 
         /// Network.framework's TLS options for `endpoint`: ALPN, TLS 1.2+, the server name, and

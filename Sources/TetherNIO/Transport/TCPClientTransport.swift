@@ -112,6 +112,11 @@ public struct TCPClientTransport: ClientTransport {
             ready.fail(error)
             throw error
         }
+        return try await Self.whenReady(channel, ready)
+    }
+
+    /// Waits until `channel` carries frames (`ready` succeeded), or closes it and throws why not.
+    static func whenReady(_ channel: any Channel, _ ready: EventLoopPromise<Void>) async throws -> any Channel {
         do {
             try await ready.futureResult.get()
         } catch {
