@@ -28,6 +28,8 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
         public var isSecure: Bool { self == .tls || self == .secureWebSocket }
         /// Whether the connection is a WebSocket.
         public var isWebSocket: Bool { self == .webSocket || self == .secureWebSocket }
+        /// How the transport delivers frames: one per message over WebSocket, a byte stream otherwise.
+        public var framing: Framing { self.isWebSocket ? .messages : .byteStream }
         public var description: String { self.rawValue }
     }
 

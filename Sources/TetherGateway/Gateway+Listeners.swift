@@ -132,20 +132,19 @@ extension Gateway {
             channel.close(promise: nil)
             return
         }
+        // Waiting ends once: with the upgrade, or with the connection closing first.
         let pendingUpgrades = self.pendingUpgrades
-        let settled = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
-        @Sendable func leave() {
-            guard !settled.value else { return }
-            settled.value = true
+        let waiting = NIOLoopBoundBox(true, eventLoop: channel.eventLoop)
+        @Sendable func stopWaiting() {
+            guard waiting.value else { return }
+            waiting.value = false
             pendingUpgrades.wrappingDecrement(ordering: .relaxed)
         }
-        channel.closeFuture.whenComplete { _ in leave() }
-        let upgraded = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        channel.closeFuture.whenComplete { _ in stopWaiting() }
         let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
         let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
         let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
-            upgraded.value = true
-            leave()
+            stopWaiting()
             channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
         }
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
@@ -154,7 +153,7 @@ extension Gateway {
         )
         try channel.pipeline.syncOperations.addHandler(refusal)
         channel.eventLoop.scheduleTask(in: timeout) {
-            if !upgraded.value { channel.close(promise: nil) }
+            if waiting.value { channel.close(promise: nil) }
         }
     }
 

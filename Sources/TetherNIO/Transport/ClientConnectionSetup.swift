@@ -3,7 +3,7 @@ import NIOHTTP1
 import NIOSSL
 import NIOTLS
 import NIOWebSocket
-import TetherCore
+package import TetherCore
 
 /// Brings a new client connection to the point where it carries Tether frames: waits for the
 /// TLS handshake (and its pin check), performs the WebSocket upgrade, then installs the
@@ -222,6 +222,11 @@ package enum TLSApplicationProtocols {
     package static let tether = "tether/1"
     /// HTTP/1.1, for the WebSocket upgrade (`wss://`).
     package static let http1 = "http/1.1"
+
+    /// The protocol a client offers over `transport`: `tether/1`, or `http/1.1` for `wss://`.
+    package static func offered(over transport: Endpoint.Transport) -> String {
+        transport.isWebSocket ? Self.http1 : Self.tether
+    }
 }
 
 /// The constants of the WebSocket binding.

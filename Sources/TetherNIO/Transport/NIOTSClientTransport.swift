@@ -72,7 +72,7 @@
                 throw ConfigurationError("NIOTSClientTransport needs a NIOTSEventLoopGroup: pass one as the client's eventLoopGroup")
             }
             let deadline = NIODeadline.now() + TimeAmount(timeout)
-            let framing: Framing = endpoint.transport.isWebSocket ? .messages : .byteStream
+            let framing = endpoint.transport.framing
             let ready = eventLoop.makePromise(of: Void.self)
             bootstrap = bootstrap.connectTimeout(TimeAmount(timeout))
                 .channelOption(ChannelOptions.socketOption(.tcp_nodelay), value: 1)
@@ -84,7 +84,7 @@
                     }
                 }
             // The verify block's verdict on the pins, to report a mismatch as such.
-            let pinFailure = NIOLockedValueBox<String?>(nil)
+            let pinFailure = NIOLockedValueBox<TransportError?>(nil)
             if endpoint.transport.isSecure {
                 bootstrap = bootstrap.tlsOptions(self.tlsOptions(for: endpoint, pinFailure: pinFailure))
             }
@@ -93,8 +93,9 @@
                 channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
             } catch {
                 ready.fail(error)
-                if let mismatch = pinFailure.withLockedValue({ $0 }) {
-                    throw TransportError(code: .certificatePinMismatch, message: mismatch, cause: error)
+                if var mismatch = pinFailure.withLockedValue({ $0 }) {
+                    mismatch.cause = "\(error)"
+                    throw mismatch
                 }
                 if case .tls? = error as? NWError {
                     throw TransportError(
@@ -110,11 +111,10 @@
 
         /// Network.framework's TLS options for `endpoint`: ALPN, TLS 1.2+, the server name, and
         /// a verify block for extra roots and pins.
-        private func tlsOptions(for endpoint: Endpoint, pinFailure: NIOLockedValueBox<String?>) -> NWProtocolTLS.Options {
+        private func tlsOptions(for endpoint: Endpoint, pinFailure: NIOLockedValueBox<TransportError?>) -> NWProtocolTLS.Options {
             let options = NWProtocolTLS.Options()
             let security = options.securityProtocolOptions
-            let alpn = endpoint.transport.isWebSocket ? TLSApplicationProtocols.http1 : TLSApplicationProtocols.tether
-            sec_protocol_options_add_tls_application_protocol(security, alpn)
+            sec_protocol_options_add_tls_application_protocol(security, TLSApplicationProtocols.offered(over: endpoint.transport))
             sec_protocol_options_set_min_tls_protocol_version(security, self.tls.minimumVersion == .tlsv13 ? .TLSv13 : .TLSv12)
             if let serverName = self.tls.serverName {
                 sec_protocol_options_set_tls_server_name(security, serverName)
@@ -145,10 +145,7 @@
                     }
                     let (matches, key) = Self.leaf(of: trust, matches: pins)
                     if !matches {
-                        pinFailure.withLockedValue {
-                            $0 =
-                                "the certificate of \(endpoint) is trusted, but its public key (\(key?.description ?? "unreadable")) matches none of the \(pins.count) configured pin\(pins.count == 1 ? "" : "s")"
-                        }
+                        pinFailure.withLockedValue { $0 = .pinMismatch(at: endpoint, presented: key, pins: pins) }
                     }
                     complete(matches)
                 },

@@ -80,12 +80,12 @@ public struct TCPClientTransport: ClientTransport {
     ) async throws -> any Channel {
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let transport = endpoint.transport
-        let framing: Framing = transport.isWebSocket ? .messages : .byteStream
+        let framing = transport.framing
         let sslHandler: NIOSSLClientHandler?
         if transport.isSecure {
             sslHandler = try self.contexts.makeHandler(
                 for: endpoint,
-                alpn: transport.isWebSocket ? TLSApplicationProtocols.http1 : TLSApplicationProtocols.tether
+                alpn: TLSApplicationProtocols.offered(over: transport)
             )
         } else {
             sslHandler = nil
@@ -208,12 +208,7 @@ final class ClientTLSContexts: Sendable {
             if let pin, pins.contains(pin) {
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
-            let error = TransportError(
-                code: .certificatePinMismatch,
-                message:
-                    "the certificate of \(endpoint) is trusted, but its public key (\(pin?.description ?? "unreadable")) matches none of the \(pins.count) configured pin\(pins.count == 1 ? "" : "s")"
-            )
-            return channel.eventLoop.makeFailedFuture(error)
+            return channel.eventLoop.makeFailedFuture(TransportError.pinMismatch(at: endpoint, presented: pin, pins: pins))
         }
     }
 }

@@ -1,3 +1,5 @@
+package import TetherCore
+
 /// A connection a transport could not set up, or that its transport layer ended: a failed TLS
 /// handshake, a certificate that matches no pin, a refused WebSocket upgrade, a WebSocket
 /// closed by the peer.
@@ -55,4 +57,16 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     }
 
     public var description: String { "\(self.code): \(self.message)" }
+}
+
+extension TransportError {
+    /// A trusted certificate at `endpoint` whose public key, `presented` (`nil` if it could not
+    /// be read), matches none of `pins`.
+    package static func pinMismatch(at endpoint: Endpoint, presented: CertificatePin?, pins: [CertificatePin]) -> TransportError {
+        TransportError(
+            code: .certificatePinMismatch,
+            message:
+                "the certificate of \(endpoint) is trusted, but its public key (\(presented?.description ?? "unreadable")) matches none of the \(pins.count) configured pin\(pins.count == 1 ? "" : "s")"
+        )
+    }
 }

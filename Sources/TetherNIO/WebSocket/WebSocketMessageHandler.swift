@@ -35,7 +35,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     private var maskingKeys = MaskingKeys()
     /// The type byte of the last Tether frame written, and the code of the last ERROR.
     private var lastFrameType: UInt8 = 0
-    private var lastErrorCode: UInt16 = 0
+    private var lastErrorCode = StatusCode.ok
     private var closeSent = false
     private var closeReceived = false
 
@@ -77,29 +77,20 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         var payload = frame.unmaskedData
         let code = payload.readInteger(as: UInt16.self)
         let reason = payload.readString(length: payload.readableBytes) ?? ""
-        if !self.closeSent {
-            // Answer with the same code (RFC 6455, 5.5.1), then close; tell the handlers above why.
-            let closeCode = code.map { WebSocketErrorCode(codeNumber: Int($0)) } ?? .normalClosure
-            context.fireErrorCaught(Self.closedError(code: code, reason: reason, byPeer: true))
-            self.closeSent = true
-            var data = context.channel.allocator.buffer(capacity: 2)
-            data.write(webSocketErrorCode: closeCode)
-            let answer = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
-            context.writeAndFlush(Self.wrapOutboundOut(answer)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
-        } else {
+        guard !self.closeSent else {
             context.close(promise: nil)
+            return
         }
-    }
-
-    /// The error reported when the peer closes the WebSocket.
-    static func closedError(code: UInt16?, reason: String, byPeer: Bool) -> TransportError {
+        // Tell the handlers above why, then answer with the same code (RFC 6455, 5.5.1) and close.
         let meaning = code.map { Self.describe(closeCode: $0) } ?? "no close code"
-        let reasonText = reason.isEmpty ? "" : " (\(reason))"
-        return TransportError(
-            code: .webSocketClosed,
-            message: "the peer closed the WebSocket: \(code.map(String.init) ?? "-") \(meaning)\(reasonText)",
-            webSocketCloseCode: code
+        context.fireErrorCaught(
+            TransportError(
+                code: .webSocketClosed,
+                message: "the peer closed the WebSocket: \(code.map(String.init) ?? "-") \(meaning)\(reason.isEmpty ? "" : " (\(reason))")",
+                webSocketCloseCode: code
+            )
         )
+        self.writeClose(code.map { WebSocketErrorCode(codeNumber: Int($0)) } ?? .normalClosure, context: context)
     }
 
     /// A close code's name (RFC 6455, 7.4.1).
@@ -136,24 +127,12 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             context.close(mode: mode, promise: promise)
             return
         }
-        self.closeSent = true
-        var data = context.channel.allocator.buffer(capacity: 2)
-        data.write(webSocketErrorCode: self.closeCode())
-        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
-        // The CLOSE goes out before the TCP connection closes; waiting for the peer's answer
-        // would let a peer that never answers hold the connection.
-        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in
-            context.close(mode: .all, promise: promise)
-        }
+        self.writeClose(self.closeCode(), context: context, promise: promise)
     }
 
+    /// Refuses what the peer sent: reports why, then closes with `code`.
     private func sendClose(code: WebSocketErrorCode, reason: String, context: ChannelHandlerContext) {
         guard !self.closeSent else { return }
-        self.closeSent = true
-        var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
-        data.write(webSocketErrorCode: code)
-        data.writeString(reason)
-        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
         context.fireErrorCaught(
             TransportError(
                 code: .webSocketClosed,
@@ -161,7 +140,25 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
                 webSocketCloseCode: UInt16(webSocketErrorCode: code)
             )
         )
-        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        self.writeClose(code, reason: reason, context: context)
+    }
+
+    /// Writes a CLOSE frame with `code` and `reason`, then closes the connection once it is
+    /// written: waiting for the peer's answer would let a peer that never answers hold it.
+    private func writeClose(
+        _ code: WebSocketErrorCode,
+        reason: String = "",
+        context: ChannelHandlerContext,
+        promise: EventLoopPromise<Void>? = nil
+    ) {
+        self.closeSent = true
+        var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
+        data.write(webSocketErrorCode: code)
+        data.writeString(reason)
+        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
+        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in
+            context.close(mode: .all, promise: promise)
+        }
     }
 
     /// Notes the type of the Tether frame in `buffer` (and an ERROR's code), for the close code.
@@ -170,7 +167,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         guard let type = buffer.getInteger(at: start + 3, as: UInt8.self) else { return }
         self.lastFrameType = type
         if type == FrameType.error.rawValue, let code = buffer.getInteger(at: start + FrameHeader.size, as: UInt16.self) {
-            self.lastErrorCode = code
+            self.lastErrorCode = StatusCode(rawValue: code)
         }
     }
 
@@ -181,10 +178,10 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             return .goingAway
         case FrameType.error.rawValue:
             switch self.lastErrorCode {
-            case 103: return .messageTooLarge
-            case 100...199: return .protocolError
-            case 3, 8, 9: return .policyViolation
-            case 7: return WebSocketErrorCode(codeNumber: 1013)
+            case .frameTooLarge: return .messageTooLarge
+            case let code where code.isConnectionError: return .protocolError
+            case .invalidRequest, .unauthenticated, .permissionDenied: return .policyViolation
+            case .resourceExhausted: return WebSocketErrorCode(codeNumber: 1013)  // try again later
             default: return .unexpectedServerError
             }
         default:
