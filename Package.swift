@@ -228,6 +228,7 @@ let package = Package(
                 "TetherCore",
                 "TetherNIO",
                 "TetherGateway",
+                "TetherTesting",
                 "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -147,7 +147,7 @@ enum TetherPeer {
             let body = ByteBuffer(repeating: UInt8(ascii: "p"), count: Int(size))
             var recipients = 0
             for _ in 0..<count {
-                recipients = try context.gateway.push("bench.tick", body, to: .room("bench"))
+                recipients = try context.push("bench.tick", body, to: .room("bench"))
             }
             var reply = ByteBuffer()
             reply.writeInteger(UInt32(recipients))

@@ -290,13 +290,19 @@ public struct ClientConfiguration: Sendable {
             try self.natProbing?.validate()
         }
 
-        /// The configured interval for `mode`; `nil` means the default for that mode.
-        func interval(for mode: HeartbeatMode) -> Duration? {
-            switch mode {
-            case .foreground: self.interval
-            case .background: self.backgroundInterval
-            case .lowPower: self.lowPowerInterval
-            }
+        /// These settings, as a connection's machine takes them.
+        var policy: HeartbeatPolicy {
+            HeartbeatPolicy(
+                foreground: self.interval,
+                background: self.backgroundInterval,
+                lowPower: self.lowPowerInterval,
+                jitter: self.jitter,
+                timeout: self.timeout,
+                minimumTimeout: self.minimumTimeout,
+                suspensionThreshold: self.suspensionThreshold,
+                probeTimeout: self.probeTimeout,
+                stallInterval: self.stallInterval
+            )
         }
     }
 

@@ -339,12 +339,11 @@ extension TetherClient {
             hello.outboxEpoch = fields.outboxEpoch
             hello.resume = fields.resume
         }
-        let handlerConfiguration = ClientConnectionHandler.Configuration(
+        let handlerConfiguration = ClientConnectionStateMachine.Configuration(
             hello: hello,
-            handshakeTimeout: TimeAmount(connectionConfiguration.handshakeTimeout),
-            heartbeat: self.configuration.heartbeat,
-            maxInboundBodySize: connectionConfiguration.maxBodySize,
-            reliability: self.configuration.reliability.map { ($0.window, $0.retransmission) }
+            handshakeTimeout: connectionConfiguration.handshakeTimeout,
+            heartbeat: self.configuration.heartbeat.policy,
+            reliability: self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) }
         )
         let callbacks = ClientConnectionHandler.Callbacks(
             push: { [weak self] push in self?.deliver(push) },
@@ -385,7 +384,7 @@ extension TetherClient {
 
     private func establish(
         _ endpoint: Endpoint,
-        handlerConfiguration: ClientConnectionHandler.Configuration,
+        handlerConfiguration: ClientConnectionStateMachine.Configuration,
         callbacks: ClientConnectionHandler.Callbacks,
         cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>,
         credentialValidFor: Duration?
@@ -395,6 +394,7 @@ extension TetherClient {
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
         let handlerBox = NIOLockedValueBox<NIOLoopBound<ClientConnectionHandler>?>(nil)
         let logger = self.logger
+        let clock = self.clock
 
         let channel: any Channel
         do {
@@ -410,7 +410,9 @@ extension TetherClient {
                 if cancelled { throw CancellationError() }
                 let handler = ClientConnectionHandler(
                     configuration: handlerConfiguration,
+                    maxInboundBodySize: connectionConfiguration.maxBodySize,
                     framing: framing,
+                    clock: clock,
                     callbacks: callbacks,
                     established: established,
                     closed: closed,

@@ -39,7 +39,7 @@ extension TetherClient {
     /// An idle probe was answered, or not: teach the prober about the current network, and move
     /// the current connection to the new interval if it changed.
     func idleProbeSettled(_ probe: HeartbeatStateMachine.IdleProbe, answered: Bool) {
-        let interval = Duration(probe.interval)
+        let interval = probe.interval
         let (change, connection, network) = self.state.withLockedValue { state in
             let network = state.network
             guard state.natProber != nil else { return (NATTimeoutProber.Change.unchanged, ClientConnection?.none, network) }

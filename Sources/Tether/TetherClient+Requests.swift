@@ -37,9 +37,9 @@ extension TetherClient {
     struct PreparedRequest: Sendable {
         var id: UInt64
         var method: String
-        var deadline: NIODeadline
+        var deadline: TetherInstant
         /// When it was prepared: its timeout is `deadline - preparedAt`.
-        var preparedAt: NIODeadline
+        var preparedAt: TetherInstant
     }
 
     /// Checks a request's arguments and gives it an id and a deadline.
@@ -51,11 +51,11 @@ extension TetherClient {
         guard timeout > .zero else {
             throw TetherError(code: .invalidArgument, message: "the timeout must be positive, got \(timeout.shortDescription)")
         }
-        let now = self.eventLoop.now
+        let now = self.clock.now
         return PreparedRequest(
             id: self.requestIDs.loadThenWrappingIncrement(ordering: .relaxed),
             method: method,
-            deadline: now + TimeAmount(timeout),
+            deadline: now + timeout,
             preparedAt: now
         )
     }
@@ -83,12 +83,12 @@ extension TetherClient {
 
     /// The REQUEST frame for `call`, carrying the time left before its deadline at `now` (read
     /// from the clock if `nil`).
-    func frame(for call: PreparedRequest, body: ByteBuffer, now: NIODeadline? = nil) throws(TetherError) -> Frame.Request {
-        let remaining = call.deadline - (now ?? self.eventLoop.now)
+    func frame(for call: PreparedRequest, body: ByteBuffer, now: TetherInstant? = nil) throws(TetherError) -> Frame.Request {
+        let remaining = call.deadline - (now ?? self.clock.now)
         guard remaining > .zero else {
             throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
         }
-        return Frame.Request(id: call.id, method: call.method, timeout: Duration(remaining), body: body)
+        return Frame.Request(id: call.id, method: call.method, timeout: remaining, body: body)
     }
 
     /// The connection requests go to now, if one is ready.
@@ -104,7 +104,7 @@ extension TetherClient {
     }
 
     /// The connection to send a request on, waiting for one until `deadline`.
-    func connection(before deadline: NIODeadline, method: String) async throws(TetherError) -> ClientConnection {
+    func connection(before deadline: TetherInstant, method: String) async throws(TetherError) -> ClientConnection {
         enum Immediate {
             case ready(ClientConnection)
             case failed(TetherError)
@@ -125,7 +125,7 @@ extension TetherClient {
         do {
             let connection = try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ClientConnection, any Error>) in
-                    let timer = self.eventLoop.scheduleTask(deadline: deadline) {
+                    let timer = self.clock.schedule(at: deadline, on: self.eventLoop) {
                         self.expireWaiter(waiterID, method: method)
                     }
                     let outcome: Result<ClientConnection, TetherError>? = self.state.withLockedValue { state in

@@ -35,8 +35,9 @@ public final class TetherClient: Service, Sendable {
     let eventLoop: any EventLoop
     /// Runs tasks on ``eventLoop``; see ``taskExecutor``.
     private let loopExecutor: EventLoopTaskExecutor
-    /// The client's one clock (the injected one): backoff, racing and endpoint penalties.
-    let clock: ClientClock
+    /// The client's one clock: every deadline (requests, heartbeats, handshakes, backoff,
+    /// racing, endpoint penalties, retransmissions, message expiry) is an instant on it.
+    public let clock: any TetherClock
     let logger: Logger
     let state: NIOLockedValueBox<State>
     let requestIDs = ManagedAtomic<UInt64>(1)
@@ -61,7 +62,7 @@ public final class TetherClient: Service, Sendable {
         configuration: ClientConfiguration,
         transport: any ClientTransport = TCPClientTransport(),
         eventLoopGroup: (any EventLoopGroup)? = nil,
-        clock: any Clock<Duration> = ContinuousClock(),
+        clock: any TetherClock = SystemClock(),
         logger: Logger = Logger(label: "tether.client")
     ) throws(TetherError) {
         do {
@@ -72,7 +73,7 @@ public final class TetherClient: Service, Sendable {
         self.configuration = configuration
         self.transport = transport
         self.eventLoop = (eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton).next()
-        self.clock = ClientClock(clock)
+        self.clock = clock
         var logger = logger
         logger[metadataKey: "tether.client"] = "\(configuration.clientID)"
         self.logger = logger

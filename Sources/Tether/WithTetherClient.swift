@@ -29,7 +29,7 @@ public func withTetherClient<Result: Sendable>(
     _ configuration: ClientConfiguration,
     transport: any ClientTransport = TCPClientTransport(),
     eventLoopGroup: (any EventLoopGroup)? = nil,
-    clock: any Clock<Duration> = ContinuousClock(),
+    clock: any TetherClock = SystemClock(),
     logger: Logger = Logger(label: "tether.client"),
     _ body: (TetherClient) async throws -> Result
 ) async throws -> Result {

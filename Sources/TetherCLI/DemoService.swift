@@ -50,8 +50,8 @@ enum DemoService {
             guard !room.isEmpty else { throw RequestError(.invalidRequest, "the body must be a room name") }
             context.join(room)
             let notice = ChatMessage(room: room, from: context.connection.clientID, text: "joined")
-            try context.gateway.push("chat.presence", Self.json(notice), to: .room(room))
-            return ByteBuffer(string: "joined \(room) (\(context.gateway.members(of: room).count) online)")
+            try context.push("chat.presence", Self.json(notice), to: .room(room))
+            return ByteBuffer(string: "joined \(room) (\(context.members(of: room).count) online)")
         }
 
         gateway.handle("chat.leave") { request, context in
@@ -64,11 +64,11 @@ enum DemoService {
             guard let send = try? JSONDecoder().decode(ChatSend.self, from: Data(request.body.readableBytesView)) else {
                 throw RequestError(.invalidRequest, #"the body must be {"room": "...", "text": "..."}"#)
             }
-            guard context.gateway.members(of: send.room).contains(where: { $0.id == context.connection.id }) else {
+            guard context.members(of: send.room).contains(where: { $0.id == context.connection.id }) else {
                 throw RequestError(.permissionDenied, "join '\(send.room)' before sending to it")
             }
             let message = ChatMessage(room: send.room, from: context.connection.clientID, text: send.text)
-            let recipients = try context.gateway.push("chat.message", Self.json(message), to: .room(send.room))
+            let recipients = try context.push("chat.message", Self.json(message), to: .room(send.room))
             return ByteBuffer(string: "delivered to \(recipients)")
         }
 

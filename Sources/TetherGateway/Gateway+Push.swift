@@ -19,45 +19,7 @@ extension Gateway {
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
     @discardableResult
     public func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
-        guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
-            throw GatewayError(code: .invalidArgument, message: "a push topic must be 1 to 65535 bytes long")
-        }
-        let recipients = self.registry.recipients(for: target)
-        guard !recipients.isEmpty else { return 0 }
-        // Encoded once, whatever the number of recipients: each gets the same bytes.
-        let push: EncodedPush
-        do {
-            push = try EncodedPush(Frame.Push(topic: topic, body: body), allocator: Self.pushAllocator)
-        } catch {
-            throw GatewayError(code: .invalidArgument, message: "the push cannot be encoded: \(error.message)")
-        }
-        // One hop per event loop, not one per recipient. Each loop's batcher joins the pushes
-        // made during its current batch of work and writes them to each member at once.
-        var count = 0
-        for (index, recipients) in recipients.enumerated() {
-            count += recipients.handlers.count
-            let push = index == 0 ? push : push.copy(allocator: Self.pushAllocator)
-            let loop = recipients.loop
-            let batcher = self.pushBatchers[ObjectIdentifier(loop)]
-            if loop.inEventLoop {
-                Self.deliver(push, to: recipients, batcher: batcher)
-            } else {
-                loop.execute { Self.deliver(push, to: recipients, batcher: batcher) }
-            }
-        }
-        return count
-    }
-
-    private static let pushAllocator = ByteBufferAllocator()
-
-    /// Queues `push` in the batcher of the recipients' loop, or writes it at once for
-    /// connections on a loop outside the gateway's group (see ``accept(_:)``).
-    private static func deliver(_ push: EncodedPush, to recipients: ConnectionRegistry.LoopRecipients, batcher: PushBatcher?) {
-        if let batcher {
-            batcher.add(push, to: recipients)
-        } else {
-            PushBatcher.writeNow(push, to: recipients)
-        }
+        try self.pushes.push(topic, body, to: target)
     }
 
     /// Puts a connection in a room.
@@ -65,11 +27,7 @@ extension Gateway {
     ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).
     @discardableResult
     public func join(room: String, connection: UInt64) -> Bool {
-        // The check runs outside the registry's lock: the application's hook may call the gateway.
-        guard let info = self.registry.info(of: connection), self.services.router.permits(.join(room: room), info) else {
-            return false
-        }
-        return self.registry.join(room, connection: connection)
+        Rooms.join(room, connection: connection, registry: self.registry, router: self.router)
     }
 
     /// Takes a connection out of a room.
@@ -80,5 +38,15 @@ extension Gateway {
     /// The connections in a room.
     public func members(of room: String) -> [ConnectionInfo] {
         self.registry.members(of: room)
+    }
+}
+
+/// Joining a room: what ``Gateway/join(room:connection:)`` and a handler's
+/// ``RequestContext/join(_:)`` share.
+enum Rooms {
+    static func join(_ room: String, connection: UInt64, registry: ConnectionRegistry, router: Router) -> Bool {
+        // The check runs outside the registry's lock: the application's hook may call the gateway.
+        guard let info = registry.info(of: connection), router.permits(.join(room: room), info) else { return false }
+        return registry.join(room, connection: connection)
     }
 }

@@ -55,6 +55,9 @@ public final class Gateway: Service, Sendable {
 
     /// The configuration the gateway was created with.
     public let configuration: GatewayConfiguration
+    /// The gateway's one clock: every deadline of its connections (handshakes, requests,
+    /// handlers, idle connections, limits) is an instant on it.
+    public let clock: any TetherClock
     let eventLoopGroup: any EventLoopGroup
     /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
     let executors: EventLoopTaskExecutors?
@@ -64,15 +67,14 @@ public final class Gateway: Service, Sendable {
     let authenticator: (any ClientAuthenticator)?
     /// The routes while they are registered; once the gateway starts, what its connections share.
     private let routing = NIOLockedValueBox(Routing.building(Router()))
-    /// Where reliable delivery keeps its state; `nil` disables reliable delivery.
-    let messageStore: (any MessageStore)?
-    let deliveryNotifier = DeliveryNotifier()
+    /// Reliable delivery: the store, its writer, the outboxes' lanes; `nil` without a store.
+    let reliable: ReliableServices?
     /// The connection limits, checked as each connection is accepted.
     let admission: ConnectionAdmission
     /// Refusals, logged a few lines at a time however many there are.
-    let refusalLog = RateLimitedLog()
-    let outboxLanes = OutboxLanes()
+    let refusalLog: RateLimitedLog
     let registry: ConnectionRegistry
+    let pushes: Pusher
     let connectionIDs = ManagedAtomic<UInt64>(1)
     /// Connections of the WebSocket listener that have not upgraded yet.
     let pendingUpgrades = ManagedAtomic<Int>(0)
@@ -91,6 +93,8 @@ public final class Gateway: Service, Sendable {
     ///   - authenticator: Checks each client's HELLO and says who it is (``JWTAuthenticator``
     ///     in `TetherJWT` checks JSON Web Tokens); `nil` accepts everyone as the client id it
     ///     claims.
+    ///   - clock: The gateway's one clock; inject `ManualClock` (TetherTesting) or an
+    ///     ``EventLoopClock`` in tests to move every deadline by hand.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public init(
@@ -98,6 +102,7 @@ public final class Gateway: Service, Sendable {
         eventLoopGroup: (any EventLoopGroup)? = nil,
         messageStore: (any MessageStore)? = nil,
         authenticator: (any ClientAuthenticator)? = nil,
+        clock: any TetherClock = SystemClock(),
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         do {
@@ -122,7 +127,8 @@ public final class Gateway: Service, Sendable {
         }
         self.pushBatchers = pushBatchers
         self.authenticator = authenticator
-        self.messageStore = messageStore
+        self.clock = clock
+        self.reliable = messageStore.map { ReliableServices(store: $0, limits: configuration.limits) }
         var admissionLimits = ConnectionAdmission.Limits(
             connections: configuration.limits.maxConnections,
             connectionsPerAddress: configuration.limits.maxConnectionsPerAddress,
@@ -142,11 +148,13 @@ public final class Gateway: Service, Sendable {
                 ]
             )
         }
-        self.admission = ConnectionAdmission(limits: admissionLimits, now: .now())
+        self.admission = ConnectionAdmission(limits: admissionLimits, now: clock.now)
+        self.refusalLog = RateLimitedLog(clock: clock)
         self.registry = ConnectionRegistry(
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
             membersPerRoom: configuration.limits.maxMembersPerRoom
         )
+        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers)
         self.logger = logger
     }
 
@@ -177,6 +185,7 @@ public final class Gateway: Service, Sendable {
     ///   - eventLoopGroup: Where connections' I/O runs; NIO's shared group if `nil`.
     ///   - messageStore: Where reliable delivery keeps its state.
     ///   - authenticate: Checks each client's HELLO; throwing refuses it.
+    ///   - clock: The gateway's one clock.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public convenience init(
@@ -184,6 +193,7 @@ public final class Gateway: Service, Sendable {
         eventLoopGroup: (any EventLoopGroup)? = nil,
         messageStore: (any MessageStore)? = nil,
         authenticate: @escaping Authenticator,
+        clock: any TetherClock = SystemClock(),
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         try self.init(
@@ -191,6 +201,7 @@ public final class Gateway: Service, Sendable {
             eventLoopGroup: eventLoopGroup,
             messageStore: messageStore,
             authenticator: ClosureAuthenticator(check: authenticate),
+            clock: clock,
             logger: logger
         )
     }
@@ -242,7 +253,7 @@ public final class Gateway: Service, Sendable {
         }
     }
 
-    /// What the gateway's connections share, with the routes frozen: made when the gateway
+    /// What the gateway's connections share, with the routes frozen: composed when the gateway
     /// starts (or accepts its first connection, whichever comes first).
     var services: GatewayServices {
         self.routing.withLockedValue { routing in
@@ -250,9 +261,32 @@ public final class Gateway: Service, Sendable {
             case .frozen(let services):
                 return services
             case .building(let router):
-                let services = GatewayServices(gateway: self, router: router)
+                let services = GatewayServices(
+                    configuration: self.configuration,
+                    clock: self.clock,
+                    router: router,
+                    registry: self.registry,
+                    pushes: self.pushes,
+                    activity: self.activity,
+                    authenticator: self.authenticator,
+                    admission: self.admission,
+                    refusalLog: self.refusalLog,
+                    reliable: self.reliable,
+                    executors: self.executors,
+                    logger: self.logger
+                )
                 routing = .frozen(services)
                 return services
+            }
+        }
+    }
+
+    /// The routes as they stand: frozen once the gateway started.
+    var router: Router {
+        self.routing.withLockedValue { routing in
+            switch routing {
+            case .building(let router): router
+            case .frozen(let services): services.router
             }
         }
     }
@@ -331,7 +365,7 @@ public final class Gateway: Service, Sendable {
             message: "the gateway is shutting down"
         )
         for handler in self.registry.beginDraining(with: goAway) {
-            ConnectionOutbound(handler: handler).execute { $0.drain(goAway) }
+            ConnectionHandle(handler).execute { $0.drain(goAway) }
         }
         self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
     }
@@ -340,7 +374,7 @@ public final class Gateway: Service, Sendable {
     /// its requests and so cancels their handlers).
     private func stopNow() {
         self.stopAccepting()
-        for channel in self.registry.channels { channel.close(promise: nil) }
+        for handler in self.registry.handlers { ConnectionHandle(handler).execute { $0.closeNow() } }
     }
 
     /// Marks the gateway as shutting down, closes its listener, and gives back the count `run()`
@@ -415,8 +449,8 @@ public final class Gateway: Service, Sendable {
                 }
             }
             await withTaskGroup { group in
-                if let store = self.messageStore {
-                    group.addTask { await self.forgetStaleOutboxes(in: store) }
+                if let reliable = self.reliable {
+                    group.addTask { await self.forgetStaleOutboxes(in: reliable) }
                 }
                 await self.activity.finished()
                 group.cancelAll()
@@ -430,21 +464,21 @@ public final class Gateway: Service, Sendable {
 
     /// Until cancelled, forgets the outboxes away for longer than the retention, every half
     /// retention (at most hourly); the connected ones count as seen now.
-    private func forgetStaleOutboxes(in store: any MessageStore) async {
+    private func forgetStaleOutboxes(in reliable: ReliableServices) async {
         let retention = self.configuration.timeouts.outboxRetention
         let interval = min(retention / 2, .seconds(3600))
         while !Task.isCancelled {
-            let now = Date()
+            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
             do {
-                try await store.touchOutboxes(self.outboxLanes.inUse, at: now)
-                let forgotten = try await store.forgetOutboxes(notSeenSince: now - retention.totalSeconds)
+                try await reliable.store.touchOutboxes(reliable.lanes.inUse, at: now)
+                let forgotten = try await reliable.store.forgetOutboxes(notSeenSince: now - retention.totalSeconds)
                 if forgotten > 0 {
                     self.logger.info("forgot outboxes away for longer than the retention", metadata: ["outboxes": "\(forgotten)"])
                 }
             } catch {
                 self.logger.warning("could not forget stale outboxes; trying again later", metadata: ["error": "\(error)"])
             }
-            try? await Task.sleep(for: interval)
+            try? await self.clock.sleep(for: interval)
         }
     }
 
@@ -469,6 +503,7 @@ public final class Gateway: Service, Sendable {
             id: id,
             framing: framing,
             eventLoop: channel.eventLoop,
+            pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
             logger: logger
         )
         try channel.pipeline.syncOperations.addHandler(handler)

@@ -46,38 +46,60 @@ public struct GatewayRequest: Sendable {
 final class ConnectionScope: Sendable {
     let connection: ConnectionInfo
     let logger: Logger
-    let gateway: Gateway
+    /// What the context's capabilities (pushes, rooms) use; never the ``Gateway``.
+    let services: GatewayServices
     /// Whether the connection's requests must pass the authorization check.
     let checksAccess: Bool
 
-    init(connection: ConnectionInfo, logger: Logger, gateway: Gateway, checksAccess: Bool = false) {
+    init(connection: ConnectionInfo, logger: Logger, services: GatewayServices, checksAccess: Bool = false) {
         self.connection = connection
         self.logger = logger
-        self.gateway = gateway
+        self.services = services
         self.checksAccess = checksAccess
+    }
+
+    func replacing(connection: ConnectionInfo? = nil, logger: Logger? = nil) -> ConnectionScope {
+        ConnectionScope(
+            connection: connection ?? self.connection,
+            logger: logger ?? self.logger,
+            services: self.services,
+            checksAccess: self.checksAccess
+        )
     }
 }
 
-/// What a handler knows about the request's connection, and what it can do with it.
+/// What a request handler knows about its request's connection, and what it may do: who the
+/// caller is, when the answer is due, pushes, and rooms.
+///
+/// ```swift
+/// gateway.handle("room.join") { request, context in
+///     let room = String(buffer: request.body)
+///     guard context.join(room) else { throw RequestError(.permissionDenied, "not allowed in \(room)") }
+///     try context.push("room.joined", ByteBuffer(string: context.connection.clientID), to: .room(room))
+///     return ByteBuffer(string: "\(context.members(of: room).count) online")
+/// }
+/// ```
 public struct RequestContext: Sendable {
-    /// The connection's info, logger and gateway.
+    /// The connection's info, logger and services.
     private var scope: ConnectionScope
     /// The request's id and method, or `nil` once ``logger`` was replaced.
     private var request: (id: UInt64, method: String)?
+    /// When the gateway answers `deadline exceeded` if the handler has not answered, on the
+    /// gateway's clock (``Gateway/clock``).
+    public let deadline: TetherInstant
 
-    init(scope: ConnectionScope, request: (id: UInt64, method: String)) {
+    init(scope: ConnectionScope, request: (id: UInt64, method: String), deadline: TetherInstant) {
         self.scope = scope
         self.request = request
+        self.deadline = deadline
     }
 
-    /// The connection the request came on.
+    /// The connection the request came on: who the caller is (its client id and the identity
+    /// its credentials proved).
     public var connection: ConnectionInfo {
         get { self.scope.connection }
-        set { self.scope = ConnectionScope(connection: newValue, logger: self.scope.logger, gateway: self.scope.gateway) }
+        set { self.scope = self.scope.replacing(connection: newValue) }
     }
-
-    /// The gateway, to push to other clients or manage rooms.
-    public var gateway: Gateway { self.scope.gateway }
 
     /// A logger carrying the connection and request ids, and the method. The request's metadata
     /// is added when it is read, so a handler that does not log costs nothing.
@@ -91,14 +113,23 @@ public struct RequestContext: Sendable {
             return logger
         }
         set {
-            self.scope = ConnectionScope(
-                connection: self.scope.connection,
-                logger: newValue,
-                gateway: self.scope.gateway,
-                checksAccess: self.scope.checksAccess
-            )
+            self.scope = self.scope.replacing(logger: newValue)
             self.request = nil
         }
+    }
+
+    /// Pushes a message to the connections `target` names (see ``Gateway/push(_:_:to:)``).
+    /// - Returns: The number of connections the push was sent to.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
+    @discardableResult
+    public func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
+        try self.scope.services.pushes.push(topic, body, to: target)
+    }
+
+    /// Pushes a message to this connection.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
+    public func push(_ topic: String, _ body: ByteBuffer) throws(GatewayError) {
+        try self.push(topic, body, to: .connection(self.connection.id))
     }
 
     /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.
@@ -106,18 +137,18 @@ public struct RequestContext: Sendable {
     ///   the gateway's ``Gateway/authorize(_:)`` hook), or the connection closed.
     @discardableResult
     public func join(_ room: String) -> Bool {
-        self.gateway.join(room: room, connection: self.connection.id)
+        let services = self.scope.services
+        return Rooms.join(room, connection: self.connection.id, registry: services.registry, router: services.router)
     }
 
     /// Takes this connection out of `room`.
     public func leave(_ room: String) {
-        self.gateway.leave(room: room, connection: self.connection.id)
+        self.scope.services.registry.leave(room, connection: self.connection.id)
     }
 
-    /// Pushes a message to this connection.
-    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
-    public func push(_ topic: String, _ body: ByteBuffer) throws(GatewayError) {
-        try self.gateway.push(topic, body, to: .connection(self.connection.id))
+    /// The connections in `room`.
+    public func members(of room: String) -> [ConnectionInfo] {
+        self.scope.services.registry.members(of: room)
     }
 }
 

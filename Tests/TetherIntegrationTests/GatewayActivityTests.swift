@@ -11,7 +11,7 @@ extension IntegrationTests {
         /// The tasks connection `id` holds now (its handshake, its handlers, its reliable loops).
         func tasks(of gateway: Gateway, connection id: UInt64) async throws -> Int? {
             guard let handler = gateway.registry.handler(of: id) else { return nil }
-            return try await handler.eventLoop.submit { handler.value.state.tasks }.get()
+            return try await handler.eventLoop.submit { handler.value.machine.tasks }.get()
         }
 
         @Test("an idle connection holds no task; a request's handler has one while it runs; shutting down leaves nothing counted")

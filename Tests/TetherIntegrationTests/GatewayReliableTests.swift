@@ -2,8 +2,9 @@ import NIOConcurrencyHelpers
 import NIOCore
 import Testing
 import TetherCore
-import TetherGateway
 import TetherTestSupport
+
+@testable import TetherGateway
 
 extension IntegrationTests {
     /// The gateway's side of reliable delivery, driven by hand over TCP.
@@ -16,6 +17,7 @@ extension IntegrationTests {
         func gateway(
             _ harness: Harness,
             store: any MessageStore = InMemoryMessageStore(),
+            gate: Turnstile = Turnstile(),
             configure: @escaping (inout GatewayConfiguration) -> Void = { _ in }
         ) async throws -> (Gateway, Endpoint, NIOLockedValueBox<[String]>) {
             let seen = NIOLockedValueBox<[String]>([])
@@ -30,6 +32,7 @@ extension IntegrationTests {
                 case "refuse": throw RequestError(.invalidRequest, "refused")
                 case "flaky": throw SomeInternalError()
                 case let slow where slow.hasPrefix("slow"): try await Task.sleep(for: .milliseconds(100))
+                case let gated where gated.hasPrefix("gated"): await gate.pass()
                 case "hang": try await Task.sleep(for: .seconds(60))
                 default: break
                 }
@@ -150,31 +153,34 @@ extension IntegrationTests {
             }
         }
 
-        @Test("reliable messages waiting in memory are bounded in bytes: the excess is not taken, and is processed once resent")
+        @Test(
+            "reliable messages waiting in memory are bounded in bytes: past the bound the gateway stops reading, and every message is processed once, without a resend"
+        )
         func inboundByteBudget() async throws {
             try await withHarness { harness in
-                let (_, endpoint, seen) = try await self.gateway(harness) {
+                let gate = Turnstile()
+                let (gateway, endpoint, seen) = try await self.gateway(harness, gate: gate) {
                     $0.limits.maxBodySize = 4096
                     $0.limits.maxBufferedInboundBytes = 16_384  // 12 KiB for messages: four of 3 KiB
                 }
                 let alice = try await RawConnection.connect(to: endpoint)
                 _ = try await alice.handshake(clientID: "alice", features: Self.reliable, outboxEpoch: 1)
                 let padding = String(repeating: ".", count: 3000)
-                // Each handler takes 100 ms: all eight arrive while the first is processed.
-                for sequence in UInt64(1)...8 { try await alice.send(self.message(sequence, sequence, "slow \(sequence) \(padding)")) }
-                try await Task.sleep(for: .milliseconds(1200))  // time for all eight, had they been taken
-                let taken = seen.withLockedValue { $0.count }
-                #expect((1..<8).contains(taken), "some were not taken (\(taken) of 8; at most four fit at once)")
-                let first = await alice.nextMessageAcks(count: taken).map(\.id)
-                #expect(first == (1...UInt64(taken)).map { $0 })
-                // The client sends again what has no acknowledgement, in order, as after its
-                // retransmission timeout.
-                for sequence in UInt64(taken + 1)...8 {
-                    try await alice.send(self.message(sequence, sequence, "slow \(sequence) \(padding)"))
+                // Each handler waits at the turnstile: all eight are sent while the first runs.
+                for sequence in UInt64(1)...8 { try await alice.send(self.message(sequence, sequence, "gated \(sequence) \(padding)")) }
+                try await eventually("the first handler runs") { seen.withLockedValue { $0.count } == 1 }
+                let connection = try #require(gateway.connections.first?.id)
+                let handler = try #require(gateway.registry.handler(of: connection))
+                try await eventually("the gateway stops reading, the inbox at its bound") {
+                    (try? await handler.eventLoop.submit { handler.value.machine.holdsReads }.get()) ?? false
                 }
-                try await Task.sleep(for: .milliseconds(100 * (8 - taken) + 300))
+                let waiting = try await handler.eventLoop.submit { handler.value.machine.reliableMessagesWaiting }.get()
+                #expect((3...4).contains(waiting), "three or four of 3 KiB wait beside the one processed: \(waiting)")
+                gate.open(8)
+                let acks = await alice.nextMessageAcks(count: 8).map(\.id)
+                #expect(acks == Array(1...8), "each acknowledged once, in order, none sent twice")
                 let handled = seen.withLockedValue { $0 }.map { $0.split(separator: " ").prefix(2).joined(separator: " ") }
-                #expect(handled == (1...8).map { "bob:\($0):slow \($0)" }, "each processed once, in order")
+                #expect(handled == (1...8).map { "bob:\($0):gated \($0)" }, "each processed once, in order")
                 alice.close()
             }
         }
@@ -212,7 +218,7 @@ extension IntegrationTests {
             }
         }
 
-        @Test("with the answers feature: a gap, a transient failure and a full inbox are answered unavailable, not silence")
+        @Test("with the answers feature: a gap and a transient failure are answered unavailable; a full inbox is paced, not refused")
         func answers() async throws {
             try await withHarness { harness in
                 let (_, endpoint, seen) = try await self.gateway(harness) {
@@ -229,12 +235,12 @@ extension IntegrationTests {
                 try await alice.send(self.message(1, 1, "one"))
                 try await alice.send(self.message(2, 2, "two"))
                 #expect(await alice.nextMessageAcks(count: 2).map(\.id) == [1, 2])
-                // Three 3 KiB messages at once: one fits in the 4 KiB; the others are not taken.
+                // Three 3 KiB messages at once: past the 4 KiB the gateway stops reading until the
+                // first is processed; none is refused.
                 let padding = String(repeating: ".", count: 3000)
                 for sequence in UInt64(3)...5 { try await alice.send(self.message(sequence, sequence, "slow \(padding)")) }
-                var entries = await alice.nextMessageAcks(count: 3)
-                entries.sort { $0.id < $1.id }
-                #expect(entries == [.init(id: 3), .init(id: 4, status: .unavailable), .init(id: 5, status: .unavailable)], "\(entries)")
+                let entries = await alice.nextMessageAcks(count: 3)
+                #expect(entries == [.init(id: 3), .init(id: 4), .init(id: 5)], "\(entries)")
                 #expect(seen.withLockedValue { $0 }.prefix(3).map { $0.prefix(9) } == ["bob:1:fla", "bob:1:one", "bob:2:two"])
                 alice.close()
             }
@@ -481,5 +487,37 @@ extension IntegrationTests {
                 #expect(report.code == .unexpectedFrame)
             }
         }
+    }
+}
+
+/// Lets handlers through one at a time, as the test opens it.
+final class Turnstile: Sendable {
+    private let state = NIOLockedValueBox<(permits: Int, waiting: [CheckedContinuation<Void, Never>])>((0, []))
+
+    /// Waits for a permit.
+    func pass() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let go = self.state.withLockedValue { state -> Bool in
+                guard state.permits > 0 else {
+                    state.waiting.append(continuation)
+                    return false
+                }
+                state.permits -= 1
+                return true
+            }
+            if go { continuation.resume() }
+        }
+    }
+
+    /// Lets `count` more through.
+    func open(_ count: Int) {
+        let released = self.state.withLockedValue { state -> [CheckedContinuation<Void, Never>] in
+            state.permits += count
+            let released = Array(state.waiting.prefix(state.permits))
+            state.waiting.removeFirst(released.count)
+            state.permits -= released.count
+            return released
+        }
+        for continuation in released { continuation.resume() }
     }
 }

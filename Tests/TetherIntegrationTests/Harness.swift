@@ -151,7 +151,7 @@ final class Harness: Sendable {
         _ endpoints: [Endpoint],
         clientID: String = "test-client",
         transport: (any ClientTransport)? = nil,
-        clock: (any Clock<Duration>)? = nil,
+        clock: (any TetherClock)? = nil,
         configure: (inout ClientConfiguration) -> Void = { _ in }
     ) throws -> TetherClient {
         var configuration = ClientConfiguration(endpoints: endpoints, clientID: clientID)
@@ -160,7 +160,7 @@ final class Harness: Sendable {
         let client = try TetherClient(
             configuration: configuration,
             transport: transport ?? testClientTransport(),
-            clock: clock ?? ContinuousClock(),
+            clock: clock ?? SystemClock(),
             logger: testLogger("client")
         )
         // Subscribe before the client starts, so that `events(of:)` sees its first attempt.

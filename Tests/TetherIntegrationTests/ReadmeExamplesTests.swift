@@ -19,7 +19,7 @@ extension IntegrationTests {
             gateway.handle("room.enter") { request, context in
                 let room = String(buffer: request.body)
                 context.join(room)
-                try context.gateway.push("room.joined", ByteBuffer(string: context.connection.clientID), to: .room(room))
+                try context.push("room.joined", ByteBuffer(string: context.connection.clientID), to: .room(room))
                 return ByteBuffer(string: "welcome to \(room)")
             }
             let gatewayRun = Task { try await gateway.run() }

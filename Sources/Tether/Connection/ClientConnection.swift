@@ -1,10 +1,10 @@
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
 
 /// One established connection, as the client's request path sees it.
 ///
-/// Every operation hops onto the channel's event loop, where the handler lives.
+/// Every operation runs on the channel's event loop, where the handler lives: at once for a
+/// caller already there, else in a hop.
 final class ClientConnection: Sendable {
     let channel: any Channel
     let endpoint: Endpoint
@@ -17,19 +17,17 @@ final class ClientConnection: Sendable {
     let credentialValidFor: Duration?
     private let handler: NIOLoopBound<ClientConnectionHandler>
     /// Requests submitted from outside the event loop, waiting for the one hop that sends them
-    /// all: many callers at once cost one wake-up of the loop and one write, not one each.
-    private let submissions = NIOLockedValueBox(Submissions())
-
-    private struct Submissions: Sendable {
-        var requests: [Submission] = []
-        var hopScheduled = false
-    }
+    /// all: many callers at once cost one wake-up of the loop and one write, not one each, and
+    /// no lock.
+    private let submissions = SubmissionQueue<Submission>()
 
     /// A request submitted from outside the event loop, and who waits for it.
     private struct Submission: Sendable {
         var request: Frame.Request
-        var deadline: NIODeadline
+        var deadline: TetherInstant
         var waiter: ResponseWaiter
+        /// Decides, for an `async` caller, whether the loop or a cancellation ends the request.
+        var ticket: SubmissionTicket?
     }
 
     init(
@@ -55,23 +53,31 @@ final class ClientConnection: Sendable {
     /// From outside the event loop, the request and its waiting caller travel in the one hop
     /// that sends every submitted request: waiting on a future from outside the loop would cost
     /// a second hop per request, to register the callback.
-    func execute(_ request: Frame.Request, deadline: NIODeadline) async throws -> ByteBuffer {
-        let eventLoop = self.channel.eventLoop
-        let handler = self.handler
+    func execute(_ request: Frame.Request, deadline: TetherInstant) async throws -> ByteBuffer {
         let id = request.id
+        let ticket = SubmissionTicket()
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
-                if eventLoop.inEventLoop {
-                    handler.value.sendRequest(request, deadline: deadline, waiter: .continuation(continuation))
+                if self.channel.eventLoop.inEventLoop {
+                    ticket.markTaken()
+                    self.handler.value.sendRequest(request, deadline: deadline, waiter: .continuation(continuation))
+                } else if ticket.publish(continuation) {
+                    self.submit(Submission(request: request, deadline: deadline, waiter: .continuation(continuation), ticket: ticket))
                 } else {
-                    // Checked under the lock that `cancel` takes: a cancellation either sees the
-                    // request queued, or the request sees the cancellation.
-                    self.submit(request, deadline: deadline, waiter: .continuation(continuation), unlessCancelled: true)
+                    continuation.resume(throwing: Self.cancelled(request.method))
                 }
             }
         } onCancel: {
-            self.cancel(id)
+            switch ticket.cancel() {
+            case .beforePublished: break  // the operation sees it and ends at once
+            case .waitingForHop(let continuation): continuation.resume(throwing: Self.cancelled(request.method))
+            case .onTheLoop: self.cancel(id)
+            }
         }
+    }
+
+    private static func cancelled(_ method: String) -> TetherError {
+        TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
     }
 
     /// Sends `request` and calls `completion` with its response or error, at the latest when
@@ -81,108 +87,81 @@ final class ClientConnection: Sendable {
     /// and it may send the next request, which then leaves without a thread hop.
     func execute(
         _ request: Frame.Request,
-        deadline: NIODeadline,
+        deadline: TetherInstant,
         completion: @escaping @Sendable (Result<ByteBuffer, TetherError>) -> Void
     ) {
+        self.execute(request, deadline: deadline, waiter: .callback(completion))
+    }
+
+    private func execute(_ request: Frame.Request, deadline: TetherInstant, waiter: ResponseWaiter) {
         if self.channel.eventLoop.inEventLoop {
-            self.handler.value.sendRequest(request, deadline: deadline, waiter: .callback(completion))
+            self.handler.value.sendRequest(request, deadline: deadline, waiter: waiter)
         } else {
-            self.submit(request, deadline: deadline, waiter: .callback(completion), unlessCancelled: false)
+            self.submit(Submission(request: request, deadline: deadline, waiter: waiter, ticket: nil))
         }
     }
 
-    /// Queues a request submitted from outside the event loop for the next hop, and schedules
-    /// the hop if none is. With `unlessCancelled`, a cancelled task's request fails at once.
-    private func submit(_ request: Frame.Request, deadline: NIODeadline, waiter: ResponseWaiter, unlessCancelled: Bool) {
-        enum Outcome {
-            case hop
-            case queued
-            case cancelled
-        }
-        let outcome: Outcome = self.submissions.withLockedValue { submissions in
-            if unlessCancelled, Task.isCancelled { return .cancelled }
-            submissions.requests.append(Submission(request: request, deadline: deadline, waiter: waiter))
-            defer { submissions.hopScheduled = true }
-            return submissions.hopScheduled ? .queued : .hop
-        }
-        switch outcome {
-        case .hop: self.channel.eventLoop.execute { self.sendSubmitted() }
-        case .queued: break
-        case .cancelled: waiter.fail(Self.cancelled(request.method))
+    private func submit(_ submission: Submission) {
+        guard self.submissions.push(submission) else { return }  // a hop is already on its way
+        let handler = self.handler
+        self.channel.eventLoop.execute {
+            let submitted = self.submissions.takeAll()
+            handler.value.sendSubmitted(
+                submitted.lazy
+                    .filter { $0.ticket?.take() ?? true }  // a request cancelled on the way was answered already
+                    .map { (request: $0.request, deadline: $0.deadline, waiter: $0.waiter) }
+            )
         }
     }
 
-    /// Cancels request `id`: takes it back if it still waits for the hop, or else tells the
-    /// handler, after the hop that sent it. Nothing happens if the request has ended.
+    /// Cancels request `id`, wherever it is: waiting for the hop, queued, or on the wire.
+    /// Nothing happens if the request has ended.
     func cancel(_ id: UInt64) {
-        let waiting: Submission? = self.submissions.withLockedValue { submissions in
-            guard let index = submissions.requests.firstIndex(where: { $0.request.id == id }) else { return nil }
-            return submissions.requests.remove(at: index)
-        }
-        if let waiting {
-            waiting.waiter.fail(Self.cancelled(waiting.request.method))
+        let handler = self.handler
+        if self.channel.eventLoop.inEventLoop {
+            handler.value.cancelRequest(id: id)
         } else {
-            let handler = self.handler
             self.channel.eventLoop.execute { handler.value.cancelRequest(id: id) }
         }
     }
 
-    private static func cancelled(_ method: String) -> TetherError {
-        TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
-    }
-
-    /// Sends every request submitted so far. On the event loop.
-    private func sendSubmitted() {
-        let submitted = self.submissions.withLockedValue { submissions in
-            submissions.hopScheduled = false
-            defer { submissions.requests.removeAll(keepingCapacity: true) }
-            return submissions.requests
-        }
-        self.handler.value.sendRequests(submitted.lazy.map { (request: $0.request, deadline: $0.deadline, waiter: $0.waiter) })
-    }
-
     /// Stops new requests and closes once those in flight are answered; at once on the event loop.
     func drain() {
-        let handler = self.handler
-        if self.channel.eventLoop.inEventLoop {
-            handler.value.drain()
-        } else {
-            self.channel.eventLoop.execute { handler.value.drain() }
-        }
+        self.onLoop { $0.drain() }
     }
 
     /// Makes the heartbeat follow the client's current heartbeat mode.
     func refreshHeartbeatMode() {
-        let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.refreshHeartbeatMode() }
+        self.onLoop { $0.refreshHeartbeatMode() }
     }
 
     /// Closes at once, on the client's own decision.
     func close() {
+        self.onLoop { $0.closeAtClientRequest() }
+        self.channel.close(promise: nil)
+    }
+
+    private func onLoop(_ body: @escaping @Sendable (ClientConnectionHandler) -> Void) {
         let handler = self.handler
         if self.channel.eventLoop.inEventLoop {
-            handler.value.closeAtClientRequest()
+            body(handler.value)
         } else {
-            self.channel.eventLoop.execute { handler.value.closeAtClientRequest() }
+            self.channel.eventLoop.execute { body(handler.value) }
         }
-        self.channel.close(promise: nil)
     }
 }
 
 extension ClientConnection: ReliableSink {
     func enqueue(_ records: [OutboxRecord]) {
         guard !records.isEmpty else { return }
-        let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.enqueueMessages(records) }
+        self.onLoop { $0.enqueueMessages(records) }
     }
 
     func replace(with tombstone: OutboxRecord) {
-        let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.replaceMessage(with: tombstone) }
+        self.onLoop { $0.replaceMessage(with: tombstone) }
     }
 
     func acknowledgeDeliveries(upTo sequence: UInt64) {
-        let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.acknowledgeDeliveries(upTo: sequence) }
+        self.onLoop { $0.acknowledgeDeliveries(upTo: sequence) }
     }
 }

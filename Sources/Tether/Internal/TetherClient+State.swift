@@ -8,14 +8,14 @@ extension TetherClient {
 
         /// A request waiting for a connection.
         enum Waiter {
-            case waiting(CheckedContinuation<ClientConnection, any Error>, timer: Scheduled<Void>)
+            case waiting(CheckedContinuation<ClientConnection, any Error>, timer: ClockCallback)
             /// Cancelled before it was registered: the registration must fail at once.
             case cancelledEarly
         }
 
         /// Waiters taken out of the state, to be resumed outside the lock.
         struct Waiters {
-            var entries: [(CheckedContinuation<ClientConnection, any Error>, Scheduled<Void>)] = []
+            var entries: [(CheckedContinuation<ClientConnection, any Error>, ClockCallback)] = []
 
             func resume(returning connection: ClientConnection) {
                 for (continuation, timer) in self.entries {
@@ -34,7 +34,7 @@ extension TetherClient {
 
         var machine: ConnectivityStateMachine
         /// Endpoints that refused or failed a handshake recently: tried last for a while.
-        var penalties: EndpointPenalties<ClientClock.Instant>
+        var penalties: EndpointPenalties<TetherInstant>
         var run: RunPhase = .notStarted
         /// The connection new requests go to; `nil` while connecting, draining or stopped.
         var ready: ClientConnection?

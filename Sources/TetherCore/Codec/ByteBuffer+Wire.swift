@@ -118,19 +118,6 @@ extension Dictionary where Key == UInt16, Value == ByteBuffer {
     }
 }
 
-extension Duration {
-    /// The duration in whole milliseconds, rounded down, saturating at the bounds of `Int64`.
-    @inlinable
-    public var wholeMilliseconds: Int64 {
-        let (seconds, attoseconds) = self.components
-        let (millis, overflow) = seconds.multipliedReportingOverflow(by: 1000)
-        if overflow { return seconds < 0 ? .min : .max }
-        let (sum, overflow2) = millis.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
-        if overflow2 { return seconds < 0 ? .min : .max }
-        return sum
-    }
-}
-
 /// A frame that cannot be encoded, for example because a string field exceeds 65,535 bytes.
 public struct FrameEncodingError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What is wrong with the frame.

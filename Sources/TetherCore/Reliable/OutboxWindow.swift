@@ -14,7 +14,7 @@ public import NIOCore
 package struct OutboxWindow: Sendable {
     package struct InFlight: Sendable {
         package var record: OutboxRecord
-        package var sentAt: NIODeadline
+        package var sentAt: TetherInstant
         /// How often it was sent on this connection; 1 means its acknowledgement measures the RTT.
         package var transmissions: Int
     }
@@ -50,7 +50,7 @@ package struct OutboxWindow: Sendable {
     }
 
     /// The next message to send, marked in flight; `nil` if none or the window is full.
-    package mutating func next(now: NIODeadline) -> OutboxRecord? {
+    package mutating func next(now: TetherInstant) -> OutboxRecord? {
         guard self.inFlight.count < self.window else { return nil }
         for lane in self.lanes.indices {
             while let entry = self.lanes[lane].popFirst() {
@@ -74,7 +74,7 @@ package struct OutboxWindow: Sendable {
 
     /// An acknowledgement arrived.
     /// - Returns: The acknowledged message, and a round-trip sample if it was sent only once.
-    package mutating func acknowledged(_ id: UInt64, now: NIODeadline) -> (record: OutboxRecord, sample: TimeAmount?)? {
+    package mutating func acknowledged(_ id: UInt64, now: TetherInstant) -> (record: OutboxRecord, sample: Duration?)? {
         if let inFlight = self.inFlight.removeValue(forKey: id) {
             return (inFlight.record, inFlight.transmissions == 1 ? now - inFlight.sentAt : nil)
         }

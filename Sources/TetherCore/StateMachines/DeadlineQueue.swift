@@ -7,7 +7,7 @@
 /// the keys present.
 ///
 /// ```swift
-/// var deadlines = DeadlineQueue<UInt64, NIODeadline>()
+/// var deadlines = DeadlineQueue<UInt64, TetherInstant>()
 /// deadlines.insert(7, deadline: now + .seconds(5))
 /// deadlines.remove(7)                 // answered in time
 /// for id in deadlines.popExpired(at: now) { fail(id) }

@@ -1,5 +1,3 @@
-package import NIOCore
-
 /// Decides when to PING and when a silent link is dead.
 ///
 /// Any inbound frame proves the link is alive. The machine asks for a PING when nothing was
@@ -35,29 +33,29 @@ package struct HeartbeatStateMachine: Sendable {
     /// How the machine paces and judges the link.
     package struct Configuration: Sendable, Hashable {
         /// The longest the link may be idle in either direction before a PING is sent.
-        package var interval: TimeAmount
+        package var interval: Duration
         /// Each interval is shortened by up to this fraction (0 to 0.5), at random.
         package var jitter: Double
         /// The PONG timeout's estimator: its initial timeout is used until a PONG is measured,
         /// and its minimum and maximum bound the derived timeout.
         package var timeout: RTTEstimator
         /// A timer at least this late means a suspension; `nil` turns the detection off.
-        package var suspensionThreshold: TimeAmount?
+        package var suspensionThreshold: Duration?
         /// How long the probe sent after a suspension waits for an answer.
-        package var probeTimeout: TimeAmount
+        package var probeTimeout: Duration
         /// While the link is in use (the last frame sent is newer than the last one received,
         /// so an answer may be due), a silence this long is probed with a PING at once instead
         /// of after `interval`: a TCP connection stuck in retransmission backoff on a lossy link
         /// is found in seconds, not left to the kernel's growing timer. `nil` turns this off.
-        package var stallInterval: TimeAmount?
+        package var stallInterval: Duration?
 
         package init(
-            interval: TimeAmount,
+            interval: Duration,
             jitter: Double = 0,
             timeout: RTTEstimator,
-            suspensionThreshold: TimeAmount? = nil,
-            probeTimeout: TimeAmount = .seconds(2),
-            stallInterval: TimeAmount? = nil
+            suspensionThreshold: Duration? = nil,
+            probeTimeout: Duration = .seconds(2),
+            stallInterval: Duration? = nil
         ) {
             precondition(interval > .zero && probeTimeout > .zero, "heartbeat interval and probe timeout must be positive")
             precondition(stallInterval.map { $0 > .zero } ?? true, "the stall interval must be positive")
@@ -77,47 +75,47 @@ package struct HeartbeatStateMachine: Sendable {
         /// Send a PING with this id.
         case sendPing(id: UInt64)
         /// Nothing arrived within the timeout of a PING: close the connection.
-        case linkDead(silentFor: TimeAmount)
+        case linkDead(silentFor: Duration)
     }
 
     /// A PING sent after the link was silent both ways for about a whole interval: since the
     /// previous PING's answer, which came up to one PONG timeout after it, nothing else passed.
     package struct IdleProbe: Sendable, Hashable {
         /// The heartbeat interval in force when it was sent (before jitter).
-        package var interval: TimeAmount
+        package var interval: Duration
         /// How long the link had been silent both ways.
-        package var silence: TimeAmount
+        package var silence: Duration
     }
 
     package private(set) var configuration: Configuration
     private var generator: SplitMix64
 
-    private var lastReceived: NIODeadline
-    private var lastSent: NIODeadline
+    private var lastReceived: TetherInstant
+    private var lastSent: TetherInstant
     /// This round's interval: the configured one, less the jitter.
-    private var currentInterval: TimeAmount
+    private var currentInterval: Duration
     /// When the unanswered PING was sent and how long it may wait; `nil` if the link proved
     /// alive since.
-    private var awaiting: (since: NIODeadline, timeout: TimeAmount)?
+    private var awaiting: (since: TetherInstant, timeout: Duration)?
     /// The last PING, for round-trip measurement by its PONG.
-    private var probe: (id: UInt64, sentAt: NIODeadline)?
+    private var probe: (id: UInt64, sentAt: TetherInstant)?
     private var nextPingID: UInt64 = 1
     /// The unanswered PING, if it was an idle probe.
     private var idleProbe: IdleProbe?
 
     /// The most recent round-trip time measured by a PING and its PONG.
-    package private(set) var lastRoundTrip: TimeAmount?
+    package private(set) var lastRoundTrip: Duration?
     /// How many suspensions (late timers) were detected.
     package private(set) var suspensions = 0
 
     /// The longest the link may be idle in either direction before a PING is sent.
-    package var interval: TimeAmount { self.configuration.interval }
+    package var interval: Duration { self.configuration.interval }
 
     /// How long a PING waits for an answer now: derived from the round trips measured so far.
-    package var timeout: TimeAmount { TimeAmount(self.configuration.timeout.retransmissionTimeout) }
+    package var timeout: Duration { self.configuration.timeout.retransmissionTimeout }
 
     /// Creates a machine for a link that was just established.
-    package init(configuration: Configuration, now: NIODeadline, generator: SplitMix64 = SplitMix64()) {
+    package init(configuration: Configuration, now: TetherInstant, generator: SplitMix64 = SplitMix64()) {
         self.configuration = configuration
         self.generator = generator
         self.lastReceived = now
@@ -127,14 +125,14 @@ package struct HeartbeatStateMachine: Sendable {
     }
 
     /// A machine with a fixed interval and PONG timeout, no jitter and no suspension detection.
-    package init(interval: TimeAmount, timeout: TimeAmount, now: NIODeadline) {
+    package init(interval: Duration, timeout: Duration, now: TetherInstant) {
         precondition(interval > .zero && timeout > .zero, "heartbeat interval and timeout must be positive")
-        let fixed = RTTEstimator(initialTimeout: Duration(timeout), minimumTimeout: Duration(timeout), maximumTimeout: Duration(timeout))
+        let fixed = RTTEstimator(initialTimeout: timeout, minimumTimeout: timeout, maximumTimeout: timeout)
         self.init(configuration: Configuration(interval: interval, timeout: fixed), now: now)
     }
 
     /// When the driver's timer must fire next.
-    package var nextDeadline: NIODeadline {
+    package var nextDeadline: TetherInstant {
         if let awaiting = self.awaiting {
             return awaiting.since + awaiting.timeout
         }
@@ -153,7 +151,7 @@ package struct HeartbeatStateMachine: Sendable {
     /// - Returns: The idle probe this frame answers, if one was outstanding: the path kept the
     ///   connection through that much silence.
     @discardableResult
-    package mutating func frameReceived(at now: NIODeadline) -> IdleProbe? {
+    package mutating func frameReceived(at now: TetherInstant) -> IdleProbe? {
         self.lastReceived = now
         self.awaiting = nil
         defer { self.idleProbe = nil }
@@ -161,7 +159,7 @@ package struct HeartbeatStateMachine: Sendable {
     }
 
     /// A frame was sent.
-    package mutating func frameSent(at now: NIODeadline) {
+    package mutating func frameSent(at now: TetherInstant) {
         self.lastSent = now
     }
 
@@ -169,12 +167,12 @@ package struct HeartbeatStateMachine: Sendable {
     /// - Returns: The round-trip time, if the PONG answers the last PING; it also refines the
     ///   PONG timeout.
     @discardableResult
-    package mutating func pongReceived(id: UInt64, at now: NIODeadline) -> TimeAmount? {
+    package mutating func pongReceived(id: UInt64, at now: TetherInstant) -> Duration? {
         guard let probe = self.probe, probe.id == id else { return nil }
         self.probe = nil
         let roundTrip = now - probe.sentAt
         self.lastRoundTrip = roundTrip
-        self.configuration.timeout.record(sample: Duration(roundTrip))
+        self.configuration.timeout.record(sample: roundTrip)
         return roundTrip
     }
 
@@ -183,7 +181,7 @@ package struct HeartbeatStateMachine: Sendable {
     /// - Parameters:
     ///   - interval: The new interval.
     ///   - jitter: A new jitter fraction (0 to 0.5), or `nil` to keep the current one.
-    package mutating func setInterval(_ interval: TimeAmount, jitter: Double? = nil) {
+    package mutating func setInterval(_ interval: Duration, jitter: Double? = nil) {
         precondition(interval > .zero, "heartbeat interval must be positive")
         if let jitter {
             precondition((0...0.5).contains(jitter), "heartbeat jitter must be between 0 and 0.5")
@@ -196,13 +194,13 @@ package struct HeartbeatStateMachine: Sendable {
     /// Probes the link at once, judged with the adaptive timeout: the app came back to the
     /// foreground, say, and wants to know now whether the connection survived.
     /// - Returns: The PING to send, or `.none` if one is already awaiting its answer.
-    package mutating func probeNow(at now: NIODeadline) -> TimerAction {
+    package mutating func probeNow(at now: TetherInstant) -> TimerAction {
         guard self.awaiting == nil else { return .none }
         return self.ping(at: now, timeout: self.timeout, idleProbe: nil)
     }
 
     /// The driver's timer fired.
-    package mutating func timerFired(at now: NIODeadline) -> TimerAction {
+    package mutating func timerFired(at now: TetherInstant) -> TimerAction {
         let due = self.nextDeadline
         guard now >= due else { return .none }
         if let threshold = self.configuration.suspensionThreshold, now - due >= threshold {
@@ -221,7 +219,7 @@ package struct HeartbeatStateMachine: Sendable {
         return self.ping(at: now, timeout: self.timeout, idleProbe: idle)
     }
 
-    private mutating func ping(at now: NIODeadline, timeout: TimeAmount, idleProbe: IdleProbe?) -> TimerAction {
+    private mutating func ping(at now: TetherInstant, timeout: Duration, idleProbe: IdleProbe?) -> TimerAction {
         let id = self.nextPingID
         self.nextPingID &+= 1
         self.idleProbe = idleProbe
@@ -232,7 +230,7 @@ package struct HeartbeatStateMachine: Sendable {
         return .sendPing(id: id)
     }
 
-    private mutating func drawInterval() -> TimeAmount {
+    private mutating func drawInterval() -> Duration {
         let jitter = self.configuration.jitter
         guard jitter > 0 else { return self.configuration.interval }
         let fraction = Double.random(in: 0..<jitter, using: &self.generator)

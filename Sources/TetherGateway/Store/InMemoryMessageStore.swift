@@ -47,49 +47,61 @@ public final class InMemoryMessageStore: MessageStore {
         }
     }
 
-    public func lastProcessed(_ outbox: OutboxID, conversation: String) async throws -> UInt64 {
-        self.state.withLockedValue { $0.lastProcessed[ConversationKey(outbox: outbox, conversation: conversation)] ?? 0 }
+    public func dedupState(of outbox: OutboxID, conversations: Set<String>, outcomes: [ConversationSequence]) async throws -> DedupState {
+        self.state.withLockedValue { state in
+            var result = DedupState()
+            for conversation in conversations {
+                result.lastProcessed[conversation] = state.lastProcessed[ConversationKey(outbox: outbox, conversation: conversation)] ?? 0
+            }
+            for position in outcomes {
+                let key = ConversationKey(outbox: outbox, conversation: position.conversation)
+                if let outcome = state.outcomes[key]?[position.sequence] { result.outcomes[position] = outcome }
+            }
+            return result
+        }
     }
 
-    public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
-        try await self.recordedOutcome(outbox, conversation: conversation, sequence: sequence)?.status ?? .ok
+    public func apply(_ writes: [StoreWrite]) async throws -> [Result<[DeliveryReceipt], MessageStoreError>] {
+        self.state.withLockedValue { state in
+            writes.map { write in Self.apply(write, to: &state) }
+        }
     }
 
-    public func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome? {
-        self.state.withLockedValue { $0.outcomes[ConversationKey(outbox: outbox, conversation: conversation)]?[sequence] }
-    }
-
-    public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
-        try self.state.withLockedValue { state in
-            // Check everything first: nothing is written unless all of it can be.
-            var last: [ConversationKey: UInt64] = [:]
-            for message in processed {
-                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
-                let current = last[key] ?? state.lastProcessed[key] ?? 0
-                guard message.sequence == current + 1 else {
-                    throw MessageStoreError(
+    private static func apply(_ write: StoreWrite, to state: inout State) -> Result<[DeliveryReceipt], MessageStoreError> {
+        // Check everything first: nothing is written unless all of it can be.
+        var last: [ConversationKey: UInt64] = [:]
+        for message in write.processed {
+            let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
+            let current = last[key] ?? state.lastProcessed[key] ?? 0
+            guard message.sequence == current + 1 else {
+                return .failure(
+                    MessageStoreError(
                         code: .conflict,
                         message: "message \(message.sequence) of '\(message.conversation)' does not follow \(current)"
                     )
-                }
-                last[key] = message.sequence
+                )
             }
-            for message in processed {
-                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
-                state.lastProcessed[key] = message.sequence
-                state.outcomes[key, default: [:]][message.sequence] = RecordedOutcome(status: message.status, messageID: message.messageID)
-                // Sequences follow one another: the one leaving the window is the one to forget.
-                if message.sequence > outcomeWindow { state.outcomes[key]?[message.sequence - outcomeWindow] = nil }
-            }
-            return deliveries.map { delivery in
-                var stream = state.streams[delivery.recipient] ?? Stream()
-                let sequence = stream.next
-                stream.next += 1
-                stream.deliveries.append(StoredDelivery(sequence: sequence, topic: delivery.topic, body: delivery.body))
-                state.streams[delivery.recipient] = stream
-                return DeliveryReceipt(recipient: delivery.recipient, sequence: sequence)
-            }
+            last[key] = message.sequence
         }
+        for message in write.processed {
+            let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
+            state.lastProcessed[key] = message.sequence
+            state.outcomes[key, default: [:]][message.sequence] = RecordedOutcome(status: message.status, messageID: message.messageID)
+            // Sequences follow one another: the one leaving the window is the one to forget.
+            if message.sequence > messageStoreOutcomeWindow { state.outcomes[key]?[message.sequence - messageStoreOutcomeWindow] = nil }
+        }
+        let receipts = write.deliveries.map { delivery in
+            var stream = state.streams[delivery.recipient] ?? Stream()
+            let sequence = stream.next
+            stream.next += 1
+            stream.deliveries.append(StoredDelivery(sequence: sequence, topic: delivery.topic, body: delivery.body))
+            state.streams[delivery.recipient] = stream
+            return DeliveryReceipt(recipient: delivery.recipient, sequence: sequence)
+        }
+        for (recipient, sequence) in write.acknowledgements {
+            state.streams[recipient]?.deliveries.removeAll { $0.sequence <= sequence }
+        }
+        return .success(receipts)
     }
 
     public func deliveries(for recipient: String, after sequence: UInt64, limit: Int) async throws -> [StoredDelivery] {
@@ -99,16 +111,14 @@ public final class InMemoryMessageStore: MessageStore {
         }
     }
 
-    public func usage(of recipient: String) async throws -> StreamUsage {
+    public func usage(of recipients: [String]) async throws -> [String: StreamUsage] {
         self.state.withLockedValue { state in
-            let waiting = state.streams[recipient]?.deliveries ?? []
-            return StreamUsage(deliveries: waiting.count, bytes: waiting.reduce(0) { $0 + $1.body.readableBytes })
-        }
-    }
-
-    public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
-        self.state.withLockedValue { state in
-            state.streams[recipient]?.deliveries.removeAll { $0.sequence <= sequence }
+            var usage: [String: StreamUsage] = [:]
+            for recipient in recipients {
+                let waiting = state.streams[recipient]?.deliveries ?? []
+                usage[recipient] = StreamUsage(deliveries: waiting.count, bytes: waiting.reduce(0) { $0 + $1.body.readableBytes })
+            }
+            return usage
         }
     }
 }

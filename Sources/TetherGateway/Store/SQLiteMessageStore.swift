@@ -156,75 +156,96 @@ public final class SQLiteMessageStore: MessageStore {
         }
     }
 
-    public func lastProcessed(_ outbox: OutboxID, conversation: String) async throws -> UInt64 {
-        try await self.read { db in try Self.lastProcessed(db, outbox: outbox, conversation: conversation) }
-    }
-
-    public func outcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> StatusCode {
-        try await self.recordedOutcome(outbox, conversation: conversation, sequence: sequence)?.status ?? .ok
-    }
-
-    public func recordedOutcome(_ outbox: OutboxID, conversation: String, sequence: UInt64) async throws -> RecordedOutcome? {
+    public func dedupState(of outbox: OutboxID, conversations: Set<String>, outcomes: [ConversationSequence]) async throws -> DedupState {
         try await self.read { db in
-            let row = try Row.fetchOne(
-                db.cachedStatement(
-                    sql: "SELECT status, message_id FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence = ?"
-                ),
-                arguments: [outbox.client, Int64(bitPattern: outbox.epoch), conversation, Int64(bitPattern: sequence)]
+            var state = DedupState()
+            for conversation in conversations {
+                state.lastProcessed[conversation] = try Self.lastProcessed(db, outbox: outbox, conversation: conversation)
+            }
+            let statement = try db.cachedStatement(
+                sql: "SELECT status, message_id FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence = ?"
             )
-            return row.map { row in
-                RecordedOutcome(
+            for position in outcomes {
+                let row = try Row.fetchOne(
+                    statement,
+                    arguments: [
+                        outbox.client, Int64(bitPattern: outbox.epoch), position.conversation, Int64(bitPattern: position.sequence),
+                    ]
+                )
+                guard let row else { continue }
+                state.outcomes[position] = RecordedOutcome(
                     status: StatusCode(rawValue: UInt16(truncatingIfNeeded: row["status"] as Int)),
                     messageID: (row["message_id"] as Int64?).map { UInt64(bitPattern: $0) }
                 )
             }
+            return state
         }
     }
 
-    public func commit(processed: [ProcessedMessage], deliveries: [NewDelivery]) async throws -> [DeliveryReceipt] {
+    public func apply(_ writes: [StoreWrite]) async throws -> [Result<[DeliveryReceipt], MessageStoreError>] {
         try await self.write { db in
-            var last: [ConversationKey: UInt64] = [:]
-            for message in processed {
-                let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
-                let current = try last[key] ?? Self.lastProcessed(db, outbox: message.outbox, conversation: message.conversation)
-                guard message.sequence == current + 1 else {
-                    // Throwing rolls the whole transaction back.
-                    throw MessageStoreError(
-                        code: .conflict,
-                        message: "message \(message.sequence) of '\(message.conversation)' does not follow \(current)"
-                    )
+            try writes.map { write in
+                do {
+                    var receipts: [DeliveryReceipt] = []
+                    // Each write in a savepoint of its own: a conflict rolls back that write alone.
+                    try db.inSavepoint {
+                        receipts = try Self.apply(write, db)
+                        return .commit
+                    }
+                    return .success(receipts)
+                } catch let error as MessageStoreError where error.code == .conflict {
+                    return .failure(error)
                 }
-                last[key] = message.sequence
+            }
+        }
+    }
+
+    private static func apply(_ write: StoreWrite, _ db: Database) throws -> [DeliveryReceipt] {
+        var last: [ConversationKey: UInt64] = [:]
+        for message in write.processed {
+            let key = ConversationKey(outbox: message.outbox, conversation: message.conversation)
+            let current = try last[key] ?? Self.lastProcessed(db, outbox: message.outbox, conversation: message.conversation)
+            guard message.sequence == current + 1 else {
+                throw MessageStoreError(
+                    code: .conflict,
+                    message: "message \(message.sequence) of '\(message.conversation)' does not follow \(current)"
+                )
+            }
+            last[key] = message.sequence
+            try db.cachedStatement(
+                sql: "INSERT INTO outcomes (client, epoch, conversation, sequence, status, message_id) VALUES (?, ?, ?, ?, ?, ?)"
+            )
+            .execute(arguments: [
+                message.outbox.client, Int64(bitPattern: message.outbox.epoch), message.conversation,
+                Int64(bitPattern: message.sequence), Int(message.status.rawValue),
+                message.messageID.map { Int64(bitPattern: $0) },
+            ])
+        }
+        for (key, sequence) in last {
+            try db.cachedStatement(
+                sql: """
+                    INSERT INTO conversations (client, epoch, conversation, last_sequence) VALUES (?, ?, ?, ?)
+                    ON CONFLICT (client, epoch, conversation) DO UPDATE SET last_sequence = excluded.last_sequence
+                    """
+            ).execute(arguments: [
+                key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation, Int64(bitPattern: sequence),
+            ])
+            if sequence > messageStoreOutcomeWindow {
                 try db.cachedStatement(
-                    sql: "INSERT INTO outcomes (client, epoch, conversation, sequence, status, message_id) VALUES (?, ?, ?, ?, ?, ?)"
+                    sql: "DELETE FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence <= ?"
                 )
                 .execute(arguments: [
-                    message.outbox.client, Int64(bitPattern: message.outbox.epoch), message.conversation,
-                    Int64(bitPattern: message.sequence), Int(message.status.rawValue),
-                    message.messageID.map { Int64(bitPattern: $0) },
+                    key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation,
+                    Int64(bitPattern: sequence - messageStoreOutcomeWindow),
                 ])
             }
-            for (key, sequence) in last {
-                try db.cachedStatement(
-                    sql: """
-                        INSERT INTO conversations (client, epoch, conversation, last_sequence) VALUES (?, ?, ?, ?)
-                        ON CONFLICT (client, epoch, conversation) DO UPDATE SET last_sequence = excluded.last_sequence
-                        """
-                ).execute(arguments: [
-                    key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation, Int64(bitPattern: sequence),
-                ])
-                if sequence > outcomeWindow {
-                    try db.cachedStatement(
-                        sql: "DELETE FROM outcomes WHERE client = ? AND epoch = ? AND conversation = ? AND sequence <= ?"
-                    )
-                    .execute(arguments: [
-                        key.outbox.client, Int64(bitPattern: key.outbox.epoch), key.conversation,
-                        Int64(bitPattern: sequence - outcomeWindow),
-                    ])
-                }
-            }
-            return try Self.append(deliveries, db)
         }
+        let receipts = try Self.append(write.deliveries, db)
+        for (recipient, sequence) in write.acknowledgements {
+            try db.cachedStatement(sql: "DELETE FROM deliveries WHERE recipient = ? AND sequence <= ?")
+                .execute(arguments: [recipient, Int64(bitPattern: sequence)])
+        }
+        return receipts
     }
 
     public func deliveries(for recipient: String, after sequence: UInt64, limit: Int) async throws -> [StoredDelivery] {
@@ -245,22 +266,17 @@ public final class SQLiteMessageStore: MessageStore {
         }
     }
 
-    public func usage(of recipient: String) async throws -> StreamUsage {
+    public func usage(of recipients: [String]) async throws -> [String: StreamUsage] {
         try await self.read { db in
-            let row = try Row.fetchOne(
-                db.cachedStatement(
-                    sql: "SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries WHERE recipient = ?"
-                ),
-                arguments: [recipient]
+            let statement = try db.cachedStatement(
+                sql: "SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries WHERE recipient = ?"
             )
-            return StreamUsage(deliveries: row?["n"] ?? 0, bytes: row?["bytes"] ?? 0)
-        }
-    }
-
-    public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
-        try await self.write { db in
-            try db.cachedStatement(sql: "DELETE FROM deliveries WHERE recipient = ? AND sequence <= ?")
-                .execute(arguments: [recipient, Int64(bitPattern: sequence)])
+            var usage: [String: StreamUsage] = [:]
+            for recipient in recipients {
+                let row = try Row.fetchOne(statement, arguments: [recipient])
+                usage[recipient] = StreamUsage(deliveries: row?["n"] ?? 0, bytes: row?["bytes"] ?? 0)
+            }
+            return usage
         }
     }
 

@@ -5,7 +5,7 @@ import Testing
 
 @Suite("Message scheduler")
 struct OutboxWindowTests {
-    let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+    let now = TetherInstant(nanoseconds: 1_000_000_000)
 
     func record(_ id: UInt64, _ conversation: String, _ sequence: UInt64, _ priority: MessagePriority = .normal) -> OutboxRecord {
         OutboxRecord(

@@ -5,9 +5,9 @@ import Testing
 
 @Suite("Heartbeat state machine")
 struct HeartbeatStateMachineTests {
-    let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+    let start = TetherInstant(nanoseconds: 1_000_000_000)
 
-    func at(_ milliseconds: Int64) -> NIODeadline { self.start + .milliseconds(milliseconds) }
+    func at(_ milliseconds: Int64) -> TetherInstant { self.start + .milliseconds(milliseconds) }
 
     @Test("an idle link is pinged after one interval and declared dead one timeout later")
     func silentLink() {
@@ -135,11 +135,11 @@ struct HeartbeatStateMachineTests {
 
 @Suite("Heartbeat state machine, adaptive")
 struct AdaptiveHeartbeatTests {
-    let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+    let start = TetherInstant(nanoseconds: 1_000_000_000)
 
-    func at(_ milliseconds: Int64) -> NIODeadline { self.start + .milliseconds(milliseconds) }
+    func at(_ milliseconds: Int64) -> TetherInstant { self.start + .milliseconds(milliseconds) }
 
-    func configuration(jitter: Double = 0, suspensionThreshold: TimeAmount? = .seconds(2)) -> HeartbeatStateMachine.Configuration {
+    func configuration(jitter: Double = 0, suspensionThreshold: Duration? = .seconds(2)) -> HeartbeatStateMachine.Configuration {
         .init(
             interval: .seconds(10),
             jitter: jitter,
@@ -150,7 +150,7 @@ struct AdaptiveHeartbeatTests {
     }
 
     /// Pings at the deadline and answers after `roundTrip`; returns the next deadline.
-    mutating func exchange(_ heartbeat: inout HeartbeatStateMachine, roundTrip: TimeAmount) -> TimeAmount {
+    mutating func exchange(_ heartbeat: inout HeartbeatStateMachine, roundTrip: Duration) -> Duration {
         let sentAt = heartbeat.nextDeadline
         guard case .sendPing(let id) = heartbeat.timerFired(at: sentAt) else {
             Issue.record("expected a PING")
@@ -165,7 +165,7 @@ struct AdaptiveHeartbeatTests {
     mutating func adaptiveTimeout() {
         var heartbeat = HeartbeatStateMachine(configuration: self.configuration(), now: self.start)
         #expect(heartbeat.timeout == .seconds(5))
-        var timeout = TimeAmount.zero
+        var timeout = Duration.zero
         for _ in 0..<10 { timeout = self.exchange(&heartbeat, roundTrip: .milliseconds(50)) }
         #expect(timeout == .seconds(1), "a fast link: the floor")
         for _ in 0..<3 { timeout = self.exchange(&heartbeat, roundTrip: .milliseconds(1_500)) }
@@ -184,13 +184,13 @@ struct AdaptiveHeartbeatTests {
 
     @Test("jitter shortens each interval by up to its fraction, reproducibly for a seed")
     func jitter() {
-        func intervals(seed: UInt64) -> [TimeAmount] {
+        func intervals(seed: UInt64) -> [Duration] {
             var heartbeat = HeartbeatStateMachine(
                 configuration: self.configuration(jitter: 0.2),
                 now: self.start,
                 generator: SplitMix64(seed: seed)
             )
-            var result: [TimeAmount] = []
+            var result: [Duration] = []
             var last = self.start
             for _ in 0..<20 {
                 let deadline = heartbeat.nextDeadline

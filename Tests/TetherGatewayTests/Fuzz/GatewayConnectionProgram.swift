@@ -43,7 +43,12 @@ final class GatewayConnectionProgram {
         configuration.limits.handshakesPerSecond = 1 << 30
         configuration.limits.handshakesPerSecondPerAddress = 1 << 30
         configuration.limits.requestsPerSecondPerConnection = 50
-        self.gateway = try! Gateway(configuration: configuration, eventLoopGroup: self.loop, logger: self.logger)
+        self.gateway = try! Gateway(
+            configuration: configuration,
+            eventLoopGroup: self.loop,
+            clock: EventLoopClock(self.loop),
+            logger: self.logger
+        )
         self.gateway.handle("task") { request, _ in request.body }
         // Suspends, so that its slot stays taken until the loop runs: later requests wait.
         self.gateway.handle("yield") { request, _ in
@@ -67,6 +72,7 @@ final class GatewayConnectionProgram {
             id: self.connections,
             framing: setup & 2 == 0 ? .byteStream : .messages,
             eventLoop: self.loop,
+            pushes: self.gateway.pushBatchers[ObjectIdentifier(self.loop)],
             logger: self.logger
         )
         try! channel.pipeline.syncOperations.addHandler(handler)

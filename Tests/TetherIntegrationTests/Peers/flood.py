@@ -6,8 +6,8 @@ Usage: flood.py HOST PORT FRAMES_FILE COUNT
 FRAMES_FILE holds a HELLO frame followed by COUNT REQUEST frames, encoded beforehand (by the
 test, with Tether's own encoder). The flooder sends the HELLO, waits for the gateway's answer,
 then writes every request at once while a second thread reads the answers. It prints one line,
-`answered N status=count ...`, once COUNT responses arrived or the gateway closed the
-connection. Only the frame header (PROTOCOL.md section 2) and RESPONSE's leading status
+`answered N seconds=S status=count ...`, once COUNT responses arrived or the gateway closed the
+connection (S: from the first request written to the last answer). Only the frame header (PROTOCOL.md section 2) and RESPONSE's leading status
 (section 4.4) are parsed here.
 """
 import collections
@@ -15,6 +15,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 HEADER = 26
 WELCOME, RESPONSE = 0x02, 0x04
@@ -67,14 +68,16 @@ def main():
                 answered += 1
 
     reader = threading.Thread(target=read_answers)
+    started = time.monotonic()
     reader.start()
     try:
         sock.sendall(frames[hello_end:])
     except OSError:
         pass  # the gateway closed the connection: the answers say how far it got
     reader.join()
+    seconds = time.monotonic() - started
     summary = " ".join(f"{status}={n}" for status, n in sorted(statuses.items()))
-    print(f"answered {sum(statuses.values())} {summary}", flush=True)
+    print(f"answered {sum(statuses.values())} seconds={seconds:.2f} {summary}", flush=True)
 
 
 if __name__ == "__main__":

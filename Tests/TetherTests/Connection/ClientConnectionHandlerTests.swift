@@ -40,10 +40,10 @@ final class ClientHandlerFixture {
     let hello: Frame.Hello
 
     init(
-        handshakeTimeout: TimeAmount = .seconds(5),
-        heartbeatTimeout: TimeAmount = .seconds(5),
+        handshakeTimeout: Duration = .seconds(5),
+        heartbeatTimeout: Duration = .seconds(5),
         hello: Frame.Hello = defaultHello,
-        reliability: (window: Int, retransmission: RTTEstimator)? = nil,
+        reliability: ClientConnectionStateMachine.Configuration.Reliability? = nil,
         reliable: ReliableCallbacks? = nil
     ) throws {
         self.hello = hello
@@ -56,16 +56,12 @@ final class ClientHandlerFixture {
             configuration: .init(
                 hello: hello,
                 handshakeTimeout: handshakeTimeout,
-                heartbeat: try .init(
-                    timeout: Duration(heartbeatTimeout),
-                    minimumTimeout: Duration(heartbeatTimeout),
-                    jitter: 0,
-                    suspensionThreshold: nil
-                ),
-                maxInboundBodySize: 1 << 20,
+                heartbeat: HeartbeatPolicy(timeout: heartbeatTimeout, minimumTimeout: heartbeatTimeout),
                 reliability: reliability
             ),
+            maxInboundBodySize: 1 << 20,
             framing: .byteStream,
+            clock: EventLoopClock(self.loop),
             callbacks: .init(
                 push: { push in pushes.withLockedValue { $0.append(push) } },
                 goAway: { goAway in goAways.withLockedValue { $0.append(goAway) } },
@@ -110,17 +106,17 @@ final class ClientHandlerFixture {
 
     /// Sends a request as a caller on the event loop does, then lets the loop finish its batch
     /// (where the flush of a request sent with others in flight waits).
-    func request(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
+    func request(id: UInt64, timeout: Duration = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
         let future = self.requestWithoutRunningLoop(id: id, timeout: timeout)
         self.loop.run()
         return future
     }
 
-    func requestWithoutRunningLoop(id: UInt64, timeout: TimeAmount = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
+    func requestWithoutRunningLoop(id: UInt64, timeout: Duration = .seconds(30)) -> EventLoopFuture<ByteBuffer> {
         let promise = self.loop.makePromise(of: ByteBuffer.self)
         self.handler.sendRequest(
             .init(id: id, method: "m", body: ByteBuffer()),
-            deadline: self.loop.now + timeout,
+            deadline: EventLoopClock(self.loop).now + timeout,
             waiter: .promise(promise)
         )
         return promise.futureResult
@@ -517,7 +513,7 @@ struct ClientReliableHandlerTests {
         // Every timeout is at least 1 s, whatever the RTT samples say; each retransmission doubles it.
         let fixture = try ClientHandlerFixture(
             hello: reliableHello,
-            reliability: (window: 100, retransmission: RTTEstimator(initialTimeout: .seconds(1), minimumTimeout: .seconds(1))),
+            reliability: .init(window: 100, retransmission: RTTEstimator(initialTimeout: .seconds(1), minimumTimeout: .seconds(1))),
             reliable: ReliableCallbacks(acknowledged: { _ in }, sent: { _ in }, delivery: { _, _ in .accepted })
         )
         var reliableWelcome = welcome
@@ -563,7 +559,7 @@ struct ClientReliableHandlerTests {
         reliableHello.outboxEpoch = 5
         let fixture = try ClientHandlerFixture(
             hello: reliableHello,
-            reliability: (window: 100, retransmission: RTTEstimator()),
+            reliability: .init(window: 100, retransmission: RTTEstimator()),
             reliable: ReliableCallbacks(
                 acknowledged: { entries in acknowledged.withLockedValue { $0 += entries.map(\.id) } },
                 sent: { _ in },

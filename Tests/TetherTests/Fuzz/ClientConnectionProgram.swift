@@ -57,11 +57,12 @@ final class ClientConnectionProgram {
             configuration: .init(
                 hello: Self.hello,
                 handshakeTimeout: .seconds(5),
-                heartbeat: try! .init(timeout: .seconds(5), minimumTimeout: .seconds(5), jitter: 0, suspensionThreshold: nil),
-                maxInboundBodySize: 4096,
+                heartbeat: HeartbeatPolicy(timeout: .seconds(5), minimumTimeout: .seconds(5)),
                 reliability: nil
             ),
+            maxInboundBodySize: 4096,
             framing: setup & 2 == 0 ? .byteStream : .messages,
+            clock: EventLoopClock(self.loop),
             callbacks: .init(push: { _ in }, goAway: { _ in }, reliable: nil),
             established: established,
             closed: closed,
@@ -88,7 +89,7 @@ final class ClientConnectionProgram {
                 self.loop.run()
             case 3:
                 let id = UInt64(input.popFirst() ?? 0)
-                let deadline = self.loop.now + .milliseconds(100 * (1 + Int64(input.popFirst() ?? 0)))
+                let deadline = EventLoopClock(self.loop).now + .milliseconds(100 * (1 + Int64(input.popFirst() ?? 0)))
                 let promise = self.loop.makePromise(of: ByteBuffer.self)
                 promise.futureResult.whenComplete { _ in settled.requests += 1 }
                 requests += 1

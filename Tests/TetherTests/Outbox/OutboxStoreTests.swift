@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import Testing
 import Tether
+import TetherTestSupport
 
 /// The contract of ``OutboxStore``, checked against every implementation.
 @Suite("Outbox stores")
@@ -95,6 +96,11 @@ struct OutboxStoreTests {
             let error = #expect(throws: OutboxStoreError.self) { try SQLiteOutboxStore(path: path) }
             #expect(error?.message.contains("in use by another client") == true)
             _ = try await first.load()
+        }
+        // The store's last reference may still be held for a moment by the database pool's
+        // reader that just answered `load()`; the lock goes when the store goes.
+        try await eventually("the lock is released with the store", timeout: .seconds(5)) {
+            (try? SQLiteOutboxStore(path: path)) != nil
         }
         _ = try await SQLiteOutboxStore(path: path).load()
     }

@@ -1,0 +1,328 @@
+import NIOCore
+
+/// Everything one gateway connection knows, as one value, with no I/O: its phase and the data
+/// of that phase (the handshake's deadline; once established the negotiated parameters, the
+/// requests, the reliable inbox and delivery pump; the close deadline), the tasks it must
+/// outlive, and the time limits of those tasks.
+///
+/// Each event is a `mutating func` that returns what the handler must do; time is passed in.
+/// The handler performs the action, holds the I/O resources (the channel, the tasks, the
+/// timer), and nothing else.
+///
+/// ```
+///  handshaking ──WELCOME──▶ active ──drain──▶ draining
+///       │                     │                  │
+///       └── ERROR / violation / timeout / idle / grace / refusal ──▶ closing ──channel closed──▶ closed
+/// ```
+///
+/// - **Handshake.** HELLO starts it; the handler authenticates in a task and reports with
+///   ``handshakeSucceeded(_:)`` or ``handshakeRefused(_:now:)``. No complete handshake within
+///   the handshake timeout: ERROR `handshake timeout`.
+/// - **Requests** (``GatewayRequestTable``): each is answered at most once, held to its
+///   deadline, and paced to the connection's rate.
+/// - **Reliable delivery**: MESSAGEs wait in the ``MessageInbox`` and go to the outbox's lane
+///   in paced batches; DELIVERYs leave through the ``DeliveryPump``.
+/// - **Liveness.** Nothing received for the idle timeout: GOAWAY `idle timeout`. The
+///   credentials' expiry: GOAWAY `credentials expired`, drained like a shutdown. After GOAWAY
+///   the grace period bounds the wait for the client to close; a last frame the client does
+///   not read is given up after the close timeout.
+package struct GatewayConnectionStateMachine: Sendable {
+    package struct Configuration: Sendable, Hashable {
+        package var handshakeTimeout: Duration
+        package var idleTimeout: Duration
+        package var shutdownGracePeriod: Duration
+        /// How long a last frame (GOAWAY, ERROR) may take to be written before the connection
+        /// is closed anyway: a client that does not read cannot hold it open.
+        package var closeTimeout: Duration
+        package var requests: GatewayRequestTable.Limits
+        package var inbox: MessageInbox.Limits
+        /// Deliveries sent and not acknowledged at most.
+        package var deliveryWindow: Int
+
+        package init(
+            handshakeTimeout: Duration,
+            idleTimeout: Duration,
+            shutdownGracePeriod: Duration,
+            closeTimeout: Duration = .seconds(2),
+            requests: GatewayRequestTable.Limits,
+            inbox: MessageInbox.Limits,
+            deliveryWindow: Int
+        ) {
+            self.handshakeTimeout = handshakeTimeout
+            self.idleTimeout = idleTimeout
+            self.shutdownGracePeriod = shutdownGracePeriod
+            self.closeTimeout = closeTimeout
+            self.requests = requests
+            self.inbox = inbox
+            self.deliveryWindow = deliveryWindow
+        }
+    }
+
+    /// The connection's phase, with the data of that phase.
+    package enum State: Sendable {
+        /// Accepted: waiting for HELLO (`helloReceived` false), then for the handshake's task.
+        case handshaking(Handshaking)
+        /// Established.
+        case active(Active)
+        /// GOAWAY was sent: requests in flight are answered, new ones refused `unavailable`,
+        /// until the client closes or the grace period ends.
+        case draining(Active)
+        /// Closing: nothing more is read or answered; a last frame may still be being written.
+        case closing(Closing)
+        /// The channel closed.
+        case closed
+        /// Only while an event is being handled.
+        case _modifying
+    }
+
+    package struct Handshaking: Sendable {
+        package var deadline: TetherInstant
+        package var helloReceived = false
+    }
+
+    package struct Active: Sendable {
+        package var negotiated: Handshake.Negotiated
+        package var lastInbound: TetherInstant
+        /// When the client's credentials, and their grace period, run out.
+        package var credentialsDeadline: TetherInstant?
+        /// When a draining connection is closed whatever is in flight.
+        package var graceDeadline: TetherInstant?
+        package var requests: GatewayRequestTable
+        package var reliable: Reliable?
+    }
+
+    /// Reliable delivery on the connection.
+    package struct Reliable: Sendable {
+        package var inbox: MessageInbox
+        package var pump: DeliveryPump
+        /// Whether the client takes `unavailable` answers (the `message answers` feature).
+        package var answers: Bool
+    }
+
+    package struct Closing: Sendable {
+        /// When a last frame still not written stops holding the connection open.
+        package var deadline: TetherInstant?
+    }
+
+    package let configuration: Configuration
+    package internal(set) var state: State
+    /// The flags every outbound frame carries now. Stored: the handler reads it for every frame.
+    package private(set) var outboundFlags: FrameFlags = .checksum
+    /// The largest body the client accepts, once established.
+    package private(set) var peerMaxBodySize: Int?
+    /// The connection's tasks that have not ended: the handshake, handlers, reliable batches,
+    /// store reads. They outlive the channel; the connection is done when they ended.
+    package internal(set) var tasks = 0
+    /// The time limits of tasks that outlive the connection (reliable message handlers).
+    private var timeLimits = DeadlineQueue<UInt64, TetherInstant>()
+    /// Time limits that expired and whose tasks have not ended yet.
+    private var expiredTimeLimits: Set<UInt64> = []
+    private var nextTimeLimit: UInt64 = 0
+
+    package init(configuration: Configuration, now: TetherInstant) {
+        self.configuration = configuration
+        self.state = .handshaking(Handshaking(deadline: now + configuration.handshakeTimeout))
+    }
+
+    /// Whether the connection is established (active or draining).
+    package var isEstablished: Bool {
+        switch self.state {
+        case .active, .draining: true
+        case .handshaking, .closing, .closed, ._modifying: false
+        }
+    }
+
+    /// Whether nothing more is written (closing or closed).
+    package var isClosing: Bool {
+        switch self.state {
+        case .closing, .closed: true
+        case .handshaking, .active, .draining, ._modifying: false
+        }
+    }
+
+    /// Whether the connection must stop reading: requests or reliable messages wait at their
+    /// limits.
+    package var holdsReads: Bool {
+        switch self.state {
+        case .active(let active), .draining(let active):
+            active.requests.holdsReads || active.reliable?.inbox.holdsReads == true
+        case .handshaking, .closing, .closed, ._modifying:
+            false
+        }
+    }
+
+    /// Requests read and not answered.
+    package var requestsInFlight: Int {
+        switch self.state {
+        case .active(let active), .draining(let active): active.requests.count
+        case .handshaking, .closing, .closed, ._modifying: 0
+        }
+    }
+
+    /// Reliable messages waiting for the lane (not counting the batch being processed).
+    package var reliableMessagesWaiting: Int {
+        switch self.state {
+        case .active(let active), .draining(let active): active.reliable?.inbox.count ?? 0
+        case .handshaking, .closing, .closed, ._modifying: 0
+        }
+    }
+
+    /// Request handlers running in tasks.
+    package var runningHandlers: Int {
+        switch self.state {
+        case .active(let active), .draining(let active): active.requests.running
+        case .handshaking, .closing, .closed, ._modifying: 0
+        }
+    }
+
+    /// When the timer must fire next.
+    package mutating func nextDeadline(now: TetherInstant) -> TetherInstant? {
+        var next = self.timeLimits.earliest
+        func consider(_ deadline: TetherInstant?) {
+            if let deadline { next = min(next ?? deadline, deadline) }
+        }
+        switch self.state {
+        case .handshaking(let handshaking):
+            consider(handshaking.deadline)
+        case .active(var active), .draining(var active):
+            let draining = if case .draining = self.state { true } else { false }
+            self.state = ._modifying
+            consider(active.lastInbound + self.configuration.idleTimeout)
+            consider(active.credentialsDeadline)
+            consider(active.graceDeadline)
+            consider(active.requests.nextDeadline(now: now))
+            if active.reliable != nil {
+                consider(active.reliable!.inbox.nextDeadline(now: now))
+                consider(active.reliable!.pump.retryAt)
+            }
+            self.state = draining ? .draining(active) : .active(active)
+        case .closing(let closing):
+            consider(closing.deadline)
+        case .closed, ._modifying:
+            break
+        }
+        return next
+    }
+
+    // MARK: Tasks
+
+    /// One of the connection's tasks started.
+    package mutating func taskStarted() {
+        self.tasks += 1
+    }
+
+    /// One of the connection's tasks ended.
+    /// - Returns: Whether the connection is done: closed, and this was its last task.
+    package mutating func taskEnded() -> Bool {
+        self.tasks -= 1
+        return self.isDone
+    }
+
+    /// Closed, with no task left.
+    package var isDone: Bool {
+        if case .closed = self.state { return self.tasks == 0 }
+        return false
+    }
+
+    /// A time limit for a task that outlives the connection (a batch of reliable messages: its
+    /// handlers must still be committed after the connection closed, PROTOCOL.md, section 9.1),
+    /// disarmed until ``armTimeLimit(_:now:)``.
+    /// - Returns: Its token.
+    package mutating func newTimeLimit() -> UInt64 {
+        defer { self.nextTimeLimit += 1 }
+        return self.nextTimeLimit
+    }
+
+    /// Holds the task to the handler time limit from `now` (a handler starts): past it,
+    /// ``timerFired(now:)`` says to cancel the task.
+    package mutating func armTimeLimit(_ token: UInt64, now: TetherInstant) {
+        self.timeLimits.insert(token, deadline: now + self.configuration.requests.handlerTimeout)
+    }
+
+    /// The handler finished.
+    /// - Returns: Whether it ran past its limit (and its task was cancelled).
+    package mutating func disarmTimeLimit(_ token: UInt64) -> Bool {
+        if self.timeLimits.remove(token) { return false }
+        return self.expiredTimeLimits.remove(token) != nil
+    }
+
+    /// The task ended: its token is forgotten.
+    package mutating func endTimeLimit(_ token: UInt64) {
+        self.timeLimits.remove(token)
+        self.expiredTimeLimits.remove(token)
+    }
+
+    mutating func expireTimeLimits(now: TetherInstant) -> [UInt64] {
+        let expired = self.timeLimits.popExpired(at: now)
+        self.expiredTimeLimits.formUnion(expired)
+        return expired
+    }
+
+    // MARK: Closing
+
+    /// The handler closes the connection: with a last frame being written (it then has the
+    /// close timeout to be written), or at once.
+    /// - Returns: The requests to settle (cancel their tasks), or `nil` if the connection was
+    ///   closing already.
+    package mutating func startClosing(writingLastFrame: Bool, now: TetherInstant) -> [UInt64]? {
+        var settled: [UInt64] = []
+        switch self.state {
+        case .closing, .closed:
+            return nil
+        case .active(var active), .draining(var active):
+            self.state = ._modifying
+            settled = active.requests.closeAll()
+            active.reliable?.inbox.close()
+        case .handshaking:
+            break
+        case ._modifying:
+            preconditionFailure("re-entered the machine")
+        }
+        self.state = .closing(Closing(deadline: writingLastFrame ? now + self.configuration.closeTimeout : nil))
+        self.outboundFlags = .checksum  // a closing ERROR carries one whatever was negotiated
+        return settled
+    }
+
+    /// The channel closed.
+    /// - Returns: The requests to settle (cancel their tasks), and whether the connection is
+    ///   done (no task left); `nil` if it was reported already.
+    package mutating func channelClosed() -> (settled: [UInt64], done: Bool)? {
+        if case .closed = self.state { return nil }
+        let settled = self.startClosing(writingLastFrame: false, now: .zero) ?? []
+        self.state = .closed
+        return (settled, self.tasks == 0)
+    }
+
+    // MARK: Helpers for the extensions
+
+    /// Runs `body` on the established connection's data.
+    /// - Returns: `nil` if it is not established.
+    mutating func withEstablished<Result>(_ body: (inout Active, _ draining: Bool) -> Result) -> Result? {
+        switch self.state {
+        case .active(var active):
+            self.state = ._modifying
+            defer { self.state = .active(active) }
+            return body(&active, false)
+        case .draining(var active):
+            self.state = ._modifying
+            defer { self.state = .draining(active) }
+            return body(&active, true)
+        case .handshaking, .closing, .closed:
+            return nil
+        case ._modifying:
+            preconditionFailure("re-entered the machine")
+        }
+    }
+
+    mutating func established(_ active: Active) {
+        self.state = .active(active)
+        self.outboundFlags = active.negotiated.checksums ? .checksum : []
+        self.peerMaxBodySize = active.negotiated.peerMaxBodySize
+    }
+
+    mutating func setDraining(graceDeadline: TetherInstant) {
+        guard case .active(var active) = self.state else { return }
+        active.graceDeadline = graceDeadline
+        self.state = .draining(active)
+    }
+}

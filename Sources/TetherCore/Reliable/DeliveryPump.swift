@@ -1,0 +1,175 @@
+/// The deliveries of one recipient's connection (PROTOCOL.md, section 9.2), with no I/O: which
+/// to read from the store, which to send, which acknowledgements to write.
+///
+/// - At most `window` deliveries are sent and not acknowledged.
+/// - Deliveries committed while the recipient is connected are **offered** to its pump; when
+///   they follow what it sent, they go out from memory, without reading the store. Anything
+///   else (a gap, a window that is full, a read already under way) is read from the store.
+/// - The client's acknowledgements are written one at a time, the newest first: a write
+///   that starts while another runs waits and takes the latest.
+///
+/// ```swift
+/// var pump = DeliveryPump(resume: hello.resume ?? 0, window: 256)
+/// perform(pump.start())              // read the store, record the resume point
+/// perform(pump.fetched(deliveries))  // send them
+/// perform(pump.acknowledged(upTo: 7))
+/// ```
+package struct DeliveryPump: Sendable, Hashable {
+    /// What the driver does next; several at once.
+    package struct Actions: Sendable, Hashable {
+        /// Read up to `limit` deliveries after `after` from the store, then call ``fetched(_:limit:)``.
+        package var fetch: (after: UInt64, limit: Int)?
+        /// Send these deliveries, in order.
+        package var send: [StoredDelivery] = []
+        /// Write that every delivery up to this one is acknowledged, then call ``recordFinished(_:)``.
+        package var record: UInt64?
+
+        package static func == (lhs: Actions, rhs: Actions) -> Bool {
+            lhs.fetch?.after == rhs.fetch?.after && lhs.fetch?.limit == rhs.fetch?.limit && lhs.send == rhs.send
+                && lhs.record == rhs.record
+        }
+
+        package func hash(into hasher: inout Hasher) {
+            hasher.combine(self.fetch?.after)
+            hasher.combine(self.fetch?.limit)
+            hasher.combine(self.send)
+            hasher.combine(self.record)
+        }
+    }
+
+    /// The most deliveries read in one go.
+    package static let maxFetch = 128
+    /// How long a failed read waits before the next.
+    package static let retryDelay: Duration = .seconds(1)
+
+    package let window: Int
+    /// The last delivery sent (or that the client already had).
+    package private(set) var lastSent: UInt64
+    /// The last delivery the client acknowledged.
+    package private(set) var acknowledged: UInt64
+    /// The last acknowledgement written to the store.
+    package private(set) var recorded: UInt64 = 0
+    private var recording: UInt64?
+    private var fetching = false
+    /// Deliveries were offered while a read was under way: it may have missed them.
+    private var offeredWhileFetching = false
+    /// The store may hold deliveries after ``lastSent`` that were not sent.
+    private var mayHaveMore = true
+    /// When to read again after a failed read.
+    package private(set) var retryAt: TetherInstant?
+    /// Whether the connection takes more writes now: while the client does not read, nothing
+    /// more is read from the store or sent.
+    private var writable = true
+
+    /// - Parameters:
+    ///   - resume: The last delivery the client has (its HELLO's resume point in this store's
+    ///     epoch, 0 otherwise).
+    ///   - window: Deliveries sent and not acknowledged at most.
+    package init(resume: UInt64, window: Int) {
+        self.window = max(1, window)
+        self.lastSent = resume
+        self.acknowledged = resume
+    }
+
+    private var inFlight: Int { Int(self.lastSent - self.acknowledged) }
+
+    /// The connection is established: read what waits; record the resume point (what the
+    /// client has may still be stored, its last acknowledgement lost).
+    package mutating func start() -> Actions {
+        var actions = self.fetchIfNeeded()
+        if self.acknowledged > 0 { actions.record = self.recordIfNeeded() }
+        return actions
+    }
+
+    /// The store returned what ``Actions/fetch`` asked for.
+    package mutating func fetched(_ deliveries: [StoredDelivery], limit: Int) -> Actions {
+        self.fetching = false
+        let fresh = deliveries.filter { $0.sequence > self.lastSent }
+        self.mayHaveMore = deliveries.count >= limit || self.offeredWhileFetching
+        self.offeredWhileFetching = false
+        var actions = Actions()
+        if let last = fresh.last {
+            self.lastSent = last.sequence
+            actions.send = fresh
+        }
+        let next = self.fetchIfNeeded()
+        actions.fetch = next.fetch
+        return actions
+    }
+
+    /// The read failed: it is tried again after ``retryDelay``.
+    package mutating func fetchFailed(now: TetherInstant) {
+        self.fetching = false
+        self.retryAt = now + Self.retryDelay
+    }
+
+    /// New deliveries were committed for this recipient.
+    package mutating func offered(_ deliveries: [StoredDelivery]) -> Actions {
+        guard let first = deliveries.first else { return Actions() }
+        guard !self.fetching, !self.mayHaveMore, self.retryAt == nil, self.writable, first.sequence == self.lastSent + 1 else {
+            if let last = deliveries.last, last.sequence > self.lastSent {
+                self.mayHaveMore = true
+                if self.fetching { self.offeredWhileFetching = true }
+            }
+            return self.fetchIfNeeded()
+        }
+        let room = max(0, self.window - self.inFlight)
+        var actions = Actions()
+        if room > 0 {
+            actions.send = Array(deliveries.prefix(room))
+            self.lastSent = actions.send.last!.sequence
+        }
+        if deliveries.count > room { self.mayHaveMore = true }  // the rest is read once the window opens
+        return actions
+    }
+
+    /// A DELIVERY_ACK arrived.
+    package mutating func acknowledged(upTo sequence: UInt64) -> Actions {
+        let upTo = min(sequence, self.lastSent)  // the client cannot have what was not sent
+        guard upTo > self.acknowledged else { return Actions() }
+        self.acknowledged = upTo
+        var actions = self.fetchIfNeeded()
+        actions.record = self.recordIfNeeded()
+        return actions
+    }
+
+    /// The acknowledgement write finished.
+    /// - Parameter succeeded: Whether it was stored; if not, the next acknowledgement tries again.
+    package mutating func recordFinished(_ succeeded: Bool) -> Actions {
+        if let recording, succeeded { self.recorded = max(self.recorded, recording) }
+        self.recording = nil
+        var actions = Actions()
+        if succeeded { actions.record = self.recordIfNeeded() }
+        return actions
+    }
+
+    /// The timer fired: a read that failed may be tried again.
+    package mutating func timerFired(now: TetherInstant) -> Actions {
+        guard let retryAt, now >= retryAt else { return Actions() }
+        self.retryAt = nil
+        self.mayHaveMore = true
+        return self.fetchIfNeeded()
+    }
+
+    /// The connection's writability changed.
+    package mutating func writabilityChanged(_ writable: Bool) -> Actions {
+        self.writable = writable
+        return self.fetchIfNeeded()
+    }
+
+    private mutating func fetchIfNeeded() -> Actions {
+        guard self.mayHaveMore, !self.fetching, self.retryAt == nil, self.writable else { return Actions() }
+        let room = self.window - self.inFlight
+        guard room > 0 else { return Actions() }
+        self.fetching = true
+        var actions = Actions()
+        actions.fetch = (self.lastSent, min(room, Self.maxFetch))
+        return actions
+    }
+
+    private mutating func recordIfNeeded() -> UInt64? {
+        guard self.recording == nil, self.acknowledged > self.recorded else { return nil }
+        self.recording = self.acknowledged
+        return self.acknowledged
+    }
+}

@@ -1,0 +1,64 @@
+import NIOCore
+import TetherCore
+
+extension GatewayConnectionHandler {
+    /// Writes pushes that were encoded once for many connections, and marks the connection for
+    /// a flush without scheduling one (its loop's ``PushBatcher`` flushes every connection it
+    /// wrote to at the end of its batch).
+    ///
+    /// Call it on the event loop. Pushes reach only established connections (the registry
+    /// lists a connection as established once its WELCOME is written). A push larger than this
+    /// client accepts is dropped (and logged); a client that does not read its pushes is closed.
+    /// - Returns: Whether the caller must call ``flushIfPending()`` at the end of its batch.
+    func deliver(_ push: EncodedPush) -> Bool {
+        guard let context = self.context, self.machine.isEstablished, let limit = self.machine.peerMaxBodySize else { return false }
+        guard self.keepsUp(context: context) else { return false }
+        let flushOwed = self.io.flushOwed
+        if self.io.framing == .byteStream, push.largestBody <= limit {
+            let bytes = self.machine.outboundFlags.contains(.checksum) ? push.checksummed : push.plain
+            self.io.write(encoded: bytes, context: context)
+        } else {
+            // One frame per message, or a push over this client's limit: each push on its own.
+            var wrote = false
+            for frame in push.pushes {
+                guard frame.bodySize <= limit else {
+                    self.logger.warning(
+                        "dropping a push larger than the client accepts",
+                        metadata: ["topic": "\(frame.topic)", "bytes": "\(frame.bodySize)", "limit": "\(limit)"]
+                    )
+                    continue
+                }
+                wrote = self.write(.push(frame)) || wrote
+            }
+            guard wrote else { return false }
+        }
+        return !flushOwed
+    }
+
+    /// Flushes what ``deliver(_:)`` wrote, unless something flushed it meanwhile.
+    func flushIfPending() {
+        guard let context = self.context, self.io.flushOwed else { return }
+        self.io.flush(context: context)
+    }
+
+    /// Whether the client reads what it is sent; if not (its outbound buffer is over the
+    /// limit), closes the connection.
+    private func keepsUp(context: ChannelHandlerContext) -> Bool {
+        // Reading the buffered byte count costs more than the push; a channel is writable
+        // until its buffer passes the (lower) high-water mark, so look only when it is not.
+        let limit = self.services.configuration.limits.maxBufferedOutboundBytes
+        guard !self.io.isWritable, let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes), buffered > limit
+        else { return true }
+        self.logger.warning(
+            "closing a connection whose client does not read its pushes (slow consumer)",
+            metadata: ["buffered": "\(buffered)", "limit": "\(limit)"]
+        )
+        // Behind what is buffered; should the client catch up, it learns why.
+        let report = Frame.ErrorReport(
+            code: .resourceExhausted,
+            message: "slow consumer: \(buffered) bytes waited for the client to read them, over the limit of \(limit)"
+        )
+        self.writeAndClose(.error(report), settle: self.machine.startClosing(writingLastFrame: true, now: self.services.clock.now))
+        return false
+    }
+}

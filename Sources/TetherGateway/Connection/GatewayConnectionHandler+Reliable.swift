@@ -1,0 +1,155 @@
+import NIOCore
+import TetherCore
+
+extension GatewayConnectionHandler {
+    /// Hands a batch of the client's reliable messages to its outbox's lane, in a task that
+    /// holds the handler time limit for each handler it runs.
+    func startBatch(_ batch: [ReliableLaneMachine.Received]) {
+        guard let lane = self.lane, let reliable = self.services.reliable, let scope = self.scope else { return }
+        let answers = self.machine.reliableAnswers
+        let token = self.machine.newTimeLimit()
+        let driver = LaneDriver(
+            lane: lane.lane,
+            reliable: reliable,
+            router: self.services.router,
+            pushes: self.services.pushes,
+            connection: scope.connection,
+            clock: self.services.clock,
+            executor: self.executor,
+            logger: self.logger,
+            handle: self.handle,
+            timeLimit: token
+        )
+        self.machine.taskStarted()
+        self.limitedTasks[token] = self.spawn {
+            let done = await driver.process(batch, answers: answers)
+            driver.handle.execute { $0.batchFinished(done, timeLimit: token) }
+        }
+    }
+
+    /// The lane finished a batch (committed or not): answer, hand its deliveries to their
+    /// recipients' pumps, start the next batch.
+    private func batchFinished(_ done: ReliableLaneMachine.Done, timeLimit token: UInt64) {
+        defer { self.taskEnded() }
+        self.limitedTasks[token] = nil
+        self.machine.endTimeLimit(token)
+        for note in done.notes { self.log(note) }
+        // Committed: whether this connection is still open or not, the recipients get them.
+        if !done.stored.isEmpty { self.services.registry.offer(done.stored) }
+        if !done.acks.isEmpty {
+            // Not awaited: what is acknowledged is committed; a lost ACK makes the client send again.
+            self.pushes?.drain()
+            self.write(.messageAck(.init(entries: done.acks)))
+            self.flushSoon()
+        }
+        let now = self.services.clock.now
+        if let next = self.machine.batchEnded(now: now) { self.startBatch(next) }
+        self.resumeReading()
+        self.armTimer(now: now)
+    }
+
+    private func log(_ note: ReliableLaneMachine.Note) {
+        switch note {
+        case .conflict(let conversation, let sequence, let message, let earlier):
+            self.services.refusalLog.log(
+                self.logger,
+                .warning,
+                "refusing a message whose sequence another message already had",
+                metadata: ["conversation": "\(conversation)", "sequence": "\(sequence)", "message": "\(message)", "earlier": "\(earlier)"]
+            )
+        case .quotaExceeded(let reason):
+            self.services.refusalLog.log(self.logger, .warning, "a recipient's store quota is full", metadata: ["reason": "\(reason)"])
+        case .storeUnavailable:
+            self.services.refusalLog.log(self.logger, .error, "the message store is unavailable; the client will send its messages again")
+        }
+    }
+
+    // MARK: The delivery pump
+
+    /// Deliveries were committed for this connection's client.
+    func deliveriesOffered(_ deliveries: [StoredDelivery]) {
+        guard let actions = self.machine.deliveriesOffered(deliveries) else { return }
+        self.pump(actions)
+    }
+
+    /// Carries out what the delivery pump decided: reads, sends, acknowledgement writes.
+    func pump(_ actions: DeliveryPump.Actions) {
+        if !actions.send.isEmpty {
+            self.pushes?.drain()
+            for delivery in actions.send {
+                self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)))
+            }
+            self.flushSoon()
+        }
+        guard let reliable = self.services.reliable, let recipient = self.scope?.connection.clientID else { return }
+        let handle = self.handle
+        if let fetch = actions.fetch {
+            self.machine.taskStarted()
+            self.spawn {
+                let result = await Result { try await reliable.store.deliveries(for: recipient, after: fetch.after, limit: fetch.limit) }
+                handle.execute { $0.fetched(result, limit: fetch.limit) }
+            }
+        }
+        if let upTo = actions.record {
+            self.machine.taskStarted()
+            self.spawn {
+                let result = await Result { try await reliable.writer.commit(StoreWrite(acknowledgements: [recipient: upTo])) }
+                handle.execute { $0.recorded(result) }
+            }
+        }
+    }
+
+    private func fetched(_ result: Result<[StoredDelivery], any Error>, limit: Int) {
+        defer { self.taskEnded() }
+        switch result {
+        case .success(let deliveries):
+            if let actions = self.machine.deliveriesFetched(deliveries, limit: limit) { self.pump(actions) }
+        case .failure(let error):
+            self.logger.error("cannot read deliveries; retrying", metadata: ["error": "\(error)"])
+            let now = self.services.clock.now
+            self.machine.deliveriesFetchFailed(now: now)
+            self.armTimer(now: now)
+        }
+    }
+
+    private func recorded(_ result: Result<[DeliveryReceipt], any Error>) {
+        defer { self.taskEnded() }
+        if case .failure(let error) = result {
+            // The client's next acknowledgement (or its next connection's resume point) records it.
+            self.logger.error("cannot record a delivery acknowledgement", metadata: ["error": "\(error)"])
+        }
+        if let actions = self.machine.acknowledgementRecorded(result.isSuccess) { self.pump(actions) }
+    }
+
+    // MARK: Time limits, for the lane driver
+
+    /// A handler of the batch with `token` starts: it has the handler time limit from now.
+    func armTimeLimit(_ token: UInt64) {
+        let now = self.services.clock.now
+        self.machine.armTimeLimit(token, now: now)
+        self.armTimer(now: now)
+    }
+
+    /// The handler ended.
+    /// - Returns: Whether it ran past its limit (its task was cancelled).
+    func disarmTimeLimit(_ token: UInt64) -> Bool {
+        self.machine.disarmTimeLimit(token)
+    }
+}
+
+extension Result {
+    fileprivate var isSuccess: Bool {
+        if case .success = self { return true }
+        return false
+    }
+}
+
+extension Result where Failure == any Error {
+    fileprivate init(catching body: () async throws -> Success) async {
+        do {
+            self = .success(try await body())
+        } catch {
+            self = .failure(error)
+        }
+    }
+}

@@ -1,0 +1,149 @@
+public import Logging
+public import NIOCore
+import TetherCore
+
+/// A reliable message as its handler receives it (PROTOCOL.md, section 9.1).
+public struct ReliableMessage: Sendable {
+    /// The client's id of the message.
+    public var id: UInt64
+    /// The topic the client sent it on; it selected this handler.
+    public var topic: String
+    /// The conversation (ordering key) it belongs to.
+    public var conversation: String
+    /// Its position in the conversation; handlers see 1, 2, 3, … each once.
+    public var sequence: UInt64
+    /// The message's content.
+    public var body: ByteBuffer
+}
+
+/// What a message handler knows and may do: who sent the message, and deliveries that are
+/// stored atomically with the message's processed mark, so they happen exactly once however
+/// often the client retransmits.
+///
+/// It belongs to the handler's call: deliveries made after the handler returned would not be
+/// committed, so the context cannot leave the call (it is not `Sendable`).
+public final class MessageContext {
+    /// The connection the message came on.
+    public let connection: ConnectionInfo
+    private let base: Logger
+    private let messageID: UInt64
+    private let conversation: String
+    private let pushes: Pusher
+    private(set) var staged: [NewDelivery] = []
+
+    /// A logger carrying the connection, message and conversation.
+    ///
+    /// Made on each use: most handlers never log, and adding metadata to a logger is not free
+    /// (`StreamLogHandler` renders all of it again on every change).
+    public var logger: Logger {
+        var logger = self.base
+        logger[metadataKey: "tether.message"] = "\(self.messageID)"
+        logger[metadataKey: "tether.conversation"] = "\(self.conversation)"
+        return logger
+    }
+
+    init(connection: ConnectionInfo, base: Logger, message: Frame.Message, pushes: Pusher) {
+        self.connection = connection
+        self.base = base
+        self.messageID = message.id
+        self.conversation = message.conversation
+        self.pushes = pushes
+    }
+
+    /// Delivers a message reliably to a client id, if and only if this message's processing
+    /// commits. The recipient gets it exactly once, in order, whether it is online now or later.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for an empty
+    ///   recipient or a topic longer than 65,535 bytes.
+    public func deliver(to recipient: String, topic: String, body: ByteBuffer) throws(GatewayError) {
+        try Gateway.validateDelivery(recipient: recipient, topic: topic)
+        self.staged.append(NewDelivery(recipient: recipient, topic: topic, body: body))
+    }
+
+    /// Pushes a message (not reliably: now, to whoever is connected; see ``Gateway/push(_:_:to:)``).
+    /// It happens at least once per message: a handler may run again if its batch does not commit.
+    @discardableResult
+    public func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
+        try self.pushes.push(topic, body, to: target)
+    }
+}
+
+@available(*, unavailable)
+extension MessageContext: Sendable {}
+
+extension Gateway {
+    /// Handles a reliable message: returns normally to accept it, throws ``RequestError`` to
+    /// refuse it for good (the client reports it failed with that status); any other error is
+    /// treated as transient: the message is not acknowledged and the client sends it again.
+    public typealias MessageHandler = @Sendable (ReliableMessage, MessageContext) async throws -> Void
+
+    /// Registers the handler of reliable messages on `topic`, replacing any earlier one.
+    ///
+    /// Each message of a client's conversation reaches the handler once, in order, even across
+    /// retransmissions, reconnects and gateway restarts (with a persistent ``MessageStore``).
+    /// The deliveries the handler makes through ``MessageContext/deliver(to:topic:body:)`` are
+    /// committed atomically with the message; its other side effects happen at least once, so
+    /// use ``ReliableMessage/id`` as an idempotency key for them.
+    ///
+    /// ```swift
+    /// gateway.onMessage("chat.send") { message, context in
+    ///     try context.deliver(to: "bob", topic: "chat.message", body: message.body)
+    /// }
+    /// ```
+    public func onMessage(_ topic: String, _ handler: @escaping MessageHandler) {
+        self.register("onMessage(\"\(topic)\")") { $0.add(topic: topic, handler) }
+    }
+
+    /// Delivers a message reliably to a client id, outside any message handler.
+    /// - Returns: The delivery's sequence number in the recipient's stream.
+    /// - Throws: ``GatewayError``: ``GatewayError/Code/notRunning`` without a message store,
+    ///   ``GatewayError/Code/invalidArgument`` for a bad recipient or topic,
+    ///   ``GatewayError/Code/quotaExceeded`` when the recipient has its quota of deliveries
+    ///   waiting, or the store's failure.
+    @discardableResult
+    public func deliver(to recipient: String, topic: String, body: ByteBuffer) async throws(GatewayError) -> UInt64 {
+        guard let reliable = self.reliable else {
+            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
+        }
+        try Self.validateDelivery(recipient: recipient, topic: topic)
+        let limits = self.configuration.limits
+        let usage: StreamUsage
+        do {
+            usage = try await reliable.store.usage(of: recipient)
+        } catch {
+            throw GatewayError(code: .storage, message: "could not read the store: \(error)")
+        }
+        if usage.deliveries + 1 > limits.maxDeliveriesPerRecipient {
+            throw GatewayError(
+                code: .quotaExceeded,
+                message: "the delivery is refused: '\(recipient)' has \(limits.maxDeliveriesPerRecipient) deliveries waiting"
+            )
+        }
+        if usage.bytes + body.readableBytes > limits.maxDeliveryBytesPerRecipient {
+            throw GatewayError(
+                code: .quotaExceeded,
+                message:
+                    "the delivery is refused: '\(recipient)' has over \(limits.maxDeliveryBytesPerRecipient) bytes of deliveries waiting"
+            )
+        }
+        let receipts: [DeliveryReceipt]
+        do {
+            receipts = try await reliable.writer.commit(
+                StoreWrite(deliveries: [NewDelivery(recipient: recipient, topic: topic, body: body)])
+            )
+        } catch {
+            throw GatewayError(code: .storage, message: "could not store the delivery: \(error)")
+        }
+        let sequence = receipts[0].sequence
+        self.registry.offer([recipient: [StoredDelivery(sequence: sequence, topic: topic, body: body)]])
+        return sequence
+    }
+
+    static func validateDelivery(recipient: String, topic: String) throws(GatewayError) {
+        guard !recipient.isEmpty else {
+            throw GatewayError(code: .invalidArgument, message: "a delivery needs a recipient client id")
+        }
+        guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
+            throw GatewayError(code: .invalidArgument, message: "a delivery topic must be 1 to 65535 bytes long")
+        }
+    }
+}

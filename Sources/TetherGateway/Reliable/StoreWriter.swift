@@ -1,0 +1,99 @@
+import NIOConcurrencyHelpers
+import TetherCore
+
+/// Writes to the gateway's message store with **group commit**: the writes that arrive while
+/// one is under way — every connection's batches, and the acknowledgements of deliveries —
+/// go together in the next call to ``MessageStore/apply(_:)`` (one transaction in the SQLite
+/// store), each still atomic on its own.
+///
+/// No task of its own: the first writer to find none under way leads, takes everything
+/// waiting, applies it, answers the others, and hands the lead to the first of those that
+/// arrived meanwhile, which leads the next round with its own write.
+///
+/// ```swift
+/// let receipts = try await writer.commit(StoreWrite(processed: processed, deliveries: deliveries))
+/// ```
+final class StoreWriter: Sendable {
+    let store: any MessageStore
+
+    private enum Role: Sendable {
+        case done(Result<[DeliveryReceipt], MessageStoreError>)
+        /// Lead a round; `promoted`: handed the lead by the last round, with writes waiting.
+        case lead(promoted: Bool)
+    }
+
+    private struct Waiting: Sendable {
+        var write: StoreWrite
+        var continuation: CheckedContinuation<Role, Never>
+    }
+
+    private struct State {
+        var leading = false
+        var waiting: [Waiting] = []
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    init(store: any MessageStore) {
+        self.store = store
+    }
+
+    /// Applies `write` atomically, with whatever other writes arrive meanwhile.
+    /// - Returns: The receipts of its deliveries, in order.
+    /// - Throws: ``MessageStoreError``: a conflict, or the store's failure.
+    func commit(_ write: StoreWrite) async throws(MessageStoreError) -> [DeliveryReceipt] {
+        let role = await withCheckedContinuation { (continuation: CheckedContinuation<Role, Never>) in
+            let lead = self.state.withLockedValue { state -> Bool in
+                guard state.leading else {
+                    state.leading = true
+                    return true
+                }
+                state.waiting.append(Waiting(write: write, continuation: continuation))
+                return false
+            }
+            if lead { continuation.resume(returning: .lead(promoted: false)) }
+        }
+        switch role {
+        case .done(let result):
+            return try result.get()
+        case .lead(let promoted):
+            return try await self.lead(with: write, promoted: promoted)
+        }
+    }
+
+    /// One round: this write and every one waiting, in one call to the store. A writer that
+    /// found no round under way finds none waiting either (a round ends by handing the lead to
+    /// the first writer waiting), so only a promoted one looks.
+    private func lead(with own: StoreWrite, promoted: Bool) async throws(MessageStoreError) -> [DeliveryReceipt] {
+        let others: [Waiting] =
+            promoted
+            ? self.state.withLockedValue { state in
+                defer { state.waiting.removeAll() }
+                return state.waiting
+            } : []
+        let writes = [own] + others.map(\.write)
+        var results: [Result<[DeliveryReceipt], MessageStoreError>]
+        do {
+            results = try await self.store.apply(writes)
+            if results.count != writes.count {
+                let error = MessageStoreError(code: .storage, message: "the store answered \(results.count) of \(writes.count) writes")
+                results = Array(repeating: .failure(error), count: writes.count)
+            }
+        } catch {
+            let failure = error as? MessageStoreError ?? MessageStoreError(code: .storage, message: "\(error)")
+            results = Array(repeating: .failure(failure), count: writes.count)
+        }
+        let next = self.state.withLockedValue { state -> Waiting? in
+            guard !state.waiting.isEmpty else {
+                state.leading = false
+                return nil
+            }
+            return state.waiting.removeFirst()
+        }
+        for (waiting, result) in zip(others, results.dropFirst()) {
+            waiting.continuation.resume(returning: .done(result))
+        }
+        next?.continuation.resume(returning: .lead(promoted: true))
+        return try results[0].get()
+    }
+}

@@ -1,0 +1,67 @@
+import Logging
+import NIOCore
+import TetherCore
+
+extension GatewayServices {
+    private enum Outcome: Sendable {
+        case replied(ByteBuffer)
+        case threw(any Error)
+    }
+
+    /// Runs a request's handler in the calling task.
+    ///
+    /// Deadlines and CANCELs are the connection's job: it answers (or not) and cancels this task;
+    /// a cancelled handler's answer is not sent.
+    /// - Returns: The RESPONSE, or `nil` if the task was cancelled meanwhile.
+    func run(_ request: Frame.Request, handler: Gateway.Handler, scope: ConnectionScope, deadline: TetherInstant) async -> Frame.Response? {
+        let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+        let outcome: Outcome
+        do {
+            outcome = .replied(try await handler(self.gatewayRequest(request), context))
+        } catch {
+            outcome = .threw(error)
+        }
+        guard !Task.isCancelled else { return nil }
+        return self.response(to: request, outcome: outcome, logger: context.logger)
+    }
+
+    /// The answer to a request that needs no task: an inline handler's reply, or `unknown
+    /// method` if nothing handles it (`handler` is `nil`). Called on the connection's event loop.
+    func answerInline(
+        _ request: Frame.Request,
+        handler: Gateway.InlineHandler?,
+        scope: ConnectionScope,
+        deadline: TetherInstant
+    ) -> Frame.Response {
+        guard let handler else {
+            return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for '\(request.method)'")
+        }
+        let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+        let outcome: Outcome
+        do {
+            outcome = .replied(try handler(self.gatewayRequest(request), context))
+        } catch {
+            outcome = .threw(error)
+        }
+        return self.response(to: request, outcome: outcome, logger: context.logger)
+    }
+
+    private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {
+        // The connection set the effective deadline (the client's, capped by ours).
+        let timeout = request.timeout ?? self.configuration.timeouts.handler
+        return GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
+    }
+
+    private func response(to request: Frame.Request, outcome: Outcome, logger: @autoclosure () -> Logger) -> Frame.Response {
+        switch outcome {
+        case .replied(let body):
+            return Frame.Response(id: request.id, status: .ok, body: body)
+        case .threw(let error as RequestError):
+            return Frame.Response(id: request.id, status: error.status, message: error.message)
+        case .threw(let error):
+            logger().error("handler failed", metadata: ["error": "\(error)"])
+            let message = self.configuration.exposeHandlerErrors ? "\(error)" : "internal error in '\(request.method)'"
+            return Frame.Response(id: request.id, status: .internalError, message: message)
+        }
+    }
+}

@@ -1,0 +1,107 @@
+import Logging
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// What a gateway's connections share, composed once when the gateway starts: its
+/// configuration and clock, the frozen ``Router``, the registry of connections, the limits,
+/// and reliable delivery. Each connection's handler gets this one value and reaches nothing
+/// else: no connection, handler or context reaches back into the ``Gateway``.
+final class GatewayServices: Sendable {
+    let configuration: GatewayConfiguration
+    /// The gateway's one clock: every deadline of its connections is on it.
+    let clock: any TetherClock
+    let router: Router
+    let registry: ConnectionRegistry
+    let pushes: Pusher
+    /// What ``Gateway/run()`` waits for: the listener and each connection, until its tasks ended.
+    let activity: ActivityTracker
+    let authenticator: (any ClientAuthenticator)?
+    let admission: ConnectionAdmission
+    let refusalLog: RateLimitedLog
+    /// What the gateway offers in WELCOME.
+    let handshakePolicy: Handshake.GatewayPolicy
+    /// Reliable delivery, if the gateway has a message store.
+    let reliable: ReliableServices?
+    /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
+    let executors: EventLoopTaskExecutors?
+    /// Every connection's machine starts from this.
+    let connectionConfiguration: GatewayConnectionStateMachine.Configuration
+    let logger: Logger
+
+    init(
+        configuration: GatewayConfiguration,
+        clock: any TetherClock,
+        router: Router,
+        registry: ConnectionRegistry,
+        pushes: Pusher,
+        activity: ActivityTracker,
+        authenticator: (any ClientAuthenticator)?,
+        admission: ConnectionAdmission,
+        refusalLog: RateLimitedLog,
+        reliable: ReliableServices?,
+        executors: EventLoopTaskExecutors?,
+        logger: Logger
+    ) {
+        self.configuration = configuration
+        self.clock = clock
+        self.router = router
+        self.registry = registry
+        self.pushes = pushes
+        self.activity = activity
+        self.authenticator = authenticator
+        self.admission = admission
+        self.refusalLog = refusalLog
+        self.handshakePolicy = configuration.handshakePolicy(deliveryEpoch: reliable?.store.epoch)
+        self.reliable = reliable
+        self.executors = executors
+        self.connectionConfiguration = configuration.connectionConfiguration
+        self.logger = logger
+    }
+
+    /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
+    func executor(for eventLoop: any EventLoop) -> (any TaskExecutor)? {
+        self.executors?.executor(for: eventLoop)
+    }
+}
+
+/// What reliable delivery shares across connections: the store, its group-commit writer, and
+/// the outboxes' lanes.
+struct ReliableServices: Sendable {
+    let store: any MessageStore
+    let writer: StoreWriter
+    let lanes: ReliableLanes
+
+    init(store: any MessageStore, limits: GatewayConfiguration.Limits) {
+        self.store = store
+        self.writer = StoreWriter(store: store)
+        self.lanes = ReliableLanes(limits: limits)
+    }
+}
+
+extension GatewayConfiguration {
+    /// The settings of one connection's machine.
+    var connectionConfiguration: GatewayConnectionStateMachine.Configuration {
+        GatewayConnectionStateMachine.Configuration(
+            handshakeTimeout: self.timeouts.handshake,
+            idleTimeout: self.timeouts.idle,
+            shutdownGracePeriod: self.timeouts.shutdownGracePeriod,
+            closeTimeout: self.timeouts.closeTimeout,
+            requests: GatewayRequestTable.Limits(
+                handlerTimeout: self.timeouts.handler,
+                maxRunning: self.limits.maxConcurrentRequestsPerConnection,
+                maxWaiting: GatewayConnectionHandler.maxWaiting,
+                requestsPerSecond: self.limits.requestsPerSecondPerConnection == .max ? nil : self.limits.requestsPerSecondPerConnection
+            ),
+            inbox: MessageInbox.Limits(
+                maxMessages: 4096,
+                // The frame being read may hold up to maxBodySize more, and the rest of one
+                // read's frames are taken after reading stops.
+                maxBytes: self.limits.maxBufferedInboundBytes - self.limits.maxBodySize,
+                maxBatch: 256,
+                messagesPerSecond: self.limits.messagesPerSecondPerConnection == .max ? nil : self.limits.messagesPerSecondPerConnection
+            ),
+            deliveryWindow: self.limits.deliveryWindow
+        )
+    }
+}

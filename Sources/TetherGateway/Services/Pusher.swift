@@ -1,0 +1,56 @@
+import NIOCore
+import TetherCore
+
+/// Pushes to connections, clients, rooms or everyone: what ``Gateway/push(_:_:to:)`` and a
+/// handler's ``RequestContext/push(_:_:to:)`` share.
+///
+/// A push is encoded once, whatever the number of recipients, and makes one hop per event
+/// loop: each loop's ``PushBatcher`` joins the pushes made during its current batch of work and
+/// writes them to each member at once.
+struct Pusher: Sendable {
+    let registry: ConnectionRegistry
+    /// The ``PushBatcher`` of each loop of the gateway's group.
+    let batchers: [ObjectIdentifier: PushBatcher]
+
+    private static let allocator = ByteBufferAllocator()
+
+    /// Pushes to the connections `target` names.
+    /// - Returns: The number of connections the push was sent to.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
+    func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
+        guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
+            throw GatewayError(code: .invalidArgument, message: "a push topic must be 1 to 65535 bytes long")
+        }
+        let recipients = self.registry.recipients(for: target)
+        guard !recipients.isEmpty else { return 0 }
+        let push: EncodedPush
+        do {
+            push = try EncodedPush(Frame.Push(topic: topic, body: body), allocator: Self.allocator)
+        } catch {
+            throw GatewayError(code: .invalidArgument, message: "the push cannot be encoded: \(error.message)")
+        }
+        var count = 0
+        for (index, recipients) in recipients.enumerated() {
+            count += recipients.handlers.count
+            let push = index == 0 ? push : push.copy(allocator: Self.allocator)
+            let loop = recipients.loop
+            let batcher = self.batchers[ObjectIdentifier(loop)]
+            if loop.inEventLoop {
+                Self.deliver(push, to: recipients, batcher: batcher)
+            } else {
+                loop.execute { Self.deliver(push, to: recipients, batcher: batcher) }
+            }
+        }
+        return count
+    }
+
+    /// Queues `push` in the batcher of the recipients' loop, or writes it at once for
+    /// connections on a loop outside the gateway's group (see ``Gateway/accept(_:framing:)``).
+    private static func deliver(_ push: EncodedPush, to recipients: ConnectionRegistry.LoopRecipients, batcher: PushBatcher?) {
+        if let batcher {
+            batcher.add(push, to: recipients)
+        } else {
+            PushBatcher.writeNow(push, to: recipients)
+        }
+    }
+}
