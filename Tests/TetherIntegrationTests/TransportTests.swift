@@ -273,6 +273,10 @@ extension IntegrationTests {
                     try await eventually("the gateway processed \(threshold)", timeout: .seconds(60)) {
                         processed.withLockedValue { $0.count } >= threshold
                     }
+                    // Both clients are back from the last cut: each cut cuts live connections.
+                    try await eventually("alice and bob reconnected after cut \(index)", timeout: .seconds(30)) {
+                        proxy.acceptedConnections >= 2 + 2 * index
+                    }
                     if index % 3 == 2 {
                         // A silent link: bytes vanish both ways until the heartbeat gives up.
                         proxy.mode = .blackhole
