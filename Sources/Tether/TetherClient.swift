@@ -91,7 +91,9 @@ public final class TetherClient: Service, Sendable {
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
         let eventLoop = self.eventLoop
         self.loopExecutor = EventLoopTaskExecutor(eventLoop)
-        self.reliable = configuration.reliability.map { ReliableEngine(configuration: $0, eventLoop: eventLoop, logger: logger) }
+        self.reliable = configuration.reliability.map {
+            ReliableEngine(configuration: $0, eventLoop: eventLoop, clock: clock, logger: logger)
+        }
     }
 
     /// An executor that runs tasks on the event loop of the client's connections.

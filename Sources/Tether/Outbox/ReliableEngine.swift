@@ -4,27 +4,6 @@ import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
 
-/// What the engine needs from the current connection.
-protocol ReliableSink: AnyObject, Sendable {
-    /// Sends these messages (in addition to those already queued).
-    func enqueue(_ records: [OutboxRecord])
-    /// A queued or unacknowledged message expired: send its tombstone instead.
-    func replace(with tombstone: OutboxRecord)
-    /// Tells the gateway that every delivery up to `sequence` was processed.
-    func acknowledgeDeliveries(upTo sequence: UInt64)
-}
-
-/// What the client's reliable engine hears from a connection.
-struct ReliableCallbacks: Sendable {
-    var acknowledged: @Sendable ([Frame.MessageAck.Entry]) -> Void
-    var sent: @Sendable ([UInt64]) -> Void
-    /// A DELIVERY arrived on a connection whose WELCOME announced this delivery epoch.
-    var delivery: @Sendable (Frame.Delivery, _ epoch: UInt64) -> DeliveryVerdict
-}
-
-/// What to do with an inbound DELIVERY.
-typealias DeliveryVerdict = InboxMachine.Verdict
-
 /// The client's reliable messaging (PROTOCOL.md, section 9): the storage I/O and the waiting
 /// callers around two pure machines, ``OutboxMachine`` (messages accepted durably, kept until
 /// acknowledged or expired) and ``InboxMachine`` (deliveries handed to the app once, in order,
@@ -61,7 +40,7 @@ final class ReliableEngine: Sendable {
         var consumer: CheckedContinuation<Frame.Delivery?, Never>?
         var consuming = false
         /// The expiry timer, and the wall-clock time it fires at.
-        var expiryTimer: (at: Int64, task: Scheduled<Void>)?
+        var expiryTimer: (at: Int64, callback: ClockCallback)?
 
         mutating func token() -> UInt64 {
             defer { self.nextToken += 1 }
@@ -74,15 +53,18 @@ final class ReliableEngine: Sendable {
 
     let configuration: ClientConfiguration.Reliability
     let eventLoop: any EventLoop
+    /// The client's clock: expiry times are on its wall clock, and its timer fires them.
+    let clock: any TetherClock
     let logger: Logger
     let state = NIOLockedValueBox(State())
     let events = Broadcaster<MessageEvent>(bufferSize: 100_000)
     /// Wakes ``runMaintenance()``: storage work or a checkpoint may be due.
     let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
 
-    init(configuration: ClientConfiguration.Reliability, eventLoop: any EventLoop, logger: Logger) {
+    init(configuration: ClientConfiguration.Reliability, eventLoop: any EventLoop, clock: any TetherClock, logger: Logger) {
         self.configuration = configuration
         self.eventLoop = eventLoop
+        self.clock = clock
         self.logger = logger
     }
 
@@ -174,7 +156,7 @@ final class ReliableEngine: Sendable {
             throw TetherError(code: .invalidArgument, message: "the time to live must be positive")
         }
         try await self.loadIfNeeded()
-        let expiresAt = ttl.map { WallClock.milliseconds() + max(1, $0.wholeMilliseconds) }
+        let expiresAt = ttl.map { self.clock.wallClockMilliseconds + max(1, $0.wholeMilliseconds) }
         let ticket = SendTicket()
 
         while true {
@@ -373,15 +355,15 @@ final class ReliableEngine: Sendable {
             guard !state.finished, let next = state.outbox?.nextExpiry else { return }
             if let armed = state.expiryTimer {
                 guard next < armed.at else { return }
-                armed.task.cancel()
+                armed.callback.cancel()
             }
-            let delay = TimeAmount.milliseconds(max(0, next - WallClock.milliseconds()))
-            state.expiryTimer = (next, self.eventLoop.scheduleTask(in: delay) { self.expiryTimerFired() })
+            let delay = Duration.milliseconds(max(0, next - self.clock.wallClockMilliseconds))
+            state.expiryTimer = (next, self.clock.schedule(at: self.clock.now + delay, on: self.eventLoop) { self.expiryTimerFired() })
         }
     }
 
     private func expiryTimerFired() {
-        let now = WallClock.milliseconds()
+        let now = self.clock.wallClockMilliseconds
         let (tombstones, finished, sink) = self.state.withLockedValue { state in
             state.expiryTimer = nil
             let tombstones = state.outbox?.expire(now: now) ?? []
@@ -441,60 +423,11 @@ final class ReliableEngine: Sendable {
                 state.capacityWaiters.removeAll()
                 state.expiryTimer = nil
             }
-            return (state.consumer, Array(state.capacityWaiters.values), state.expiryTimer?.task)
+            return (state.consumer, Array(state.capacityWaiters.values), state.expiryTimer?.callback)
         }
         consumer?.resume(returning: nil)
         for waiter in waiters { waiter.resume() }
         timer?.cancel()
         self.wakeup.continuation.finish()
-    }
-}
-
-extension MessageEvent {
-    init(_ record: OutboxRecord, _ state: State) {
-        self.init(id: record.id, conversation: record.conversation, sequence: record.sequence, state: state)
-    }
-}
-
-/// The result of one ``ReliableEngine/send(topic:body:conversation:priority:ttl:)``, filled in by
-/// whichever caller commits its group.
-final class SendTicket: Sendable {
-    private let state = NIOLockedValueBox<
-        (result: Result<MessageReceipt, TetherError>?, waiter: CheckedContinuation<MessageReceipt, any Error>?)
-    >(
-        (nil, nil)
-    )
-
-    func resolve(_ result: Result<MessageReceipt, TetherError>) {
-        let waiter = self.state.withLockedValue { state -> CheckedContinuation<MessageReceipt, any Error>? in
-            state.result = result
-            defer { state.waiter = nil }
-            return state.waiter
-        }
-        waiter?.resume(with: result.mapError { $0 as any Error })
-    }
-
-    var value: MessageReceipt {
-        get async throws(TetherError) {
-            do {
-                return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<MessageReceipt, any Error>) in
-                    let result = self.state.withLockedValue { state -> Result<MessageReceipt, TetherError>? in
-                        if let result = state.result { return result }
-                        state.waiter = continuation
-                        return nil
-                    }
-                    if let result { continuation.resume(with: result.mapError { $0 as any Error }) }
-                }
-            } catch {
-                throw error as? TetherError ?? TetherError(code: .storage, message: "\(error)")
-            }
-        }
-    }
-}
-
-/// The wall clock, for expiry times that survive a restart.
-enum WallClock {
-    static func milliseconds() -> Int64 {
-        Int64((Date().timeIntervalSince1970 * 1000).rounded())
     }
 }

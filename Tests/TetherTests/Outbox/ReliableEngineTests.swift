@@ -21,6 +21,7 @@ struct ReliableEngineTests {
         ReliableEngine(
             configuration: try .init(outbox: outbox),
             eventLoop: EmbeddedEventLoop(),
+            clock: SystemClock(),
             logger: Logger(label: "test")
         )
     }

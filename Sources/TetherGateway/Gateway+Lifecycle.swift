@@ -1,0 +1,204 @@
+import Foundation
+public import NIOCore
+public import ServiceLifecycle
+import TetherCore
+import TetherNIO
+
+// How a gateway runs: accepting, serving connections, shutting down (gracefully or at once).
+extension Gateway {
+    /// Accepts connections until ``shutdown()`` (or the service group's graceful shutdown),
+    /// then drains them and returns.
+    ///
+    /// Cancelling the calling task stops the gateway at once instead: connections are closed
+    /// without GOAWAY and running handlers are cancelled.
+    /// - Throws: ``GatewayError`` if the listener cannot be bound, or `run()` was already called.
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await self.serve()
+        } onGracefulShutdown: {
+            self.shutdown()
+        }
+    }
+
+    /// Shuts down gracefully: stops accepting, sends GOAWAY to every client, lets requests in
+    /// flight finish (up to ``GatewayConfiguration/Timeouts-swift.struct/shutdownGracePeriod``),
+    /// closes the connections; then ``run()`` returns. Calling it again has no effect.
+    public func shutdown() {
+        guard self.stopAccepting() else { return }
+        self.logger.info("shutting down", metadata: ["connections": "\(self.registry.established.count)"])
+        let goAway = Frame.GoAway(
+            reason: .shutdown,
+            retryAfter: self.configuration.goAway.retryAfter,
+            alternateEndpoint: self.configuration.goAway.alternateEndpoint?.description,
+            message: "the gateway is shutting down"
+        )
+        for handler in self.registry.beginDraining(with: goAway) {
+            ConnectionHandle(handler).execute { $0.drain(goAway) }
+        }
+        self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway shut down before it was listening")))
+    }
+
+    /// Stops at once: no more accepting, every connection closed without GOAWAY (which settles
+    /// its requests and so cancels their handlers).
+    private func stopNow() {
+        self.stopAccepting()
+        for handler in self.registry.handlers { ConnectionHandle(handler).execute { $0.closeNow() } }
+    }
+
+    /// Marks the gateway as shutting down, closes its listener, and gives back the count `run()`
+    /// holds on `activity` while it accepts.
+    /// - Returns: Whether this call began the shutdown (`false` if it had already begun).
+    @discardableResult
+    private func stopAccepting() -> Bool {
+        let stop: (began: Bool, servers: [any Channel], releases: Bool) = self.lifecycle.withLockedValue { lifecycle in
+            defer {
+                lifecycle.shuttingDown = true
+                lifecycle.accepting = false
+            }
+            return (!lifecycle.shuttingDown, lifecycle.serverChannels, lifecycle.accepting)
+        }
+        for server in stop.servers { server.close(promise: nil) }
+        if stop.releases { self.activity.leave() }
+        return stop.began
+    }
+
+    /// Serves a connection that another transport accepted (an in-process pipe, a WebSocket
+    /// upgrade, …). The channel's pipeline must read and write `ByteBuffer`s: a byte stream of
+    /// Tether frames, or one frame per message, as `framing` says. The gateway adds its
+    /// connection handler on top.
+    ///
+    /// - Important: Create the channel with `ChannelOptions.autoRead` off, so that nothing is
+    ///   read before the gateway's handler is in place; the gateway turns reading on.
+    /// - Parameters:
+    ///   - channel: The connection.
+    ///   - framing: How its pipeline delivers Tether frames.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notRunning`` if the gateway shut down.
+    public func accept(_ channel: any Channel, framing: Framing = .byteStream) async throws(GatewayError) {
+        if self.lifecycle.withLockedValue({ $0.shuttingDown }) {
+            channel.close(promise: nil)
+            throw GatewayError(code: .notRunning, message: "the gateway is shut down")
+        }
+        do {
+            try await channel.eventLoop.submit { try self.configure(channel, framing: framing) }.get()
+            try await channel.setOption(ChannelOptions.autoRead, value: true).get()
+        } catch {
+            channel.close(promise: nil)
+            throw GatewayError(code: .notRunning, message: "could not set up the connection: \(error)")
+        }
+    }
+
+    // MARK: Serving
+
+    private func serve() async throws {
+        let start: (alreadyRunning: Bool, shuttingDown: Bool) = self.lifecycle.withLockedValue { lifecycle in
+            defer { lifecycle.started = true }
+            if !lifecycle.started && !lifecycle.shuttingDown {
+                lifecycle.accepting = true
+                self.activity.enter()  // left by shutdown() or stopNow()
+            }
+            return (lifecycle.started, lifecycle.shuttingDown)
+        }
+        if start.alreadyRunning {
+            throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
+        }
+        _ = self.services  // the routes are fixed from now on
+        defer { self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
+
+        // Connections are served by their channel handlers, and tasks exist only while there is
+        // work; `activity` counts both. Cancelling this task stops everything at once.
+        try await withTaskCancellationHandler {
+            var servers: [any Channel] = []
+            if !start.shuttingDown {
+                do {
+                    servers = try await self.bindListeners()
+                } catch {
+                    self.stopNow()
+                    throw error
+                }
+            }
+            await withTaskGroup { group in
+                if let reliable = self.reliable {
+                    group.addTask { await self.forgetStaleOutboxes(in: reliable) }
+                }
+                await self.activity.finished()
+                group.cancelAll()
+            }
+            for server in servers { try? await server.closeFuture.get() }
+        } onCancel: {
+            self.stopNow()
+        }
+        self.logger.info("stopped")
+    }
+
+    /// Until cancelled, forgets the outboxes away for longer than the retention, every half
+    /// retention (at most hourly); the connected ones count as seen now.
+    private func forgetStaleOutboxes(in reliable: ReliableServices) async {
+        let retention = self.configuration.timeouts.outboxRetention
+        let interval = min(retention / 2, .seconds(3600))
+        while !Task.isCancelled {
+            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            do {
+                try await reliable.store.touchOutboxes(reliable.lanes.inUse, at: now)
+                let forgotten = try await reliable.store.forgetOutboxes(notSeenSince: now - retention.totalSeconds)
+                if forgotten > 0 {
+                    self.logger.info("forgot outboxes away for longer than the retention", metadata: ["outboxes": "\(forgotten)"])
+                }
+            } catch {
+                self.logger.warning("could not forget stale outboxes; trying again later", metadata: ["error": "\(error)"])
+            }
+            try? await self.clock.sleep(for: interval)
+        }
+    }
+
+    /// Adds the connection handler to a channel whose pipeline reads and writes bytes. Runs on
+    /// the channel's event loop.
+    func configure(_ channel: any Channel, framing: Framing) throws {
+        let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
+        var logger = self.logger
+        logger[metadataKey: "tether.connection"] = "\(id)"
+        let handler = GatewayConnectionHandler(
+            services: self.services,
+            id: id,
+            framing: framing,
+            eventLoop: channel.eventLoop,
+            pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
+            logger: logger
+        )
+        try channel.pipeline.syncOperations.addHandler(handler)
+    }
+
+    /// Settles the address of `listener` for those waiting for it (the first result stands).
+    func resolveAddress(of listener: Listener, _ result: Result<SocketAddress, GatewayError>) {
+        let (waiters, settled) = self.lifecycle.withLockedValue { lifecycle in
+            let settled = lifecycle.addresses[listener] ?? result
+            lifecycle.addresses[listener] = settled
+            let waiting = lifecycle.addressWaiters.filter { $0.0 == listener }.map(\.1)
+            lifecycle.addressWaiters.removeAll { $0.0 == listener }
+            return (waiting, settled)
+        }
+        for waiter in waiters { waiter.resume(returning: settled) }
+    }
+
+    /// Settles every listener's address not settled yet with `result` (a failure).
+    func resolveAddresses(_ result: Result<SocketAddress, GatewayError>) {
+        for listener in Listener.allCases { self.resolveAddress(of: listener, result) }
+    }
+}
+
+extension Gateway {
+    /// The gateway's own listeners.
+    enum Listener: CaseIterable, Hashable, Sendable {
+        case tcp
+        case webSocket
+    }
+
+    struct Lifecycle {
+        var started = false
+        /// `run()` is accepting connections; it holds one count of `activity` meanwhile.
+        var accepting = false
+        var shuttingDown = false
+        var serverChannels: [any Channel] = []
+        var addresses: [Listener: Result<SocketAddress, GatewayError>] = [:]
+        var addressWaiters: [(Listener, CheckedContinuation<Result<SocketAddress, GatewayError>, Never>)] = []
+    }
+}
