@@ -73,12 +73,14 @@ final class GatewayHandlerFixture {
         handler: Duration = .seconds(30),
         idle: Duration = .seconds(30),
         maxConcurrentRequests: Int = 512,
+        configure: (inout GatewayConfiguration) throws -> Void = { _ in },
         routes: (Gateway, HeldRequests) -> Void = { _, _ in }
     ) throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = nil
         configuration.timeouts = try .init(handshake: handshake, handler: handler, idle: idle, shutdownGracePeriod: .seconds(5))
         configuration.limits.maxConcurrentRequestsPerConnection = maxConcurrentRequests
+        try configure(&configuration)
         self.gateway = try Gateway(
             configuration: configuration,
             eventLoopGroup: self.loop,
@@ -167,6 +169,47 @@ final class GatewayHandlerFixture {
 
 @Suite("Gateway connection handler")
 struct GatewayConnectionHandlerTests {
+    @Test("a client sending requests at 10x the per-connection rate gets the rate, paced, with no request refused")
+    func requestsPaced() throws {
+        let limit = 1_000
+        let fixture = try GatewayHandlerFixture(
+            idle: .seconds(3_600),
+            configure: { $0.limits.requestsPerSecondPerConnection = limit },
+            routes: { gateway, _ in gateway.handleInline("echo") { request, _ in request.body } }
+        )
+        try fixture.establish()
+        let step = TimeAmount.milliseconds(10)
+        let perStep = 10 * limit / 100  // 10x the limit
+        let seconds = 10
+        var nextID: UInt64 = 1
+        var answered = 0
+        var refused: [Frame.Response] = []
+        for _ in 0..<(seconds * 100) {
+            var bytes = fixture.channel.allocator.buffer(capacity: perStep * 32)
+            for _ in 0..<perStep {
+                try FrameEncoder().encode(
+                    Frame(.request(.init(id: nextID, method: "echo")), flags: .checksum),
+                    into: &bytes
+                )
+                nextID += 1
+            }
+            try fixture.channel.writeInbound(bytes)
+            fixture.loop.advanceTime(by: step)
+            while let frames = try fixture.readOutboundWrite() {
+                for frame in frames {
+                    guard case .response(let response) = frame.payload else { continue }
+                    if response.status == .ok { answered += 1 } else { refused.append(response) }
+                }
+            }
+        }
+        #expect(refused.isEmpty, "over the rate, requests wait; none is refused: \(refused.prefix(3))")
+        let sustained = Double(answered - limit) / Double(seconds)  // less the initial burst
+        #expect(sustained >= 0.95 * Double(limit), "\(answered) answered in \(seconds) s at a limit of \(limit)/s")
+        #expect(answered <= limit * (seconds + 1) + perStep, "never more than the rate and its burst")
+        #expect(fixture.channel.isActive, "the connection stays open")
+        _ = try? fixture.channel.finish()
+    }
+
     @Test("no HELLO within the handshake timeout: ERROR handshake timeout, then close")
     func handshakeTimeout() throws {
         let fixture = try GatewayHandlerFixture(handshake: .seconds(3))
