@@ -75,8 +75,11 @@ extension IntegrationTests {
                 _ = try await bob.request("leave", body: ByteBuffer(string: "lobby"))
                 #expect(try gateway.push("room", ByteBuffer(string: "after bob left"), to: .room("lobby")) == 1)
                 try await eventually("alice gets it") { phone.bodies.count == 4 }
-                try await Task.sleep(for: .milliseconds(50))
-                #expect(bobs.bodies.count == 3, "bob left the room")
+                // Pushes from one thread reach a connection in order: once bob has a push sent
+                // after the room's, the room's would have arrived before it.
+                #expect(try gateway.push("dm", ByteBuffer(string: "barrier"), to: .client("bob")) == 1)
+                try await eventually("bob gets the push sent after the room's") { bobs.bodies.count == 4 }
+                #expect(bobs.bodies == ["lobby news", "everyone", "to you", "barrier"], "bob left the room")
                 _ = try await aliceLaptop.request("join", body: ByteBuffer(string: "lobby"))
                 #expect(try gateway.push("room", ByteBuffer(string: "laptop joined"), to: .room("lobby")) == 2)
                 try await eventually("both of alice's connections get it") { phone.bodies.count == 5 && laptop.bodies.count == 3 }

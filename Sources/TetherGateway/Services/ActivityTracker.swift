@@ -47,4 +47,7 @@ final class ActivityTracker: Sendable {
 
     /// How many things are active.
     var active: Int { self.state.withLockedValue { $0.active } }
+
+    /// How many callers of ``finished()`` wait.
+    var waiting: Int { self.state.withLockedValue { $0.waiters.count } }
 }
