@@ -62,7 +62,7 @@ struct MessageInboxTests {
         #expect(byBytes.count == 0 && !byBytes.holdsReads, "closing drops what waits")
     }
 
-    @Test("a client sending at 10x messagesPerSecond with a window of 256 is paced to the limit: >= 95 % of it, never above it and its burst")
+    @Test("a client sending at 10x messagesPerSecond with a window of 256 is paced to >= 95 % of the limit, never above it")
     func pacedToTheLimit() {
         let limit = 1_000
         let window = 256
