@@ -152,8 +152,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var deliveryWindow: Int
         /// What a connection may hold in the gateway's memory of what it sent: the frame being
         /// read (up to ``maxBodySize``) plus the bodies of its reliable messages waiting to be
-        /// processed. A MESSAGE beyond it is not taken; the client sends it again later. At
-        /// least twice ``maxBodySize``.
+        /// processed. At the limit the gateway stops reading the connection until processing
+        /// makes room (TCP then slows the client); nothing is refused. At least twice
+        /// ``maxBodySize``.
         public var maxBufferedInboundBytes: Int
         /// The longest client id accepted in HELLO, in UTF-8 bytes; a longer one is refused with
         /// ERROR `invalid request`.
@@ -171,11 +172,15 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var handshakesPerSecond: Int
         /// New connections accepted per second from one source address.
         public var handshakesPerSecondPerAddress: Int
-        /// Requests one connection may make per second (in a burst up to as many); beyond,
-        /// they are answered `resource exhausted` without running a handler. `Int.max`: no limit.
+        /// Requests one connection may make per second (in a burst up to as many). Beyond, the
+        /// connection is paced: requests wait, in order, until the rate allows them (their
+        /// deadlines running), and past 16 waiting the gateway stops reading it; none is
+        /// refused. `Int.max`: no limit.
         public var requestsPerSecondPerConnection: Int
-        /// Reliable messages one connection may send per second; beyond, they are not taken
-        /// and the client sends them again. `Int.max`: no limit.
+        /// Reliable messages one connection may send per second (in a burst up to as many).
+        /// Beyond, the connection is paced: messages wait, in order, until the rate allows them,
+        /// and past 4,096 waiting (or ``maxBufferedInboundBytes``) the gateway stops reading it;
+        /// none is refused or needs sending again. `Int.max`: no limit.
         public var messagesPerSecondPerConnection: Int
         /// Rooms one connection may be in; a join beyond fails (``RequestContext/join(_:)``
         /// returns `false`).

@@ -1,3 +1,4 @@
+import Atomics
 import NIOConcurrencyHelpers
 
 /// Fans elements out to any number of `AsyncStream` subscribers.
@@ -9,6 +10,8 @@ final class Broadcaster<Element: Sendable>: Sendable {
     }
 
     private let state = NIOLockedValueBox(State())
+    /// The number of subscribers, written under the lock: publishing to nobody takes no lock.
+    private let subscriberCount = ManagedAtomic<Int>(0)
     private let bufferSize: Int
     private let onLastSubscriberGone: (@Sendable () -> Void)?
 
@@ -29,6 +32,7 @@ final class Broadcaster<Element: Sendable>: Sendable {
             let id = state.nextID
             state.nextID += 1
             state.subscribers[id] = continuation
+            self.subscriberCount.store(state.subscribers.count, ordering: .releasing)
             return id
         }
         guard let id else {
@@ -39,6 +43,7 @@ final class Broadcaster<Element: Sendable>: Sendable {
             guard let self else { return }
             let empty = self.state.withLockedValue { state in
                 state.subscribers.removeValue(forKey: id)
+                self.subscriberCount.store(state.subscribers.count, ordering: .releasing)
                 return state.subscribers.isEmpty && !state.finished
             }
             if empty { self.onLastSubscriberGone?() }
@@ -50,6 +55,7 @@ final class Broadcaster<Element: Sendable>: Sendable {
     /// - Returns: How many subscribers had to drop an element because they fell behind.
     @discardableResult
     func yield(_ element: Element) -> Int {
+        guard self.subscriberCount.load(ordering: .acquiring) > 0 else { return 0 }
         let subscribers = self.state.withLockedValue { Array($0.subscribers.values) }
         var dropped = 0
         for subscriber in subscribers {
@@ -59,12 +65,13 @@ final class Broadcaster<Element: Sendable>: Sendable {
     }
 
     /// Whether anyone is subscribed.
-    var hasSubscribers: Bool { self.state.withLockedValue { !$0.subscribers.isEmpty } }
+    var hasSubscribers: Bool { self.subscriberCount.load(ordering: .acquiring) > 0 }
 
     /// Ends every stream; later subscriptions end at once.
     func finish() {
         let subscribers = self.state.withLockedValue { state in
             state.finished = true
+            self.subscriberCount.store(0, ordering: .releasing)
             defer { state.subscribers.removeAll() }
             return Array(state.subscribers.values)
         }

@@ -155,14 +155,15 @@ final class ReliableEngine: Sendable {
         if let ttl, ttl <= .zero {
             throw TetherError(code: .invalidArgument, message: "the time to live must be positive")
         }
-        try await self.loadIfNeeded()
         let expiresAt = ttl.map { self.clock.wallClockMilliseconds + max(1, $0.wholeMilliseconds) }
         let ticket = SendTicket()
 
         while true {
-            enum Admission { case lead, follow, full, shutDown }
+            enum Admission { case lead, follow, full, shutDown, notLoaded }
+            // One lock admits the message, and finds out whether the outbox still has to load.
             let admission: Admission = self.state.withLockedValue { state in
                 guard !state.finished else { return .shutDown }
+                guard case .loaded = state.load else { return .notLoaded }
                 let token = state.token()
                 let send = OutboxMachine.Send(
                     topic: topic,
@@ -181,6 +182,9 @@ final class ReliableEngine: Sendable {
                 }
             }
             switch admission {
+            case .notLoaded:
+                try await self.loadIfNeeded()
+                continue
             case .shutDown:
                 throw TetherError(code: .shutdown, message: "the client is shut down")
             case .full where self.configuration.whenFull == .fail:
