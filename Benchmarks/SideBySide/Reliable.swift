@@ -10,6 +10,10 @@ import TetherGateway
 /// the gateway (`reliable-gateway`) processes each message once and delivers it to bob
 /// (`reliable-receiver`), whose app counts what it receives.
 ///
+/// It runs twice, side by side: with the gateway's default limits (where the connection's
+/// message rate, `messagesPerSecondPerConnection`, paces alice) and with the limits off
+/// (what the pipeline itself sustains); `--limits` picks one.
+///
 ///     tether-bench reliable --messages 100000 --senders 64
 struct Reliable: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -28,7 +32,18 @@ struct Reliable: AsyncParsableCommand {
     @Option(help: "Where reliable.json goes (nothing is written without it).")
     var output: String?
 
+    enum Limits: String, ExpressibleByArgument, CaseIterable, Codable {
+        case defaults, off, both
+    }
+
+    @Option(help: "The gateway's limits: defaults, off, or both (one run each).")
+    var limits = Limits.both
+
     struct Result: Codable {
+        /// `defaults` or `off`.
+        var limits: Limits
+        /// The gateway's per-connection message rate in this run, if limited.
+        var limitPerConnection: Int?
         var messages: Int
         var senders: Int
         var bodyBytes: Int
@@ -44,12 +59,35 @@ struct Reliable: AsyncParsableCommand {
     }
 
     func run() async throws {
+        var results: [Result] = []
+        for limits in self.limits == .both ? [Limits.defaults, .off] : [self.limits] {
+            let result = try await self.run(limits: limits)
+            var line =
+                "limits \(limits.rawValue): \(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
+                + "accepted in \(String(format: "%.2f", result.acceptedSeconds)) s (\(Int(Double(result.messages) / result.acceptedSeconds))/s), "
+                + "delivered in \(String(format: "%.2f", result.deliveredSeconds)) s = \(Int(result.deliveredPerSecond))/s"
+            if let limit = result.limitPerConnection {
+                line += " (\(String(format: "%.0f", 100 * result.deliveredPerSecond / Double(limit))) % of the \(limit)/s limit, its burst included)"
+            }
+            line +=
+                "; CPU alice \(String(format: "%.2f", result.aliceCPUSeconds)) s, gateway \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
+                + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s"
+            emit(line)
+            results.append(result)
+        }
+        if let output = self.output { try writeJSON(results, to: "\(output)/reliable.json") }
+    }
+
+    private func run(limits: Limits) async throws -> Result {
         let executable = try ChildProcess.thisExecutable()
         let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("tether-reliable-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
 
-        let gateway = try ChildProcess(executable, ["reliable-gateway", "--store", scratch.appendingPathComponent("gateway.sqlite").path])
+        let gateway = try ChildProcess(
+            executable,
+            ["reliable-gateway", "--store", scratch.appendingPathComponent("gateway.sqlite").path] + (limits == .off ? ["--limits-off"] : [])
+        )
         defer { gateway.terminate() }
         guard let ready = gateway.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
             throw BenchError("the gateway did not start: \(gateway.errors())")
@@ -102,6 +140,8 @@ struct Reliable: AsyncParsableCommand {
             }
             let delivered = last - startedAt
             return Result(
+                limits: limits,
+                limitPerConnection: limits == .off ? nil : GatewayConfiguration.Limits.defaults.messagesPerSecondPerConnection,
                 messages: messages,
                 senders: senders,
                 bodyBytes: body.readableBytes,
@@ -113,14 +153,7 @@ struct Reliable: AsyncParsableCommand {
                 bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob
             )
         }
-        emit(
-            "\(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
-                + "accepted in \(String(format: "%.2f", result.acceptedSeconds)) s (\(Int(Double(messages) / result.acceptedSeconds))/s), "
-                + "delivered in \(String(format: "%.2f", result.deliveredSeconds)) s = \(Int(result.deliveredPerSecond))/s; "
-                + "CPU alice \(String(format: "%.2f", result.aliceCPUSeconds)) s, gateway \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
-                + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s"
-        )
-        if let output = self.output { try writeJSON(result, to: "\(output)/reliable.json") }
+        return result
     }
 }
 
@@ -134,9 +167,16 @@ struct ReliableGateway: AsyncParsableCommand {
     @Option(help: "The port (0 picks one).")
     var port = 0
 
+    @Flag(help: "Turn off the per-connection rate limits.")
+    var limitsOff = false
+
     func run() async throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: self.port)
+        if self.limitsOff {
+            configuration.limits.messagesPerSecondPerConnection = .max
+            configuration.limits.requestsPerSecondPerConnection = .max
+        }
         let gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: self.store), logger: Peer.logger)
         gateway.onMessage("dm") { message, context in
             try context.deliver(to: "bob", topic: "dm", body: message.body)
