@@ -268,7 +268,10 @@ package struct ReliableLaneMachine: Sendable {
         guard let batch = self.batch else { preconditionFailure("no batch was committing") }
         self.batch = nil
         for (conversation, last) in batch.tentative { self.lastProcessed[conversation] = last }
-        for (position, outcome) in batch.inBatch { self.remember(outcome, at: position) }
+        for processed in batch.processed {  // in processing order: the oldest leave first
+            let position = ConversationSequence(conversation: processed.conversation, sequence: processed.sequence)
+            self.remember(InBatch(id: processed.messageID ?? 0, status: processed.status), at: position)
+        }
         var done = Done(acks: batch.immediateAcks + batch.processedAcks, notes: batch.notes)
         for (delivery, receipt) in zip(batch.staged, receipts) {
             done.stored[receipt.recipient, default: []].append(
