@@ -154,15 +154,13 @@ extension Gateway {
     /// the channel's event loop.
     func configure(_ channel: any Channel, framing: Framing) throws {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
-        var logger = self.logger
-        logger[metadataKey: "tether.connection"] = "\(id)"
         let handler = GatewayConnectionHandler(
             services: self.services,
             id: id,
             framing: framing,
             eventLoop: channel.eventLoop,
             pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
-            logger: logger
+            logger: self.logger
         )
         try channel.pipeline.syncOperations.addHandler(handler)
     }

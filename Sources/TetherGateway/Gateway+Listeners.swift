@@ -47,9 +47,9 @@ extension Gateway {
             .serverChannelOption(.backlog, value: 1024)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             // NIO keeps each connection's receive buffer at the largest size it ever had, and
-            // starts at 2 KiB: a quarter of an idle connection's memory. Start small; a busy
-            // connection's buffer doubles on each full read, up to 64 KiB.
-            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+            // starts at 2 KiB: a third of an idle connection's memory. Start small (a HELLO fits
+            // in 128 bytes); a busy connection's buffer doubles on each full read, up to 64 KiB.
+            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 128, maximum: 65536))
             // Fairness: one read (at most 64 KiB) per connection per turn of its event loop,
             // not NIO's default of four, so that a connection that floods the gateway gets
             // no more of its loop per turn than the others.

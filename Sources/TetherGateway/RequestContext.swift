@@ -45,23 +45,39 @@ public struct GatewayRequest: Sendable {
 /// connection, so that a request's context costs one reference, not a copy of each field.
 final class ConnectionScope: Sendable {
     let connection: ConnectionInfo
-    let logger: Logger
+    /// The gateway's logger, or the one a handler set; ``logger`` adds the connection's id to
+    /// the gateway's when it is used, so that an idle connection holds no copy of it.
+    private let storedLogger: Logger
+    /// Whether ``storedLogger`` is one a handler set (used as it is).
+    private let customLogger: Bool
     /// What the context's capabilities (pushes, rooms) use; never the ``Gateway``.
     let services: GatewayServices
     /// Whether the connection's requests must pass the authorization check.
     let checksAccess: Bool
 
-    init(connection: ConnectionInfo, logger: Logger, services: GatewayServices, checksAccess: Bool = false) {
+    /// - Parameter logger: The gateway's logger (the connection's id is added when it is used),
+    ///   or with `customLogger`, a logger to use as it is.
+    init(connection: ConnectionInfo, logger: Logger, customLogger: Bool = false, services: GatewayServices, checksAccess: Bool = false) {
         self.connection = connection
-        self.logger = logger
+        self.storedLogger = logger
+        self.customLogger = customLogger
         self.services = services
         self.checksAccess = checksAccess
+    }
+
+    /// The connection's logger.
+    var logger: Logger {
+        guard !self.customLogger else { return self.storedLogger }
+        var logger = self.storedLogger
+        logger[metadataKey: "tether.connection"] = "\(self.connection.id)"
+        return logger
     }
 
     func replacing(connection: ConnectionInfo? = nil, logger: Logger? = nil) -> ConnectionScope {
         ConnectionScope(
             connection: connection ?? self.connection,
-            logger: logger ?? self.logger,
+            logger: logger ?? self.storedLogger,
+            customLogger: logger != nil || self.customLogger,
             services: self.services,
             checksAccess: self.checksAccess
         )

@@ -104,7 +104,17 @@ package struct GatewayConnectionStateMachine: Sendable {
         package var deadline: TetherInstant?
     }
 
-    package let configuration: Configuration
+    /// The settings, by reference: every connection of a gateway points at one copy.
+    package final class SharedConfiguration: Sendable {
+        package let value: Configuration
+
+        package init(_ value: Configuration) {
+            self.value = value
+        }
+    }
+
+    private let shared: SharedConfiguration
+    package var configuration: Configuration { self.shared.value }
     package internal(set) var state: State
     /// The flags every outbound frame carries now. Stored: the handler reads it for every frame.
     package private(set) var outboundFlags: FrameFlags = .checksum
@@ -119,9 +129,13 @@ package struct GatewayConnectionStateMachine: Sendable {
     private var expiredTimeLimits: Set<UInt64> = []
     private var nextTimeLimit: UInt64 = 0
 
+    package init(configuration: SharedConfiguration, now: TetherInstant) {
+        self.shared = configuration
+        self.state = .handshaking(Handshaking(deadline: now + configuration.value.handshakeTimeout))
+    }
+
     package init(configuration: Configuration, now: TetherInstant) {
-        self.configuration = configuration
-        self.state = .handshaking(Handshaking(deadline: now + configuration.handshakeTimeout))
+        self.init(configuration: SharedConfiguration(configuration), now: now)
     }
 
     /// Whether the connection is established (active or draining).

@@ -83,7 +83,7 @@ extension GatewayConnectionHandler {
     func scope(of connection: ConnectionInfo) -> ConnectionScope {
         ConnectionScope(
             connection: connection,
-            logger: self.logger,
+            logger: self.baseLogger,
             services: self.services,
             checksAccess: self.services.router.checksAccess(of: connection)
         )

@@ -36,7 +36,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     let io: FrameConnection
     let services: GatewayServices
     let id: UInt64
-    let logger: Logger
+    /// The gateway's logger; ``logger`` adds the connection's id when it is used, so that an
+    /// idle connection holds no copy of it.
+    let baseLogger: Logger
     /// The channel's loop; the timer keeps running on it after the channel closed, while a
     /// reliable batch of the connection still runs under its time limit.
     let eventLoop: any EventLoop
@@ -70,7 +72,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         self.eventLoop = eventLoop
         self.executor = services.executor(for: eventLoop)
         self.pushes = pushes
-        self.logger = logger
+        self.baseLogger = logger
+    }
+
+    /// The logger of this connection: the gateway's, with the connection's id as metadata.
+    var logger: Logger {
+        var logger = self.baseLogger
+        logger[metadataKey: "tether.connection"] = "\(self.id)"
+        return logger
     }
 
     /// This handler, for its tasks and other loops.

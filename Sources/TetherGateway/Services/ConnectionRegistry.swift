@@ -32,13 +32,53 @@ final class ConnectionRegistry: Sendable {
 
     private struct State {
         var connections: [UInt64: Entry] = [:]
-        var byClient: [String: Set<UInt64>] = [:]
+        var byClient: [String: ClientConnections] = [:]
         var rooms: [String: Set<UInt64>] = [:]
         var roomsOf: [UInt64: Set<String>] = [:]
         /// Each room's recipients grouped by event loop, built at its first push after a change
         /// of membership: a room is pushed to far more often than its members change.
         var roomRecipients: [String: [LoopRecipients]] = [:]
         var draining: Frame.GoAway?
+    }
+
+    /// A client's connections: most clients have one, which takes no set of its own.
+    private enum ClientConnections {
+        case one(UInt64)
+        case many(Set<UInt64>)
+
+        var ids: [UInt64] {
+            switch self {
+            case .one(let id): [id]
+            case .many(let ids): Array(ids)
+            }
+        }
+
+        mutating func insert(_ id: UInt64) {
+            switch self {
+            case .one(let existing): self = existing == id ? self : .many([existing, id])
+            case .many(var ids):
+                self = .one(id)  // releases the set: it is mutated in place, not copied
+                ids.insert(id)
+                self = .many(ids)
+            }
+        }
+
+        /// - Returns: Whether no connection is left.
+        mutating func remove(_ id: UInt64) -> Bool {
+            switch self {
+            case .one(let existing):
+                return existing == id
+            case .many(var ids):
+                self = .one(id)  // releases the set: it is mutated in place, not copied
+                ids.remove(id)
+                if ids.count == 1, let last = ids.first {
+                    self = .one(last)
+                } else {
+                    self = .many(ids)
+                }
+                return ids.isEmpty
+            }
+        }
     }
 
     private let state = NIOLockedValueBox(State())
@@ -63,7 +103,7 @@ final class ConnectionRegistry: Sendable {
         self.state.withLockedValue { state in
             guard state.connections[info.id] != nil else { return }
             state.connections[info.id]!.info = info
-            state.byClient[info.clientID, default: []].insert(info.id)
+            if state.byClient[info.clientID]?.insert(info.id) == nil { state.byClient[info.clientID] = .one(info.id) }
         }
     }
 
@@ -72,8 +112,7 @@ final class ConnectionRegistry: Sendable {
         self.state.withLockedValue { state in
             guard let entry = state.connections.removeValue(forKey: id) else { return }
             if let info = entry.info {
-                state.byClient[info.clientID]?.remove(id)
-                if state.byClient[info.clientID]?.isEmpty == true { state.byClient[info.clientID] = nil }
+                if state.byClient[info.clientID]?.remove(id) == true { state.byClient[info.clientID] = nil }
             }
             for room in state.roomsOf.removeValue(forKey: id) ?? [] {
                 state.roomRecipients[room] = nil
@@ -123,7 +162,7 @@ final class ConnectionRegistry: Sendable {
                 guard let entry = connections[id], entry.info != nil else { return [] }
                 return [LoopRecipients(loop: entry.handler.eventLoop, handlers: [entry.handler])]
             case .client(let clientID):
-                return Self.group((state.byClient[clientID] ?? []).lazy.compactMap { connections[$0] })
+                return Self.group((state.byClient[clientID]?.ids ?? []).lazy.compactMap { connections[$0] })
             case .room(let room):
                 if let cached = state.roomRecipients[room] { return cached }
                 guard let members = state.rooms[room] else { return [] }

@@ -26,7 +26,7 @@ final class GatewayServices: Sendable {
     /// With ``GatewayConfiguration/Execution-swift.enum/eventLoop``, the task executor of each loop.
     let executors: EventLoopTaskExecutors?
     /// Every connection's machine starts from this.
-    let connectionConfiguration: GatewayConnectionStateMachine.Configuration
+    let connectionConfiguration: GatewayConnectionStateMachine.SharedConfiguration
     let logger: Logger
 
     init(
@@ -55,7 +55,7 @@ final class GatewayServices: Sendable {
         self.handshakePolicy = configuration.handshakePolicy(deliveryEpoch: reliable?.store.epoch)
         self.reliable = reliable
         self.executors = executors
-        self.connectionConfiguration = configuration.connectionConfiguration
+        self.connectionConfiguration = .init(configuration.connectionConfiguration)
         self.logger = logger
     }
 
