@@ -96,13 +96,11 @@ public struct SystemClock: TetherClock {
         on eventLoop: any EventLoop,
         handler: some NIOScheduledCallbackHandler & AnyObject
     ) -> ClockCallback? {
-        let at = NIODeadline.uptimeNanoseconds(UInt64(max(0, deadline.nanoseconds)))
-        return (try? eventLoop.assumeIsolated().scheduleCallback(at: at, handler: handler)).map(ClockCallback.init)
+        UptimeScheduling.scheduleCallback(at: deadline, on: eventLoop, handler: handler)
     }
 
     public func schedule(at deadline: TetherInstant, on eventLoop: any EventLoop, _ task: @escaping @Sendable () -> Void) -> ClockCallback {
-        let scheduled = eventLoop.scheduleTask(deadline: NIODeadline.uptimeNanoseconds(UInt64(max(0, deadline.nanoseconds)))) { task() }
-        return ClockCallback(cancel: { scheduled.cancel() })
+        UptimeScheduling.schedule(at: deadline, on: eventLoop, task)
     }
 }
 
@@ -139,8 +137,7 @@ public struct EventLoopClock: TetherClock {
     }
 
     public func sleep(until deadline: TetherInstant, tolerance: Duration? = nil) async throws {
-        let at = NIODeadline.uptimeNanoseconds(UInt64(max(0, deadline.nanoseconds)))
-        let scheduled = self.eventLoop.scheduleTask(deadline: at) {}
+        let scheduled = self.eventLoop.scheduleTask(deadline: UptimeScheduling.deadline(deadline)) {}
         try await withTaskCancellationHandler {
             try await scheduled.futureResult.get()
         } onCancel: {
@@ -154,12 +151,31 @@ public struct EventLoopClock: TetherClock {
         on eventLoop: any EventLoop,
         handler: some NIOScheduledCallbackHandler & AnyObject
     ) -> ClockCallback? {
-        let at = NIODeadline.uptimeNanoseconds(UInt64(max(0, deadline.nanoseconds)))
-        return (try? eventLoop.assumeIsolated().scheduleCallback(at: at, handler: handler)).map(ClockCallback.init)
+        UptimeScheduling.scheduleCallback(at: deadline, on: eventLoop, handler: handler)
     }
 
     public func schedule(at deadline: TetherInstant, on eventLoop: any EventLoop, _ task: @escaping @Sendable () -> Void) -> ClockCallback {
-        let scheduled = eventLoop.scheduleTask(deadline: NIODeadline.uptimeNanoseconds(UInt64(max(0, deadline.nanoseconds)))) { task() }
+        UptimeScheduling.schedule(at: deadline, on: eventLoop, task)
+    }
+}
+
+/// Scheduling on an event loop for clocks whose instants are NIO's uptime (``SystemClock``,
+/// ``EventLoopClock``).
+enum UptimeScheduling {
+    static func deadline(_ instant: TetherInstant) -> NIODeadline {
+        NIODeadline.uptimeNanoseconds(UInt64(max(0, instant.nanoseconds)))
+    }
+
+    static func scheduleCallback(
+        at deadline: TetherInstant,
+        on eventLoop: any EventLoop,
+        handler: some NIOScheduledCallbackHandler & AnyObject
+    ) -> ClockCallback? {
+        (try? eventLoop.assumeIsolated().scheduleCallback(at: Self.deadline(deadline), handler: handler)).map(ClockCallback.init)
+    }
+
+    static func schedule(at deadline: TetherInstant, on eventLoop: any EventLoop, _ task: @escaping @Sendable () -> Void) -> ClockCallback {
+        let scheduled = eventLoop.scheduleTask(deadline: Self.deadline(deadline)) { task() }
         return ClockCallback(cancel: { scheduled.cancel() })
     }
 }
