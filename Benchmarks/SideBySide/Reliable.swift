@@ -66,8 +66,11 @@ struct Reliable: AsyncParsableCommand {
                 "limits \(limits.rawValue): \(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
                 + "accepted in \(String(format: "%.2f", result.acceptedSeconds)) s (\(Int(Double(result.messages) / result.acceptedSeconds))/s), "
                 + "delivered in \(String(format: "%.2f", result.deliveredSeconds)) s = \(Int(result.deliveredPerSecond))/s"
-            if let limit = result.limitPerConnection {
-                line += " (\(String(format: "%.0f", 100 * result.deliveredPerSecond / Double(limit))) % of the \(limit)/s limit, its burst included)"
+            if let limit = result.limitPerConnection, result.messages > limit {
+                // The bucket starts full: the first second's worth goes at once, the rest at the rate.
+                let sustained = Double(result.messages - limit) / result.deliveredSeconds
+                let share = String(format: "%.0f", 100 * sustained / Double(limit))
+                line += " (after the \(limit)-message burst, \(Int(sustained))/s = \(share) % of the \(limit)/s limit)"
             }
             line +=
                 "; CPU alice \(String(format: "%.2f", result.aliceCPUSeconds)) s, gateway \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
@@ -84,10 +87,8 @@ struct Reliable: AsyncParsableCommand {
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
 
-        let gateway = try ChildProcess(
-            executable,
-            ["reliable-gateway", "--store", scratch.appendingPathComponent("gateway.sqlite").path] + (limits == .off ? ["--limits-off"] : [])
-        )
+        let store = scratch.appendingPathComponent("gateway.sqlite").path
+        let gateway = try ChildProcess(executable, ["reliable-gateway", "--store", store] + (limits == .off ? ["--limits-off"] : []))
         defer { gateway.terminate() }
         guard let ready = gateway.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
             throw BenchError("the gateway did not start: \(gateway.errors())")
