@@ -38,6 +38,9 @@ final class StoreWriter: Sendable {
         self.store = store
     }
 
+    /// Writes waiting for the next round.
+    var writesWaiting: Int { self.state.withLockedValue { $0.waiting.count } }
+
     /// Applies `write` atomically, with whatever other writes arrive meanwhile.
     /// - Returns: The receipts of its deliveries, in order.
     /// - Throws: ``MessageStoreError``: a conflict, or the store's failure.
