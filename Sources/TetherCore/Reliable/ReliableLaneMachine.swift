@@ -234,8 +234,12 @@ package struct ReliableLaneMachine: Sendable {
             return self.advance()
         case .processed(let status, let deliveries):
             self.batch!.pending = (status, deliveries)
-            let unknown = Set(deliveries.map(\.recipient)).filter { self.batch!.usage[$0] == nil }
-            if !unknown.isEmpty { return .loadUsage(unknown.sorted()) }
+            // Most handlers deliver to recipients the batch knows already: no set to build.
+            let known = self.batch!.usage
+            if deliveries.contains(where: { known[$0.recipient] == nil }) {
+                let unknown = Set(deliveries.map(\.recipient).filter { known[$0] == nil })
+                return .loadUsage(unknown.sorted())
+            }
             return self.checkQuotaAndRecord()
         }
     }
@@ -388,9 +392,12 @@ package struct ReliableLaneMachine: Sendable {
         }
         var status = pending.status
         var deliveries = pending.deliveries
-        var usage = self.batch!.usage
+        // The usage the deliveries add, checked before any is counted (the batch's usage is
+        // changed in place only if they all fit: no copy of it per message).
+        var added: [(recipient: String, usage: StreamUsage)] = []
         for delivery in deliveries {
-            var current = usage[delivery.recipient]!
+            let index = added.firstIndex { $0.recipient == delivery.recipient }
+            var current = index.map { added[$0].usage } ?? self.batch!.usage[delivery.recipient]!
             current.deliveries += 1
             current.bytes += delivery.body.readableBytes
             let refusal: String
@@ -399,17 +406,17 @@ package struct ReliableLaneMachine: Sendable {
             } else if current.bytes > self.configuration.maxDeliveryBytesPerRecipient {
                 refusal = "'\(delivery.recipient)' has over \(self.configuration.maxDeliveryBytesPerRecipient) bytes of deliveries waiting"
             } else {
-                usage[delivery.recipient] = current
+                if let index { added[index].usage = current } else { added.append((delivery.recipient, current)) }
                 continue
             }
             // Over the quota: the handler's deliveries are not stored; the sender learns it for good.
             self.batch!.notes.append(.quotaExceeded(refusal))
             status = .resourceExhausted
             deliveries = []
-            usage = self.batch!.usage
+            added = []
             break
         }
-        self.batch!.usage = usage
+        for (recipient, usage) in added { self.batch!.usage[recipient] = usage }
         self.batch!.running = nil
         self.batch!.pending = nil
         self.record(message, status: status, deliveries: deliveries)
