@@ -47,15 +47,12 @@ extension ClientConnectionStateMachine {
     /// A frame arrived.
     /// - Parameter preference: What the application wants of the heartbeat; read only for WELCOME.
     package mutating func received(_ frame: Frame, now: TetherInstant, preference: @autoclosure () -> HeartbeatPreference) -> OnFrame {
-        switch self.state {
-        case .handshaking:
-            return self.receivedDuringHandshake(frame, now: now, preference: preference())
-        case .active, .draining:
-            var answeredProbe: HeartbeatStateMachine.IdleProbe?
-            let action = self.withEstablished { active, _ in
-                answeredProbe = active.heartbeat.frameReceived(at: now)
-                return Self.received(frame, active: &active, now: now)
-            }!
+        // The established connection first, without copying the state to find out.
+        var answeredProbe: HeartbeatStateMachine.IdleProbe?
+        if let action = self.withEstablished({ active, _ in
+            answeredProbe = active.heartbeat.frameReceived(at: now)
+            return Self.received(frame, active: &active, now: now)
+        }) {
             if let answeredProbe { self.idleProbeReport = (answeredProbe, true) }
             switch action {
             case .goAway(let goAway, _, _):
@@ -74,7 +71,11 @@ extension ClientConnectionStateMachine {
             default:
                 return action
             }
-        case .idle, .closing, .closed:
+        }
+        switch self.state {
+        case .handshaking:
+            return self.receivedDuringHandshake(frame, now: now, preference: preference())
+        case .idle, .active, .draining, .closing, .closed:
             return .none
         case ._modifying:
             preconditionFailure("re-entered the machine")
@@ -199,7 +200,7 @@ extension ClientConnectionStateMachine {
             active.outbox = OutboxWindow(window: reliability.window)
             active.retransmission = reliability.retransmission
         }
-        self.state = .active(active)
+        self.put(active, draining: false)
         self.outboundFlags = negotiated.checksums ? .checksum : []
     }
 

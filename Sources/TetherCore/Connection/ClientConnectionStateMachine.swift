@@ -114,29 +114,26 @@ package struct ClientConnectionStateMachine: Sendable {
         return false
     }
 
-    /// Requests on the wire and not answered.
-    package var requestsOnWire: Int {
-        switch self.state {
-        case .active(let active), .draining(let active): active.requests.onWire
-        case .idle, .handshaking, .closing, .closed, ._modifying: 0
-        }
-    }
+    /// Requests on the wire and not answered. Stored, updated whenever the established data
+    /// changes: the handler reads it for every request, and a computed property would copy the
+    /// state (or the handler the whole machine) on each read.
+    package private(set) var requestsOnWire = 0
+    /// Requests not answered, on the wire or queued.
+    private var requestCount = 0
 
     /// When the handler's one timer must fire next.
     package mutating func nextDeadline() -> TetherInstant? {
-        switch self.state {
-        case .handshaking(let deadline):
-            return deadline
-        case .active, .draining:
-            return self.withEstablished { active, _ in
-                var next = active.heartbeat.nextDeadline
-                if let request = active.requests.earliestDeadline { next = min(next, request) }
-                if let retransmission = active.retransmissions.earliest { next = min(next, retransmission) }
-                return next
-            }
-        case .idle, .closing, .closed, ._modifying:
-            return nil
+        // Established first: a `switch` binding the state's data would copy it.
+        if let next = self.withEstablished({ active, _ in
+            var next = active.heartbeat.nextDeadline
+            if let request = active.requests.earliestDeadline { next = min(next, request) }
+            if let retransmission = active.retransmissions.earliest { next = min(next, retransmission) }
+            return next
+        }) {
+            return next
         }
+        if case .handshaking(let deadline) = self.state { return deadline }
+        return nil
     }
 
     /// An idle probe that was answered, or that the link died waiting for.
@@ -149,19 +146,34 @@ package struct ClientConnectionStateMachine: Sendable {
 
     /// Runs `body` on the established connection's data; `nil` if it is not established.
     mutating func withEstablished<Result>(_ body: (inout Active, _ draining: Bool) -> Result) -> Result? {
+        // `_modifying` replaces the state before `body` runs, so that `active` is its only
+        // owner: its tables are mutated in place, not copied.
         switch self.state {
         case .active(var active):
             self.state = ._modifying
-            defer { self.state = .active(active) }
-            return body(&active, false)
+            let result = body(&active, false)
+            self.put(consume active, draining: false)
+            return result
         case .draining(var active):
             self.state = ._modifying
-            defer { self.state = .draining(active) }
-            return body(&active, true)
+            let result = body(&active, true)
+            self.put(consume active, draining: true)
+            return result
         case .idle, .handshaking, .closing, .closed:
             return nil
         case ._modifying:
             preconditionFailure("re-entered the machine")
+        }
+    }
+
+    /// Puts the established connection's data back, and updates what the handler reads.
+    mutating func put(_ active: consuming Active, draining: Bool) {
+        self.requestsOnWire = active.requests.onWire
+        self.requestCount = active.requests.count
+        if draining {
+            self.state = .draining(consume active)
+        } else {
+            self.state = .active(consume active)
         }
     }
 
@@ -174,17 +186,19 @@ package struct ClientConnectionStateMachine: Sendable {
         case .closing, .closed: break
         case ._modifying: preconditionFailure("re-entered the machine")
         }
+        self.requestsOnWire = 0
+        self.requestCount = 0
         self.outboundFlags = .checksum  // a closing ERROR carries one whatever was negotiated
     }
 
     /// Stops new requests on the established connection.
     mutating func startDraining() {
-        if case .active(let active) = self.state { self.state = .draining(active) }
+        if case .active(let active) = self.state { self.put(active, draining: true) }
     }
 
     /// Whether a draining connection has nothing left in flight: it closes.
     func closeIfDrained() -> DisconnectReason? {
-        guard case .draining(let active) = self.state, active.requests.count == 0 else { return nil }
+        guard case .draining = self.state, self.requestCount == 0 else { return nil }
         return self.closeReason ?? .shutdown
     }
 }

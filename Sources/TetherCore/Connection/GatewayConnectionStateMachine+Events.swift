@@ -40,11 +40,8 @@ extension GatewayConnectionStateMachine {
     }
 
     /// Whether request `id` is read and not answered.
-    package func isInFlight(_ id: UInt64) -> Bool {
-        switch self.state {
-        case .active(let active), .draining(let active): active.requests.contains(id)
-        case .handshaking, .closing, .closed, ._modifying: false
-        }
+    package mutating func isInFlight(_ id: UInt64) -> Bool {
+        self.withEstablished { active, _ in active.requests.contains(id) } ?? false
     }
 
     // MARK: Reliable delivery
@@ -136,7 +133,7 @@ extension GatewayConnectionStateMachine {
             )
         case .closing(let closing):
             if let deadline = closing.deadline, now >= deadline {
-                self.state = .closing(Closing(deadline: nil))
+                self.enterClosing(Closing(deadline: nil))
                 result.end = .close(settle: [], lastFrameStuck: true)
             }
         case .active, .draining:

@@ -27,14 +27,11 @@ extension GatewayConnectionStateMachine {
 
     /// A frame arrived.
     package mutating func received(_ frame: Frame, now: TetherInstant) -> OnFrame {
-        switch self.state {
-        case .handshaking(var handshaking):
-            return self.receivedDuringHandshake(frame, &handshaking, now: now)
-        case .active, .draining:
-            let action = self.withEstablished { active, draining in
-                active.lastInbound = now
-                return Self.received(frame, active: &active, draining: draining, now: now)
-            }!
+        // The established connection first, without copying the state to find out.
+        if let action = self.withEstablished({ active, draining in
+            active.lastInbound = now
+            return Self.received(frame, active: &active, draining: draining, now: now)
+        }) {
             switch action {
             case .writeAndClose(let payload, _):
                 // The frame broke the protocol: the established connection ends.
@@ -44,7 +41,11 @@ extension GatewayConnectionStateMachine {
             default:
                 return action
             }
-        case .closing, .closed:
+        }
+        switch self.state {
+        case .handshaking(var handshaking):
+            return self.receivedDuringHandshake(frame, &handshaking, now: now)
+        case .active, .draining, .closing, .closed:
             return .none
         case ._modifying:
             preconditionFailure("re-entered the machine")

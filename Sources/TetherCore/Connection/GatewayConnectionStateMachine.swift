@@ -146,32 +146,17 @@ package struct GatewayConnectionStateMachine: Sendable {
         }
     }
 
-    /// Whether nothing more is written (closing or closed).
-    package var isClosing: Bool {
-        switch self.state {
-        case .closing, .closed: true
-        case .handshaking, .active, .draining, ._modifying: false
-        }
-    }
+    // What the handler reads for every frame is kept in stored values, updated whenever the
+    // state changes: a computed property would copy the state (or the handler the whole
+    // machine) on each read.
 
+    /// Whether nothing more is written (closing or closed).
+    package private(set) var isClosing = false
     /// Whether the connection must stop reading: requests or reliable messages wait at their
     /// limits.
-    package var holdsReads: Bool {
-        switch self.state {
-        case .active(let active), .draining(let active):
-            active.requests.holdsReads || active.reliable?.inbox.holdsReads == true
-        case .handshaking, .closing, .closed, ._modifying:
-            false
-        }
-    }
-
+    package private(set) var holdsReads = false
     /// Requests read and not answered.
-    package var requestsInFlight: Int {
-        switch self.state {
-        case .active(let active), .draining(let active): active.requests.count
-        case .handshaking, .closing, .closed, ._modifying: 0
-        }
-    }
+    package private(set) var requestsInFlight = 0
 
     /// Reliable messages waiting for the lane (not counting the batch being processed).
     package var reliableMessagesWaiting: Int {
@@ -209,7 +194,7 @@ package struct GatewayConnectionStateMachine: Sendable {
                 consider(active.reliable!.inbox.nextDeadline(now: now))
                 consider(active.reliable!.pump.retryAt)
             }
-            self.state = draining ? .draining(active) : .active(active)
+            self.put(consume active, draining: draining)
         case .closing(let closing):
             consider(closing.deadline)
         case .closed, ._modifying:
@@ -292,7 +277,7 @@ package struct GatewayConnectionStateMachine: Sendable {
         case ._modifying:
             preconditionFailure("re-entered the machine")
         }
-        self.state = .closing(Closing(deadline: writingLastFrame ? now + self.configuration.closeTimeout : nil))
+        self.enterClosing(Closing(deadline: writingLastFrame ? now + self.configuration.closeTimeout : nil))
         self.outboundFlags = .checksum  // a closing ERROR carries one whatever was negotiated
         return settled
     }
@@ -312,15 +297,19 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Runs `body` on the established connection's data.
     /// - Returns: `nil` if it is not established.
     mutating func withEstablished<Result>(_ body: (inout Active, _ draining: Bool) -> Result) -> Result? {
+        // `_modifying` replaces the state before `body` runs, so that `active` is its only
+        // owner: its tables are mutated in place, not copied.
         switch self.state {
         case .active(var active):
             self.state = ._modifying
-            defer { self.state = .active(active) }
-            return body(&active, false)
+            let result = body(&active, false)
+            self.put(consume active, draining: false)
+            return result
         case .draining(var active):
             self.state = ._modifying
-            defer { self.state = .draining(active) }
-            return body(&active, true)
+            let result = body(&active, true)
+            self.put(consume active, draining: true)
+            return result
         case .handshaking, .closing, .closed:
             return nil
         case ._modifying:
@@ -328,15 +317,35 @@ package struct GatewayConnectionStateMachine: Sendable {
         }
     }
 
+    /// Puts the established connection's data back, and updates what the handler reads.
+    private mutating func put(_ active: consuming Active, draining: Bool) {
+        self.requestsInFlight = active.requests.count
+        self.holdsReads = active.requests.holdsReads || active.reliable?.inbox.holdsReads == true
+        if draining {
+            self.state = .draining(consume active)
+        } else {
+            self.state = .active(consume active)
+        }
+    }
+
+    /// Enters closing: nothing more is read or written but a last frame.
+    mutating func enterClosing(_ closing: Closing) {
+        self.state = .closing(closing)
+        self.isClosing = true
+        self.requestsInFlight = 0
+        self.holdsReads = false
+    }
+
     mutating func established(_ active: Active) {
-        self.state = .active(active)
+        self.put(active, draining: false)
         self.outboundFlags = active.negotiated.checksums ? .checksum : []
         self.peerMaxBodySize = active.negotiated.peerMaxBodySize
     }
 
     mutating func setDraining(graceDeadline: TetherInstant) {
         guard case .active(var active) = self.state else { return }
+        self.state = ._modifying
         active.graceDeadline = graceDeadline
-        self.state = .draining(active)
+        self.put(active, draining: true)
     }
 }
