@@ -18,17 +18,19 @@ extension ClientConnectionHandler {
     /// at once.
     func sendRequest(_ request: Frame.Request, deadline: TetherInstant, waiter: ResponseWaiter) {
         guard self.submit(request, deadline: deadline, waiter: waiter) else { return }
-        self.armTimer()
+        self.armTimer(forNew: deadline)
         self.flushSoon(alone: self.machine.requestsOnWire <= 1)
     }
 
     /// Sends several requests, in one write as far as the gateway's slots allow.
     func sendRequests(_ requests: some Sequence<RequestSubmission>) {
         var wrote = false
+        var earliest: TetherInstant?
         for (request, deadline, waiter) in requests {
             wrote = self.submit(request, deadline: deadline, waiter: waiter) || wrote
+            earliest = min(earliest ?? deadline, deadline)
         }
-        self.armTimer()
+        if let earliest { self.armTimer(forNew: earliest) }
         if wrote { self.flushNow() }
     }
 

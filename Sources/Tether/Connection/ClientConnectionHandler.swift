@@ -251,6 +251,13 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     // MARK: Time
 
     /// Makes the timer fire at the machine's next deadline, if that is earlier than it fires now.
+    /// Arms the timer for a deadline just added, unless it fires before it anyway: sending a
+    /// request makes no other deadline earlier, so the machine need not be asked.
+    func armTimer(forNew deadline: TetherInstant) {
+        if let armed = self.io.timer.nextFire, armed <= deadline { return }
+        self.armTimer()
+    }
+
     func armTimer() {
         let next = self.machine.nextDeadline()
         guard self.io.timer.needsArming(at: next), let loop = self.context?.eventLoop else { return }
