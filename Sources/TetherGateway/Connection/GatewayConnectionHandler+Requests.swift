@@ -70,17 +70,25 @@ extension GatewayConnectionHandler {
         let deadline = Self.deadline(of: request, now)
         // On the connection's loop, the handler starts at once, as an inline one would; its
         // task is queued only if it suspends.
+        self.starting = id
         let task = self.spawn(immediately: self.executor != nil) {
             let response = await services.run(request, handler: handler, scope: scope, deadline: deadline)
             handle.execute { $0.handlerFinished(id, response: response) }
         }
+        self.starting = nil
         // A handler that answered before it suspended is done already.
-        if self.machine.isInFlight(id) { self.handlerTasks[id] = task }
+        if self.finishedWhileStarting == id {
+            self.finishedWhileStarting = nil
+        } else {
+            self.handlerTasks[id] = task
+        }
     }
 
     /// A request handler's task ended, with its answer (`nil` if cancelled).
     func handlerFinished(_ id: UInt64, response: Frame.Response?) {
-        self.handlerTasks[id] = nil
+        if self.handlerTasks.removeValue(forKey: id) == nil, self.starting == id {
+            self.finishedWhileStarting = id  // it ended before its task was recorded
+        }
         if let response { self.answer(response, directly: false) }
         let ended = self.machine.handlerEnded()
         let now = self.services.clock.now

@@ -53,6 +53,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// The tasks running request handlers, by request id: cancelled when their request is
     /// settled (answered at its deadline, cancelled, the connection closed).
     var handlerTasks: [UInt64: Task<Void, Never>] = [:]
+    /// The request whose handler is being started, and one whose handler ended inside that
+    /// call (it answered before it first suspended): its task is not recorded.
+    var starting: UInt64?
+    var finishedWhileStarting: UInt64?
     /// Reliable batches held to the handler time limit, by token.
     var limitedTasks: [UInt64: Task<Void, Never>] = [:]
     /// With reliable delivery: the client's outbox and its lane.
