@@ -131,7 +131,11 @@ extension IntegrationTests {
                 // same conversation: once this one is in, none can still come.
                 _ = try await alice.send("dm", body: ByteBuffer(string: "last"), conversation: "bob")
                 try await eventually("bob has the last message", timeout: .seconds(60)) { inbox.count >= total + 1 }
-                #expect(aliceEvents.connects >= 3, "alice reconnected to each new gateway process")
+                // Alice reconnected after the kills (her "last" message went through the third
+                // process). Not necessarily to the second: she may have sent everything before the
+                // first kill and still been backing off when the second came. Her connection
+                // events reach the collector a moment after the fact.
+                try await eventually("alice's reconnection is reported") { aliceEvents.connects >= 2 }
                 #expect(inbox.count == total + 1)
                 #expect(firstDifference(inbox.bodies, texts + ["last"]) == nil, "once each, in order")
                 #expect(inbox.violations.isEmpty)
