@@ -18,7 +18,7 @@ extension IntegrationTests {
                 let store = try SQLiteMessageStore(path: temporaryFile("killed-sender-gateway", in: harness))
                 // What `tether serve` does with topic dm: deliver the body to the client named by the conversation.
                 let processed = NIOLockedValueBox<[String]>([])
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     messageStore: store,
                     routes: { gateway in
                         gateway.onMessage("dm") { message, context in
