@@ -59,7 +59,10 @@ final class ClientConnection: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
                 if self.channel.eventLoop.inEventLoop {
-                    ticket.markTaken()
+                    guard ticket.takeDirectly() else {
+                        continuation.resume(throwing: Self.cancelled(request.method))
+                        return
+                    }
                     self.handler.value.sendRequest(request, deadline: deadline, waiter: .continuation(continuation))
                 } else if ticket.publish(continuation) {
                     self.submit(Submission(request: request, deadline: deadline, waiter: .continuation(continuation), ticket: ticket))

@@ -35,9 +35,10 @@ final class SubmissionTicket: @unchecked Sendable {
         return self.state.compareExchange(expected: State.created, desired: State.published, ordering: .acquiringAndReleasing).exchanged
     }
 
-    /// Records that the request went straight to the loop, with no hop to wait for.
-    func markTaken() {
-        self.state.store(State.taken, ordering: .releasing)
+    /// Claims the request for a caller already on the loop (no hop to wait for).
+    /// - Returns: `false` if it was cancelled before.
+    func takeDirectly() -> Bool {
+        self.state.compareExchange(expected: State.created, desired: State.taken, ordering: .acquiringAndReleasing).exchanged
     }
 
     /// Claims the request for the loop; `false` if a cancellation ended it on the way.
