@@ -14,6 +14,8 @@ extension GatewayConnectionStateMachine {
 
     /// What follows the end of a request handler's task.
     package struct OnHandlerEnded: Sendable, Hashable {
+        /// Whether to write the handler's answer (its request was not settled meanwhile).
+        package var writeAnswer = false
         /// Waiting requests that may start now, in order (their slots are taken).
         package var start: [Frame.Request] = []
         /// The connection closed and this was its last task.
@@ -21,10 +23,16 @@ extension GatewayConnectionStateMachine {
     }
 
     /// A request handler's task ended.
-    package mutating func handlerEnded() -> OnHandlerEnded {
+    /// - Parameter id: The request it answered, if it answered (``responseReady(_:routedDirectly:)``
+    ///   and this event in one).
+    package mutating func handlerEnded(answering id: UInt64? = nil) -> OnHandlerEnded {
         self.tasks -= 1
         var result = OnHandlerEnded()
-        result.start = self.withEstablished { active, _ in active.requests.handlerEnded() } ?? []
+        if let ended = self.withEstablished({ active, _ in
+            (id.map { active.requests.answered($0, routedDirectly: false) } ?? false, active.requests.handlerEnded())
+        }) {
+            (result.writeAnswer, result.start) = ended
+        }
         self.tasks += result.start.count
         result.done = self.isDone
         return result

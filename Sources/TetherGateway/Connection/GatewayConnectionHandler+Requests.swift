@@ -89,8 +89,8 @@ extension GatewayConnectionHandler {
         if self.handlerTasks.removeValue(forKey: id) == nil, self.starting == id {
             self.finishedWhileStarting = id  // it ended before its task was recorded
         }
-        if let response { self.answer(response, directly: false) }
-        let ended = self.machine.handlerEnded()
+        let ended = self.machine.handlerEnded(answering: response?.id)
+        if let response, ended.writeAnswer { self.writeAnswer(response) }
         let now = self.services.clock.now
         for request in ended.start { self.startHandler(request, now: now) }
         self.resumeReading()
@@ -102,6 +102,11 @@ extension GatewayConnectionHandler {
     /// sending it would make the client close the connection.
     func answer(_ response: Frame.Response, directly: Bool) {
         guard self.machine.responseReady(response.id, routedDirectly: directly) else { return }
+        self.writeAnswer(response)
+    }
+
+    /// Writes the answer to a request still unanswered (the machine said so).
+    private func writeAnswer(_ response: Frame.Response) {
         self.pushes?.drain()
         let size = response.bodySize
         if let limit = self.machine.peerMaxBodySize, size > limit {

@@ -224,6 +224,13 @@ struct GatewayConnectionStateMachineTests {
         let ended = machine.handlerEnded()
         #expect(ended.start.map(\.id) == [4], "3 was cancelled while it waited: 4 starts in its place")
         #expect(!ended.done && machine.tasks == 2)
+        // Answer and end in one event: 2 answers; 4 was cancelled meanwhile, its answer is dropped.
+        let second = machine.handlerEnded(answering: 2)
+        #expect(second.writeAnswer && second.start.isEmpty && machine.requestsInFlight == 1)
+        _ = machine.received(Frame(.cancel(.init(requestID: 4)), flags: .checksum), now: Self.start)
+        let fourth = machine.handlerEnded(answering: 4)
+        #expect(!fourth.writeAnswer, "settled by the CANCEL: nothing more is written")
+        #expect(machine.tasks == 0 && machine.requestsInFlight == 0)
     }
 
     @Test("pacing: requests over the rate wait for the next token instead of being refused, in order, and keep their deadlines")
