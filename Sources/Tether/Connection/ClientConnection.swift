@@ -1,5 +1,6 @@
 import NIOCore
 import TetherCore
+import TetherNIO
 
 /// One established connection, as the client's request path sees it.
 ///
@@ -120,12 +121,7 @@ final class ClientConnection: Sendable {
     /// Cancels request `id`, wherever it is: waiting for the hop, queued, or on the wire.
     /// Nothing happens if the request has ended.
     func cancel(_ id: UInt64) {
-        let handler = self.handler
-        if self.channel.eventLoop.inEventLoop {
-            handler.value.cancelRequest(id: id)
-        } else {
-            self.channel.eventLoop.execute { handler.value.cancelRequest(id: id) }
-        }
+        self.handler.execute { $0.cancelRequest(id: id) }
     }
 
     /// Stops new requests and closes once those in flight are answered; at once on the event loop.
@@ -145,12 +141,7 @@ final class ClientConnection: Sendable {
     }
 
     private func onLoop(_ body: @escaping @Sendable (ClientConnectionHandler) -> Void) {
-        let handler = self.handler
-        if self.channel.eventLoop.inEventLoop {
-            body(handler.value)
-        } else {
-            self.channel.eventLoop.execute { body(handler.value) }
-        }
+        self.handler.execute(body)
     }
 }
 

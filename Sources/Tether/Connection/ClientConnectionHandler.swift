@@ -162,7 +162,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             if let pending = self.pending.removeValue(forKey: id) {
                 pending.waiter.resume(with: Self.result(of: response, method: pending.method, pastDeadline: pastDeadline))
             }
-            if let close { self.closeDrained(close) } else if send != nil { self.flushSoon() }
+            if close != nil { self.close() } else if send != nil { self.flushSoon() }
         case .push(let push):
             self.callbacks.push(push)
         case .sendPong(let ping):
@@ -348,11 +348,6 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     }
 
     // MARK: Closing
-
-    /// Closes a connection that drained.
-    private func closeDrained(_ reason: DisconnectReason) {
-        self.close()
-    }
 
     /// Closes the channel after what was written so far. The machine knows why.
     func close() {

@@ -407,12 +407,7 @@ struct ConnectionHandle: Sendable {
 
     /// Runs `body` with the handler on its event loop.
     func execute(_ body: @escaping @Sendable (GatewayConnectionHandler) -> Void) {
-        if self.handler.eventLoop.inEventLoop {
-            body(self.handler.value)
-        } else {
-            let handler = self.handler
-            self.handler.eventLoop.execute { body(handler.value) }
-        }
+        self.handler.execute(body)
     }
 
     /// Runs `body` on the event loop and returns its value, without a hop from a task already
