@@ -66,8 +66,18 @@ extension TetherClient {
             guard !Task.isCancelled else {
                 throw TetherError(code: .cancelled, message: "request '\(call.method)' was cancelled")
             }
-            let connection = try await self.connection(before: call.deadline, method: call.method)
-            let request = try self.frame(for: call, body: body)
+            let connection: ClientConnection
+            if let ready = self.state.withLockedValue({ $0.ready }) {
+                connection = ready
+            } else {
+                connection = try await self.connection(before: call.deadline, method: call.method)
+            }
+            // The REQUEST carries the time left before its deadline.
+            let remaining = call.deadline - self.clock.now
+            guard remaining > .zero else {
+                throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
+            }
+            let request = Frame.Request(id: call.id, method: call.method, timeout: remaining, body: body)
             do {
                 return try await connection.execute(request, deadline: call.deadline)
             } catch let error as TetherError where error.code == .notDispatched {
@@ -79,16 +89,6 @@ extension TetherClient {
                 throw TetherError.wrapping(error, as: .connectionLost, "request '\(call.method)' failed")
             }
         }
-    }
-
-    /// The REQUEST frame for `call`, carrying the time left before its deadline at `now` (read
-    /// from the clock if `nil`).
-    func frame(for call: PreparedRequest, body: ByteBuffer, now: TetherInstant? = nil) throws(TetherError) -> Frame.Request {
-        let remaining = call.deadline - (now ?? self.clock.now)
-        guard remaining > .zero else {
-            throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
-        }
-        return Frame.Request(id: call.id, method: call.method, timeout: remaining, body: body)
     }
 
     /// The connection requests go to now, if one is ready.
@@ -103,7 +103,8 @@ extension TetherClient {
         }
     }
 
-    /// The connection to send a request on, waiting for one until `deadline`.
+    /// The connection to send a request on, waiting for one until `deadline` (``perform(_:body:)``
+    /// takes a ready one without calling this).
     func connection(before deadline: TetherInstant, method: String) async throws(TetherError) -> ClientConnection {
         enum Immediate {
             case ready(ClientConnection)

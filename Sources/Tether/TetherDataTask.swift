@@ -98,14 +98,8 @@ public final class TetherDataTask: Sendable {
     /// Hands the request to a ready connection; if it refuses it (it is going away), the
     /// request waits for the next one in a task.
     private func send(_ call: TetherClient.PreparedRequest, on connection: ClientConnection) {
-        let request: Frame.Request
-        do {
-            // Sent right after it was prepared: its whole timeout is left.
-            request = try self.client.frame(for: call, body: self.body, now: call.preparedAt)
-        } catch {
-            self.finish(with: .failure(error))
-            return
-        }
+        // Sent right after it was prepared: its whole timeout is left (positive: checked when prepared).
+        let request = Frame.Request(id: call.id, method: call.method, timeout: call.deadline - call.preparedAt, body: self.body)
         guard self.install(.direct(connection, id: call.id)) else {
             self.finish(with: .failure(Self.cancelled(call.method)))
             return

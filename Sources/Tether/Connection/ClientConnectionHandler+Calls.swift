@@ -22,18 +22,6 @@ extension ClientConnectionHandler {
         self.flushSoon(alone: self.machine.requestsOnWire <= 1)
     }
 
-    /// Sends several requests, in one write as far as the gateway's slots allow.
-    func sendRequests(_ requests: some Sequence<RequestSubmission>) {
-        var wrote = false
-        var earliest: TetherInstant?
-        for (request, deadline, waiter) in requests {
-            wrote = self.submit(request, deadline: deadline, waiter: waiter) || wrote
-            earliest = min(earliest ?? deadline, deadline)
-        }
-        if let earliest { self.armTimer(forNew: earliest) }
-        if wrote { self.flushNow() }
-    }
-
     /// - Returns: Whether the request was written.
     private func submit(_ request: Frame.Request, deadline: TetherInstant, waiter: ResponseWaiter) -> Bool {
         guard self.context != nil else {
@@ -64,15 +52,19 @@ extension ClientConnectionHandler {
     /// far as the gateway's slots allow. One cancelled before it arrived ends `cancelled`.
     func sendSubmitted(_ requests: some Sequence<RequestSubmission>) {
         let cancelledEarly = self.cancelledBeforeArrival
-        self.cancelledBeforeArrival = []
-        guard !cancelledEarly.isEmpty else { return self.sendRequests(requests) }
-        self.sendRequests(
-            requests.filter { submission in
-                guard cancelledEarly.contains(submission.request.id) else { return true }
-                submission.waiter.fail(TetherError(code: .cancelled, message: "request '\(submission.request.method)' was cancelled"))
-                return false
+        if !cancelledEarly.isEmpty { self.cancelledBeforeArrival = [] }
+        var wrote = false
+        var earliest: TetherInstant?
+        for (request, deadline, waiter) in requests {
+            if !cancelledEarly.isEmpty, cancelledEarly.contains(request.id) {
+                waiter.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
+                continue
             }
-        )
+            wrote = self.submit(request, deadline: deadline, waiter: waiter) || wrote
+            earliest = min(earliest ?? deadline, deadline)
+        }
+        if let earliest { self.armTimer(forNew: earliest) }
+        if wrote { self.flushNow() }
     }
 
     /// Abandons a request: fails it with ``TetherError/Code/cancelled`` and, if it was sent, sends CANCEL.

@@ -160,7 +160,11 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
         case .complete(let id, let response, let pastDeadline, let send, let close):
             if let send { self.write(.request(send)) }
             if let pending = self.pending.removeValue(forKey: id) {
-                pending.waiter.resume(with: Self.result(of: response, method: pending.method, pastDeadline: pastDeadline))
+                if response.status == .ok {
+                    pending.waiter.resume(with: .success(response.body))
+                } else {
+                    pending.waiter.resume(with: Self.failure(of: response, method: pending.method, pastDeadline: pastDeadline))
+                }
             }
             if close != nil { self.close() } else if send != nil { self.flushSoon() }
         case .push(let push):
@@ -216,8 +220,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
         self.reportIdleProbe()
     }
 
-    /// A RESPONSE as the caller sees it.
-    private static func result(of response: Frame.Response, method: String, pastDeadline: Bool) -> Result<ByteBuffer, TetherError> {
+    /// A RESPONSE other than ok, as the caller sees it.
+    private static func failure(of response: Frame.Response, method: String, pastDeadline: Bool) -> Result<ByteBuffer, TetherError> {
         switch response.status {
         case .ok:
             return .success(response.body)
