@@ -244,6 +244,7 @@ let package = Package(
                 "TetherCore",
                 "TetherGateway",
                 "TetherJWT",
+                "TetherTestSupport",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -24,8 +24,12 @@ extension IntegrationTests {
         /// shared 2-core machine: generous; the figures printed are the real measure).
         static let p99Bound = Duration.seconds(2.5)
 
-        @Test("attacks one after the other while a client calls every 20 ms: the gateway stays up, bounded; the client is served")
+        @Test(
+            "attacks one after the other while a client calls every 20 ms: the gateway stays up, bounded; the client is served",
+            .requires(.python3)
+        )
         func underAttack() async throws {
+            try OutsideTool.python3.require()
             try await withHarness(timeLimit: .seconds(150)) { harness in
                 let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("tether-abuse-\(UUID().uuidString).key").path
                 try Data(Self.secret.utf8).write(to: URL(fileURLWithPath: keyFile))

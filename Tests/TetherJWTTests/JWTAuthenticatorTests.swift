@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import TetherCore
 import TetherGateway
+import TetherTestSupport
 
 @testable import TetherJWT
 
@@ -126,8 +127,9 @@ struct JWTAuthenticatorTests {
         #expect(await self.refusal(authenticator, hmac)?.status == .unauthenticated, "an HS256 token is not accepted for an ES256 key")
     }
 
-    @Test("RS256 with an RSA key pair made by openssl, loaded from PEM files")
+    @Test("RS256 with an RSA key pair made by openssl, loaded from PEM files", .requires(.openssl))
     func rs256() async throws {
+        try OutsideTool.openssl.require()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-jwt-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -153,7 +153,7 @@ extension ClientConnectionStateMachine {
         guard !self.closedByClient else { return }
         let probe: HeartbeatStateMachine.IdleProbe?
         switch self.state {
-        case .active(let active), .draining(let active), .closing(let active?): probe = active.heartbeat.outstandingIdleProbe
+        case .active(let active), .draining(let active), .closing(let active?): probe = active.value.heartbeat.outstandingIdleProbe
         default: probe = nil
         }
         if let probe { self.idleProbeReport = (probe, false) }
@@ -183,7 +183,7 @@ extension ClientConnectionStateMachine {
         case .closed:
             return nil
         case .active(let established), .draining(let established), .closing(let established?):
-            active = established
+            active = established.value
         case .idle, .handshaking, .closing(nil):
             break
         case ._modifying:

@@ -200,7 +200,7 @@ extension ClientConnectionStateMachine {
             active.outbox = OutboxWindow(window: reliability.window)
             active.retransmission = reliability.retransmission
         }
-        self.put(active, draining: false)
+        self.put(CopyOnWriteBox(active), draining: false)
         self.outboundFlags = negotiated.checksums ? .checksum : []
     }
 

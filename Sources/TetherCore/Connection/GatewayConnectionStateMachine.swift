@@ -88,7 +88,8 @@ package struct GatewayConnectionStateMachine: Sendable {
         /// When a draining connection is closed whatever is in flight.
         package var graceDeadline: TetherInstant?
         package var requests: GatewayRequestTable
-        package var reliable: Reliable?
+        /// Boxed: every event moves `Active`, and few touch this.
+        package var reliable: CopyOnWriteBox<Reliable>?
     }
 
     /// Reliable delivery on the connection.
@@ -161,7 +162,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Reliable messages waiting for the lane (not counting the batch being processed).
     package var reliableMessagesWaiting: Int {
         switch self.state {
-        case .active(let active), .draining(let active): active.reliable?.inbox.count ?? 0
+        case .active(let active), .draining(let active): active.reliable?.value.inbox.count ?? 0
         case .handshaking, .closing, .closed, ._modifying: 0
         }
     }
@@ -191,8 +192,8 @@ package struct GatewayConnectionStateMachine: Sendable {
             consider(active.graceDeadline)
             consider(active.requests.nextDeadline(now: now))
             if active.reliable != nil {
-                consider(active.reliable!.inbox.nextDeadline(now: now))
-                consider(active.reliable!.pump.retryAt)
+                consider(active.reliable!.value.inbox.nextDeadline(now: now))
+                consider(active.reliable!.value.pump.retryAt)
             }
             self.put(consume active, draining: draining)
         case .closing(let closing):
@@ -271,7 +272,7 @@ package struct GatewayConnectionStateMachine: Sendable {
         case .active(var active), .draining(var active):
             self.state = ._modifying
             settled = active.requests.closeAll()
-            active.reliable?.inbox.close()
+            active.reliable?.value.inbox.close()
         case .handshaking:
             break
         case ._modifying:
@@ -320,7 +321,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Puts the established connection's data back, and updates what the handler reads.
     private mutating func put(_ active: consuming Active, draining: Bool) {
         self.requestsInFlight = active.requests.count
-        self.holdsReads = active.requests.holdsReads || active.reliable?.inbox.holdsReads == true
+        self.holdsReads = active.requests.holdsReads || active.reliable?.value.inbox.holdsReads == true
         if draining {
             self.state = .draining(consume active)
         } else {

@@ -1,0 +1,108 @@
+import Foundation
+import Synchronization
+package import Testing
+
+/// A program or package from outside the Swift build that some tests need: a peer not written
+/// here. (The lab's packet filter, which also needs root, says why it is unavailable itself.)
+///
+/// On a developer's machine a test whose tool is missing is skipped, with the command that
+/// installs it; with `CI` set it runs and fails, so a CI machine that lacks a tool cannot pass
+/// by skipping. `scripts/install-test-tools` installs them all (`.ci/run` calls it).
+///
+/// ```swift
+/// @Test("…", .requires(.openssl))
+/// func opensslInterop() async throws {
+///     try OutsideTool.openssl.require()
+///     …
+/// }
+/// ```
+package enum OutsideTool: String, CaseIterable, Sendable {
+    case openssl
+    case python3
+    /// Python's `websockets` package (pip).
+    case pythonWebsockets = "python3 websockets"
+
+    /// The command that installs it on Debian or Ubuntu.
+    package var installCommand: String {
+        switch self {
+        case .openssl: "apt-get install openssl"
+        case .python3: "apt-get install python3"
+        case .pythonWebsockets: "apt-get install python3 python3-pip; python3 -m pip install websockets"
+        }
+    }
+
+    /// Why it cannot be used here, or `nil` if it can.
+    package var unavailableReason: String? {
+        if let known = Self.reasons.withLock({ $0[self] }) { return known }
+        let reason = self.probe()  // outside the lock: a probe may ask for another tool
+        Self.reasons.withLock { $0[self] = .some(reason) }
+        return reason
+    }
+
+    /// Whether `CI` is set: then a missing tool fails the tests that need it instead of
+    /// skipping them.
+    package static var isCI: Bool {
+        guard let value = ProcessInfo.processInfo.environment["CI"] else { return false }
+        return !value.isEmpty && value != "0" && value.lowercased() != "false"
+    }
+
+    /// The message of a skip or a failure for this tool.
+    package var missingMessage: String {
+        "\(self.unavailableReason ?? "\(self.rawValue) is missing"); install it with `\(self.installCommand)`, "
+            + "or every test tool with `scripts/install-test-tools`"
+    }
+
+    /// Throws, saying what is missing and how to install it, if the tool cannot be used; a test
+    /// calls it first, so that under `CI` (where it is not skipped) it fails with that message.
+    package func require() throws {
+        guard self.unavailableReason != nil else { return }
+        throw MissingTool(tool: self)
+    }
+
+    package struct MissingTool: Error, CustomStringConvertible {
+        package var tool: OutsideTool
+        package var description: String { "CI is set, and a tool this test needs is missing: " + self.tool.missingMessage }
+    }
+
+    private static let reasons = Mutex<[OutsideTool: String?]>([:])
+
+    private func probe() -> String? {
+        switch self {
+        case .openssl:
+            return Self.run(["openssl", "version"]) ? nil : "openssl is not installed"
+        case .python3:
+            return Self.run(["python3", "-c", "pass"]) ? nil : "python3 is not installed"
+        case .pythonWebsockets:
+            if let reason = OutsideTool.python3.unavailableReason { return reason }
+            return Self.run(["python3", "-c", "import websockets"]) ? nil : "the Python package websockets is not installed"
+        }
+    }
+
+    /// Whether `arguments` (looked up on `PATH`) runs and exits 0.
+    private static func run(_ arguments: [String]) -> Bool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        do {
+            try process.run()
+        } catch {
+            return false
+        }
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    }
+}
+
+extension Trait where Self == ConditionTrait {
+    /// Skips the test, with the install command, when one of `tools` is missing, unless `CI`
+    /// is set: in CI the test runs, and ``OutsideTool/require()`` fails it.
+    package static func requires(_ tools: OutsideTool...) -> Self {
+        let missing = tools.filter { $0.unavailableReason != nil }
+        return .enabled(
+            if: missing.isEmpty || OutsideTool.isCI,
+            Comment(rawValue: "skipped: " + missing.map(\.missingMessage).joined(separator: "; "))
+        )
+    }
+}
