@@ -10,8 +10,13 @@ private final class ErrorCatcher: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     var errors: [any Error] = []
     var reads: [ByteBuffer] = []
+    /// Whether it closes the channel when told of an error, as the gateway's handler does.
+    var closesOnError = false
     func channelRead(context: ChannelHandlerContext, data: NIOAny) { self.reads.append(Self.unwrapInboundIn(data)) }
-    func errorCaught(context: ChannelHandlerContext, error: any Error) { self.errors.append(error) }
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.errors.append(error)
+        if self.closesOnError { context.close(promise: nil) }
+    }
 }
 
 @Suite("WebSocket message handler")
@@ -71,11 +76,16 @@ struct WebSocketMessageHandlerTests {
         #expect(pong.opcode == .pong && pong.data == ByteBuffer(string: "hello?"))
     }
 
-    @Test("a text message is refused with close 1003; an unmasked client frame with 1002; both are reported")
-    func refusals() throws {
-        let (text, textCatcher) = try self.channel(.client)
-        try text.writeInbound(self.frame(.text, ByteBuffer(string: "{}"), masked: false))
+    @Test(
+        "a text message is refused with close 1003; an unmasked client frame with 1002; both are reported, and a handler above that closes on the report does not change the code",
+        arguments: [false, true]
+    )
+    func refusals(handlerAboveCloses: Bool) throws {
+        let (text, textCatcher) = try self.channel(.server)
+        textCatcher.closesOnError = handlerAboveCloses
+        try text.writeInbound(self.frame(.text, ByteBuffer(string: "{}"), masked: true))
         #expect(self.closeCode(of: try text.readOutbound(as: WebSocketFrame.self)) == 1003)
+        #expect(try text.readOutbound(as: WebSocketFrame.self) == nil, "one CLOSE only")
         #expect((textCatcher.errors.first as? TransportError)?.code == .webSocketClosed)
         #expect(!text.isActive)
 

@@ -81,7 +81,9 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             context.close(promise: nil)
             return
         }
-        // Tell the handlers above why, then answer with the same code (RFC 6455, 5.5.1) and close.
+        // Answer with the same code (RFC 6455, 5.5.1) and close, then tell the handlers above
+        // why (answering first: their close must not write a CLOSE of its own).
+        self.writeClose(code.map { WebSocketErrorCode(codeNumber: Int($0)) } ?? .normalClosure, context: context)
         let meaning = code.map { Self.describe(closeCode: $0) } ?? "no close code"
         context.fireErrorCaught(
             TransportError(
@@ -90,7 +92,6 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
                 webSocketCloseCode: code
             )
         )
-        self.writeClose(code.map { WebSocketErrorCode(codeNumber: Int($0)) } ?? .normalClosure, context: context)
     }
 
     /// A close code's name (RFC 6455, 7.4.1).
@@ -133,6 +134,9 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     /// Refuses what the peer sent: reports why, then closes with `code`.
     private func sendClose(code: WebSocketErrorCode, reason: String, context: ChannelHandlerContext) {
         guard !self.closeSent else { return }
+        // The CLOSE first: told of the error, the handlers above close the channel, and that
+        // close must not write a CLOSE of its own (with the code of a normal end) before this one.
+        self.writeClose(code, reason: reason, context: context)
         context.fireErrorCaught(
             TransportError(
                 code: .webSocketClosed,
@@ -140,7 +144,6 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
                 webSocketCloseCode: UInt16(webSocketErrorCode: code)
             )
         )
-        self.writeClose(code, reason: reason, context: context)
     }
 
     /// Writes a CLOSE frame with `code` and `reason`, then closes the connection once it is

@@ -13,6 +13,7 @@ It checks, in order, and prints one JSON object per line, {"check": ..., "ok": .
   request     a REQUEST `echo` gets a RESPONSE with status 0 and the same body
   ping        a WebSocket PING gets a PONG
   close-code  a binary message that is not a Tether frame gets ERROR, then close code 1002
+  text-1003   a text message after a handshake gets close code 1003 (PROTOCOL.md 11.3)
   http-404    a GET on another path gets HTTP 404
   http-426    a GET on the path without `Upgrade: websocket` gets HTTP 426
   http-400    an upgrade without the tether.v1 subprotocol gets HTTP 400
@@ -151,6 +152,19 @@ def raw_http(url, context, request_line, headers):
     return (int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None), status_line
 
 
+async def text_message(url, context):
+    async with connect(url, subprotocols=["tether.v1"], ssl=context, open_timeout=10) as ws:
+        await ws.send(frame(HELLO, 0, hello_body("python-peer-text")))
+        frame_type, _, _ = parse(await asyncio.wait_for(ws.recv(), 10))
+        await ws.send("a text message")
+        try:
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+        except ConnectionClosed as closed:
+            code = closed.rcvd.code if closed.rcvd else None
+            report("text-1003", frame_type == WELCOME and code == 1003, "WELCOME: %s, close code %s" % (frame_type == WELCOME, code))
+
+
 async def refused_upgrade(url, context, **options):
     try:
         async with connect(url, ssl=context, open_timeout=10, **options):
@@ -166,6 +180,10 @@ async def main():
         await conversation(url, context)
     except Exception as error:  # report and go on to the HTTP checks
         report("conversation", False, repr(error))
+    try:
+        await text_message(url, context)
+    except Exception as error:
+        report("text-1003", False, repr(error))
     path = urllib.parse.urlsplit(url).path
     status, line = raw_http(url, context, "GET /not-tether HTTP/1.1", ["Connection: close"])
     report("http-404", status == 404, line)
