@@ -387,7 +387,9 @@ extension IntegrationTests {
                     else { continue }
                     results[check] = (ok, object["detail"] as? String ?? "")
                 }
-                for check in ["upgrade", "handshake", "request", "ping", "close-code", "text-1003", "http-404", "http-426", "http-400", "http-403"] {
+                for check in [
+                    "upgrade", "handshake", "request", "ping", "close-code", "text-1003", "http-404", "http-426", "http-400", "http-403",
+                ] {
                     let result = results[check]
                     #expect(result?.ok == true, "\(check): \(result?.detail ?? "not reported"); output:\n\(output.joined(separator: "\n"))")
                 }
