@@ -58,13 +58,13 @@ package struct ClientConnectionStateMachine: Sendable {
         /// HELLO was sent; waiting for WELCOME until the deadline.
         case handshaking(deadline: TetherInstant)
         /// Established.
-        case active(Established)
+        case active(ActiveBox)
         /// No new requests (GOAWAY arrived, or the client drains); closes once those in flight
         /// are answered.
-        case draining(Established)
+        case draining(ActiveBox)
         /// Ending (an error, a timeout, a violation): nothing more is read; what was in flight
         /// (if it was established) ends when the channel closes.
-        case closing(Established?)
+        case closing(ActiveBox?)
         /// The channel closed.
         case closed
         /// Only while an event is being handled.
@@ -73,7 +73,7 @@ package struct ClientConnectionStateMachine: Sendable {
 
     /// The established phases' data, behind one reference: every event moves the phase's data
     /// out of the enum and back, and a word moves faster than the ~370 bytes of ``Active``.
-    package typealias Established = CopyOnWriteBox<Active>
+    package typealias ActiveBox = CopyOnWriteBox<Active>
 
     package struct Active: Sendable {
         package var negotiated: Handshake.Negotiated
@@ -171,7 +171,7 @@ package struct ClientConnectionStateMachine: Sendable {
     }
 
     /// Puts the established connection's data back, and updates what the handler reads.
-    mutating func put(_ active: consuming Established, draining: Bool) {
+    mutating func put(_ active: consuming ActiveBox, draining: Bool) {
         self.requestsOnWire = active.value.requests.onWire
         self.requestCount = active.value.requests.count
         if draining {
