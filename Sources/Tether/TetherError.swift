@@ -21,7 +21,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case timedOut, cancelled, notConnected, connectionLost, serverError, protocolError
             case shutdown, invalidArgument, requestTooLarge, invalidConfiguration, handshakeFailed, invalidResponse
             case outboxFull, storage
-            case tlsFailed, certificatePinMismatch, webSocketUpgradeFailed
+            case tlsFailed, certificatePinMismatch, webSocketUpgradeFailed, proxyFailed
             case notDispatched
         }
 
@@ -67,6 +67,10 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         /// The server refused the WebSocket upgrade (an HTTP status other than 101: a wrong
         /// path, a proxy that does not pass WebSockets) or is not a Tether gateway.
         public static let webSocketUpgradeFailed = Code(.webSocketUpgradeFailed)
+        /// The HTTP proxy (``TetherNIO/ProxySetting``) could not be reached or did not open the
+        /// tunnel: it wants credentials or refused them, or does not allow the gateway's port.
+        /// Counts as a failed connection attempt, with backoff.
+        public static let proxyFailed = Code(.proxyFailed)
         /// Internal: the request never reached a gateway handler and can be sent again.
         static let notDispatched = Code(.notDispatched)
 
@@ -89,6 +93,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case .tlsFailed: "TLS failed"
             case .certificatePinMismatch: "certificate pin mismatch"
             case .webSocketUpgradeFailed: "WebSocket upgrade failed"
+            case .proxyFailed: "HTTP proxy failed"
             case .notDispatched: "not dispatched"
             }
         }

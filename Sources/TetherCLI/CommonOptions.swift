@@ -51,6 +51,15 @@ struct GatewayOptions: ParsableArguments {
     @Option(name: .customLong("client-key"), help: ArgumentHelp("The private key of --client-cert (PEM).", valueName: "file"))
     var clientKey: String?
 
+    @Option(
+        name: .customLong("proxy"),
+        help: ArgumentHelp(
+            "An HTTP proxy to tunnel through (CONNECT): http://[user:password@]host:port, or 'env' for https_proxy/http_proxy/no_proxy as curl reads them.",
+            valueName: "url"
+        )
+    )
+    var proxy: String?
+
     /// The endpoints: `first` (a URL given as an argument), the --endpoint options, or else --host and --port.
     func endpoints(first: String? = nil) throws -> [Endpoint] {
         let texts = (first.map { [$0] } ?? []) + self.endpointURLs
@@ -82,8 +91,19 @@ struct GatewayOptions: ParsableArguments {
         case (nil, nil): break
         default: throw ValidationError("--client-cert and --client-key go together")
         }
+        let proxy: ProxySetting
         do {
-            return try TCPClientTransport(tls: tls)
+            proxy =
+                switch self.proxy {
+                case nil: .none
+                case "env": .environment
+                case let url?: .always(try HTTPProxy(url: url))
+                }
+        } catch {
+            throw ValidationError("--proxy: \(error.message)")
+        }
+        do {
+            return try TCPClientTransport(tls: tls, proxy: proxy)
         } catch {
             throw ValidationError(error.message)
         }

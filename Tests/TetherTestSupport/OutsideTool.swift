@@ -2,8 +2,8 @@ import Foundation
 import Synchronization
 package import Testing
 
-/// A program or package from outside the Swift build that some tests need: a peer not written
-/// here. (The lab's packet filter, which also needs root, says why it is unavailable itself.)
+/// A program or package from outside the Swift build that some tests need: a peer or a proxy
+/// not written here. (The lab's packet filter, which also needs root, says why it is unavailable itself.)
 ///
 /// On a developer's machine a test whose tool is missing is skipped, with the command that
 /// installs it; with `CI` set it runs and fails, so a CI machine that lacks a tool cannot pass
@@ -21,6 +21,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case python3
     /// Python's `websockets` package (pip).
     case pythonWebsockets = "python3 websockets"
+    /// Squid, the HTTP proxy (its `basic_ncsa_auth` helper too).
+    case squid
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -28,6 +30,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .openssl: "apt-get install openssl"
         case .python3: "apt-get install python3"
         case .pythonWebsockets: "apt-get install python3 python3-pip; python3 -m pip install websockets"
+        case .squid: "apt-get install squid"
         }
     }
 
@@ -64,6 +67,14 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         package var description: String { "CI is set, and a tool this test needs is missing: " + self.tool.missingMessage }
     }
 
+    /// Where squid is (Debian puts it in /usr/sbin, often not on a user's `PATH`).
+    package static var squidExecutable: String? {
+        ["/usr/sbin/squid", "/usr/local/sbin/squid", "/usr/bin/squid"].first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    /// Squid's helper that checks Basic credentials against an htpasswd file.
+    package static let squidBasicAuth = "/usr/lib/squid/basic_ncsa_auth"
+
     private static let reasons = Mutex<[OutsideTool: String?]>([:])
 
     private func probe() -> String? {
@@ -75,6 +86,11 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .pythonWebsockets:
             if let reason = OutsideTool.python3.unavailableReason { return reason }
             return Self.run(["python3", "-c", "import websockets"]) ? nil : "the Python package websockets is not installed"
+        case .squid:
+            guard Self.squidExecutable != nil, FileManager.default.isExecutableFile(atPath: Self.squidBasicAuth) else {
+                return "squid is not installed"
+            }
+            return nil
         }
     }
 

@@ -23,6 +23,7 @@ enum TransportErrors {
             case .tlsHandshakeFailed: code = .tlsFailed
             case .certificatePinMismatch: code = .certificatePinMismatch
             case .webSocketUpgradeFailed: code = .webSocketUpgradeFailed
+            case .proxyFailed: code = .proxyFailed
             default: code = .notConnected
             }
             return TetherError(code: code, message: error.message, cause: error)

@@ -1,5 +1,6 @@
 import NIOConcurrencyHelpers
 public import NIOCore
+import NIOExtras
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
@@ -14,6 +15,9 @@ public import TetherCore
 /// - `ws://` and `wss://`: one frame per binary WebSocket message (NIOWebSocket), subprotocol
 ///   `tether.v1`, after an HTTP/1.1 upgrade on the endpoint's path.
 ///
+/// Each of them may go through an HTTP proxy (``ProxySetting``): the connection is a `CONNECT`
+/// tunnel (swift-nio-extras' `NIOHTTP1ProxyConnectHandler`), and the rest runs inside it.
+///
 /// ```swift
 /// let client = try TetherClient(configuration: config, transport: TCPClientTransport())
 /// // A private CA and a pinned key:
@@ -27,6 +31,8 @@ public struct TCPClientTransport: ClientTransport {
     public let sourceAddress: String?
     /// How `tethers://` and `wss://` connections are secured.
     public var tls: ClientTLSConfiguration { self.contexts.configuration }
+    /// The HTTP proxy connections go through, if any.
+    public let proxy: ProxySetting
     private let source: SocketAddress?
     private let contexts: ClientTLSContexts
 
@@ -34,6 +40,7 @@ public struct TCPClientTransport: ClientTransport {
     /// system's certificate authorities.
     public init() {
         self.sourceAddress = nil
+        self.proxy = .none
         self.source = nil
         self.contexts = ClientTLSContexts(configuration: .defaults)
     }
@@ -52,9 +59,16 @@ public struct TCPClientTransport: ClientTransport {
     ///     `wss://`.
     ///   - sourceAddress: An IPv4 or IPv6 address literal of this machine; `nil` lets the
     ///     system choose.
+    ///   - proxy: An HTTP proxy to go through, or `.environment` to take it from `https_proxy`
+    ///     and `no_proxy` as curl does; none by default.
     /// - Throws: ``ConfigurationError`` if `sourceAddress` is not an IP address, or a
     ///   certificate or key of `tls` cannot be read.
-    public init(tls: ClientTLSConfiguration = .defaults, sourceAddress: String? = nil) throws(ConfigurationError) {
+    public init(
+        tls: ClientTLSConfiguration = .defaults,
+        sourceAddress: String? = nil,
+        proxy: ProxySetting = .none
+    ) throws(ConfigurationError) {
+        self.proxy = proxy
         if let sourceAddress {
             do {
                 self.source = try SocketAddress(ipAddress: sourceAddress, port: 0)
@@ -90,6 +104,7 @@ public struct TCPClientTransport: ClientTransport {
         } else {
             sslHandler = nil
         }
+        let proxy = try self.proxy.proxy(for: endpoint)
         let ready = eventLoop.makePromise(of: Void.self)
         let handlerBox = NIOLoopBoundBox<NIOSSLClientHandler?>.makeBoxSendingValue(sslHandler, eventLoop: eventLoop)
         var bootstrap = ClientBootstrap(group: eventLoop)
@@ -97,8 +112,15 @@ public struct TCPClientTransport: ClientTransport {
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try Self.configure(channel, endpoint: endpoint, ssl: handlerBox.value, deadline: deadline, ready: ready) {
-                        try initializer($0, framing)
+                    let configure = { @Sendable (channel: any Channel) throws in
+                        try Self.configure(channel, endpoint: endpoint, ssl: handlerBox.value, deadline: deadline, ready: ready) {
+                            try initializer($0, framing)
+                        }
+                    }
+                    if let proxy {
+                        try Self.tunnel(channel, through: proxy, to: endpoint, deadline: deadline, ready: ready, then: configure)
+                    } else {
+                        try configure(channel)
                     }
                 }
             }
@@ -107,12 +129,97 @@ public struct TCPClientTransport: ClientTransport {
         }
         let channel: any Channel
         do {
-            channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+            if let proxy {
+                channel = try await bootstrap.connect(host: proxy.host, port: proxy.port).get()
+            } else {
+                channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+            }
         } catch {
             ready.fail(error)
+            if let proxy {
+                throw TransportError(code: .proxyFailed, message: "cannot reach the HTTP proxy \(proxy)", cause: error)
+            }
             throw error
         }
         return try await Self.whenReady(channel, ready)
+    }
+
+    /// Asks `proxy` for a tunnel to `endpoint` (HTTP/1.1 `CONNECT`); once it is open, removes
+    /// the HTTP handlers and calls `configure`, which builds the endpoint's pipeline inside it.
+    /// A refusal fails `ready` with a ``TransportError`` that says what the proxy answered.
+    static func tunnel(
+        _ channel: any Channel,
+        through proxy: HTTPProxy,
+        to endpoint: Endpoint,
+        deadline: NIODeadline,
+        ready: EventLoopPromise<Void>,
+        then configure: @escaping @Sendable (any Channel) throws -> Void
+    ) throws {
+        let pipeline = channel.pipeline.syncOperations
+        let encoder = HTTPRequestEncoder()
+        let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes))
+        var headers = HTTPHeaders()
+        if let authorization = proxy.authorization { headers.add(name: "Proxy-Authorization", value: authorization) }
+        let tunnelled = channel.eventLoop.makePromise(of: Void.self)
+        let connect = NIOHTTP1ProxyConnectHandler(
+            targetHost: endpoint.host,
+            targetPort: endpoint.port,
+            headers: headers,
+            deadline: deadline,
+            promise: tunnelled
+        )
+        try pipeline.addHandler(encoder)
+        try pipeline.addHandler(decoder)
+        try pipeline.addHandler(connect)
+        let handlers = NIOLoopBound((encoder, decoder), eventLoop: channel.eventLoop)
+        tunnelled.futureResult.assumeIsolated().whenComplete { result in
+            switch result {
+            case .success:
+                // The response decoder also watches what is written (it pairs requests with
+                // responses), and leaves only once the read that carried the proxy's answer
+                // is done: build the endpoint's pipeline after it has gone.
+                let pipeline = channel.pipeline.syncOperations
+                let removed = channel.eventLoop.makePromise(of: Void.self)
+                pipeline.removeHandler(handlers.value.0, promise: nil)
+                pipeline.removeHandler(handlers.value.1, promise: removed)
+                removed.futureResult.assumeIsolated().whenComplete { _ in
+                    do {
+                        try configure(channel)
+                    } catch {
+                        ready.fail(error)
+                        channel.close(promise: nil)
+                    }
+                }
+            case .failure(let error):
+                ready.fail(Self.proxyError(error, proxy: proxy, endpoint: endpoint))
+            }
+        }
+    }
+
+    /// What a proxy's refusal means, for the app's logs.
+    private static func proxyError(_ error: any Error, proxy: HTTPProxy, endpoint: Endpoint) -> TransportError {
+        let target = "\(endpoint.host):\(endpoint.port)"
+        guard let error = error as? NIOHTTP1ProxyConnectHandler.Error else {
+            return TransportError(code: .proxyFailed, message: "the HTTP proxy \(proxy) failed to open a tunnel to \(target)", cause: error)
+        }
+        let why: String
+        if error == .proxyAuthenticationRequired() {
+            why =
+                proxy.credentials == nil
+                ? "it requires authentication (407); give the proxy's user name and password"
+                : "it refused the credentials given (407)"
+        } else if error == .httpProxyHandshakeTimeout() {
+            why = "no answer to CONNECT before the connect timeout"
+        } else if error == .remoteConnectionClosed() {
+            why = "it closed the connection"
+        } else {
+            why = "\(error)"
+        }
+        return TransportError(
+            code: .proxyFailed,
+            message: "the HTTP proxy \(proxy) did not open a tunnel to \(target): \(why)",
+            cause: error
+        )
     }
 
     /// Waits until `channel` carries frames (`ready` succeeded), or closes it and throws why not.

@@ -11,7 +11,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     /// What went wrong, in kinds a program can act on.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Value: Hashable, Sendable {
-            case tlsHandshakeFailed, certificatePinMismatch, webSocketUpgradeFailed, webSocketClosed, timedOut
+            case tlsHandshakeFailed, certificatePinMismatch, webSocketUpgradeFailed, webSocketClosed, timedOut, proxyFailed
         }
         let value: Value
         init(_ value: Value) { self.value = value }
@@ -28,6 +28,9 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public static let webSocketClosed = Code(.webSocketClosed)
         /// The TLS handshake or the WebSocket upgrade did not finish within the connect timeout.
         public static let timedOut = Code(.timedOut)
+        /// The HTTP proxy could not be reached, or did not open the `CONNECT` tunnel: it wants
+        /// credentials or refused them, does not allow the gateway's port, or did not answer.
+        public static let proxyFailed = Code(.proxyFailed)
 
         public var description: String {
             switch self.value {
@@ -36,6 +39,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
             case .webSocketUpgradeFailed: "WebSocket upgrade failed"
             case .webSocketClosed: "WebSocket closed"
             case .timedOut: "timed out"
+            case .proxyFailed: "HTTP proxy failed"
             }
         }
     }
