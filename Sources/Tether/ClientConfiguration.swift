@@ -162,6 +162,49 @@ public struct ClientConfiguration: Sendable {
         /// An endpoint that refused a connection or failed its handshake is tried after the others
         /// for this long.
         public var failedEndpointPenalty: Duration
+        /// When a connection that is up counts as failing, as a refused one does: it is closed
+        /// (``DisconnectReason/linkFailing(timedOut:of:)``), its endpoint penalised, and the
+        /// others tried first. `nil`: a connection is given up only when it closes or its
+        /// heartbeat times out. With a single endpoint it does nothing: there is nowhere else
+        /// to go.
+        public var failingLink: FailingLink?
+
+        /// A connection is failing once at least ``failureRate`` of at least
+        /// ``minimumRequests`` requests sent on it within ``window`` went unanswered before
+        /// their deadline (seed 004: 10 % of 40). Any answer counts as carried, whatever its
+        /// status; a request still queued at its deadline counts for nothing.
+        public struct FailingLink: Sendable, Hashable {
+            public var failureRate: Double
+            public var minimumRequests: Int
+            public var window: Duration
+
+            public init(failureRate: Double = 0.1, minimumRequests: Int = 40, window: Duration = .seconds(60)) throws(ConfigurationError) {
+                self.failureRate = failureRate
+                self.minimumRequests = minimumRequests
+                self.window = window
+                try self.validate()
+            }
+
+            public static var defaults: FailingLink { try! FailingLink() }
+
+            public func validate() throws(ConfigurationError) {
+                _ = try self.policy
+            }
+
+            var policy: LinkHealth.Policy {
+                get throws(ConfigurationError) {
+                    do {
+                        return try LinkHealth.Policy(
+                            failureRate: self.failureRate,
+                            minimumRequests: self.minimumRequests,
+                            window: self.window
+                        )
+                    } catch {
+                        throw ConfigurationError("connection.failingLink: \(error.message)")
+                    }
+                }
+            }
+        }
 
         public init(
             connectTimeout: Duration = .seconds(5),
@@ -170,7 +213,8 @@ public struct ClientConfiguration: Sendable {
             checksums: Bool = true,
             raceDelay: Duration? = .milliseconds(250),
             maximumRacers: Int = 3,
-            failedEndpointPenalty: Duration = .seconds(30)
+            failedEndpointPenalty: Duration = .seconds(30),
+            failingLink: FailingLink? = .defaults
         ) throws(ConfigurationError) {
             self.connectTimeout = connectTimeout
             self.handshakeTimeout = handshakeTimeout
@@ -179,6 +223,7 @@ public struct ClientConfiguration: Sendable {
             self.raceDelay = raceDelay
             self.maximumRacers = maximumRacers
             self.failedEndpointPenalty = failedEndpointPenalty
+            self.failingLink = failingLink
             try self.validate()
         }
 
@@ -194,6 +239,7 @@ public struct ClientConfiguration: Sendable {
             guard self.failedEndpointPenalty >= .zero else {
                 throw ConfigurationError("connection.failedEndpointPenalty must not be negative")
             }
+            try self.failingLink?.validate()
             guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
                 throw ConfigurationError(
                     "connection.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)"

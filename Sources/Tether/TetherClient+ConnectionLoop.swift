@@ -159,6 +159,10 @@ extension TetherClient {
 
         let closure = await self.serve(connection)
         self.reliable?.detach(connection)
+        if case .linkFailing = closure.reason {
+            // Up but failing: the next attempt tries the other endpoints first.
+            self.penalize(connection.endpoint)
+        }
         // Update the state before telling anyone, so that a subscriber reacting to the event
         // already sees the client as disconnected.
         let afterClose = self.state.withLockedValue { state in

@@ -14,8 +14,9 @@ extension TetherClient {
     /// go last. The attempt fails when every racer failed and no more may start.
     func race(from first: Endpoint) async throws -> ClientConnection {
         let settings = self.configuration.connection
-        guard let raceDelay = settings.raceDelay else { return try await self.establish(first) }
         let order = self.racingOrder(from: first)
+        // One connection at a time: still not to an endpoint that failed recently, if another is there.
+        guard let raceDelay = settings.raceDelay else { return try await self.establish(order.first ?? first) }
         let deadline = self.clock.now.advanced(by: settings.connectTimeout)
 
         enum Outcome: Sendable {
@@ -98,7 +99,7 @@ extension TetherClient {
         return self.state.withLockedValue { $0.penalties.order(self.configuration.endpoints, from: first, at: now) }
     }
 
-    private func penalize(_ endpoint: Endpoint) {
+    func penalize(_ endpoint: Endpoint) {
         guard self.configuration.endpoints.count > 1 else { return }
         let now = self.clock.now
         self.state.withLockedValue { $0.penalties.penalize(endpoint, at: now) }
@@ -137,7 +138,9 @@ extension TetherClient {
             hello: hello,
             handshakeTimeout: connectionConfiguration.handshakeTimeout,
             heartbeat: self.configuration.heartbeat.policy,
-            reliability: self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) }
+            reliability: self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) },
+            // With one endpoint there is nowhere else to go: the heartbeat still guards the link.
+            failingLink: self.configuration.endpoints.count > 1 ? try connectionConfiguration.failingLink?.policy : nil
         )
         let callbacks = ClientConnectionHandler.Callbacks(
             push: { [weak self] push in self?.deliver(push) },

@@ -269,6 +269,46 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "a connection that is up but failing (its requests time out, its heartbeat answers) is given up as linkFailing; the client moves to the next endpoint and penalises the first"
+        )
+        func failingLinkMovesOn() async throws {
+            try await withHarness { harness in
+                // The first gateway is alive (it answers PINGs) but its handler never answers.
+                let (_, stuck) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { _, _ in
+                        try await Task.sleep(for: .seconds(3600))
+                        return ByteBuffer()
+                    }
+                })
+                let (_, live) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
+                let client = try harness.client([stuck, live]) {
+                    $0.connection.raceDelay = nil
+                    $0.connection.failingLink = try! .init(failureRate: 0.5, minimumRequests: 4, window: .seconds(30))
+                }
+                let events = harness.events(of: client)
+                try await eventually("connected to the first endpoint") { client.connectionState == .connected(stuck) }
+                await withTaskGroup { group in
+                    for index in 0..<4 {
+                        group.addTask {
+                            _ = try? await client.request("echo", body: ByteBuffer(string: "\(index)"), timeout: .milliseconds(300))
+                        }
+                    }
+                }
+                try await eventually("the client gives the failing connection up") {
+                    events.all.contains { if case .disconnected(.linkFailing(4, of: 4)) = $0 { true } else { false } }
+                }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "elsewhere")).string == "elsewhere")
+                #expect(client.connectionState == .connected(live))
+                #expect(
+                    client.state.withLockedValue { $0.penalties.isPenalized(stuck, at: client.clock.now) },
+                    "tried after the others for a while"
+                )
+            }
+        }
+
         @Test("racing: a refused endpoint hands over to the next within the same attempt")
         func racingFailover() async throws {
             try await withHarness { harness in

@@ -293,6 +293,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
         case .none:
             break
         }
+        if case .linkFailing(let timedOut, let total)? = due.close {
+            self.logger.warning(
+                "requests time out on this connection; closing it to try another endpoint",
+                metadata: ["timedOut": "\(timedOut)", "of": "\(total)"]
+            )
+        }
         if self.io.flushOwed { self.flushNow() }
         if due.pumpMessages { self.pumpMessages() }
         let onWire = self.machine.requestsOnWire

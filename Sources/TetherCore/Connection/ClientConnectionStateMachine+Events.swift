@@ -125,10 +125,15 @@ extension ClientConnectionStateMachine {
         case ._modifying:
             preconditionFailure("re-entered the machine")
         }
+        var failing: LinkHealth.Failing?
         self.withEstablished { active, _ in
             result.expired = active.requests.expired(at: now)
             if !result.expired.isEmpty {
                 while let next = active.requests.nextToSend() { result.send.append(next) }
+            }
+            for (_, wasSent) in result.expired where wasSent {
+                // Sent and never answered: evidence against the link (one still queued is not).
+                if let verdict = active.health?.record(failed: true, at: now) { failing = verdict }
             }
             for id in active.retransmissions.popExpired(at: now) where active.outbox?.timedOut(id) != nil {
                 result.pumpMessages = true
@@ -141,6 +146,10 @@ extension ClientConnectionStateMachine {
         if case .linkDead(let silence) = result.heartbeat {
             self.reportFailedIdleProbe()
             result.close = .heartbeatTimeout(silentFor: silence)
+            self.closeReason = self.closeReason ?? result.close
+            self.startClosing()
+        } else if let failing {
+            result.close = .linkFailing(timedOut: failing.failed, of: failing.total)
             self.closeReason = self.closeReason ?? result.close
             self.startClosing()
         } else if !result.expired.isEmpty {

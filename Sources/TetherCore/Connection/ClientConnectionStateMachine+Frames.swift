@@ -122,6 +122,7 @@ extension ClientConnectionStateMachine {
         case .response(let response):
             // Timed out or cancelled already (or never sent): PROTOCOL.md says to ignore it.
             guard let deadline = active.requests.responded(response.id) else { return .none }
+            _ = active.health?.record(failed: false, at: now)  // the link carried it, whatever the status
             return .complete(id: response.id, response, pastDeadline: now >= deadline, send: active.requests.nextToSend(), close: nil)
         case .push(let push):
             return .push(push)
@@ -194,7 +195,8 @@ extension ClientConnectionStateMachine {
                 now: now
             ),
             heartbeatBounds: bounds,
-            heartbeatMode: preference.mode
+            heartbeatMode: preference.mode,
+            health: self.configuration.failingLink.map { LinkHealth(policy: $0) }
         )
         if negotiated.features.contains(.reliableDelivery), let reliability = self.configuration.reliability {
             active.outbox = OutboxWindow(window: reliability.window)

@@ -20,6 +20,8 @@ package struct ClientConnectionStateMachine: Sendable {
         package var heartbeat: HeartbeatPolicy
         /// With reliable messaging: messages in flight at most, and the retransmission bounds.
         package var reliability: Reliability?
+        /// When a connection whose requests time out counts as failing; `nil`: never.
+        package var failingLink: LinkHealth.Policy?
 
         package struct Reliability: Sendable, Hashable {
             package var window: Int
@@ -31,11 +33,18 @@ package struct ClientConnectionStateMachine: Sendable {
             }
         }
 
-        package init(hello: Frame.Hello, handshakeTimeout: Duration, heartbeat: HeartbeatPolicy, reliability: Reliability? = nil) {
+        package init(
+            hello: Frame.Hello,
+            handshakeTimeout: Duration,
+            heartbeat: HeartbeatPolicy,
+            reliability: Reliability? = nil,
+            failingLink: LinkHealth.Policy? = nil
+        ) {
             self.hello = hello
             self.handshakeTimeout = handshakeTimeout
             self.heartbeat = heartbeat
             self.reliability = reliability
+            self.failingLink = failingLink
         }
     }
 
@@ -87,6 +96,8 @@ package struct ClientConnectionStateMachine: Sendable {
         package var outbox: OutboxWindow?
         package var retransmission: RTTEstimator?
         package var retransmissions = DeadlineQueue<UInt64, TetherInstant>()
+        /// Requests answered and timed out over the failing-link window.
+        package var health: LinkHealth?
     }
 
     package let configuration: Configuration

@@ -12,6 +12,11 @@ public enum DisconnectReason: Sendable, CustomStringConvertible {
     case gatewayError(code: StatusCode, message: String)
     /// The transport failed (reset, unreachable, …).
     case transportError(String)
+    /// The connection was up but failing: `timedOut` of the last `of` requests sent on it went
+    /// unanswered within the failing-link window
+    /// (``ClientConfiguration/Connection-swift.struct/failingLink``). The client penalises the
+    /// endpoint and tries the others first.
+    case linkFailing(timedOut: Int, of: Int)
     /// The client is shutting down.
     case shutdown
 
@@ -24,6 +29,7 @@ public enum DisconnectReason: Sendable, CustomStringConvertible {
         case .protocolViolation(let error): "protocol violation by the gateway: \(error)"
         case .gatewayError(let code, let message): "gateway error \(code): \(message)"
         case .transportError(let message): "transport error: \(message)"
+        case .linkFailing(let timedOut, let total): "link failing: \(timedOut) of the last \(total) requests timed out"
         case .shutdown: "client shut down"
         }
     }

@@ -31,7 +31,7 @@ struct ClientConnectionStateMachineTests {
         )
     }
 
-    func machine(reliable: Bool = false) -> Machine {
+    func machine(reliable: Bool = false, failingLink: LinkHealth.Policy? = nil) -> Machine {
         var hello = Self.hello
         if reliable { hello.features.formUnion([.reliableDelivery, .messageAnswers]) }
         return Machine(
@@ -40,13 +40,14 @@ struct ClientConnectionStateMachineTests {
                 handshakeTimeout: .seconds(5),
                 heartbeat: HeartbeatPolicy(timeout: .seconds(2), minimumTimeout: .seconds(2)),
                 reliability: reliable
-                    ? .init(window: 2, retransmission: RTTEstimator(initialTimeout: .seconds(1), minimumTimeout: .seconds(1))) : nil
+                    ? .init(window: 2, retransmission: RTTEstimator(initialTimeout: .seconds(1), minimumTimeout: .seconds(1))) : nil,
+                failingLink: failingLink
             )
         )
     }
 
-    func established(slots: UInt32 = 2, reliable: Bool = false, answers: Bool = false) -> Machine {
-        var machine = self.machine(reliable: reliable)
+    func established(slots: UInt32 = 2, reliable: Bool = false, answers: Bool = false, failingLink: LinkHealth.Policy? = nil) -> Machine {
+        var machine = self.machine(reliable: reliable, failingLink: failingLink)
         _ = machine.start(now: Self.start)
         _ = machine.received(Self.welcome(slots: slots, reliable: reliable, answers: answers), now: Self.start, preference: Self.foreground)
         return machine
@@ -205,6 +206,37 @@ struct ClientConnectionStateMachineTests {
             return
         }
         #expect(machine.takeIdleProbeReport()?.answered == false, "an idle probe died waiting")
+    }
+
+    @Test(
+        "a link that is up but failing: once half of at least 4 requests sent timed out, the connection closes as linkFailing; queued ones do not count"
+    )
+    func failingLink() throws {
+        var machine = self.established(
+            slots: 2,
+            failingLink: try LinkHealth.Policy(failureRate: 0.5, minimumRequests: 4, window: .seconds(60))
+        )
+        var now = Self.start
+        // Two answered, then timeouts: 1 of 3 is below the minimum, 2 of 4 is failing.
+        for id in UInt64(1)...2 {
+            _ = machine.submit(self.request(id), deadline: now + .seconds(1))
+            _ = machine.received(self.response(id), now: now, preference: Self.foreground)
+        }
+        _ = machine.submit(self.request(3), deadline: now + .seconds(1))
+        _ = machine.submit(self.request(4), deadline: now + .seconds(2))
+        _ = machine.submit(self.request(5), deadline: now + .seconds(1))  // queued: both slots are busy
+        now = now + .seconds(1)
+        var due = machine.timerFired(now: now)
+        #expect(Set(due.expired.map(\.id)) == [3, 5])
+        #expect(due.close == nil, "1 timed out of 3 sent (5 was queued): below the minimum")
+        now = now + .seconds(1)
+        due = machine.timerFired(now: now)
+        guard case .linkFailing(let timedOut, let total)? = due.close else {
+            Issue.record("2 of 4 timed out: failing, got \(String(describing: due.close))")
+            return
+        }
+        #expect(timedOut == 2 && total == 4)
+        #expect(!machine.acceptsRequests, "closing")
     }
 
     @Test("GOAWAY: queued requests end not dispatched, the connection closes once drained; during the handshake it is a refusal")
