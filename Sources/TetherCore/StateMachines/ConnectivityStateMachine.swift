@@ -21,6 +21,8 @@
 /// - After a stable connection drops, the first reconnect waits a random delay between zero
 ///   and the initial backoff, which spreads the reconnects of many clients.
 /// - GOAWAY's retry-after and alternate endpoint are honoured once the connection closes.
+/// - The endpoint that worked is remembered per network (the path's identity): back on a
+///   network, attempts start there; on a network not seen before, at the top of the list.
 /// - Network path (``pathChanged(_:)``): while no network is available the machine waits for
 ///   one instead of backing off; when one comes back it connects at once, with the backoff
 ///   reset; when the path changes under an established connection, it closes it and
@@ -106,6 +108,13 @@ package struct ConnectivityStateMachine: Sendable {
     private var generator: SplitMix64
     /// Index of the endpoint that worked last, where the next round starts.
     private var preferredIndex = 0
+    /// The endpoint that worked last on each network (by the path monitor's identity): where
+    /// attempts start when the client is on that network again. A network not seen before
+    /// starts at the top of the list. At most ``rememberedNetworks`` are kept, the oldest
+    /// forgotten first.
+    private var preferredByNetwork: [String: Int] = [:]
+    private var networksInOrder: [String] = []
+    package static let rememberedNetworks = 32
     /// Failed attempts since the last stable connection.
     private var consecutiveFailures = 0
     /// Rounds, since the last stable connection, in which every endpoint failed.
@@ -151,6 +160,7 @@ package struct ConnectivityStateMachine: Sendable {
             let endpoint = winner ?? attempted
             if let index = self.configuration.endpoints.firstIndex(of: endpoint) {
                 self.preferredIndex = index
+                self.remember(index)
             }
             self.triedInRound = 0
             self.state = .connected(endpoint)
@@ -240,10 +250,11 @@ package struct ConnectivityStateMachine: Sendable {
             return self.waitForPath(next: endpoint)
         }
         if self.reconnectAtOnce {
-            // Closed because the network changed: not the gateway's fault, no delay.
+            // Closed because the network changed: not the gateway's fault, no delay; start
+            // where this network worked before (the top of the list on a new one).
             self.reconnectAtOnce = false
             self.goAway = nil
-            return self.connect(to: endpoint)
+            return self.connect(to: self.configuration.endpoints[self.preferredIndex])
         }
         if let goAway = self.goAway {
             self.goAway = nil
@@ -291,11 +302,15 @@ package struct ConnectivityStateMachine: Sendable {
         guard path.isAvailable else { return .none }  // attempts wait for a path from now on
         let restored = previous.map { !$0.isAvailable } ?? false
         let changed = previous.map { $0.isAvailable && $0.identity != path.identity } ?? false
+        let otherNetwork = previous.map { $0.identity != path.identity } ?? true
+        if otherNetwork {
+            self.preferredIndex = self.preferredByNetwork[path.identity] ?? 0
+        }
         switch self.state {
         case .waitingForPath(let next):
-            return self.reconnectNow(to: next)
+            return self.reconnectNow(to: otherNetwork ? self.configuration.endpoints[self.preferredIndex] : next)
         case .backingOff(_, let next) where restored || changed:
-            return self.reconnectNow(to: next)
+            return self.reconnectNow(to: otherNetwork ? self.configuration.endpoints[self.preferredIndex] : next)
         case .connected where changed || restored:
             self.reconnectAtOnce = true
             return .closeConnection
@@ -317,6 +332,17 @@ package struct ConnectivityStateMachine: Sendable {
             return .stop
         case .shutDown:
             return .none
+        }
+    }
+
+    /// Remembers that endpoint `index` works on the current network.
+    private mutating func remember(_ index: Int) {
+        guard let identity = self.path?.identity, self.path?.isAvailable == true, !identity.isEmpty else { return }
+        if self.preferredByNetwork.updateValue(index, forKey: identity) == nil {
+            self.networksInOrder.append(identity)
+            if self.networksInOrder.count > Self.rememberedNetworks {
+                self.preferredByNetwork[self.networksInOrder.removeFirst()] = nil
+            }
         }
     }
 

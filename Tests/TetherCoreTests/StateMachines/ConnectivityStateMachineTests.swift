@@ -310,6 +310,27 @@ struct ConnectivityPathTests {
         #expect(machine.connectionClosed(uptime: .seconds(1)) == .connect(self.a, attempt: 1))
     }
 
+    @Test("the endpoint that worked is remembered per network: back on a network, attempts start there; a new network starts at the top")
+    func rememberedPerNetwork() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        #expect(machine.pathChanged(self.wifi) == .none)
+        _ = machine.start()
+        #expect(machine.connectFailed() == .connect(self.b, attempt: 2), "a is blocked on this Wi-Fi")
+        #expect(machine.connectSucceeded() == .serve)
+        // On cellular (never seen), the list's first is tried again, and works.
+        #expect(machine.pathChanged(self.cellular) == .closeConnection)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .connect(self.a, attempt: 1))
+        #expect(machine.connectSucceeded() == .serve)
+        // Back on the Wi-Fi: straight to b, no attempt wasted on a.
+        #expect(machine.pathChanged(self.wifi) == .closeConnection)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .connect(self.b, attempt: 1))
+        #expect(machine.connectSucceeded() == .serve)
+        // Lost, then the same Wi-Fi again while waiting for a path: b.
+        #expect(machine.pathChanged(.unavailable) == .none)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .waitForPath(next: self.b))
+        #expect(machine.pathChanged(self.wifi) == .connect(self.b, attempt: 1))
+    }
+
     @Test("a connection lost while there is no network waits for one")
     func lostWithoutNetwork() throws {
         var machine = try self.machine()
