@@ -2,7 +2,8 @@ import NIOCore
 
 /// Whether a connection that is up is failing: the share of its requests sent and never
 /// answered before their deadline, over a sliding window of time (seed 004: a link is given up
-/// when at least 10 % of at least 40 tasks fail).
+/// when at least 10 % of at least 40 tasks fail). The window slides a twelfth of itself at a
+/// time, and its memory does not grow with the request rate.
 ///
 /// A connection can stay open while the link under it no longer works: a proxy or a middlebox
 /// that buffers or drops one way, a gateway that is alive but stuck. The heartbeat may still
@@ -47,33 +48,53 @@ package struct LinkHealth: Sendable {
     }
 
     package let policy: Policy
-    private var outcomes = CircularBuffer<(at: TetherInstant, failed: Bool)>()
-    private var failures = 0
+    /// Outcomes counted in slices of the window (a ring of ``slices``), so that memory stays
+    /// the same at any request rate; the window's start moves a slice at a time.
+    private var buckets: [Bucket]
+    private let sliceNanoseconds: Int64
+
+    private struct Bucket {
+        /// The slice's number since the clock's origin; `nil`: empty.
+        var slice: Int64?
+        var failed = 0
+        var total = 0
+    }
+
+    /// Slices per window.
+    static let slices = 12
 
     package init(policy: Policy) {
         self.policy = policy
+        let window = policy.window.components
+        let nanoseconds = window.seconds * 1_000_000_000 + window.attoseconds / 1_000_000_000
+        self.sliceNanoseconds = max(1, nanoseconds / Int64(Self.slices))
+        self.buckets = Array(repeating: Bucket(), count: Self.slices)
     }
 
-    /// Requests in the window, and how many of them failed.
-    package var counts: (failed: Int, total: Int) { (self.failures, self.outcomes.count) }
+    /// Requests in the window at `now`, and how many of them failed.
+    package func counts(at now: TetherInstant) -> (failed: Int, total: Int) {
+        let current = now.nanoseconds / self.sliceNanoseconds
+        var failed = 0
+        var total = 0
+        for bucket in self.buckets {
+            guard let slice = bucket.slice, slice > current - Int64(Self.slices), slice <= current else { continue }
+            failed += bucket.failed
+            total += bucket.total
+        }
+        return (failed, total)
+    }
 
     /// Records one request's outcome.
     /// - Returns: Why the link is failing, if it is now; `nil` if it is not.
     package mutating func record(failed: Bool, at now: TetherInstant) -> Failing? {
-        self.forget(before: now - self.policy.window)
-        self.outcomes.append((now, failed))
-        if failed { self.failures += 1 }
-        let total = self.outcomes.count
-        guard failed, total >= self.policy.minimumRequests,
-            Double(self.failures) >= self.policy.failureRate * Double(total)
-        else { return nil }
-        return Failing(failed: self.failures, total: total)
-    }
-
-    private mutating func forget(before start: TetherInstant) {
-        while let first = self.outcomes.first, first.at < start {
-            self.outcomes.removeFirst()
-            if first.failed { self.failures -= 1 }
-        }
+        let slice = now.nanoseconds / self.sliceNanoseconds
+        let index = Int(((slice % Int64(Self.slices)) + Int64(Self.slices)) % Int64(Self.slices))
+        if self.buckets[index].slice != slice { self.buckets[index] = Bucket(slice: slice) }
+        self.buckets[index].total += 1
+        if failed { self.buckets[index].failed += 1 }
+        guard failed else { return nil }
+        let (failures, total) = self.counts(at: now)
+        guard total >= self.policy.minimumRequests, Double(failures) >= self.policy.failureRate * Double(total) else { return nil }
+        return Failing(failed: failures, total: total)
     }
 }
