@@ -16,6 +16,12 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
     case connected(Endpoint, version: UInt8, connectionID: UInt64)
     /// An attempt failed before the connection was established.
     case connectFailed(Endpoint, TetherError)
+    /// A connection to this endpoint failed (refused, timed out, TLS or the WebSocket upgrade
+    /// or the proxy failed) while another endpoint connected on the same network: the network
+    /// blocks this one (its port or its transport), the device is not offline. Reported just
+    /// before ``connected(_:version:connectionID:)``; the per-network memory starts there next
+    /// time.
+    case endpointBlocked(Endpoint, TetherError)
     /// The established connection closed.
     case disconnected(DisconnectReason)
     /// The client waits this long before its next attempt.
@@ -30,6 +36,7 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
         case .connecting(let endpoint, let attempt): "connecting to \(endpoint) (attempt \(attempt))"
         case .connected(let endpoint, let version, let id): "connected to \(endpoint) (protocol v\(version), connection \(id))"
         case .connectFailed(let endpoint, let error): "could not connect to \(endpoint): \(error)"
+        case .endpointBlocked(let endpoint, let error): "\(endpoint) is blocked on this network: \(error)"
         case .disconnected(let reason): "disconnected: \(reason)"
         case .backingOff(let delay, let next): "retrying \(next) in \(delay.shortDescription)"
         case .waitingForNetwork(let next): "waiting for a network before connecting to \(next)"

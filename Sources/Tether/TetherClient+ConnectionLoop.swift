@@ -87,6 +87,7 @@ extension TetherClient {
     private func follow(_ monitor: any NetworkPathMonitor) async {
         for await path in monitor.paths() {
             let (action, connection) = self.state.withLockedValue { state -> (ConnectivityStateMachine.PathAction, ClientConnection?) in
+                if path.identity != state.network { state.failedSinceConnected = [:] }  // failures elsewhere say nothing here
                 let action = state.machine.pathChanged(path)
                 if case .connect(let endpoint, let attempt) = action { state.pendingAction = .connect(endpoint, attempt: attempt) }
                 return (action, state.current)
@@ -124,12 +125,18 @@ extension TetherClient {
             }
         }
 
-        let (next, waiters) = self.state.withLockedValue { state in
+        let (next, waiters, blocked) = self.state.withLockedValue { state in
             let next = state.machine.connectSucceeded(via: connection.endpoint)
-            guard next == .serve else { return (next, State.Waiters()) }
+            let blocked = state.failedSinceConnected.filter { $0.key != connection.endpoint }
+            state.failedSinceConnected = [:]
+            guard next == .serve else { return (next, State.Waiters(), blocked) }
             state.ready = connection
             state.current = connection
-            return (next, state.takeWaiters())
+            return (next, state.takeWaiters(), blocked)
+        }
+        for (endpoint, error) in blocked.sorted(by: { "\($0.key)" < "\($1.key)" }) {
+            self.logger.info("endpoint blocked on this network", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
+            self.eventBroadcaster.yield(.endpointBlocked(endpoint, error))
         }
         // A mode set while the handshake was under way reached no connection: catch up. Later
         // changes reach this one through setHeartbeatMode.

@@ -16,7 +16,15 @@ extension TetherClient {
         let settings = self.configuration.connection
         let order = self.racingOrder(from: first)
         // One connection at a time: still not to an endpoint that failed recently, if another is there.
-        guard let raceDelay = settings.raceDelay else { return try await self.establish(order.first ?? first) }
+        guard let raceDelay = settings.raceDelay else {
+            let endpoint = order.first ?? first
+            do {
+                return try await self.establish(endpoint)
+            } catch {
+                self.noteFailure(of: endpoint, error)
+                throw error
+            }
+        }
         let deadline = self.clock.now.advanced(by: settings.connectTimeout)
 
         enum Outcome: Sendable {
@@ -67,6 +75,7 @@ extension TetherClient {
                     open -= 1
                     guard !done else { break }  // a loser, cancelled
                     lastError = error
+                    self.noteFailure(of: endpoint, error)
                     if fast { self.penalize(endpoint) }
                     // A refusal frees its place for an endpoint not tried yet in this attempt.
                     if fast, started < order.count, clock.now < deadline { start() }
@@ -89,6 +98,18 @@ extension TetherClient {
                 return winner
             }
             throw lastError ?? TetherError(code: .notConnected, message: "no connection to \(first) within the connect timeout")
+        }
+    }
+
+    /// Notes that the network (not the gateway's answer) failed a connection to `endpoint`:
+    /// if another endpoint then connects, this one is reported blocked.
+    private func noteFailure(of endpoint: Endpoint, _ error: any Error) {
+        let error = TransportErrors.connectFailure(error, endpoint: endpoint)
+        switch error.code {
+        case .notConnected, .timedOut, .tlsFailed, .webSocketUpgradeFailed, .proxyFailed:
+            self.state.withLockedValue { $0.failedSinceConnected[endpoint] = error }
+        default:
+            break  // a refusal by the gateway, a pin mismatch, a bad configuration: not a blocked path
         }
     }
 

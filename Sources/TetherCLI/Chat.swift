@@ -45,7 +45,7 @@ struct Chat: AsyncParsableCommand {
                         } catch {
                             print("* could not join #\(room): \(error)")
                         }
-                    case .disconnected, .failed:
+                    case .disconnected, .failed, .endpointBlocked:
                         print("* \(event)")
                     case .connecting, .connectFailed, .backingOff, .waitingForNetwork:
                         break

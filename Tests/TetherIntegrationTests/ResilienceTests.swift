@@ -309,6 +309,53 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "an endpoint that fails where another connects is reported blocked, not offline; one that fails and then recovers is not",
+            arguments: [true, false]
+        )
+        func blockedEndpoint(racing: Bool) async throws {
+            try await withHarness { harness in
+                let (_, live) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
+                let refusing = try await Self.unusedEndpoint()
+                let client = try harness.client([refusing, live], clientID: "blocked-\(racing)") {
+                    if !racing { $0.connection.raceDelay = nil }
+                }
+                let events = harness.events(of: client)
+                #expect(try await client.request("echo", body: ByteBuffer(string: "hi")).string == "hi")
+                try await eventually("the refusing endpoint is reported blocked") {
+                    events.all.contains { if case .endpointBlocked(refusing, _) = $0 { true } else { false } }
+                }
+                let blocked = events.all.compactMap { event -> TetherError? in
+                    if case .endpointBlocked(_, let error) = event { return error }
+                    return nil
+                }
+                #expect(blocked.count == 1, "once, for the refusing endpoint only: \(events.all)")
+                #expect(blocked.first?.code == .notConnected)
+
+                // A single endpoint that fails, then works (a restart), is not blocked.
+                let (restarting, restartingEndpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.handle("echo") { request, _ in request.body }
+                })
+                let alone = try harness.client([restartingEndpoint], clientID: "alone-\(racing)")
+                let aloneEvents = harness.events(of: alone)
+                _ = try await alone.request("echo", body: ByteBuffer(string: "first"))
+                restarting.shutdown()
+                try await eventually("a failed attempt while it is down") {
+                    aloneEvents.all.contains { if case .connectFailed = $0 { true } else { false } }
+                }
+                _ = try await harness.gateway(
+                    port: restartingEndpoint.port,
+                    routes: { gateway in
+                        gateway.handle("echo") { request, _ in request.body }
+                    }
+                )
+                #expect(try await alone.request("echo", body: ByteBuffer(string: "again")).string == "again")
+                #expect(!aloneEvents.all.contains { if case .endpointBlocked = $0 { true } else { false } })
+            }
+        }
+
         @Test("racing: a refused endpoint hands over to the next within the same attempt")
         func racingFailover() async throws {
             try await withHarness { harness in

@@ -43,6 +43,9 @@ extension TetherClient {
         var waiters: [UInt64: Waiter] = [:]
         /// The last connection failure, for error messages.
         var lastError: TetherError?
+        /// Endpoints whose connection failed on this network since the last connection was
+        /// established: if another endpoint then works, they are blocked here, not offline.
+        var failedSinceConnected: [Endpoint: TetherError] = [:]
         /// Set once the client gave up or shut down; requests fail with it.
         var terminalError: TetherError?
         /// What a path change decided while the run loop waited; the loop performs it on waking.
