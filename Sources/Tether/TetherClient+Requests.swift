@@ -67,7 +67,7 @@ extension TetherClient {
                 throw TetherError(code: .cancelled, message: "request '\(call.method)' was cancelled")
             }
             let connection: ClientConnection
-            if let ready = self.state.withLockedValue({ $0.ready }) {
+            if let ready = self.readyConnection {
                 connection = ready
             } else {
                 connection = try await self.connection(before: call.deadline, method: call.method)

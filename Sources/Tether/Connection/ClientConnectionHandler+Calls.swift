@@ -52,11 +52,11 @@ extension ClientConnectionHandler {
     /// far as the gateway's slots allow. One cancelled before it arrived ends `cancelled`.
     func sendSubmitted(_ requests: some Sequence<RequestSubmission>) {
         let cancelledEarly = self.cancelledBeforeArrival
-        if !cancelledEarly.isEmpty { self.cancelledBeforeArrival = [] }
+        self.cancelledBeforeArrival = []
         var wrote = false
         var earliest: TetherInstant?
         for (request, deadline, waiter) in requests {
-            if !cancelledEarly.isEmpty, cancelledEarly.contains(request.id) {
+            if cancelledEarly.contains(request.id) {
                 waiter.fail(TetherError(code: .cancelled, message: "request '\(request.method)' was cancelled"))
                 continue
             }

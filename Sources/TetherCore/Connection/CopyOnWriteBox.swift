@@ -1,9 +1,9 @@
 /// A value kept on the heap behind one reference, copied only when written while shared.
 ///
-/// A connection's state value is moved out of its enum and back on every event; data an event
-/// seldom touches (the reliable state of a connection) sits behind this box so that each move
-/// is one word, not the whole value. Mutating through ``value`` writes in place while the box
-/// is not shared.
+/// A connection's state value is moved out of its enum and back on every event; large data
+/// behind this box (the client's established phase, the gateway's reliable state) makes each
+/// move one word, not the whole value. Mutating through ``value`` writes in place while the
+/// box is not shared.
 package struct CopyOnWriteBox<Value: Sendable>: Sendable {
     private final class Storage: @unchecked Sendable {
         // Sendable: only ever mutated through `value`'s `_modify`, which first makes the

@@ -144,7 +144,7 @@ package struct ConnectivityStateMachine: Sendable {
     package mutating func start() -> Action {
         switch self.state {
         case .idle:
-            return self.connect(to: self.configuration.endpoints[self.preferredIndex])
+            return self.connect(to: self.preferredEndpoint)
         case .shutDown:
             return .stop
         case .connecting, .connected, .draining, .backingOff, .waitingForPath, .failed:
@@ -190,7 +190,7 @@ package struct ConnectivityStateMachine: Sendable {
             let endpoints = self.configuration.endpoints
             guard let index = endpoints.firstIndex(of: endpoint) else {
                 // A GOAWAY alternate failed: fall back to the list at once.
-                return self.connect(to: endpoints[self.preferredIndex])
+                return self.connect(to: self.preferredEndpoint)
             }
             self.triedInRound += 1
             let next = endpoints[(index + 1) % endpoints.count]
@@ -254,7 +254,7 @@ package struct ConnectivityStateMachine: Sendable {
             // where this network worked before (the top of the list on a new one).
             self.reconnectAtOnce = false
             self.goAway = nil
-            return self.connect(to: self.configuration.endpoints[self.preferredIndex])
+            return self.connect(to: self.preferredEndpoint)
         }
         if let goAway = self.goAway {
             self.goAway = nil
@@ -308,9 +308,9 @@ package struct ConnectivityStateMachine: Sendable {
         }
         switch self.state {
         case .waitingForPath(let next):
-            return self.reconnectNow(to: otherNetwork ? self.configuration.endpoints[self.preferredIndex] : next)
+            return self.reconnectNow(to: otherNetwork ? self.preferredEndpoint : next)
         case .backingOff(_, let next) where restored || changed:
-            return self.reconnectNow(to: otherNetwork ? self.configuration.endpoints[self.preferredIndex] : next)
+            return self.reconnectNow(to: otherNetwork ? self.preferredEndpoint : next)
         case .connected where changed || restored:
             self.reconnectAtOnce = true
             return .closeConnection
@@ -334,6 +334,9 @@ package struct ConnectivityStateMachine: Sendable {
             return .none
         }
     }
+
+    /// Where the next round starts: the endpoint that worked last (on this network).
+    private var preferredEndpoint: Endpoint { self.configuration.endpoints[self.preferredIndex] }
 
     /// Remembers that endpoint `index` works on the current network.
     private mutating func remember(_ index: Int) {

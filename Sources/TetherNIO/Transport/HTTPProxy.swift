@@ -51,8 +51,9 @@ public struct HTTPProxy: Sendable, Hashable, CustomStringConvertible {
         guard scheme == "http" else {
             throw ConfigurationError("the proxy '\(url)' must be an http:// URL (the CONNECT tunnel carries TLS itself)")
         }
-        guard var host = components.host, !host.isEmpty else { throw ConfigurationError("the proxy '\(url)' has no host") }
-        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }  // an IPv6 literal
+        guard let host = components.host.map(withoutBrackets), !host.isEmpty else {
+            throw ConfigurationError("the proxy '\(url)' has no host")
+        }
         var credentials: Credentials?
         if let user = components.user {
             credentials = Credentials(
@@ -117,7 +118,7 @@ public enum ProxySetting: Sendable, Hashable {
     /// themselves and their subdomains, with or without a leading dot, IP addresses, each
     /// optionally with `:port`) names `host`.
     static func excludes(_ list: String, host: String, port: Int) -> Bool {
-        let host = Self.bare(host.lowercased())
+        let host = withoutBrackets(host.lowercased())
         for rawEntry in list.split(whereSeparator: { $0 == "," || $0 == " " }) {
             var entry = rawEntry.trimmingCharacters(in: .whitespaces).lowercased()
             if entry == "*" { return true }
@@ -125,16 +126,16 @@ public enum ProxySetting: Sendable, Hashable {
                 guard Int(entry[entry.index(after: colon)...]) == port else { continue }
                 entry = String(entry[..<colon])
             }
-            entry = Self.bare(entry)
+            entry = withoutBrackets(entry)
             if entry.hasPrefix(".") { entry.removeFirst() }
             guard !entry.isEmpty else { continue }
             if host == entry || host.hasSuffix("." + entry) { return true }
         }
         return false
     }
+}
 
-    /// An IPv6 literal without its brackets.
-    private static func bare(_ host: String) -> String {
-        host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
-    }
+/// A host without the brackets of an IPv6 literal (`[::1]` → `::1`).
+private func withoutBrackets(_ host: String) -> String {
+    host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
 }
