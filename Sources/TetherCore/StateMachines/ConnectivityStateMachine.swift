@@ -302,8 +302,12 @@ package struct ConnectivityStateMachine: Sendable {
         guard path.isAvailable else { return .none }  // attempts wait for a path from now on
         let restored = previous.map { !$0.isAvailable } ?? false
         let changed = previous.map { $0.isAvailable && $0.identity != path.identity } ?? false
-        let otherNetwork = previous.map { $0.identity != path.identity } ?? true
-        if otherNetwork {
+        let otherNetwork = previous.map { $0.identity != path.identity } ?? false
+        if previous == nil {
+            // The first report: the client has been on this network all along, so what works
+            // now is what works here.
+            if case .connected = self.state { self.remember(self.preferredIndex) }
+        } else if otherNetwork {
             self.preferredIndex = self.preferredByNetwork[path.identity] ?? 0
         }
         switch self.state {

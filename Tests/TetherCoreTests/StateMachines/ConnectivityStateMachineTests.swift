@@ -331,6 +331,20 @@ struct ConnectivityPathTests {
         #expect(machine.pathChanged(self.wifi) == .connect(self.b, attempt: 1))
     }
 
+    @Test("a monitor's first report, after the client connected, remembers that connection's endpoint for that network")
+    func firstReportRemembers() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        #expect(machine.connectFailed() == .connect(self.b, attempt: 2))
+        #expect(machine.connectSucceeded() == .serve)
+        #expect(machine.pathChanged(self.wifi) == .none, "the first report is no change")
+        #expect(machine.pathChanged(self.cellular) == .closeConnection)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .connect(self.a, attempt: 1))
+        #expect(machine.connectSucceeded() == .serve)
+        #expect(machine.pathChanged(self.wifi) == .closeConnection)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .connect(self.b, attempt: 1), "b is what worked on this Wi-Fi")
+    }
+
     @Test("a connection lost while there is no network waits for one")
     func lostWithoutNetwork() throws {
         var machine = try self.machine()
