@@ -82,6 +82,7 @@ extension IntegrationTests {
         )
         func throughSquid(transport: Endpoint.Transport) async throws {
             try OutsideTool.squid.require()
+            try OutsideTool.openssl.require()  // makes the password file
             try await withHarness { harness in
                 let squid = try await Squid.start(in: harness)
                 let (_, endpoint) = try await harness.gateway(transport: transport, routes: TransportTests.echo)
@@ -104,6 +105,7 @@ extension IntegrationTests {
         )
         func refusals() async throws {
             try OutsideTool.squid.require()
+            try OutsideTool.openssl.require()  // makes the password file
             try await withHarness { harness in
                 let squid = try await Squid.start(in: harness)
                 let (_, endpoint) = try await harness.gateway(transport: .tcp, routes: TransportTests.echo)
