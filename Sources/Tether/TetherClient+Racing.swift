@@ -106,7 +106,7 @@ extension TetherClient {
     private func noteFailure(of endpoint: Endpoint, _ error: any Error) {
         let error = TransportErrors.connectFailure(error, endpoint: endpoint)
         switch error.code {
-        case .notConnected, .timedOut, .tlsFailed, .webSocketUpgradeFailed, .proxyFailed:
+        case .notConnected, .timedOut, .tlsFailed, .webSocketUpgradeFailed, .proxyFailed, .httpStreamFailed:
             self.state.withLockedValue { $0.failedSinceConnected[endpoint] = error }
         default:
             break  // a refusal by the gateway, a pin mismatch, a bad configuration: not a blocked path

@@ -21,7 +21,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case timedOut, cancelled, notConnected, connectionLost, serverError, protocolError
             case shutdown, invalidArgument, requestTooLarge, invalidConfiguration, handshakeFailed, invalidResponse
             case outboxFull, storage
-            case tlsFailed, certificatePinMismatch, webSocketUpgradeFailed, proxyFailed
+            case tlsFailed, certificatePinMismatch, webSocketUpgradeFailed, proxyFailed, httpStreamFailed
             case notDispatched
         }
 
@@ -71,6 +71,10 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
         /// tunnel: it wants credentials or refused them, or does not allow the gateway's port.
         /// Counts as a failed connection attempt, with backoff.
         public static let proxyFailed = Code(.proxyFailed)
+        /// The gateway (or something in front of it) refused the HTTP stream: an HTTP status
+        /// other than `200` for the stream, or an error status for a POST, or a stream that is
+        /// not a Tether stream. Counts as a failed connection attempt, with backoff.
+        public static let httpStreamFailed = Code(.httpStreamFailed)
         /// Internal: the request never reached a gateway handler and can be sent again.
         static let notDispatched = Code(.notDispatched)
 
@@ -94,6 +98,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
             case .certificatePinMismatch: "certificate pin mismatch"
             case .webSocketUpgradeFailed: "WebSocket upgrade failed"
             case .proxyFailed: "HTTP proxy failed"
+            case .httpStreamFailed: "HTTP stream failed"
             case .notDispatched: "not dispatched"
             }
         }

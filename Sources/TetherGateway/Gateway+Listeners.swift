@@ -143,14 +143,38 @@ extension Gateway {
         channel.closeFuture.whenComplete { _ in stopWaiting() }
         let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
         let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
+        let streamHandler = settings.stream.map { stream in
+            HTTPStreamServerHandler(
+                settings: .init(
+                    path: stream.path,
+                    maxPostBodySize: stream.maxPostBodySize,
+                    postIdleTimeout: TimeAmount(stream.postIdleTimeout)
+                ),
+                sessions: self.httpStreams,
+                startConnection: { channel in
+                    // The refusal reads HTTP requests; what follows the stream's handler reads frames.
+                    channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
+                    try self.configure(channel, framing: .byteStream)
+                },
+                served: stopWaiting
+            )
+        }
+        let boundStreamHandler = NIOLoopBound(streamHandler, eventLoop: channel.eventLoop)
         let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
             stopWaiting()
+            // The HTTP handlers of this pipeline leave: what follows reads WebSocket frames.
             channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
+            if let streamHandler = boundStreamHandler.value {
+                channel.pipeline.syncOperations.removeHandler(streamHandler, promise: nil)
+            }
         }
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withServerUpgrade: (upgraders: [upgrader], completionHandler: { _ in }),
             withErrorHandling: true
         )
+        if let streamHandler {
+            try channel.pipeline.syncOperations.addHandler(streamHandler)
+        }
         try channel.pipeline.syncOperations.addHandler(refusal)
         channel.eventLoop.scheduleTask(in: timeout) {
             if waiting.value { channel.close(promise: nil) }

@@ -76,8 +76,10 @@ public final class Gateway: Service, Sendable {
     let registry: ConnectionRegistry
     let pushes: Pusher
     let connectionIDs = ManagedAtomic<UInt64>(1)
-    /// Connections of the WebSocket listener that have not upgraded yet.
+    /// Connections of the HTTP listener that have not upgraded or served the HTTP stream yet.
     let pendingUpgrades = ManagedAtomic<Int>(0)
+    /// The HTTP streams open on the HTTP listener, by session token.
+    let httpStreams: HTTPStreamSessions
     let lifecycle = NIOLockedValueBox(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
     let activity = ActivityTracker()
@@ -111,6 +113,7 @@ public final class Gateway: Service, Sendable {
             throw GatewayError(code: .invalidConfiguration, message: error.message)
         }
         self.configuration = configuration
+        self.httpStreams = HTTPStreamSessions(remembered: configuration.webSocket?.stream?.endedSessionsRemembered ?? 0)
         do {
             self.tlsContexts = try configuration.tls.map { tls throws(ConfigurationError) in try ServerTLSContexts(tls) }
         } catch {

@@ -69,8 +69,12 @@ extension GatewayConfiguration {
         }
     }
 
-    /// A WebSocket listener (RFC 6455): an HTTP/1.1 upgrade on ``path`` with subprotocol
-    /// `tether.v1`, then one Tether frame per binary message.
+    /// The gateway's HTTP listener: WebSocket (RFC 6455) and the HTTP stream.
+    ///
+    /// WebSocket: an HTTP/1.1 upgrade on ``path`` with subprotocol `tether.v1`, then one Tether
+    /// frame per binary message. The HTTP stream (``stream``, on by default): frames down a
+    /// long streaming response to `GET /tether/stream`, up in `POST` bodies (PROTOCOL.md,
+    /// section 11.5), for networks that let nothing but plain HTTP requests through.
     ///
     /// A request for another path gets `404`, one that is not a WebSocket upgrade `426`, one
     /// without the `tether.v1` subprotocol `400`, one from an origin not allowed `403`; each
@@ -87,27 +91,93 @@ extension GatewayConfiguration {
         /// The `Origin` headers accepted; `nil` accepts any, and requests without one (native
         /// apps send none). Browsers always send one: list the sites allowed to connect.
         public var allowedOrigins: Set<String>?
+        /// The HTTP stream on the same listener; `nil` turns it off (its path then gets `404`).
+        public var stream: HTTPStream?
 
         public init(
             host: String = "127.0.0.1",
             port: Int = 7443,
             path: String = Endpoint.defaultWebSocketPath,
             tls: Bool = false,
-            allowedOrigins: Set<String>? = nil
+            allowedOrigins: Set<String>? = nil,
+            stream: HTTPStream? = .defaults
         ) {
             self.host = host
             self.port = port
             self.path = path
             self.tls = tls
             self.allowedOrigins = allowedOrigins
+            self.stream = stream
         }
 
         func validate() throws(ConfigurationError) {
             guard !self.host.isEmpty, (0...65535).contains(self.port) else {
                 throw ConfigurationError("webSocket needs a host and a port from 0 to 65535")
             }
-            guard self.path.hasPrefix("/"), !self.path.contains("?"), !self.path.contains(" ") else {
+            guard Self.isValidPath(self.path) else {
                 throw ConfigurationError("webSocket.path must start with '/' and have no query or spaces, got '\(self.path)'")
+            }
+            if let stream = self.stream {
+                guard Self.isValidPath(stream.path) else {
+                    throw ConfigurationError("webSocket.stream.path must start with '/' and have no query or spaces, got '\(stream.path)'")
+                }
+                guard stream.path != self.path else {
+                    throw ConfigurationError("webSocket.stream.path and webSocket.path cannot both be '\(self.path)'")
+                }
+                try stream.validate()
+            }
+        }
+
+        private static func isValidPath(_ path: String) -> Bool {
+            path.hasPrefix("/") && !path.contains("?") && !path.contains(" ")
+        }
+    }
+
+    /// The HTTP stream (PROTOCOL.md, section 11.5): a client opens `GET` ``path`` and reads
+    /// Tether frames from the response for as long as the connection lives; it sends its own
+    /// frames in `POST` ``path`` bodies that name the stream's session token.
+    ///
+    /// ```swift
+    /// configuration.webSocket = .init(port: 443, tls: true)   // https://host/tether/stream too
+    /// configuration.webSocket?.stream?.maxPostBodySize = 4 << 20
+    /// ```
+    public struct HTTPStream: Sendable, Hashable {
+        /// The path of the stream and its POSTs.
+        public var path: String
+        /// The largest POST body accepted; a larger one gets `413` and the connection closes.
+        /// At least 256 KiB (what a Tether client sends at most in one POST).
+        public var maxPostBodySize: Int
+        /// A connection carrying POSTs that has none for this long is closed.
+        public var postIdleTimeout: Duration
+        /// How many ended sessions the gateway remembers, so that a late POST for one gets
+        /// `410 Gone` rather than `404`.
+        public var endedSessionsRemembered: Int
+
+        public init(
+            path: String = Endpoint.defaultHTTPStreamPath,
+            maxPostBodySize: Int = 1 << 20,
+            postIdleTimeout: Duration = .seconds(60),
+            endedSessionsRemembered: Int = 4096
+        ) {
+            self.path = path
+            self.maxPostBodySize = maxPostBodySize
+            self.postIdleTimeout = postIdleTimeout
+            self.endedSessionsRemembered = endedSessionsRemembered
+        }
+
+        public static var defaults: HTTPStream { HTTPStream() }
+
+        func validate() throws(ConfigurationError) {
+            guard self.maxPostBodySize >= HTTPStreamBinding.clientPostBodySize else {
+                throw ConfigurationError(
+                    "webSocket.stream.maxPostBodySize must be at least \(HTTPStreamBinding.clientPostBodySize) (a client's largest POST), got \(self.maxPostBodySize)"
+                )
+            }
+            guard self.postIdleTimeout > .zero else {
+                throw ConfigurationError("webSocket.stream.postIdleTimeout must be positive, got \(self.postIdleTimeout)")
+            }
+            guard self.endedSessionsRemembered >= 0 else {
+                throw ConfigurationError("webSocket.stream.endedSessionsRemembered cannot be negative")
             }
         }
     }

@@ -38,7 +38,7 @@ final class GatewayProcess: @unchecked Sendable {
         self.heartbeat = heartbeat
         self.idleTimeout = idleTimeout
         self.logFile = logFile
-        var listener = transport.isWebSocket ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
+        var listener = transport.isHTTP ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
         if transport.isSecure, let certificate {
             listener += ["--tls-cert", certificate.certificate, "--tls-key", certificate.key]
         }

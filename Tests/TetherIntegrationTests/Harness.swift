@@ -122,7 +122,7 @@ final class Harness: Sendable {
         self.spawn("gateway.run() of a gateway on 127.0.0.1") { try? await gateway.run() }
         self.describe { "gateway on 127.0.0.1: \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }
-        let address = try await transport.isWebSocket ? gateway.webSocketAddress : gateway.listeningAddress
+        let address = try await transport.isHTTP ? gateway.webSocketAddress : gateway.listeningAddress
         return (gateway, Endpoint(host: "127.0.0.1", port: address.port!, transport: transport))
     }
 
@@ -320,7 +320,7 @@ extension GatewayConfiguration {
         case .tcp, .tls:
             self.listen = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
             self.webSocket = nil
-        case .webSocket, .secureWebSocket:
+        case .webSocket, .secureWebSocket, .httpStream, .secureHTTPStream:
             self.listen = nil
             self.webSocket = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
         }

@@ -90,7 +90,7 @@ extension IntegrationTests {
                 let port = try await freePort()
                 let endpoint = Endpoint(host: "127.0.0.1", port: port, transport: transport)
                 var serve = ["serve", "--store", temporaryFile("killed-gateway", in: harness)]
-                serve += transport.isWebSocket ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
+                serve += transport.isHTTP ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
                 if transport.isSecure {
                     let certificates = TestCertificates.shared
                     serve += [

@@ -187,7 +187,7 @@ extension IntegrationTests {
                 let first = try Gateway(configuration: configuration, logger: testLogger("gateway-1"))
                 first.handle("who") { _, _ in ByteBuffer(string: "first") }
                 let firstRun = Task { try await first.run() }
-                let port = try await (transport.isWebSocket ? first.webSocketAddress : first.listeningAddress).port!
+                let port = try await (transport.isHTTP ? first.webSocketAddress : first.listeningAddress).port!
                 let endpoint = Endpoint(host: "127.0.0.1", port: port, transport: transport)
 
                 let client = try harness.client([endpoint])

@@ -24,6 +24,7 @@ enum TransportErrors {
             case .certificatePinMismatch: code = .certificatePinMismatch
             case .webSocketUpgradeFailed: code = .webSocketUpgradeFailed
             case .proxyFailed: code = .proxyFailed
+            case .httpStreamFailed: code = .httpStreamFailed
             default: code = .notConnected
             }
             return TetherError(code: code, message: error.message, cause: error)

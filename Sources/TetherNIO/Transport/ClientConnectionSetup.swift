@@ -83,11 +83,12 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
         if self.stage == .tlsHandshake, case .handshakeCompleted(let negotiated)? = event as? TLSUserEvent {
             // A gateway that speaks ALPN picks tether/1 or refuses; one that does not (a TLS
             // terminator) picks nothing.
-            if !self.webSocket, let negotiated, negotiated != TLSApplicationProtocols.tether {
+            let offered = TLSApplicationProtocols.offered(over: self.endpoint.transport)
+            if let negotiated, negotiated != offered {
                 self.fail(
                     TransportError(
                         code: .tlsHandshakeFailed,
-                        message: "\(self.endpoint) chose the ALPN protocol '\(negotiated)', not '\(TLSApplicationProtocols.tether)'"
+                        message: "\(self.endpoint) chose the ALPN protocol '\(negotiated)', not '\(offered)'"
                     ),
                     context: context
                 )
@@ -220,12 +221,13 @@ extension ClientConnectionSetup: Sendable {}
 package enum TLSApplicationProtocols {
     /// Tether frames directly on TLS (`tethers://`).
     package static let tether = "tether/1"
-    /// HTTP/1.1, for the WebSocket upgrade (`wss://`).
+    /// HTTP/1.1, for the WebSocket upgrade (`wss://`) and the HTTP stream (`https://`).
     package static let http1 = "http/1.1"
 
-    /// The protocol a client offers over `transport`: `tether/1`, or `http/1.1` for `wss://`.
+    /// The protocol a client offers over `transport`: `tether/1`, or `http/1.1` for `wss://`
+    /// and `https://`.
     package static func offered(over transport: Endpoint.Transport) -> String {
-        transport.isWebSocket ? Self.http1 : Self.tether
+        transport.isHTTP ? Self.http1 : Self.tether
     }
 }
 

@@ -14,6 +14,8 @@ public import TetherCore
 /// - `tethers://`: on TLS (swift-nio-ssl), ALPN `tether/1`.
 /// - `ws://` and `wss://`: one frame per binary WebSocket message (NIOWebSocket), subprotocol
 ///   `tether.v1`, after an HTTP/1.1 upgrade on the endpoint's path.
+/// - `http://` and `https://`: the HTTP stream (NIOHTTP1): frames down a streaming response,
+///   up in POSTs on a second connection.
 ///
 /// Each of them may go through an HTTP proxy (``ProxySetting``): the connection is a `CONNECT`
 /// tunnel (swift-nio-extras' `NIOHTTP1ProxyConnectHandler`), and the rest runs inside it.
@@ -93,8 +95,30 @@ public struct TCPClientTransport: ClientTransport {
         initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
     ) async throws -> any Channel {
         let deadline = NIODeadline.now() + TimeAmount(timeout)
+        guard endpoint.transport.isHTTPStream else {
+            let framing = endpoint.transport.framing
+            return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { try initializer($0, framing) }
+        }
+        return try await HTTPStreamConnector.connect(
+            to: endpoint,
+            deadline: deadline,
+            timeout: timeout,
+            eventLoop: eventLoop,
+            initializer: initializer
+        ) { deadline, install in
+            try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop, install: install)
+        }
+    }
+
+    /// Opens a connection to `endpoint`: through the proxy, TLS, the WebSocket upgrade; then
+    /// `install` adds the handlers that use it.
+    private func open(
+        _ endpoint: Endpoint,
+        deadline: NIODeadline,
+        eventLoop: any EventLoop,
+        install: @escaping @Sendable (any Channel) throws -> Void
+    ) async throws -> any Channel {
         let transport = endpoint.transport
-        let framing = transport.framing
         let sslHandler: NIOSSLClientHandler?
         if transport.isSecure {
             sslHandler = try self.contexts.makeHandler(
@@ -108,14 +132,19 @@ public struct TCPClientTransport: ClientTransport {
         let ready = eventLoop.makePromise(of: Void.self)
         let handlerBox = NIOLoopBoundBox<NIOSSLClientHandler?>.makeBoxSendingValue(sslHandler, eventLoop: eventLoop)
         var bootstrap = ClientBootstrap(group: eventLoop)
-            .connectTimeout(TimeAmount(timeout))
+            .connectTimeout(max(deadline - .now(), .milliseconds(1)))
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let configure = { @Sendable (channel: any Channel) throws in
-                        try Self.configure(channel, endpoint: endpoint, ssl: handlerBox.value, deadline: deadline, ready: ready) {
-                            try initializer($0, framing)
-                        }
+                        try Self.configure(
+                            channel,
+                            endpoint: endpoint,
+                            ssl: handlerBox.value,
+                            deadline: deadline,
+                            ready: ready,
+                            install: install
+                        )
                     }
                     if let proxy {
                         try Self.tunnel(channel, through: proxy, to: endpoint, deadline: deadline, ready: ready, then: configure)

@@ -12,6 +12,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Value: Hashable, Sendable {
             case tlsHandshakeFailed, certificatePinMismatch, webSocketUpgradeFailed, webSocketClosed, timedOut, proxyFailed
+            case httpStreamFailed
         }
         let value: Value
         init(_ value: Value) { self.value = value }
@@ -31,6 +32,10 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         /// The HTTP proxy could not be reached, or did not open the `CONNECT` tunnel: it wants
         /// credentials or refused them, does not allow the gateway's port, or did not answer.
         public static let proxyFailed = Code(.proxyFailed)
+        /// The HTTP stream could not be opened or broke: the gateway answered the stream's GET
+        /// or a POST with an error status (`404` for an unknown path or session, `410` for an
+        /// ended session, …), or the stream did not start with a session token.
+        public static let httpStreamFailed = Code(.httpStreamFailed)
 
         public var description: String {
             switch self.value {
@@ -40,6 +45,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
             case .webSocketClosed: "WebSocket closed"
             case .timedOut: "timed out"
             case .proxyFailed: "HTTP proxy failed"
+            case .httpStreamFailed: "HTTP stream failed"
             }
         }
     }

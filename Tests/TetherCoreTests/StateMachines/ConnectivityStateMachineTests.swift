@@ -226,7 +226,7 @@ struct BackoffTests {
         }
     }
 
-    @Test("endpoints parse as URLs of the four transports; each prints back as it parses")
+    @Test("endpoints parse as URLs of the six transports; each prints back as it parses")
     func endpointURLs() throws {
         #expect(try Endpoint(parsing: "tether://gw.example.com:7700") == Endpoint(host: "gw.example.com", port: 7700))
         #expect(try Endpoint(parsing: "TETHER://[::1]:80/") == Endpoint(host: "::1", port: 80))
@@ -238,14 +238,22 @@ struct BackoffTests {
         )
         #expect(try Endpoint(parsing: "ws://[::1]") == Endpoint(host: "::1", port: 80, transport: .webSocket, path: "/tether"))
         #expect(try Endpoint(parsing: "wss://[::1]:8443/") == Endpoint(host: "::1", port: 8443, transport: .secureWebSocket))
+        #expect(try Endpoint(parsing: "http://gw") == Endpoint(host: "gw", port: 80, transport: .httpStream, path: "/tether/stream"))
+        #expect(
+            try Endpoint(parsing: "https://[::1]:8443/s") == Endpoint(host: "::1", port: 8443, transport: .secureHTTPStream, path: "/s")
+        )
+        #expect(try Endpoint(parsing: "https://gw/").path == Endpoint.defaultHTTPStreamPath)
         #expect(Endpoint(host: "gw", port: 1, transport: .tls, path: "/ignored").path == nil, "TCP and TLS have no path")
-        for text in ["gw:7700", "tethers://gw:7701", "ws://gw:80/tether", "wss://[::1]:443/a/b"] {
+        for text in [
+            "gw:7700", "tethers://gw:7701", "ws://gw:80/tether", "wss://[::1]:443/a/b", "http://gw:80/tether/stream", "https://gw:443/x",
+        ] {
             #expect(try Endpoint(parsing: text).description == text)
             #expect(try Endpoint(parsing: Endpoint(parsing: text).description) == Endpoint(parsing: text))
         }
         let bad = [
-            ("http://gw:80/tether", "scheme 'http'"), ("tether://gw:80/path", "no path"), ("tethers://gw:80/x", "no path"),
+            ("ftp://gw:80/tether", "scheme 'ftp'"), ("tether://gw:80/path", "no path"), ("tethers://gw:80/x", "no path"),
             ("tether://gw", "host:port"), ("wss://gw:99999/", "port"), ("ws://gw:80/tether?x=1", "no query"),
+            ("https://gw/s#f", "no query"),
         ]
         for (text, reason) in bad {
             do {

@@ -1,0 +1,88 @@
+import NIOConcurrencyHelpers
+package import NIOCore
+
+/// The HTTP streams a gateway serves, by session token, so that a POST arriving on any
+/// connection reaches its stream's connection (on that connection's event loop).
+///
+/// Ended sessions are remembered (up to a bound) so that a late POST gets `410 Gone`, not `404`.
+package final class HTTPStreamSessions: Sendable {
+    /// What a token names.
+    package enum Lookup {
+        case live(HTTPStreamSession)
+        case ended
+        case unknown
+    }
+
+    private struct State {
+        var live: [String: HTTPStreamSession] = [:]
+        var ended: Set<String> = []
+        /// `ended` in the order the sessions ended, a ring of `remembered` slots.
+        var endedOrder: [String] = []
+        var nextSlot = 0
+    }
+
+    private let state = NIOLockedValueBox(State())
+    private let remembered: Int
+
+    /// - Parameter remembered: How many ended sessions to remember.
+    package init(remembered: Int) {
+        self.remembered = remembered
+    }
+
+    /// Sessions open now.
+    package var liveCount: Int { self.state.withLockedValue { $0.live.count } }
+
+    package func register(_ session: HTTPStreamSession) {
+        self.state.withLockedValue { $0.live[session.token] = session }
+    }
+
+    /// The stream of `token` ended: later POSTs for it get `410`.
+    package func end(_ token: String) {
+        let remembered = self.remembered
+        self.state.withLockedValue { state in
+            guard state.live.removeValue(forKey: token) != nil, remembered > 0 else { return }
+            if state.endedOrder.count < remembered {
+                state.endedOrder.append(token)
+            } else {
+                state.ended.remove(state.endedOrder[state.nextSlot])
+                state.endedOrder[state.nextSlot] = token
+                state.nextSlot = (state.nextSlot + 1) % remembered
+            }
+            state.ended.insert(token)
+        }
+    }
+
+    package func lookup(_ token: String) -> Lookup {
+        self.state.withLockedValue { state in
+            if let session = state.live[token] { return .live(session) }
+            return state.ended.contains(token) ? .ended : .unknown
+        }
+    }
+}
+
+/// One HTTP stream: where its POST bodies go.
+package final class HTTPStreamSession: Sendable {
+    /// What became of a POST body handed to a stream.
+    package enum Delivery: Sendable {
+        /// The connection read it.
+        case accepted
+        /// Another POST of the session is still being read.
+        case busy
+        /// The stream has ended.
+        case ended
+    }
+
+    package let token: String
+    private let handler: NIOLoopBound<HTTPStreamServerHandler>
+
+    init(token: String, handler: NIOLoopBound<HTTPStreamServerHandler>) {
+        self.token = token
+        self.handler = handler
+    }
+
+    /// Hands `body` to the stream's connection; succeeds once it has been read (or refused).
+    package func deliver(_ body: ByteBuffer) -> EventLoopFuture<Delivery> {
+        let handler = self.handler
+        return handler.eventLoop.flatSubmit { handler.value.deliver(body, on: handler.eventLoop) }
+    }
+}
