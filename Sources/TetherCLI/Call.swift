@@ -16,7 +16,7 @@ struct Call: AsyncParsableCommand {
 
     @Argument(
         help: ArgumentHelp(
-            "[gateway URL] method [body]: the gateway (tether://, tethers://, ws:// or wss://; --host and --port otherwise), the method to call (e.g. echo), the request body (UTF-8 text).",
+            "[gateway URL] method [body]: the gateway (tether://, tethers://, ws://, wss://, http:// or https://; --host and --port otherwise), the method to call (e.g. echo), the request body (UTF-8 text).",
             valueName: "words"
         )
     )

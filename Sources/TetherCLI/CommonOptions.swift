@@ -15,7 +15,7 @@ struct GatewayOptions: ParsableArguments {
     @Option(
         name: .customLong("endpoint"),
         help: ArgumentHelp(
-            "A gateway URL: tether://host:port, tethers://host:port (TLS), ws://host:port/path or wss://host:port/path (WebSocket). Repeat it for failover; transports may be mixed.",
+            "A gateway URL: tether://host:port, tethers://host:port (TLS), ws://host:port/path or wss://host:port/path (WebSocket), http://host:port/path or https://host:port/path (HTTP stream). Repeat it for failover, best first; transports may be mixed.",
             valueName: "url"
         )
     )

@@ -22,7 +22,11 @@ struct TransportOptions: ParsableArguments {
     )
     var clientCAFile: String?
 
-    @Option(name: .customLong("ws-port"), help: "Also accept WebSocket connections on this port (ws://, or wss:// with --tls-cert).")
+    @Option(
+        name: .customLong("ws-port"),
+        help:
+            "Also accept WebSocket connections on this port (ws://, or wss:// with --tls-cert), and the HTTP stream (http://, https://) on /tether/stream."
+    )
     var webSocketPort: Int?
 
     @Option(name: .customLong("ws-host"), help: "The address of the WebSocket listener (default: --host).")
@@ -42,6 +46,9 @@ struct TransportOptions: ParsableArguments {
 
     @Flag(inversion: .prefixedNo, help: "Listen for Tether over TCP (or TLS) on --host and --port.")
     var tcp = true
+
+    @Flag(inversion: .prefixedNo, help: "Serve the HTTP stream on the --ws-port listener.")
+    var httpStream = true
 
     /// Sets the listeners of `configuration` (whose `listen` holds --host, --port).
     func apply(to configuration: inout GatewayConfiguration) throws {
@@ -63,7 +70,8 @@ struct TransportOptions: ParsableArguments {
                 port: port,
                 path: self.webSocketPath,
                 tls: secure,
-                allowedOrigins: self.webSocketOrigins.isEmpty ? nil : Set(self.webSocketOrigins)
+                allowedOrigins: self.webSocketOrigins.isEmpty ? nil : Set(self.webSocketOrigins),
+                stream: self.httpStream ? .defaults : nil
             )
         } else if self.webSocketHost != nil || !self.webSocketOrigins.isEmpty || self.webSocketPath != Endpoint.defaultWebSocketPath {
             throw ValidationError("--ws-host, --ws-path and --ws-origin need --ws-port")

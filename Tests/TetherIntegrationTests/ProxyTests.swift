@@ -78,7 +78,7 @@ extension IntegrationTests {
         @Test(
             "every transport reaches the gateway through Squid with Basic credentials; the tunnel is in Squid's log",
             .requires(.squid, .openssl),
-            arguments: [Endpoint.Transport.tcp, .tls, .webSocket, .secureWebSocket]
+            arguments: Endpoint.Transport.allCases
         )
         func throughSquid(transport: Endpoint.Transport) async throws {
             try OutsideTool.squid.require()

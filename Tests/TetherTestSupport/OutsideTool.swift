@@ -23,6 +23,10 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case pythonWebsockets = "python3 websockets"
     /// Squid, the HTTP proxy (its `basic_ncsa_auth` helper too).
     case squid
+    /// nginx, as a reverse proxy with its default buffering.
+    case nginx
+    /// curl, a peer that reads the HTTP stream.
+    case curl
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -31,6 +35,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .python3: "apt-get install python3"
         case .pythonWebsockets: "apt-get install python3 python3-pip; python3 -m pip install websockets"
         case .squid: "apt-get install squid"
+        case .nginx: "apt-get install nginx"
+        case .curl: "apt-get install curl"
         }
     }
 
@@ -72,6 +78,11 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         ["/usr/sbin/squid", "/usr/local/sbin/squid", "/usr/bin/squid"].first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
+    /// Where nginx is (Debian puts it in /usr/sbin).
+    package static var nginxExecutable: String? {
+        ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"].first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
     /// Squid's helper that checks Basic credentials against an htpasswd file.
     package static let squidBasicAuth = "/usr/lib/squid/basic_ncsa_auth"
 
@@ -91,6 +102,10 @@ package enum OutsideTool: String, CaseIterable, Sendable {
                 return "squid is not installed"
             }
             return nil
+        case .nginx:
+            return Self.nginxExecutable == nil ? "nginx is not installed" : nil
+        case .curl:
+            return Self.run(["curl", "--version"]) ? nil : "curl is not installed"
         }
     }
 

@@ -1,0 +1,179 @@
+import Foundation
+import NIOCore
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherNIO
+import TetherTestSupport
+import TetherTesting
+
+extension IntegrationTests {
+    /// The HTTP stream (PROTOCOL.md, section 11.5) with peers and proxies not written here:
+    /// curl reads the stream and POSTs frames; nginx, with its default buffering, sits in front.
+    @Suite("HTTP stream", .timeLimit(.minutes(2)))
+    struct HTTPStreamTests {
+        /// `frames` encoded with checksums, in one buffer.
+        static func encoded(_ frames: [Frame.Payload]) throws -> ByteBuffer {
+            var buffer = ByteBuffer()
+            for payload in frames { try FrameEncoder().encode(Frame(payload, flags: .checksum), into: &buffer) }
+            return buffer
+        }
+
+        /// The token line and the frames after it in what curl saved of the stream at `path`.
+        static func read(_ path: String) throws -> (token: String, frames: [Frame])? {
+            guard let data = FileManager.default.contents(atPath: path), let newline = data.firstIndex(of: 0x0A) else { return nil }
+            let token = String(decoding: data[..<newline], as: UTF8.self)
+            var rest = ByteBuffer(bytes: data[(newline + 1)...])
+            var decoder = FrameDecoder(maxBodySize: 1 << 20)
+            var frames: [Frame] = []
+            while let frame = try decoder.decodeFrame(from: &rest) { frames.append(frame) }
+            return (token, frames)
+        }
+
+        @Test("curl reads the stream: the token line, then WELCOME and RESPONSE for a HELLO and a REQUEST it POSTs", .requires(.curl))
+        func curlPeer() async throws {
+            try OutsideTool.curl.require()
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(transport: .httpStream, routes: TransportTests.echo)
+                let url = "http://127.0.0.1:\(endpoint.port)\(Endpoint.defaultHTTPStreamPath)"
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-curl-\(UUID().uuidString)").path
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                harness.onExit { try? FileManager.default.removeItem(atPath: directory) }
+
+                let stream = "\(directory)/stream"
+                _ = try ChildProcess(executable: "/usr/bin/env", ["curl", "-sN", "--max-time", "30", "-o", stream, url], in: harness)
+                try await eventually("curl has the token line") { (try? Self.read(stream)) != nil }
+                let token = try #require(try Self.read(stream)).token
+                #expect(HTTPStreamBinding.isWellFormedToken(token))
+
+                func post(_ frames: [Frame.Payload], name: String, headers: [String] = []) async throws -> String {
+                    let file = "\(directory)/\(name)"
+                    let bytes = try Self.encoded(frames)
+                    try Data(bytes.readableBytesView).write(to: URL(fileURLWithPath: file))
+                    var arguments = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\\n", "--data-binary", "@\(file)"]
+                    arguments += ["-H", "Content-Type: application/octet-stream"] + headers.flatMap { ["-H", $0] }
+                    let process = try ChildProcess(executable: "/usr/bin/env", arguments + [url], in: harness)
+                    #expect(try await process.exitStatus(timeout: .seconds(20)) == 0)
+                    return process.lines.last ?? ""
+                }
+                let hello = Frame.Payload.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "curl"))
+                #expect(try await post([hello], name: "hello", headers: ["Tether-Session: \(token)"]) == "204")
+                let request = Frame.Payload.request(.init(id: 1, method: "echo", body: ByteBuffer(string: "from curl")))
+                #expect(try await post([request], name: "request", headers: ["Tether-Session: \(token)"]) == "204")
+
+                try await eventually("WELCOME and RESPONSE on the stream") { ((try? Self.read(stream))??.frames.count ?? 0) >= 2 }
+                let frames = try #require(try Self.read(stream)).frames
+                guard case .welcome = frames.first?.payload else {
+                    Issue.record("the stream's first frame is not WELCOME: \(frames)")
+                    return
+                }
+                let response = frames.lazy.compactMap { frame -> Frame.Response? in
+                    if case .response(let response) = frame.payload { return response }
+                    return nil
+                }.first
+                #expect(response?.id == 1)
+                #expect(response.map { String(buffer: $0.body) } == "from curl")
+
+                // The statuses a peer sees: no token, an unknown one.
+                #expect(try await post([request], name: "no-token") == "400")
+                #expect(
+                    try await post([request], name: "unknown", headers: ["Tether-Session: \(String(repeating: "A", count: 43))"]) == "404"
+                )
+            }
+        }
+
+        /// An nginx of the test's own in front of `upstream`, with its default configuration for a
+        /// reverse proxy (buffering on, HTTP/1.0 to the upstream); `/buffered/` also ignores the
+        /// gateway's `X-Accel-Buffering: no`, as a proxy that buffers every response does.
+        struct Nginx {
+            var port: Int
+            var accessLog: String
+
+            static func start(in harness: Harness, upstream: Int) async throws -> Nginx {
+                let nginx = try #require(OutsideTool.nginxExecutable)
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-nginx-\(UUID().uuidString)").path
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                harness.onExit { try? FileManager.default.removeItem(atPath: directory) }
+                let port = try await freePort()
+                let configuration = """
+                    daemon off;
+                    master_process off;
+                    worker_processes 1;
+                    error_log \(directory)/error.log;
+                    pid \(directory)/nginx.pid;
+                    events { worker_connections 512; }
+                    http {
+                        access_log \(directory)/access.log;
+                        client_body_temp_path \(directory)/body;
+                        proxy_temp_path \(directory)/proxy;
+                        fastcgi_temp_path \(directory)/fastcgi;
+                        uwsgi_temp_path \(directory)/uwsgi;
+                        scgi_temp_path \(directory)/scgi;
+                        server {
+                            listen 127.0.0.1:\(port);
+                            location / { proxy_pass http://127.0.0.1:\(upstream); }
+                            location /buffered/ {
+                                proxy_pass http://127.0.0.1:\(upstream)/;
+                                proxy_ignore_headers X-Accel-Buffering;
+                            }
+                        }
+                    }
+
+                    """
+                try configuration.write(toFile: "\(directory)/nginx.conf", atomically: true, encoding: .utf8)
+                let process = try ChildProcess(
+                    executable: nginx,
+                    ["-e", "\(directory)/error.log", "-p", directory, "-c", "\(directory)/nginx.conf"],
+                    in: harness
+                )
+                try await eventually("nginx listens on \(port)", timeout: .seconds(20)) {
+                    guard process.isRunning else { return true }
+                    return (try? await ClientBootstrapProbe.connects(port: port)) == true
+                }
+                let errors = (try? String(contentsOfFile: "\(directory)/error.log", encoding: .utf8)) ?? ""
+                try #require(process.isRunning, "nginx exited: \(process.lines.suffix(10).joined(separator: "\n")) \(errors)")
+                return Nginx(port: port, accessLog: "\(directory)/access.log")
+            }
+
+            var log: [String] {
+                ((try? String(contentsOfFile: self.accessLog, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+            }
+        }
+
+        @Test(
+            "behind nginx's default buffering the stream flows (X-Accel-Buffering: no); a proxy that buffers anyway is passed over for the next endpoint",
+            .requires(.nginx)
+        )
+        func behindNginx() async throws {
+            try OutsideTool.nginx.require()
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(
+                    transport: .httpStream,
+                    messageStore: InMemoryMessageStore(),
+                    routes: TransportTests.echo
+                )
+                let nginx = try await Nginx.start(in: harness, upstream: endpoint.port)
+                let buffered = Endpoint(host: "127.0.0.1", port: nginx.port, transport: .httpStream, path: "/buffered/tether/stream")
+                let proxied = Endpoint(host: "127.0.0.1", port: nginx.port, transport: .httpStream)
+                let client = try harness.client([buffered, proxied]) { configuration in
+                    configuration.connection.connectTimeout = .seconds(1)
+                    configuration.reliability = try! .init(outbox: InMemoryOutboxStore())
+                }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "through nginx")).string == "through nginx")
+                #expect(client.connectionState == .connected(proxied))
+
+                // Reliable deliveries come down the stream as they are sent, in order, once.
+                let collector = DeliveryCollector(client, in: harness)
+                for index in 0..<20 {
+                    _ = try await gateway.deliver(to: "test-client", topic: "t", body: ByteBuffer(string: "d\(index)"))
+                }
+                try await eventually("20 deliveries") { collector.count == 20 }
+                #expect(collector.bodies == (0..<20).map { "d\($0)" })
+                #expect(collector.violations.isEmpty)
+                #expect(nginx.log.contains { $0.contains("POST /tether/stream") && $0.contains(" 204 ") })
+                #expect(nginx.log.contains { $0.contains("GET /buffered/tether/stream") }, "the buffering endpoint was tried first")
+            }
+        }
+    }
+}
