@@ -48,6 +48,11 @@ enum Peer: String, CaseIterable, Sendable {
     case tetherWebSocket = "tether-ws"
     /// ``tether`` over WebSocket over TLS 1.3 (`wss://`).
     case tetherSecureWebSocket = "tether-wss"
+    /// ``tether`` over the HTTP stream (`http://`): frames down one chunked HTTP/1.1 response,
+    /// up in POSTs on a second connection (NIOHTTP1 on both sides).
+    case tetherHTTPStream = "tether-http-stream"
+    /// ``tether`` over the HTTP stream over TLS 1.3 (`https://`).
+    case tetherSecureHTTPStream = "tether-https-stream"
     /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
     case http = "http1"
     /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
@@ -68,7 +73,8 @@ enum Peer: String, CaseIterable, Sendable {
     func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
-        case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket:
+        case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket,
+            .tetherHTTPStream, .tetherSecureHTTPStream:
             try await TetherPeer.serve(port: port, transport: self.transport, reusePort: reusePort, ready: ready)
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
@@ -81,7 +87,7 @@ enum Peer: String, CaseIterable, Sendable {
         switch self {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
         case .tetherCallback: fatalError("the callback peer is driven by CallbackDriver.drive")
-        case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket:
+        case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket, .tetherHTTPStream, .tetherSecureHTTPStream:
             try await TetherPeer.withClient(port: port, transport: self.transport, method: "echo", onLoop: false, body)
         case .tetherInline: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: false, body)
         case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: true, body)
@@ -100,6 +106,8 @@ extension Peer {
         case .tetherTLS: .tls
         case .tetherWebSocket: .webSocket
         case .tetherSecureWebSocket: .secureWebSocket
+        case .tetherHTTPStream: .httpStream
+        case .tetherSecureHTTPStream: .secureHTTPStream
         default: .tcp
         }
     }
@@ -119,7 +127,7 @@ enum TetherPeer {
             let files = try BenchCertificate.files()
             configuration.tls = .init(certificateChain: .file(files.certificate), privateKey: .file(files.key))
         }
-        if transport.isWebSocket {
+        if transport.isHTTP {
             configuration.listen = nil
             configuration.webSocket = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
         } else {
