@@ -168,6 +168,15 @@ public struct ClientConfiguration: Sendable {
         /// heartbeat times out. With a single endpoint it does nothing: there is nowhere else
         /// to go.
         public var failingLink: FailingLink?
+        /// Moving back up: while connected to an endpoint that is not the first of
+        /// ``ClientConfiguration/endpoints`` (a fallback, such as the HTTP stream when TCP is
+        /// blocked), the client probes the endpoints before it this often, as engine.io's upgrade
+        /// does. The probe opens a transport connection (TCP, TLS, the WebSocket upgrade, the
+        /// HTTP stream's first line) and closes it; when one answers, the client drains the
+        /// current connection (``DisconnectReason/movingUp(to:)``) and connects there. Reliable
+        /// messages resume on the new connection, none lost or doubled. `nil` stays on the
+        /// fallback until it closes.
+        public var moveUpInterval: Duration?
 
         /// A connection is failing once at least ``failureRate`` of at least
         /// ``minimumRequests`` requests sent on it within ``window`` went unanswered before
@@ -214,7 +223,8 @@ public struct ClientConfiguration: Sendable {
             raceDelay: Duration? = .milliseconds(250),
             maximumRacers: Int = 3,
             failedEndpointPenalty: Duration = .seconds(30),
-            failingLink: FailingLink? = .defaults
+            failingLink: FailingLink? = .defaults,
+            moveUpInterval: Duration? = .seconds(10)
         ) throws(ConfigurationError) {
             self.connectTimeout = connectTimeout
             self.handshakeTimeout = handshakeTimeout
@@ -224,6 +234,7 @@ public struct ClientConfiguration: Sendable {
             self.maximumRacers = maximumRacers
             self.failedEndpointPenalty = failedEndpointPenalty
             self.failingLink = failingLink
+            self.moveUpInterval = moveUpInterval
             try self.validate()
         }
 
@@ -236,6 +247,9 @@ public struct ClientConfiguration: Sendable {
                 throw ConfigurationError("connection.raceDelay must be positive (or nil to open one connection at a time)")
             }
             guard self.maximumRacers >= 1 else { throw ConfigurationError("connection.maximumRacers must be at least 1") }
+            if let moveUpInterval = self.moveUpInterval, moveUpInterval <= .zero {
+                throw ConfigurationError("connection.moveUpInterval must be positive (or nil not to move up)")
+            }
             guard self.failedEndpointPenalty >= .zero else {
                 throw ConfigurationError("connection.failedEndpointPenalty must not be negative")
             }

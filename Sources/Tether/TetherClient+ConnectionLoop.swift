@@ -182,15 +182,67 @@ extension TetherClient {
         return afterClose
     }
 
-    /// Waits until `connection` closes, keeping its credentials fresh meanwhile if they expire.
+    /// Waits until `connection` closes, keeping its credentials fresh meanwhile if they expire,
+    /// and probing better endpoints if it serves a fallback.
     private func serve(_ connection: ClientConnection) async -> ConnectionClosure {
         await withTaskGroup { group in
             if let validFor = connection.credentialValidFor, case .expiring(let provider) = self.configuration.authentication {
                 group.addTask { await self.keepCredentialsFresh(validFor: validFor, provider: provider) }
             }
+            let endpoints = self.configuration.endpoints
+            if let interval = self.configuration.connection.moveUpInterval, let index = endpoints.firstIndex(of: connection.endpoint),
+                index > 0
+            {
+                group.addTask { await self.moveUp(from: connection, to: Array(endpoints[..<index]), every: interval) }
+            }
             let closure = (try? await connection.closeFuture.get()) ?? ConnectionClosure(reason: .closedByPeer, uptime: .zero)
             group.cancelAll()
             return closure
+        }
+    }
+
+    /// Until cancelled (the connection closed), probes `better` (in order) every `interval`;
+    /// when one answers, drains `connection` so that the next one goes there.
+    private func moveUp(from connection: ClientConnection, to better: [Endpoint], every interval: Duration) async {
+        while !Task.isCancelled {
+            do {
+                try await self.clock.sleep(for: interval)
+            } catch {
+                return  // cancelled
+            }
+            for endpoint in better where !Task.isCancelled {
+                guard await self.probe(endpoint) else { continue }
+                let moving = self.state.withLockedValue { state in
+                    guard state.current === connection, state.machine.goAwayReceived(retryAfter: .zero, alternate: endpoint) else {
+                        return false
+                    }
+                    if state.ready === connection { state.ready = nil }
+                    state.penalties.forgive(endpoint)  // it answered: the next attempt starts there
+                    return true
+                }
+                guard moving else { return }
+                self.logger.info("a better endpoint answers; moving up", metadata: ["from": "\(connection.endpoint)", "to": "\(endpoint)"])
+                connection.drain(for: .movingUp(to: endpoint))
+                return
+            }
+        }
+    }
+
+    /// Whether a transport connection to `endpoint` opens within the connect timeout (it is
+    /// closed at once): the network lets that transport through again.
+    private func probe(_ endpoint: Endpoint) async -> Bool {
+        do {
+            let channel = try await self.transport.connect(
+                to: endpoint,
+                timeout: self.configuration.connection.connectTimeout,
+                eventLoop: self.eventLoop,
+                initializer: { _, _ in }
+            )
+            try? await channel.close()
+            return true
+        } catch {
+            self.logger.debug("a better endpoint is still unreachable", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
+            return false
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import Testing
 import Tether
@@ -173,6 +174,80 @@ extension IntegrationTests {
                 #expect(collector.violations.isEmpty)
                 #expect(nginx.log.contains { $0.contains("POST /tether/stream") && $0.contains(" 204 ") })
                 #expect(nginx.log.contains { $0.contains("GET /buffered/tether/stream") }, "the buffering endpoint was tried first")
+            }
+        }
+
+        @Test(
+            "TCP refused and WebSocket blackholed: the client connects over the HTTP stream, reports TCP blocked, and moves up to TCP once it answers, then back down when TCP is cut again; every reliable message is processed once and every delivery arrives once, in order"
+        )
+        func fallbackAndMoveUp() async throws {
+            try await withHarness(timeLimit: .seconds(60)) { harness in
+                var chat: NIOLockedValueBox<[String]>?
+                let (gateway, stream) = try await harness.gateway(
+                    transport: .httpStream,
+                    messageStore: InMemoryMessageStore(),
+                    configure: { $0.listen = .init(host: "127.0.0.1", port: 0) },
+                    routes: { chat = harness.installChatHandler(on: $0) }
+                )
+                let processed = try #require(chat)
+                // TCP: nothing listens on the port (connections are refused) until the proxy starts.
+                let tcpProxy = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: try await gateway.listeningAddress.port!))
+                let tcp = Endpoint(host: "127.0.0.1", port: try await freePort())
+                let webSocketProxy = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: stream.port))
+                webSocketProxy.mode = .blackhole
+                let webSocket = Endpoint(host: "127.0.0.1", port: try await webSocketProxy.start().port!, transport: .webSocket)
+                harness.onExit {
+                    tcpProxy.cutAll()
+                    webSocketProxy.cutAll()
+                }
+                let client = try harness.client([tcp, webSocket, stream], clientID: "alice") { configuration in
+                    configuration.connection.connectTimeout = .milliseconds(500)
+                    configuration.connection.moveUpInterval = .milliseconds(300)
+                    configuration.reliability = try! .init(outbox: InMemoryOutboxStore())
+                }
+                let deliveries = DeliveryCollector(client, in: harness)
+                let events = harness.events(of: client)
+
+                // Alice writes to herself: each message is processed by the handler, which
+                // delivers it back to her.
+                func send(_ range: Range<Int>) async throws {
+                    for index in range {
+                        _ = try await client.send("chat.send", body: ByteBuffer(string: "m\(index)"), conversation: "alice")
+                        try await Task.sleep(for: .milliseconds(5))
+                    }
+                }
+                try await send(0..<50)
+                try await eventually("connected over the HTTP stream") { client.connectionState == .connected(stream) }
+                // TCP was refused: blocked on this network. (The WebSocket racer, blackholed, was
+                // still waiting when the stream won: nothing is known of it yet.)
+                let blocked = { @Sendable in
+                    events.all.compactMap { if case .endpointBlocked(let endpoint, _) = $0 { endpoint } else { nil } }
+                }
+                try await eventually("TCP reported blocked") { blocked() == [tcp] }
+
+                _ = try await tcpProxy.start(port: tcp.port)  // the block is lifted
+                try await send(50..<100)
+                try await eventually("moved up to TCP", timeout: .seconds(10)) { client.connectionState == .connected(tcp) }
+                #expect(
+                    events.disconnectReasons.contains { if case .movingUp(tcp) = $0 { true } else { false } },
+                    "\(events.disconnectReasons)"
+                )
+                try await send(100..<150)
+
+                // TCP blocked again mid-stream: what was sent there and not acknowledged is sent
+                // again over the HTTP stream, and processed once.
+                let sending = Task { try await send(150..<200) }
+                try await Task.sleep(for: .milliseconds(100))
+                await tcpProxy.stop()
+                tcpProxy.cutAll()
+                try await sending.value
+                try await eventually("back on the HTTP stream", timeout: .seconds(10)) { client.connectionState == .connected(stream) }
+
+                let expected = (0..<200).map { "m\($0)" }
+                try await eventually("200 deliveries", timeout: .seconds(20)) { deliveries.count == 200 }
+                #expect(deliveries.bodies == expected)
+                #expect(deliveries.violations.isEmpty)
+                #expect(processed.withLockedValue { $0 } == expected)
             }
         }
     }

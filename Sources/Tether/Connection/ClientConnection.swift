@@ -125,8 +125,8 @@ final class ClientConnection: Sendable {
     }
 
     /// Stops new requests and closes once those in flight are answered; at once on the event loop.
-    func drain() {
-        self.onLoop { $0.drain() }
+    func drain(for reason: DisconnectReason = .shutdown) {
+        self.onLoop { $0.drain(for: reason) }
     }
 
     /// Makes the heartbeat follow the client's current heartbeat mode.

@@ -83,8 +83,8 @@ extension ClientConnectionHandler {
     }
 
     /// Stops accepting requests and closes once those in flight are answered.
-    func drain() {
-        guard self.machine.drain() != nil else { return }
+    func drain(for reason: DisconnectReason) {
+        guard self.machine.drain(for: reason) != nil else { return }
         self.close()
     }
 

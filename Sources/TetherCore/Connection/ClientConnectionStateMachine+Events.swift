@@ -57,11 +57,12 @@ extension ClientConnectionStateMachine {
         return .cancelled(sendCancel: wasSent, send: next, close: self.closeIfDrained())
     }
 
-    /// The client stops sending requests (it is shutting down).
+    /// The client stops sending requests (it is shutting down, or moving to a better endpoint).
+    /// - Parameter reason: Why, for when the connection closes.
     /// - Returns: The reason to close now for, if nothing is in flight or the handshake is not
     ///   complete.
-    package mutating func drain() -> DisconnectReason? {
-        self.closeReason = self.closeReason ?? .shutdown
+    package mutating func drain(for reason: DisconnectReason = .shutdown) -> DisconnectReason? {
+        self.closeReason = self.closeReason ?? reason
         switch self.state {
         case .active:
             self.startDraining()
@@ -69,7 +70,7 @@ extension ClientConnectionStateMachine {
         case .draining:
             return self.closeIfDrained()
         case .idle, .handshaking:
-            return .shutdown
+            return reason
         case .closing, .closed:
             return nil
         case ._modifying:

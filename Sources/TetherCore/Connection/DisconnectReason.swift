@@ -19,6 +19,10 @@ public enum DisconnectReason: Sendable, CustomStringConvertible {
     case linkFailing(timedOut: Int, of: Int)
     /// The client is shutting down.
     case shutdown
+    /// A better endpoint (earlier in the client's list) answered a probe while this connection
+    /// served a fallback: the client drained this one to move there
+    /// (``ClientConfiguration/Connection-swift.struct/moveUpInterval``).
+    case movingUp(to: Endpoint)
 
     public var description: String {
         switch self {
@@ -31,6 +35,7 @@ public enum DisconnectReason: Sendable, CustomStringConvertible {
         case .transportError(let message): "transport error: \(message)"
         case .linkFailing(let timedOut, let total): "link failing: \(timedOut) of the last \(total) requests timed out"
         case .shutdown: "client shut down"
+        case .movingUp(let endpoint): "moving up to \(endpoint)"
         }
     }
 }

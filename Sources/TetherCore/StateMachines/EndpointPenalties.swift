@@ -27,6 +27,11 @@ package struct EndpointPenalties<Instant: InstantProtocol>: Sendable where Insta
         self.until[endpoint] = now.advanced(by: self.duration)
     }
 
+    /// `endpoint` answered again (a probe reached it): its penalty, if any, is lifted.
+    package mutating func forgive(_ endpoint: Endpoint) {
+        self.until[endpoint] = nil
+    }
+
     /// Whether `endpoint` is penalized at `now`.
     package func isPenalized(_ endpoint: Endpoint, at now: Instant) -> Bool {
         self.until[endpoint].map { $0 > now } ?? false

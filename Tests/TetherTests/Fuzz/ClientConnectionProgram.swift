@@ -97,7 +97,7 @@ final class ClientConnectionProgram {
             case 4:
                 handler.cancelRequest(id: UInt64(input.popFirst() ?? 0))
             case 5:
-                handler.drain()
+                handler.drain(for: .shutdown)
             case 6:
                 while let _ = try? channel.readOutbound(as: ByteBuffer.self) {}
             default:
