@@ -68,19 +68,39 @@
             eventLoop: any EventLoop,
             initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
         ) async throws -> any Channel {
+            let deadline = NIODeadline.now() + TimeAmount(timeout)
+            guard endpoint.transport.isHTTPStream else {
+                let framing = endpoint.transport.framing
+                return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { try initializer($0, framing) }
+            }
+            return try await HTTPStreamConnector.connect(
+                to: endpoint,
+                deadline: deadline,
+                timeout: timeout,
+                eventLoop: eventLoop,
+                initializer: initializer
+            ) { deadline, install in
+                try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop, install: install)
+            }
+        }
+
+        /// Opens a connection to `endpoint` (TLS below the pipeline, the WebSocket upgrade in
+        /// it); then `install` adds the handlers that use it.
+        private func open(
+            _ endpoint: Endpoint,
+            deadline: NIODeadline,
+            eventLoop: any EventLoop,
+            install: @escaping @Sendable (any Channel) throws -> Void
+        ) async throws -> any Channel {
             guard var bootstrap = NIOTSConnectionBootstrap(validatingGroup: eventLoop) else {
                 throw ConfigurationError("NIOTSClientTransport needs a NIOTSEventLoopGroup: pass one as the client's eventLoopGroup")
             }
-            let deadline = NIODeadline.now() + TimeAmount(timeout)
-            let framing = endpoint.transport.framing
             let ready = eventLoop.makePromise(of: Void.self)
-            bootstrap = bootstrap.connectTimeout(TimeAmount(timeout))
+            bootstrap = bootstrap.connectTimeout(max(deadline - .now(), .milliseconds(1)))
                 .channelOption(ChannelOptions.socketOption(.tcp_nodelay), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try TCPClientTransport.configure(channel, endpoint: endpoint, ssl: nil, deadline: deadline, ready: ready) {
-                            try initializer($0, framing)
-                        }
+                        try TCPClientTransport.configure(channel, endpoint: endpoint, ssl: nil, deadline: deadline, ready: ready, install: install)
                     }
                 }
             // The verify block's verdict on the pins, to report a mismatch as such.
