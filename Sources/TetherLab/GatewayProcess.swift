@@ -17,7 +17,7 @@ final class GatewayProcess: @unchecked Sendable {
     /// `nil`: `tether serve`'s default (three heartbeats).
     let idleTimeout: Duration?
     let logFile: String
-    /// `tether serve`'s options for the listener: `--port`, or TLS and WebSocket options.
+    /// `tether serve`'s options for the listeners: `--port`, or TLS and WebSocket options.
     let listenerArguments: [String]
     private let lock = NIOLock()
     private var process: Process?
@@ -30,7 +30,8 @@ final class GatewayProcess: @unchecked Sendable {
         idleTimeout: Duration? = nil,
         logFile: String,
         transport: Endpoint.Transport = .tcp,
-        certificate: LabCertificate? = nil
+        certificate: LabCertificate? = nil,
+        httpPort: Int? = nil
     ) {
         self.executable = executable
         self.port = port
@@ -39,6 +40,7 @@ final class GatewayProcess: @unchecked Sendable {
         self.idleTimeout = idleTimeout
         self.logFile = logFile
         var listener = transport.isHTTP ? ["--no-tcp", "--ws-port", "\(port)"] : ["--port", "\(port)"]
+        if let httpPort { listener += ["--ws-port", "\(httpPort)"] }  // WebSocket and the HTTP stream beside TCP
         if transport.isSecure, let certificate {
             listener += ["--tls-cert", certificate.certificate, "--tls-key", certificate.key]
         }

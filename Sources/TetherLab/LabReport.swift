@@ -93,6 +93,37 @@ public enum LabReport {
                 )
             }
         }
+        let restricted = results.filter { $0.restricted != nil }
+        if !restricted.isEmpty {
+            lines.append("")
+            lines.append("## Restrictive networks (fallback to the HTTP stream, and back)")
+            lines.append("")
+            lines.append(
+                "Every client lists `tether://` (the raw port), `ws://` and `http://…/tether/stream`, in that order, with the default "
+                    + "racing. The raw port is rejected (nothing listens: RST) or blackholed (the lab's proxy accepts and swallows); "
+                    + "WebSocket upgrades are refused (`404`, as a proxy that refuses upgrades answers); the HTTP stream is open. "
+                    + "Then the raw port opens, and clients probe the better endpoints every `connection.moveUpInterval`."
+            )
+            lines.append("")
+            lines.append(
+                "| Scenario | Clients | First request p50 / p90 / max (s) | No request | Connected over | Raw port opened at (s) | Back on the raw port p50 / p90 / max (s) | Still on a fallback | Heartbeat / move-up interval (s) |"
+            )
+            lines.append("|---|---|---|---|---|---|---|---|---|")
+            for result in restricted {
+                let restricted = result.restricted!
+                let transports = restricted.firstTransports.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(
+                    separator: ", "
+                )
+                func three(_ percentiles: Percentiles?) -> String {
+                    percentiles.map { "\(Self.number($0.p50, 2)) / \(Self.number($0.p90, 2)) / \(Self.number($0.max, 2))" } ?? "–"
+                }
+                lines.append(
+                    "| \(result.name) | \(restricted.clients) | \(three(restricted.firstRequest)) | \(restricted.noFirstRequest) | \(transports) | "
+                        + "\(restricted.liftedAtSeconds.map { Self.number($0, 1) } ?? "–") | \(three(restricted.movedUp)) | \(restricted.neverMovedUp) | "
+                        + "\(Self.number(restricted.heartbeatIntervalSeconds, 0)) / \(Self.number(restricted.moveUpIntervalSeconds, 0)) |"
+                )
+            }
+        }
         for result in results {
             guard let nat = result.natTimeout else { continue }
             lines.append("")
@@ -153,7 +184,7 @@ public enum LabReport {
         var checks: [String] = []
         func check(_ met: Bool, _ text: String) { checks.append((met ? "✅ " : "❌ ") + text) }
         func result(_ name: String) -> ScenarioResult? { results.first { $0.name == name && $0.skipped == nil } }
-        for name in ["loss-30", "loss-50", "loss-30-wss"] {
+        for name in ["loss-30", "loss-50", "loss-30-wss", "loss-30-http"] {
             guard let result = result(name), let delivery = result.delivery else { continue }
             check(
                 delivery.eventually == delivery.accepted && delivery.duplicates == 0 && delivery.orderViolations == 0,
@@ -212,6 +243,28 @@ public enum LabReport {
                     + "\(Self.number(nat.natTimeoutSeconds, 0)) s NAT timeout (longest \(Self.number(longest, 0)) s) and lost no connection after; "
                     + "unreachable \(Self.number(nat.probing.unreachableFraction * 100, 1)) % of the time vs \(Self.number(nat.fixed.unreachableFraction * 100, 1)) % at the fixed interval"
             )
+        }
+        for (name, limit) in [("restricted-rejected", 2.0), ("restricted-blackholed", 3.0)] {
+            guard let run = result(name), let restricted = run.restricted else { continue }
+            let first = restricted.firstRequest
+            check(
+                restricted.noFirstRequest == 0 && (first?.p90 ?? .infinity) <= limit,
+                "\(name): first request p90 \(first.map { Self.number($0.p90, 2) + " s" } ?? "—") over the HTTP stream (target ≤ \(Self.number(limit, 0)) s), "
+                    + "\(restricted.noFirstRequest) clients without one"
+            )
+            let back = restricted.movedUp
+            check(
+                restricted.neverMovedUp == 0 && (back?.max ?? .infinity) <= restricted.heartbeatIntervalSeconds,
+                "\(name): back on the raw port after at most \(back.map { Self.number($0.max, 2) + " s" } ?? "—") (target: within one heartbeat interval, "
+                    + "\(Self.number(restricted.heartbeatIntervalSeconds, 0)) s), \(restricted.neverMovedUp) clients left behind"
+            )
+            if let delivery = run.delivery {
+                check(
+                    delivery.eventually == delivery.accepted && delivery.duplicates == 0 && delivery.orderViolations == 0,
+                    "\(name): \(delivery.eventually) of \(delivery.accepted) messages delivered across the fallback and the move up, "
+                        + "\(delivery.duplicates) duplicates, \(delivery.orderViolations) order violations"
+                )
+            }
         }
         if let herd = result("herd")?.herd {
             check(

@@ -51,6 +51,7 @@ public struct Lab: Sendable {
         let run = ScenarioRun(scenario: scenario, lab: self, directory: directory)
         defer { try? self.packetFilter?.clear() }
         if let nat = scenario.nat { return try await run.run(nat) }
+        if let restricted = scenario.restricted { return try await run.run(restricted) }
         return try await run.run()
     }
 }
@@ -194,7 +195,7 @@ struct ScenarioRun: Sendable {
         return result
     }
 
-    private func client(
+    func client(
         _ name: String,
         endpoint: Endpoint,
         path: ManualNetworkPathMonitor,
@@ -212,7 +213,7 @@ struct ScenarioRun: Sendable {
         return try TetherClient(configuration: configuration, transport: transport, logger: logger)
     }
 
-    private func send(_ alice: TetherClient, backlog: Bool) async throws {
+    func send(_ alice: TetherClient, backlog: Bool) async throws {
         let number = self.recorder.accepted(backlog: backlog)
         _ = try await alice.send("dm", body: ByteBuffer(string: "\(number)"), conversation: "bob")
     }
@@ -321,7 +322,7 @@ struct ScenarioRun: Sendable {
         if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
     }
 
-    private func waitUntil(seconds: Double, _ condition: () -> Bool) async {
+    func waitUntil(seconds: Double, _ condition: () -> Bool) async {
         let deadline = self.recorder.now() + seconds
         while !condition(), self.recorder.now() < deadline {
             try? await Task.sleep(for: .milliseconds(20))

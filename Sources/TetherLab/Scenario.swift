@@ -38,6 +38,28 @@ public struct Scenario: Sendable, Hashable {
         public var duration: Duration
     }
 
+    /// A network that lets only plain HTTP requests through at first: the raw Tether port is
+    /// rejected or blackholed and WebSocket upgrades are refused, so clients whose endpoint
+    /// list is `[tether://, ws://, http://…/tether/stream]` must fall back to the HTTP stream;
+    /// later the raw port opens and they should move back up.
+    public struct RestrictedSetup: Sendable, Hashable {
+        /// How the network blocks the raw port.
+        public enum RawPort: String, Sendable, Hashable, Codable {
+            /// Connections are refused (RST): a firewall that rejects.
+            case rejected
+            /// Connections open and then nothing comes back: a captive portal that swallows them.
+            case blackholed
+        }
+
+        public var rawPort: RawPort
+        /// Idle clients measuring their first request and their move up, besides alice and bob.
+        public var clients: Int
+        /// When the raw port opens (from the start of the run).
+        public var liftAt: Duration
+        /// The clients' ``ClientConfiguration/Connection-swift.struct/moveUpInterval``.
+        public var moveUpInterval: Duration
+    }
+
     /// A short identifier, used on the command line and in the report.
     public var name: String
     /// What the scenario reproduces, in a few words.
@@ -62,6 +84,8 @@ public struct Scenario: Sendable, Hashable {
     public var heartbeatInterval: Duration
     /// The NAT-timeout experiment instead of the usual traffic, if set.
     public var nat: NATSetup?
+    /// The restrictive-network experiment instead of the usual traffic, if set.
+    public var restricted: RestrictedSetup?
     /// How the clients reach the gateway: TCP, or WebSocket over TLS (`wss://`) for the
     /// scenarios named `…-wss`.
     public var transport: Endpoint.Transport = .tcp
@@ -87,7 +111,8 @@ public struct Scenario: Sendable, Hashable {
         backlog: Int = 0,
         observers: Int = 0,
         heartbeatInterval: Duration = .seconds(10),
-        nat: NATSetup? = nil
+        nat: NATSetup? = nil,
+        restricted: RestrictedSetup? = nil
     ) {
         self.name = name
         self.summary = summary
@@ -101,6 +126,7 @@ public struct Scenario: Sendable, Hashable {
         self.observers = observers
         self.heartbeatInterval = heartbeatInterval
         self.nat = nat
+        self.restricted = restricted
     }
 
     /// Whether the scenario drops packets with iptables (root and a lab network namespace).
@@ -132,6 +158,23 @@ public struct Scenario: Sendable, Hashable {
     private static var fullCatalog: [Scenario] {
         let catalog = Self.fullTCPCatalog
         return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
+            + catalog.filter { ["loss-10", "loss-30"].contains($0.name) }.map { $0.over(.httpStream) }
+            + Self.restrictedCatalog(clients: 50, heartbeat: .seconds(10), steady: .seconds(30), liftAt: .seconds(15))
+    }
+
+    /// The restrictive-network family: the raw port rejected or blackholed, WebSocket upgrades
+    /// refused, the HTTP stream open; the raw port opens at `liftAt`.
+    private static func restrictedCatalog(clients: Int, heartbeat: Duration, steady: Duration, liftAt: Duration) -> [Scenario] {
+        [Scenario.RestrictedSetup.RawPort.rejected, .blackholed].map { rawPort in
+            Scenario(
+                name: "restricted-\(rawPort.rawValue)",
+                summary:
+                    "raw port \(rawPort.rawValue), WebSocket upgrades refused, the HTTP stream open; the raw port opens after \(liftAt.totalSeconds.formatted()) s",
+                steadyDuration: steady,
+                heartbeatInterval: heartbeat,
+                restricted: .init(rawPort: rawPort, clients: clients, liftAt: liftAt, moveUpInterval: heartbeat / 2)
+            )
+        }
     }
 
     private static var fullTCPCatalog: [Scenario] {
@@ -211,6 +254,8 @@ public struct Scenario: Sendable, Hashable {
     private static var quickCatalog: [Scenario] {
         let catalog = Self.quickTCPCatalog
         return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
+            + catalog.filter { $0.name == "loss-30" }.map { $0.over(.httpStream) }
+            + Self.restrictedCatalog(clients: 10, heartbeat: .seconds(2), steady: .seconds(6), liftAt: .seconds(3))
     }
 
     private static var quickTCPCatalog: [Scenario] {

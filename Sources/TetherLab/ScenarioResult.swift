@@ -54,6 +54,28 @@ public struct ScenarioResult: Codable, Sendable {
         public var connectsPer100ms: [Int]
     }
 
+    /// The restrictive-network experiment: clients whose raw port and WebSocket are blocked
+    /// fall back to the HTTP stream, then move back up when the raw port opens.
+    public struct Restricted: Codable, Sendable {
+        /// `rejected` or `blackholed`.
+        public var rawPort: String
+        public var clients: Int
+        /// A client's start → its first successful request, seconds.
+        public var firstRequest: Percentiles?
+        /// Clients whose requests never succeeded: must be 0.
+        public var noFirstRequest: Int
+        /// Where the clients were connected at their first successful request, by scheme.
+        public var firstTransports: [String: Int]
+        /// When the raw port opened, seconds from the start.
+        public var liftedAtSeconds: Double?
+        public var heartbeatIntervalSeconds: Double
+        public var moveUpIntervalSeconds: Double
+        /// The raw port opened → the client connected there, seconds.
+        public var movedUp: Percentiles?
+        /// Clients still on a fallback at the end: must be 0.
+        public var neverMovedUp: Int
+    }
+
     /// The NAT-timeout experiment: idle background clients behind a NAT that forgets idle
     /// connections, with NAT-timeout probing and without.
     public struct NATTimeout: Codable, Sendable {
@@ -98,6 +120,7 @@ public struct ScenarioResult: Codable, Sendable {
     public var reconnection: Reconnection?
     public var herd: Herd?
     public var natTimeout: NATTimeout?
+    public var restricted: Restricted?
     /// Bytes on the wire (application level, both ways) of one idle connection, per hour.
     public var heartbeatBytesPerHour: Double?
     /// Bytes on the wire (both links, both ways) per backlog message, minus its body.

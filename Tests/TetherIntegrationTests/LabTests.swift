@@ -34,11 +34,26 @@ extension IntegrationTests {
             #expect(delivery.orderViolations == 0, sourceLocation: sourceLocation)
         }
 
-        @Test("clean, network switch with a path signal, gateway restart with 300 clients")
+        @Test(
+            "clean, network switch with a path signal, gateway restart with 300 clients; restrictive networks: fallback to the HTTP stream and back"
+        )
         func withoutPacketLoss() async throws {
-            try await withHarness { harness in
-                let results = try await Self.run(["clean", "switch", "herd"], in: harness)
-                for name in ["clean", "switch", "herd"] { try Self.expectEverythingDelivered(results[name]) }
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                let restricted = ["restricted-rejected", "restricted-blackholed"]
+                let results = try await Self.run(["clean", "switch", "herd"] + restricted, in: harness)
+                for name in ["clean", "switch", "herd"] + restricted { try Self.expectEverythingDelivered(results[name]) }
+
+                // The raw port rejected (or blackholed) and WebSocket refused: every client's first
+                // request succeeds over the HTTP stream within 2 s (3 s), and every client is back
+                // on the raw port within one heartbeat interval of it opening.
+                for (name, limit) in zip(restricted, [2.0, 3.0]) {
+                    let run = try #require(results[name]?.restricted, "\(name)")
+                    #expect(run.noFirstRequest == 0, "\(name)")
+                    #expect(run.firstTransports["http"] == run.clients, "\(name): \(run.firstTransports)")
+                    #expect(try #require(run.firstRequest).p90 <= limit, "\(name): \(String(describing: run.firstRequest))")
+                    #expect(run.neverMovedUp == 0, "\(name)")
+                    #expect(try #require(run.movedUp).max <= run.heartbeatIntervalSeconds, "\(name): \(String(describing: run.movedUp))")
+                }
 
                 let switched = try #require(results["switch"]?.reconnection)
                 #expect(switched.signalled)
@@ -56,7 +71,7 @@ extension IntegrationTests {
         }
 
         @Test(
-            "30 % packet loss and a blackhole without signal (real dropped packets), over TCP and over WSS",
+            "30 % packet loss and a blackhole without signal (real dropped packets), over TCP and over WSS; 30 % loss over the HTTP stream",
             .enabled(
                 if: Self.packetFilterUnavailable == nil || OutsideTool.isCI,
                 "skipped: \(Self.packetFilterUnavailable ?? ""); install with `scripts/install-test-tools` and run as root"
@@ -67,8 +82,10 @@ extension IntegrationTests {
                 Issue.record("CI: real packet loss is unavailable: \(reason); install with `scripts/install-test-tools` and run as root")
                 return
             }
-            try await withHarness(timeLimit: .seconds(150)) { harness in
-                let results = try await Self.run(["loss-30", "blackhole", "loss-30-wss", "blackhole-wss"], in: harness)
+            try await withHarness(timeLimit: .seconds(210)) { harness in
+                let results = try await Self.run(["loss-30", "blackhole", "loss-30-wss", "blackhole-wss", "loss-30-http"], in: harness)
+                try Self.expectEverythingDelivered(results["loss-30-http"])
+                #expect(results["loss-30-http"]?.backlog?.drainSeconds != nil, "the 1,000-message backlog drained over the HTTP stream")
                 for suffix in ["", "-wss"] {
                     try Self.expectEverythingDelivered(results["loss-30" + suffix])
                     #expect(results["loss-30" + suffix]?.backlog?.drainSeconds != nil, "the 1,000-message backlog drained")
