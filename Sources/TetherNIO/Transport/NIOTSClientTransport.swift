@@ -100,7 +100,14 @@
                 .channelOption(ChannelOptions.socketOption(.tcp_nodelay), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try TCPClientTransport.configure(channel, endpoint: endpoint, ssl: nil, deadline: deadline, ready: ready, install: install)
+                        try TCPClientTransport.configure(
+                            channel,
+                            endpoint: endpoint,
+                            ssl: nil,
+                            deadline: deadline,
+                            ready: ready,
+                            install: install
+                        )
                     }
                 }
             // The verify block's verdict on the pins, to report a mismatch as such.
