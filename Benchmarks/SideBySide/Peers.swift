@@ -51,8 +51,11 @@ enum Peer: String, CaseIterable, Sendable {
     /// ``tether`` over the HTTP stream (`http://`): frames down one chunked HTTP/1.1 response,
     /// up in POSTs on a second connection (NIOHTTP1 on both sides).
     case tetherHTTPStream = "tether-http-stream"
-    /// ``tether`` over the HTTP stream over TLS 1.3 (`https://`).
+    /// ``tether`` over the HTTP stream over TLS 1.3 (`https://`), HTTP/2 (ALPN `h2`): the GET
+    /// and the POSTs are streams of one connection (swift-nio-http2 on both sides).
     case tetherSecureHTTPStream = "tether-https-stream"
+    /// The same over HTTP/1.1 (the gateway does not offer `h2`): two connections.
+    case tetherSecureHTTP1Stream = "tether-https1-stream"
     /// HTTP/1.1 keep-alive: Hummingbird 2 and AsyncHTTPClient, one connection.
     case http = "http1"
     /// gRPC unary: grpc-swift-2 over its NIO HTTP/2 transport, one connection.
@@ -74,8 +77,14 @@ enum Peer: String, CaseIterable, Sendable {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
         case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket,
-            .tetherHTTPStream, .tetherSecureHTTPStream:
-            try await TetherPeer.serve(port: port, transport: self.transport, reusePort: reusePort, ready: ready)
+            .tetherHTTPStream, .tetherSecureHTTPStream, .tetherSecureHTTP1Stream:
+            try await TetherPeer.serve(
+                port: port,
+                transport: self.transport,
+                http2: self != .tetherSecureHTTP1Stream,
+                reusePort: reusePort,
+                ready: ready
+            )
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
         case .grpcUnary, .grpcStream: try await GRPCPeer.serve(port: port, ready: ready)
         case .webSocket: try await WebSocketPeer.serve(port: port, ready: ready)
@@ -87,7 +96,8 @@ enum Peer: String, CaseIterable, Sendable {
         switch self {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
         case .tetherCallback: fatalError("the callback peer is driven by CallbackDriver.drive")
-        case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket, .tetherHTTPStream, .tetherSecureHTTPStream:
+        case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket, .tetherHTTPStream, .tetherSecureHTTPStream,
+            .tetherSecureHTTP1Stream:
             try await TetherPeer.withClient(port: port, transport: self.transport, method: "echo", onLoop: false, body)
         case .tetherInline: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: false, body)
         case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: true, body)
@@ -107,7 +117,7 @@ extension Peer {
         case .tetherWebSocket: .webSocket
         case .tetherSecureWebSocket: .secureWebSocket
         case .tetherHTTPStream: .httpStream
-        case .tetherSecureHTTPStream: .secureHTTPStream
+        case .tetherSecureHTTPStream, .tetherSecureHTTP1Stream: .secureHTTPStream
         default: .tcp
         }
     }
@@ -119,6 +129,7 @@ enum TetherPeer {
     static func serve(
         port: Int,
         transport: Endpoint.Transport = .tcp,
+        http2: Bool = true,
         reusePort: Bool = false,
         ready: @escaping @Sendable (Int) -> Void
     ) async throws {
@@ -130,6 +141,7 @@ enum TetherPeer {
         if transport.isHTTP {
             configuration.listen = nil
             configuration.webSocket = .init(host: "127.0.0.1", port: port, tls: transport.isSecure)
+            configuration.webSocket?.stream?.http2 = http2
         } else {
             configuration.listen = .init(host: "127.0.0.1", port: port, reusePort: reusePort, tls: transport.isSecure)
         }

@@ -211,7 +211,9 @@ extension TetherClient {
                 return  // cancelled
             }
             for endpoint in better where !Task.isCancelled {
-                guard await self.probe(endpoint) else { continue }
+                // An endpoint that cannot answer within the interval is no better: give up on a
+                // probe then, so that the next one (after a block is lifted) is not held up.
+                guard await self.probe(endpoint, within: interval) else { continue }
                 let moving = self.state.withLockedValue { state in
                     guard state.current === connection, state.machine.goAwayReceived(retryAfter: .zero, alternate: endpoint) else {
                         return false
@@ -228,17 +230,13 @@ extension TetherClient {
         }
     }
 
-    /// Whether a transport connection to `endpoint` opens within the connect timeout (it is
-    /// closed at once): the network lets that transport through again.
-    private func probe(_ endpoint: Endpoint) async -> Bool {
+    /// Whether a gateway answers at `endpoint` now: a probe connection completes the handshake
+    /// there within `limit` (a port that accepts and then swallows everything, a proxy that
+    /// buffers, do not pass), and is closed at once.
+    private func probe(_ endpoint: Endpoint, within limit: Duration) async -> Bool {
         do {
-            let channel = try await self.transport.connect(
-                to: endpoint,
-                timeout: self.configuration.connection.connectTimeout,
-                eventLoop: self.eventLoop,
-                initializer: { _, _ in }
-            )
-            try? await channel.close()
+            let connection = try await self.establish(endpoint, probe: true, limit: limit)
+            connection.close()
             return true
         } catch {
             self.logger.debug("a better endpoint is still unreachable", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])

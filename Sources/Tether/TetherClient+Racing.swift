@@ -128,7 +128,13 @@ extension TetherClient {
 
     /// Opens a transport connection to `endpoint` and completes the handshake; cancelling the
     /// task closes the connection.
-    private func establish(_ endpoint: Endpoint) async throws -> ClientConnection {
+    /// Opens a connection to `endpoint` and completes the handshake.
+    /// - Parameters:
+    ///   - probe: A connection that only checks that the gateway answers there: no reliable
+    ///     delivery or resume in its HELLO, its pushes and GOAWAY ignored; the caller closes it
+    ///     at once.
+    ///   - limit: A shorter connect and handshake timeout than the configured ones, if any.
+    func establish(_ endpoint: Endpoint, probe: Bool = false, limit: Duration? = nil) async throws -> ClientConnection {
         let token: ByteBuffer?
         var validFor: Duration?
         switch self.configuration.authentication {
@@ -149,7 +155,7 @@ extension TetherClient {
             authToken: token,
             userAgent: self.configuration.userAgent
         )
-        if let reliable = self.reliable {
+        if !probe, let reliable = self.reliable {
             let fields = try await reliable.helloFields()
             hello.features.formUnion([.reliableDelivery, .messageAnswers])
             hello.outboxEpoch = fields.outboxEpoch
@@ -157,30 +163,35 @@ extension TetherClient {
         }
         let handlerConfiguration = ClientConnectionStateMachine.Configuration(
             hello: hello,
-            handshakeTimeout: connectionConfiguration.handshakeTimeout,
+            handshakeTimeout: min(connectionConfiguration.handshakeTimeout, limit ?? .seconds(Int64.max)),
             heartbeat: self.configuration.heartbeat.policy,
-            reliability: self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) },
+            reliability: probe ? nil : self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) },
             // With one endpoint there is nowhere else to go: the heartbeat still guards the link.
-            failingLink: self.configuration.endpoints.count > 1 ? try connectionConfiguration.failingLink?.policy : nil
+            failingLink: !probe && self.configuration.endpoints.count > 1 ? try connectionConfiguration.failingLink?.policy : nil
         )
-        let callbacks = ClientConnectionHandler.Callbacks(
-            push: { [weak self] push in self?.deliver(push) },
-            goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
-            reliable: self.reliable.map { engine in
-                ReliableCallbacks(
-                    acknowledged: { engine.acknowledged($0) },
-                    sent: { engine.sent($0) },
-                    delivery: { engine.receive($0, epoch: $1) }
-                )
-            },
-            heartbeatPreference: { [weak self] in
-                guard let self else { return .init(mode: .foreground) }
-                return self.state.withLockedValue { state in
-                    .init(mode: state.heartbeatMode, learnedInterval: state.natProber?.interval(for: state.network))
-                }
-            },
-            idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) }
-        )
+        let callbacks: ClientConnectionHandler.Callbacks
+        if probe {
+            callbacks = ClientConnectionHandler.Callbacks(push: { _ in }, goAway: { _ in }, reliable: nil)
+        } else {
+            callbacks = ClientConnectionHandler.Callbacks(
+                push: { [weak self] push in self?.deliver(push) },
+                goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
+                reliable: self.reliable.map { engine in
+                    ReliableCallbacks(
+                        acknowledged: { engine.acknowledged($0) },
+                        sent: { engine.sent($0) },
+                        delivery: { engine.receive($0, epoch: $1) }
+                    )
+                },
+                heartbeatPreference: { [weak self] in
+                    guard let self else { return .init(mode: .foreground) }
+                    return self.state.withLockedValue { state in
+                        .init(mode: state.heartbeatMode, learnedInterval: state.natProber?.interval(for: state.network))
+                    }
+                },
+                idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) }
+            )
+        }
         // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
         let cancellation = NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>((false, nil))
         return try await withTaskCancellationHandler {
@@ -189,7 +200,8 @@ extension TetherClient {
                 handlerConfiguration: handlerConfiguration,
                 callbacks: callbacks,
                 cancellation: cancellation,
-                credentialValidFor: validFor
+                credentialValidFor: validFor,
+                connectTimeout: min(connectionConfiguration.connectTimeout, limit ?? .seconds(Int64.max))
             )
         } onCancel: {
             let channel = cancellation.withLockedValue { state -> (any Channel)? in
@@ -205,9 +217,9 @@ extension TetherClient {
         handlerConfiguration: ClientConnectionStateMachine.Configuration,
         callbacks: ClientConnectionHandler.Callbacks,
         cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>,
-        credentialValidFor: Duration?
+        credentialValidFor: Duration?,
+        connectTimeout: Duration
     ) async throws -> ClientConnection {
-        let connectionConfiguration = self.configuration.connection
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
         let handlerBox = NIOLockedValueBox<NIOLoopBound<ClientConnectionHandler>?>(nil)
@@ -218,7 +230,7 @@ extension TetherClient {
         do {
             channel = try await self.transport.connect(
                 to: endpoint,
-                timeout: connectionConfiguration.connectTimeout,
+                timeout: connectTimeout,
                 eventLoop: self.eventLoop
             ) { channel, framing in
                 let cancelled = cancellation.withLockedValue { state in
@@ -228,7 +240,7 @@ extension TetherClient {
                 if cancelled { throw CancellationError() }
                 let handler = ClientConnectionHandler(
                     configuration: handlerConfiguration,
-                    maxInboundBodySize: connectionConfiguration.maxBodySize,
+                    maxInboundBodySize: self.configuration.connection.maxBodySize,
                     framing: framing,
                     clock: clock,
                     callbacks: callbacks,

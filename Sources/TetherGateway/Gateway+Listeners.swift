@@ -2,8 +2,10 @@ import Atomics
 import Foundation
 import NIOCore
 public import NIOHTTP1
+import NIOHTTP2
 import NIOPosix
 import NIOSSL
+import NIOTLS
 import NIOWebSocket
 import TetherCore
 import TetherNIO
@@ -71,15 +73,33 @@ extension Gateway {
     }
 
     private func bindWebSocket(_ settings: GatewayConfiguration.WebSocket) async throws -> any Channel {
-        let tls = settings.tls ? self.tlsContexts?.http : nil
+        // With TLS and the HTTP stream, ALPN may pick HTTP/2 (the stream only; WebSocket stays on HTTP/1.1).
+        let h2 = settings.tls && settings.stream?.http2 == true
+        let tls = settings.tls ? (h2 ? self.tlsContexts?.httpAndH2 : self.tlsContexts?.http) : nil
         let upgradeTimeout = TimeAmount(self.configuration.timeouts.handshake)
         let bootstrap = self.serverBootstrap(reusePort: false)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    if let tls {
-                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                    guard let stopWaiting = self.admitHTTPConnection(channel, timeout: upgradeTimeout) else { return }
+                    guard let tls else {
+                        try self.configureHTTP1(channel, settings: settings, stopWaiting: stopWaiting)
+                        return
                     }
-                    try self.configureWebSocketUpgrade(channel, settings: settings, timeout: upgradeTimeout)
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                    guard h2, let stream = settings.stream else {
+                        try self.configureHTTP1(channel, settings: settings, stopWaiting: stopWaiting)
+                        return
+                    }
+                    let negotiation = ApplicationProtocolNegotiationHandler { result, channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            if case .negotiated(TLSApplicationProtocols.http2) = result {
+                                try self.configureHTTP2(channel, settings: settings, stream: stream, stopWaiting: stopWaiting)
+                            } else {
+                                try self.configureHTTP1(channel, settings: settings, stopWaiting: stopWaiting)
+                            }
+                        }
+                    }
+                    try channel.pipeline.syncOperations.addHandler(negotiation)
                 }
             }
         let scheme = settings.tls ? "wss" : "ws"
@@ -114,10 +134,11 @@ extension Gateway {
         return server
     }
 
-    /// An HTTP/1.1 pipeline that upgrades to a Tether WebSocket on `settings.path`, answers
-    /// anything else with an HTTP error, and closes connections that have not upgraded within
-    /// `timeout`.
-    private func configureWebSocketUpgrade(_ channel: any Channel, settings: GatewayConfiguration.WebSocket, timeout: TimeAmount) throws {
+    /// Counts a new connection of the HTTP listener among those not serving Tether yet, capped
+    /// at the limit of unauthenticated connections, and closes it if it has not upgraded or
+    /// opened an HTTP stream within `timeout`.
+    /// - Returns: What to call once it serves Tether; `nil` if it was refused (and closed).
+    private func admitHTTPConnection(_ channel: any Channel, timeout: TimeAmount) -> (@Sendable () -> Void)? {
         // Connections that have not upgraded yet are not Tether connections, so the admission
         // limits do not see them: cap them here, at the limit of unauthenticated connections.
         let limit = self.configuration.limits.maxUnauthenticatedConnections
@@ -130,7 +151,7 @@ extension Gateway {
                 metadata: ["reason": "\(limit) connections are waiting to upgrade"]
             )
             channel.close(promise: nil)
-            return
+            return nil
         }
         // Waiting ends once: with the upgrade, or with the connection closing first.
         let pendingUpgrades = self.pendingUpgrades
@@ -141,24 +162,46 @@ extension Gateway {
             pendingUpgrades.wrappingDecrement(ordering: .relaxed)
         }
         channel.closeFuture.whenComplete { _ in stopWaiting() }
+        channel.eventLoop.scheduleTask(in: timeout) {
+            if waiting.value { channel.close(promise: nil) }
+        }
+        return stopWaiting
+    }
+
+    /// The stream's handler for one HTTP connection (HTTP/1.1) or one HTTP/2 stream.
+    private func makeStreamHandler(
+        _ stream: GatewayConfiguration.HTTPStream,
+        refusal: NIOLoopBound<WebSocketUpgradeRefusal>,
+        postsServe: Bool = true,
+        served: @escaping @Sendable () -> Void
+    ) -> HTTPStreamServerHandler {
+        HTTPStreamServerHandler(
+            settings: .init(
+                path: stream.path,
+                maxPostBodySize: stream.maxPostBodySize,
+                postIdleTimeout: TimeAmount(stream.postIdleTimeout)
+            ),
+            sessions: self.httpStreams,
+            startConnection: { channel in
+                // The refusal reads HTTP requests; what follows the stream's handler reads frames.
+                channel.pipeline.syncOperations.removeHandler(refusal.value, promise: nil)
+                try self.configure(channel, framing: .byteStream)
+            },
+            postsServe: postsServe,
+            served: served
+        )
+    }
+
+    /// An HTTP/1.1 pipeline that upgrades to a Tether WebSocket on `settings.path`, serves the
+    /// HTTP stream on its path, and answers anything else with an HTTP error.
+    private func configureHTTP1(
+        _ channel: any Channel,
+        settings: GatewayConfiguration.WebSocket,
+        stopWaiting: @escaping @Sendable () -> Void
+    ) throws {
         let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
         let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
-        let streamHandler = settings.stream.map { stream in
-            HTTPStreamServerHandler(
-                settings: .init(
-                    path: stream.path,
-                    maxPostBodySize: stream.maxPostBodySize,
-                    postIdleTimeout: TimeAmount(stream.postIdleTimeout)
-                ),
-                sessions: self.httpStreams,
-                startConnection: { channel in
-                    // The refusal reads HTTP requests; what follows the stream's handler reads frames.
-                    channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
-                    try self.configure(channel, framing: .byteStream)
-                },
-                served: stopWaiting
-            )
-        }
+        let streamHandler = settings.stream.map { self.makeStreamHandler($0, refusal: boundRefusal, served: stopWaiting) }
         let boundStreamHandler = NIOLoopBound(streamHandler, eventLoop: channel.eventLoop)
         let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
             stopWaiting()
@@ -176,9 +219,34 @@ extension Gateway {
             try channel.pipeline.syncOperations.addHandler(streamHandler)
         }
         try channel.pipeline.syncOperations.addHandler(refusal)
-        channel.eventLoop.scheduleTask(in: timeout) {
-            if waiting.value { channel.close(promise: nil) }
-        }
+    }
+
+    /// An HTTP/2 connection (ALPN `h2`, TLS only): each stream is a request; the HTTP stream's
+    /// GET becomes a Tether connection on its HTTP/2 stream, and its POSTs are other streams of
+    /// the same connection. WebSocket is not spoken over HTTP/2 (`426`). The connection counts
+    /// as serving Tether once a GET opened a stream on it.
+    private func configureHTTP2(
+        _ channel: any Channel,
+        settings: GatewayConfiguration.WebSocket,
+        stream: GatewayConfiguration.HTTPStream,
+        stopWaiting: @escaping @Sendable () -> Void
+    ) throws {
+        _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+            mode: .server,
+            connectionConfiguration: .init(),
+            streamConfiguration: .init(),
+            inboundStreamInitializer: { child in
+                child.eventLoop.makeCompletedFuture {
+                    let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
+                    let boundRefusal = NIOLoopBound(refusal, eventLoop: child.eventLoop)
+                    let pipeline = child.pipeline.syncOperations
+                    try pipeline.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
+                    // A GET that opens a stream makes the connection a Tether connection.
+                    try pipeline.addHandler(self.makeStreamHandler(stream, refusal: boundRefusal, postsServe: false, served: stopWaiting))
+                    try pipeline.addHandler(refusal)
+                }
+            }
+        )
     }
 
     /// A WebSocket upgrader for an application's own HTTP/1.1 server, so that the gateway
@@ -305,15 +373,18 @@ final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHand
     }
 }
 
-/// The gateway's NIOSSL contexts: one offering ALPN `tether/1` (TCP), one `http/1.1` (WebSocket).
+/// The gateway's NIOSSL contexts: one offering ALPN `tether/1` (TCP), one `http/1.1`
+/// (WebSocket), one `h2` and `http/1.1` (WebSocket and the HTTP stream).
 final class ServerTLSContexts: Sendable {
     let tether: NIOSSLContext
     let http: NIOSSLContext
+    let httpAndH2: NIOSSLContext
 
     init(_ tls: GatewayConfiguration.TLS) throws(ConfigurationError) {
         do {
             self.tether = try NIOSSLContext(configuration: try tls.nioSSLConfiguration(alpn: ["tether/1"]))
             self.http = try NIOSSLContext(configuration: try tls.nioSSLConfiguration(alpn: ["http/1.1"]))
+            self.httpAndH2 = try NIOSSLContext(configuration: try tls.nioSSLConfiguration(alpn: ["h2", "http/1.1"]))
         } catch let error as ConfigurationError {
             throw error
         } catch {

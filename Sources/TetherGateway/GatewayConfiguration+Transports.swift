@@ -152,17 +152,22 @@ extension GatewayConfiguration {
         /// How many ended sessions the gateway remembers, so that a late POST for one gets
         /// `410 Gone` rather than `404`.
         public var endedSessionsRemembered: Int
+        /// Whether a TLS listener offers HTTP/2 (ALPN `h2`) for the stream: its GET and POSTs
+        /// are then streams of one connection. WebSocket stays on HTTP/1.1 either way.
+        public var http2: Bool
 
         public init(
             path: String = Endpoint.defaultHTTPStreamPath,
             maxPostBodySize: Int = 1 << 20,
             postIdleTimeout: Duration = .seconds(60),
-            endedSessionsRemembered: Int = 4096
+            endedSessionsRemembered: Int = 4096,
+            http2: Bool = true
         ) {
             self.path = path
             self.maxPostBodySize = maxPostBodySize
             self.postIdleTimeout = postIdleTimeout
             self.endedSessionsRemembered = endedSessionsRemembered
+            self.http2 = http2
         }
 
         public static var defaults: HTTPStream { HTTPStream() }

@@ -250,5 +250,37 @@ extension IntegrationTests {
                 #expect(processed.withLockedValue { $0 } == expected)
             }
         }
+
+        @Test(
+            "over https:// the client and the gateway pick HTTP/2 (ALPN h2): the stream and its POSTs share one connection; with the gateway's http2 off, HTTP/1.1 on two",
+            arguments: [true, false]
+        )
+        func http2(offered: Bool) async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    transport: .secureHTTPStream,
+                    configure: { $0.webSocket?.stream?.http2 = offered },
+                    routes: TransportTests.echo
+                )
+                let counter = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: endpoint.port))
+                let port = try await counter.start().port!
+                harness.onExit { counter.cutAll() }
+                let client = try harness.client([Endpoint(host: "127.0.0.1", port: port, transport: .secureHTTPStream)])
+                for index in 0..<50 {
+                    #expect(try await client.request("echo", body: ByteBuffer(string: "r\(index)")).string == "r\(index)")
+                }
+                // Many requests in flight: the POSTs queue behind one another on either version.
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for index in 0..<200 {
+                        group.addTask {
+                            let reply = try await client.request("echo", body: ByteBuffer(string: "c\(index)"))
+                            #expect(reply.string == "c\(index)")
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+                #expect(counter.acceptedConnections == (offered ? 1 : 2), "connections: \(counter.acceptedConnections)")
+            }
+        }
     }
 }

@@ -53,6 +53,10 @@ extension IntegrationTests {
                     #expect(try #require(run.firstRequest).p90 <= limit, "\(name): \(String(describing: run.firstRequest))")
                     #expect(run.neverMovedUp == 0, "\(name)")
                     #expect(try #require(run.movedUp).max <= run.heartbeatIntervalSeconds, "\(name): \(String(describing: run.movedUp))")
+                    // One move up per client: a probe that passes only because the port accepts
+                    // (while it swallows everything) would send clients up and back every interval.
+                    let disconnects = results[name]?.disconnects.values.reduce(0, +) ?? 0
+                    #expect(disconnects <= run.clients, "\(name): \(disconnects) disconnections for \(run.clients) clients")
                 }
 
                 let switched = try #require(results["switch"]?.reconnection)

@@ -7,6 +7,10 @@ import TetherCore
 import TetherNIO
 import TetherTestSupport
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 extension IntegrationTests {
     /// Every transport through a real HTTP proxy (Squid, with Basic authentication): the client
     /// asks for a `CONNECT` tunnel and runs TLS or the WebSocket upgrade inside it.
@@ -98,6 +102,50 @@ extension IntegrationTests {
                 }
             }
         }
+
+        @Test(
+            "an IPv6 endpoint goes through Squid: CONNECT [::1]:port, the address in brackets",
+            .requires(.squid, .openssl),
+            .enabled(if: Self.hasIPv6Loopback, "skipped: this machine has no IPv6 loopback address")
+        )
+        func ipv6ThroughSquid() async throws {
+            try OutsideTool.squid.require()
+            try OutsideTool.openssl.require()
+            try await withHarness { harness in
+                let squid = try await Squid.start(in: harness)
+                let (gateway, _) = try await harness.gateway(
+                    transport: .tcp,
+                    configure: { $0.listen?.host = "::1" },
+                    routes: TransportTests.echo
+                )
+                let endpoint = Endpoint(host: "::1", port: try await gateway.listeningAddress.port!)
+                let client = try harness.client([endpoint], transport: try TCPClientTransport(proxy: .always(squid.proxy())))
+                #expect(try await client.request("echo", body: ByteBuffer(string: "v6")).string == "v6")
+                client.shutdown()
+                try await eventually("Squid logs the tunnel to [::1]:\(endpoint.port)") {
+                    squid.tunnels.contains { $0.contains("[::1]:\(endpoint.port)") || $0.contains("::1:\(endpoint.port)") }
+                }
+            }
+        }
+
+        /// Whether `::1` can be bound here (containers sometimes have IPv6 off).
+        static let hasIPv6Loopback: Bool = {
+            #if !canImport(Glibc)
+                return false
+            #else
+                let socket = Glibc.socket(AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+                guard socket >= 0 else { return false }
+                defer { close(socket) }
+                var address = sockaddr_in6()
+                address.sin6_family = sa_family_t(AF_INET6)
+                address.sin6_addr = in6addr_loopback
+                return withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                        bind(socket, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) == 0
+                    }
+                }
+            #endif
+        }()
 
         @Test(
             "a proxy that wants credentials, or refuses them, or is not there: proxyFailed, saying which",

@@ -47,19 +47,32 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
     private var pendingPromises: [EventLoopPromise<Void>] = []
     /// The promises of the writes the POST being answered carried; `nil` while none is out.
     private var inFlight: [EventLoopPromise<Void>]?
+    /// The connection (or HTTP/2 stream) the next POST goes on, and the one the POST out went on.
     private var post: (any Channel)?
+    private var inFlightPost: (any Channel)?
     private var openingPost = false
+    /// Whether a POST connection carries one POST only (an HTTP/2 stream) rather than one after
+    /// another (an HTTP/1.1 connection kept alive).
+    private let onePOSTPerConnection: Bool
 
     /// - Parameters:
     ///   - endpoint: The stream's endpoint (host, port and path).
     ///   - deadline: When the stream must have started.
     ///   - opened: Succeeded with the session token once the stream started; failed with a
     ///     ``TransportError`` if it does not.
-    ///   - openPostConnection: Opens a connection for POSTs.
-    init(endpoint: Endpoint, deadline: NIODeadline, opened: EventLoopPromise<String>, openPostConnection: @escaping OpenPostConnection) {
+    ///   - onePOSTPerConnection: Whether each POST needs a connection of its own (an HTTP/2 stream).
+    ///   - openPostConnection: Opens a connection (or an HTTP/2 stream) for POSTs.
+    init(
+        endpoint: Endpoint,
+        deadline: NIODeadline,
+        opened: EventLoopPromise<String>,
+        onePOSTPerConnection: Bool,
+        openPostConnection: @escaping OpenPostConnection
+    ) {
         self.endpoint = endpoint
         self.deadline = deadline
         self.opened = opened
+        self.onePOSTPerConnection = onePOSTPerConnection
         self.openPostConnection = openPostConnection
     }
 
@@ -210,8 +223,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         }
         self.phase = .ended
         self.failWrites(ChannelError.ioOnClosedChannel)
-        self.post?.close(promise: nil)
-        self.post = nil
+        self.closePostConnections()
         context.fireChannelInactive()
     }
 
@@ -231,9 +243,15 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
     }
 
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
-        self.post?.close(promise: nil)
-        self.post = nil
+        self.closePostConnections()
         context.close(mode: mode, promise: promise)
+    }
+
+    private func closePostConnections() {
+        let connections = [self.post, self.inFlightPost]
+        self.post = nil
+        self.inFlightPost = nil
+        for connection in connections { connection?.close(promise: nil) }
     }
 
     // MARK: POSTs
@@ -279,6 +297,8 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         head.headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
         head.headers.add(name: "Content-Type", value: HTTPStreamBinding.contentType)
         head.headers.add(name: "Content-Length", value: "\(size)")
+        self.inFlightPost = post
+        if self.onePOSTPerConnection { self.post = nil }
         post.write(HTTPClientRequestPart.head(head), promise: nil)
         post.write(HTTPClientRequestPart.body(.byteBuffer(body)), promise: nil)
         post.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
@@ -326,6 +346,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
             return
         }
         self.inFlight = nil
+        self.inFlightPost = nil
         for promise in promises { promise.succeed() }
         self.sendIfPossible()
     }

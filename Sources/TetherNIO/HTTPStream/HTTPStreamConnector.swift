@@ -1,18 +1,22 @@
 import NIOCore
 import NIOHTTP1
+import NIOHTTP2
 import TetherCore
 
-/// Opens the client's end of an HTTP stream over connections a transport makes: the stream's
-/// GET on one, POSTs on another (PROTOCOL.md, section 11.5).
+/// Opens the client's end of an HTTP stream over connections a transport makes (PROTOCOL.md,
+/// section 11.5): over HTTP/1.1 the stream's GET on one connection and POSTs on another; over
+/// HTTP/2 (when TLS's ALPN picks `h2`) the GET and each POST are streams of one connection.
 enum HTTPStreamConnector {
     /// Opens a connection (through a proxy, with TLS, as the transport does) by the deadline
-    /// and calls `install` on its event loop once it carries HTTP.
+    /// and calls `install` on its event loop once it carries HTTP, with the ALPN protocol TLS
+    /// chose (if any).
     typealias Open =
-        @Sendable (_ deadline: NIODeadline, _ install: @escaping @Sendable (any Channel) throws -> Void) async throws -> any Channel
+        @Sendable (_ deadline: NIODeadline, _ install: @escaping @Sendable (any Channel, String?) throws -> Void) async throws ->
+        any Channel
 
-    /// Opens the stream, waits for its session token, opens the POST connection, then
-    /// installs the Tether handler through `initializer` on the stream's connection.
-    /// - Returns: The stream's connection; closing it closes the POST connection too.
+    /// Opens the stream, waits for its session token, opens the POST connection (HTTP/1.1),
+    /// then installs the Tether handler through `initializer` on the stream's channel.
+    /// - Returns: The stream's channel; closing it closes the connections it uses.
     static func connect(
         to endpoint: Endpoint,
         deadline: NIODeadline,
@@ -22,30 +26,78 @@ enum HTTPStreamConnector {
         open: @escaping Open
     ) async throws -> any Channel {
         let opened = eventLoop.makePromise(of: String.self)
-        // Later POST connections (after an idle one closed) get the connect timeout afresh.
+        // Over HTTP/2: the connection's stream multiplexer, set as the connection is installed.
+        let multiplexer = NIOLoopBoundBox<NIOHTTP2Handler.StreamMultiplexer?>.makeEmptyBox(
+            valueType: NIOHTTP2Handler.StreamMultiplexer.self,
+            eventLoop: eventLoop
+        )
+        // Later POST connections (after an idle one closed) get the connect timeout afresh;
+        // over HTTP/2 each POST is a new stream of the connection.
         let openPost: HTTPStreamClientHandler.OpenPostConnection = { stream in
-            eventLoop.makeFutureWithTask {
-                try await Self.openPostConnection(deadline: .now() + TimeAmount(timeout), stream: stream, open: open)
+            eventLoop.flatSubmit {
+                if let multiplexer = multiplexer.value {
+                    return Self.openPostStream(on: multiplexer, stream: stream, eventLoop: eventLoop)
+                }
+                return eventLoop.makeFutureWithTask {
+                    try await Self.openPostConnection(deadline: .now() + TimeAmount(timeout), stream: stream, open: open)
+                }
             }
         }
-        let stream: any Channel
+        let makeHandler = { @Sendable (onePOSTPerConnection: Bool) in
+            HTTPStreamClientHandler(
+                endpoint: endpoint,
+                deadline: deadline,
+                opened: opened,
+                onePOSTPerConnection: onePOSTPerConnection,
+                openPostConnection: openPost
+            )
+        }
+        let connection: any Channel
         do {
-            stream = try await open(deadline) { channel in
-                try channel.pipeline.syncOperations.addHTTPClientHandlers()
-                try channel.pipeline.syncOperations.addHandler(
-                    HTTPStreamClientHandler(endpoint: endpoint, deadline: deadline, opened: opened, openPostConnection: openPost)
+            connection = try await open(deadline) { channel, alpn in
+                guard alpn == TLSApplicationProtocols.http2 else {
+                    try channel.pipeline.syncOperations.addHTTPClientHandlers()
+                    try channel.pipeline.syncOperations.addHandler(makeHandler(false))
+                    return
+                }
+                multiplexer.value = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+                    mode: .client,
+                    connectionConfiguration: .init(),
+                    streamConfiguration: .init(),
+                    inboundStreamInitializer: { pushed in pushed.close() }  // no server push here
                 )
             }
         } catch {
             opened.fail(error)
             throw error
         }
+        let stream: any Channel
+        if let multiplexer = try await eventLoop.submit({ multiplexer.value }).get() {
+            // HTTP/2: the GET is a stream of the connection, which closes with it.
+            do {
+                let promise = eventLoop.makePromise(of: (any Channel).self)
+                multiplexer.createStreamChannel(promise: promise) { child in
+                    child.eventLoop.makeCompletedFuture {
+                        try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
+                        try child.pipeline.syncOperations.addHandler(makeHandler(true))
+                    }
+                }
+                stream = try await promise.futureResult.get()
+                stream.closeFuture.whenComplete { _ in connection.close(promise: nil) }
+            } catch {
+                opened.fail(error)
+                connection.close(promise: nil)
+                throw error
+            }
+        } else {
+            stream = connection
+        }
         do {
             _ = try await opened.futureResult.get()
             let handler = try await eventLoop.submit {
                 NIOLoopBound(try stream.pipeline.syncOperations.handler(type: HTTPStreamClientHandler.self), eventLoop: eventLoop)
             }.get()
-            let post = try await Self.openPostConnection(deadline: deadline, stream: handler, open: open)
+            let post = try await openPost(handler).get()
             try await eventLoop.submit {
                 guard stream.isActive else {
                     post.close(promise: nil)
@@ -67,9 +119,24 @@ enum HTTPStreamConnector {
         stream: NIOLoopBound<HTTPStreamClientHandler>,
         open: Open
     ) async throws -> any Channel {
-        try await open(deadline) { channel in
+        try await open(deadline) { channel, _ in
             try channel.pipeline.syncOperations.addHTTPClientHandlers()
             try channel.pipeline.syncOperations.addHandler(HTTPStreamPostHandler(stream: stream))
         }
+    }
+
+    private static func openPostStream(
+        on multiplexer: NIOHTTP2Handler.StreamMultiplexer,
+        stream: NIOLoopBound<HTTPStreamClientHandler>,
+        eventLoop: any EventLoop
+    ) -> EventLoopFuture<any Channel> {
+        let promise = eventLoop.makePromise(of: (any Channel).self)
+        multiplexer.createStreamChannel(promise: promise) { child in
+            child.eventLoop.makeCompletedFuture {
+                try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
+                try child.pipeline.syncOperations.addHandler(HTTPStreamPostHandler(stream: stream))
+            }
+        }
+        return promise.futureResult
     }
 }

@@ -71,6 +71,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
     private let sessions: HTTPStreamSessions
     private let startConnection: (any Channel) throws -> Void
     private let served: () -> Void
+    private let postsServe: Bool
     private var mode = Mode.idle
     private var context: ChannelHandlerContext?
     private var idleTimer: Scheduled<Void>?
@@ -81,17 +82,22 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
     ///   - sessions: The gateway's sessions, shared by its HTTP connections.
     ///   - startConnection: Adds the gateway's connection handler at the end of the pipeline
     ///     (this handler is then the last one before it); runs once, when a GET opens a stream.
+    ///   - postsServe: Whether a POST that reached a stream counts as serving it (on an
+    ///     HTTP/1.1 connection that carries POSTs), or only a GET that opened one (an HTTP/2
+    ///     stream, whose connection also carries the GET).
     ///   - served: Called once, when the connection first serves the stream (a GET that opened
     ///     one, or a POST that reached one): it is no longer an unidentified HTTP connection.
     package init(
         settings: Settings,
         sessions: HTTPStreamSessions,
         startConnection: @escaping (any Channel) throws -> Void,
+        postsServe: Bool = true,
         served: @escaping () -> Void
     ) {
         self.settings = settings
         self.sessions = sessions
         self.startConnection = startConnection
+        self.postsServe = postsServe
         self.served = served
     }
 
@@ -301,7 +307,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
         case .ended:
             self.answer(.ended, post: post, context: context)
         case .live(let session):
-            self.markServed()
+            if self.postsServe { self.markServed() }
             let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             session.deliver(post.body).hop(to: context.eventLoop).whenComplete { result in
                 let (handler, context) = loopBound.value

@@ -30,7 +30,9 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
     private let webSocket: Bool
     private let deadline: NIODeadline
     private let promise: EventLoopPromise<Void>
-    private let ready: (any Channel) throws -> Void
+    private let ready: (any Channel, String?) throws -> Void
+    /// The ALPN protocol the TLS handshake chose, if any.
+    private var negotiated: String?
     private var stage: Stage
     private var timeout: Scheduled<Void>?
 
@@ -38,7 +40,8 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
     ///   - endpoint: Where the connection goes (its transport says what to wait for).
     ///   - deadline: When to give up.
     ///   - promise: Succeeded once `ready` ran; failed with a ``TransportError``.
-    ///   - ready: Installs the Tether handler; runs on the event loop.
+    ///   - ready: Installs the Tether handler, given the ALPN protocol TLS chose (if any); runs
+    ///     on the event loop.
     ///   - tlsInPipeline: Whether TLS is a handler of this pipeline, whose handshake to wait
     ///     for (swift-nio-ssl), or done below it before the channel is active (Network.framework).
     init(
@@ -46,7 +49,7 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
         deadline: NIODeadline,
         promise: EventLoopPromise<Void>,
         tlsInPipeline: Bool = true,
-        ready: @escaping (any Channel) throws -> Void
+        ready: @escaping (any Channel, String?) throws -> Void
     ) {
         self.endpoint = endpoint
         self.secure = endpoint.transport.isSecure && tlsInPipeline
@@ -83,12 +86,14 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
         if self.stage == .tlsHandshake, case .handshakeCompleted(let negotiated)? = event as? TLSUserEvent {
             // A gateway that speaks ALPN picks tether/1 or refuses; one that does not (a TLS
             // terminator) picks nothing.
-            let offered = TLSApplicationProtocols.offered(over: self.endpoint.transport)
-            if let negotiated, negotiated != offered {
+            let offered = TLSApplicationProtocols.offeredList(over: self.endpoint.transport)
+            self.negotiated = negotiated
+            if let negotiated, !offered.contains(negotiated) {
                 self.fail(
                     TransportError(
                         code: .tlsHandshakeFailed,
-                        message: "\(self.endpoint) chose the ALPN protocol '\(negotiated)', not '\(offered)'"
+                        message:
+                            "\(self.endpoint) chose the ALPN protocol '\(negotiated)', not \(offered.map { "'\($0)'" }.joined(separator: " or "))"
                     ),
                     context: context
                 )
@@ -172,7 +177,7 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
         self.stage = .done
         self.timeout?.cancel()
         do {
-            try self.ready(context.channel)
+            try self.ready(context.channel, self.negotiated)
             context.pipeline.syncOperations.removeHandler(self, promise: nil)
             self.promise.succeed()
         } catch {
@@ -224,10 +229,19 @@ package enum TLSApplicationProtocols {
     /// HTTP/1.1, for the WebSocket upgrade (`wss://`) and the HTTP stream (`https://`).
     package static let http1 = "http/1.1"
 
+    /// HTTP/2, which the HTTP stream also offers over TLS (`https://`).
+    package static let http2 = "h2"
+
     /// The protocol a client offers over `transport`: `tether/1`, or `http/1.1` for `wss://`
     /// and `https://`.
     package static func offered(over transport: Endpoint.Transport) -> String {
         transport.isHTTP ? Self.http1 : Self.tether
+    }
+
+    /// The protocols a client using swift-nio-ssl offers over `transport`, preferred first:
+    /// `h2` and `http/1.1` for the HTTP stream, ``offered(over:)`` otherwise.
+    package static func offeredList(over transport: Endpoint.Transport) -> [String] {
+        transport == .secureHTTPStream ? [Self.http2, Self.http1] : [Self.offered(over: transport)]
     }
 }
 

@@ -71,7 +71,9 @@
             let deadline = NIODeadline.now() + TimeAmount(timeout)
             guard endpoint.transport.isHTTPStream else {
                 let framing = endpoint.transport.framing
-                return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { try initializer($0, framing) }
+                return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { channel, _ in
+                    try initializer(channel, framing)
+                }
             }
             return try await HTTPStreamConnector.connect(
                 to: endpoint,
@@ -90,7 +92,7 @@
             _ endpoint: Endpoint,
             deadline: NIODeadline,
             eventLoop: any EventLoop,
-            install: @escaping @Sendable (any Channel) throws -> Void
+            install: @escaping @Sendable (any Channel, String?) throws -> Void
         ) async throws -> any Channel {
             guard var bootstrap = NIOTSConnectionBootstrap(validatingGroup: eventLoop) else {
                 throw ConfigurationError("NIOTSClientTransport needs a NIOTSEventLoopGroup: pass one as the client's eventLoopGroup")

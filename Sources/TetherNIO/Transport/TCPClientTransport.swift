@@ -84,7 +84,7 @@ public struct TCPClientTransport: ClientTransport {
         self.contexts = ClientTLSContexts(configuration: tls)
         if tls != .defaults {
             // Read the certificates and keys now, so that a bad file is an error here.
-            _ = try self.contexts.context(alpn: TLSApplicationProtocols.tether)
+            _ = try self.contexts.context(alpn: [TLSApplicationProtocols.tether])
         }
     }
 
@@ -97,7 +97,8 @@ public struct TCPClientTransport: ClientTransport {
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         guard endpoint.transport.isHTTPStream else {
             let framing = endpoint.transport.framing
-            return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { try initializer($0, framing) }
+            return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { channel, _ in try initializer(channel, framing)
+            }
         }
         return try await HTTPStreamConnector.connect(
             to: endpoint,
@@ -111,19 +112,19 @@ public struct TCPClientTransport: ClientTransport {
     }
 
     /// Opens a connection to `endpoint`: through the proxy, TLS, the WebSocket upgrade; then
-    /// `install` adds the handlers that use it.
+    /// `install` adds the handlers that use it, given the ALPN protocol TLS chose.
     private func open(
         _ endpoint: Endpoint,
         deadline: NIODeadline,
         eventLoop: any EventLoop,
-        install: @escaping @Sendable (any Channel) throws -> Void
+        install: @escaping @Sendable (any Channel, String?) throws -> Void
     ) async throws -> any Channel {
         let transport = endpoint.transport
         let sslHandler: NIOSSLClientHandler?
         if transport.isSecure {
             sslHandler = try self.contexts.makeHandler(
                 for: endpoint,
-                alpn: TLSApplicationProtocols.offered(over: transport)
+                alpn: TLSApplicationProtocols.offeredList(over: transport)
             )
         } else {
             sslHandler = nil
@@ -191,7 +192,8 @@ public struct TCPClientTransport: ClientTransport {
         if let authorization = proxy.authorization { headers.add(name: "Proxy-Authorization", value: authorization) }
         let tunnelled = channel.eventLoop.makePromise(of: Void.self)
         let connect = NIOHTTP1ProxyConnectHandler(
-            targetHost: endpoint.host,
+            // `CONNECT [2001:db8::1]:443`: an IPv6 literal in brackets, as in a URL's authority.
+            targetHost: endpoint.host.contains(":") ? "[\(endpoint.host)]" : endpoint.host,
             targetPort: endpoint.port,
             headers: headers,
             deadline: deadline,
@@ -272,12 +274,12 @@ public struct TCPClientTransport: ClientTransport {
         ssl: NIOSSLClientHandler?,
         deadline: NIODeadline,
         ready: EventLoopPromise<Void>,
-        install: @escaping (any Channel) throws -> Void
+        install: @escaping (any Channel, String?) throws -> Void
     ) throws {
         let pipeline = channel.pipeline.syncOperations
         if let ssl { try pipeline.addHandler(ssl) }
         guard endpoint.transport.isWebSocket || ssl != nil else {
-            try install(channel)
+            try install(channel, nil)
             ready.succeed()
             return
         }
@@ -310,26 +312,27 @@ final class ClientTLSContexts: Sendable {
         self.configuration = configuration
     }
 
-    func context(alpn: String) throws(ConfigurationError) -> NIOSSLContext {
-        if let context = self.contexts.withLockedValue({ $0[alpn] }) { return context }
+    func context(alpn: [String]) throws(ConfigurationError) -> NIOSSLContext {
+        let key = alpn.joined(separator: ",")
+        if let context = self.contexts.withLockedValue({ $0[key] }) { return context }
         let context: NIOSSLContext
         do {
-            context = try NIOSSLContext(configuration: try self.configuration.nioSSLConfiguration(alpn: [alpn]))
+            context = try NIOSSLContext(configuration: try self.configuration.nioSSLConfiguration(alpn: alpn))
         } catch let error as ConfigurationError {
             throw error
         } catch {
             throw ConfigurationError("cannot set up TLS: \(error)")
         }
         return self.contexts.withLockedValue { contexts in
-            if let existing = contexts[alpn] { return existing }
-            contexts[alpn] = context
+            if let existing = contexts[key] { return existing }
+            contexts[key] = context
             return context
         }
     }
 
     /// A TLS handler for a connection to `endpoint`: SNI and name check against the endpoint's
     /// host (or ``ClientTLSConfiguration/serverName``), then the pin check.
-    func makeHandler(for endpoint: Endpoint, alpn: String) throws -> NIOSSLClientHandler {
+    func makeHandler(for endpoint: Endpoint, alpn: [String]) throws -> NIOSSLClientHandler {
         let context = try self.context(alpn: alpn)
         let name = self.configuration.serverName ?? endpoint.host
         // SNI carries host names only: an IP address is checked against the certificate's
