@@ -233,8 +233,8 @@ extension Gateway {
     ) throws {
         _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
             mode: .server,
-            connectionConfiguration: .init(),
-            streamConfiguration: .init(),
+            connectionConfiguration: HTTPStreamBinding.http2Connection,
+            streamConfiguration: HTTPStreamBinding.http2Stream,
             inboundStreamInitializer: { child in
                 child.eventLoop.makeCompletedFuture {
                     let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)

@@ -1,4 +1,5 @@
 import Foundation
+package import NIOHTTP2
 
 /// The constants of the HTTP-stream binding (PROTOCOL.md, section 11.5): Tether frames flow
 /// from the gateway down one long streaming response to `GET <path>`, and from the client up
@@ -41,6 +42,28 @@ public enum HTTPStreamBinding {
             .replacingOccurrences(of: "+", with: "-")
             .replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// HTTP/2 settings for both ends: windows of 1 MiB (HTTP/2's 64 KiB default held every
+    /// POST of 256 KiB and the stream's response back for WINDOW_UPDATEs), 100 streams at once.
+    package static var http2Connection: NIOHTTP2Handler.ConnectionConfiguration {
+        var configuration = NIOHTTP2Handler.ConnectionConfiguration()
+        configuration.initialSettings = [
+            HTTP2Setting(parameter: .maxConcurrentStreams, value: 100),
+            HTTP2Setting(parameter: .maxHeaderListSize, value: 16 * 1024),
+            HTTP2Setting(parameter: .initialWindowSize, value: 1 << 20),
+        ]
+        return configuration
+    }
+
+    /// HTTP/2 stream settings for both ends: a 1 MiB window, and a stream channel that stays
+    /// writable up to 64 KiB buffered (as a socket does here), not NIOHTTP2's 8 KiB.
+    package static var http2Stream: NIOHTTP2Handler.StreamConfiguration {
+        var configuration = NIOHTTP2Handler.StreamConfiguration()
+        configuration.targetWindowSize = 1 << 20
+        configuration.outboundBufferSizeHighWatermark = 64 * 1024
+        configuration.outboundBufferSizeLowWatermark = 32 * 1024
+        return configuration
     }
 
     /// The `Host` header's value for `host` and `port` (IPv6 addresses in brackets).

@@ -34,7 +34,7 @@ enum HTTPStreamConnector {
         // Later POST connections (after an idle one closed) get the connect timeout afresh;
         // over HTTP/2 each POST is a new stream of the connection.
         let openPost: HTTPStreamClientHandler.OpenPostConnection = { stream in
-            eventLoop.flatSubmit {
+            @Sendable func openOnLoop() -> EventLoopFuture<any Channel> {
                 if let multiplexer = multiplexer.value {
                     return Self.openPostStream(on: multiplexer, stream: stream, eventLoop: eventLoop)
                 }
@@ -42,6 +42,8 @@ enum HTTPStreamConnector {
                     try await Self.openPostConnection(deadline: .now() + TimeAmount(timeout), stream: stream, open: open)
                 }
             }
+            // The stream's handler asks on the loop: an HTTP/2 stream then opens at once.
+            return eventLoop.inEventLoop ? openOnLoop() : eventLoop.flatSubmit(openOnLoop)
         }
         let makeHandler = { @Sendable (onePOSTPerConnection: Bool) in
             HTTPStreamClientHandler(
@@ -62,8 +64,8 @@ enum HTTPStreamConnector {
                 }
                 multiplexer.value = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
                     mode: .client,
-                    connectionConfiguration: .init(),
-                    streamConfiguration: .init(),
+                    connectionConfiguration: HTTPStreamBinding.http2Connection,
+                    streamConfiguration: HTTPStreamBinding.http2Stream,
                     inboundStreamInitializer: { pushed in pushed.close() }  // no server push here
                 )
             }

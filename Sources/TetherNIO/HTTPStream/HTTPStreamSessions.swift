@@ -83,6 +83,8 @@ package final class HTTPStreamSession: Sendable {
     /// Hands `body` to the stream's connection; succeeds once it has been read (or refused).
     package func deliver(_ body: ByteBuffer) -> EventLoopFuture<Delivery> {
         let handler = self.handler
+        // Over HTTP/2 (and often over HTTP/1.1) the POST arrives on the stream's own event loop.
+        if handler.eventLoop.inEventLoop { return handler.value.deliver(body, on: handler.eventLoop) }
         return handler.eventLoop.flatSubmit { handler.value.deliver(body, on: handler.eventLoop) }
     }
 }
