@@ -69,14 +69,7 @@ extension ScenarioRun {
         let lifted = NIOLockedValueBox<Double?>(nil)
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
-            group.addTask {
-                do {
-                    for try await delivery in bob.deliveries() {
-                        guard let number = Int(String(buffer: delivery.body)) else { continue }
-                        self.recorder.delivered(number)
-                    }
-                } catch {}
-            }
+            group.addTask { await self.recordDeliveries(to: bob) }
             // Each client's first successful request, from its start, and where it connected.
             for (name, client) in everyone {
                 group.addTask {

@@ -128,14 +128,7 @@ struct ScenarioRun: Sendable {
         let ttlProbe = NIOLockedValueBox<String?>(nil)  // set by the blackhole scenario
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
-            group.addTask {
-                do {
-                    for try await delivery in bob.deliveries() {
-                        guard let number = Int(String(buffer: delivery.body)) else { continue }
-                        self.recorder.delivered(number)
-                    }
-                } catch {}
-            }
+            group.addTask { await self.recordDeliveries(to: bob) }
             group.addTask {
                 try await self.disrupt(gateway: gateway, proxies: allProxies, ports: clientPorts, path: path, alice: alice, ttl: ttlProbe)
             }
@@ -211,6 +204,16 @@ struct ScenarioRun: Sendable {
         var logger = Logger(label: "tether.lab.\(name)")
         logger.logLevel = .critical
         return try TetherClient(configuration: configuration, transport: transport, logger: logger)
+    }
+
+    /// Records each message bob's app is given, until his client stops.
+    func recordDeliveries(to bob: TetherClient) async {
+        do {
+            for try await delivery in bob.deliveries() {
+                guard let number = Int(String(buffer: delivery.body)) else { continue }
+                self.recorder.delivered(number)
+            }
+        } catch {}
     }
 
     func send(_ alice: TetherClient, backlog: Bool) async throws {

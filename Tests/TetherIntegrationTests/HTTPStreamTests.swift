@@ -252,20 +252,25 @@ extension IntegrationTests {
         }
 
         @Test(
-            "over https:// the client and the gateway pick HTTP/2 (ALPN h2): the stream and its POSTs share one connection; with the gateway's http2 off, HTTP/1.1 on two",
-            arguments: [true, false]
+            "over https:// the client and the gateway pick HTTP/2 (ALPN h2): the stream and its POSTs share one connection; with either end keeping to HTTP/1.1, two",
+            arguments: [(true, true), (false, true), (true, false)]
         )
-        func http2(offered: Bool) async throws {
+        func http2(gatewayOffers: Bool, clientOffers: Bool) async throws {
+            let offered = gatewayOffers && clientOffers
             try await withHarness { harness in
                 let (_, endpoint) = try await harness.gateway(
                     transport: .secureHTTPStream,
-                    configure: { $0.webSocket?.stream?.http2 = offered },
+                    configure: { $0.webSocket?.stream?.http2 = gatewayOffers },
                     routes: TransportTests.echo
                 )
                 let counter = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: endpoint.port))
                 let port = try await counter.start().port!
                 harness.onExit { counter.cutAll() }
-                let client = try harness.client([Endpoint(host: "127.0.0.1", port: port, transport: .secureHTTPStream)])
+                let tls = ClientTLSConfiguration(trustRoots: .only(.text(TestCertificates.shared.authority.certificatePEM)))
+                let client = try harness.client(
+                    [Endpoint(host: "127.0.0.1", port: port, transport: .secureHTTPStream)],
+                    transport: try TCPClientTransport(tls: tls, offersHTTP2: clientOffers)
+                )
                 for index in 0..<50 {
                     #expect(try await client.request("echo", body: ByteBuffer(string: "r\(index)")).string == "r\(index)")
                 }

@@ -14,6 +14,31 @@ enum HTTPStreamConnector {
         @Sendable (_ deadline: NIODeadline, _ install: @escaping @Sendable (any Channel, String?) throws -> Void) async throws ->
         any Channel
 
+    /// Opens a connection to `endpoint` with `open`, for a transport's
+    /// ``ClientTransport/connect(to:timeout:eventLoop:initializer:)``: the HTTP stream over the
+    /// connections `open` makes, every other transport directly on the one it makes.
+    static func connect(
+        to endpoint: Endpoint,
+        timeout: Duration,
+        eventLoop: any EventLoop,
+        initializer: @escaping @Sendable (any Channel, Framing) throws -> Void,
+        open: @escaping Open
+    ) async throws -> any Channel {
+        let deadline = NIODeadline.now() + TimeAmount(timeout)
+        guard endpoint.transport.isHTTPStream else {
+            let framing = endpoint.transport.framing
+            return try await open(deadline) { channel, _ in try initializer(channel, framing) }
+        }
+        return try await Self.connect(
+            to: endpoint,
+            deadline: deadline,
+            timeout: timeout,
+            eventLoop: eventLoop,
+            initializer: initializer,
+            open: open
+        )
+    }
+
     /// Opens the stream, waits for its session token, opens the POST connection (HTTP/1.1),
     /// then installs the Tether handler through `initializer` on the stream's channel.
     /// - Returns: The stream's channel; closing it closes the connections it uses.

@@ -239,9 +239,9 @@ package enum TLSApplicationProtocols {
     }
 
     /// The protocols a client using swift-nio-ssl offers over `transport`, preferred first:
-    /// `h2` and `http/1.1` for the HTTP stream, ``offered(over:)`` otherwise.
-    package static func offeredList(over transport: Endpoint.Transport) -> [String] {
-        transport == .secureHTTPStream ? [Self.http2, Self.http1] : [Self.offered(over: transport)]
+    /// `h2` (if `http2`) and `http/1.1` for the HTTP stream, ``offered(over:)`` otherwise.
+    package static func offeredList(over transport: Endpoint.Transport, http2: Bool = true) -> [String] {
+        transport == .secureHTTPStream && http2 ? [Self.http2, Self.http1] : [Self.offered(over: transport)]
     }
 }
 

@@ -68,20 +68,9 @@
             eventLoop: any EventLoop,
             initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
         ) async throws -> any Channel {
-            let deadline = NIODeadline.now() + TimeAmount(timeout)
-            guard endpoint.transport.isHTTPStream else {
-                let framing = endpoint.transport.framing
-                return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { channel, _ in
-                    try initializer(channel, framing)
-                }
-            }
-            return try await HTTPStreamConnector.connect(
-                to: endpoint,
-                deadline: deadline,
-                timeout: timeout,
-                eventLoop: eventLoop,
-                initializer: initializer
-            ) { deadline, install in
+            try await HTTPStreamConnector.connect(to: endpoint, timeout: timeout, eventLoop: eventLoop, initializer: initializer) {
+                deadline,
+                install in
                 try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop, install: install)
             }
         }

@@ -35,6 +35,8 @@ public struct TCPClientTransport: ClientTransport {
     public var tls: ClientTLSConfiguration { self.contexts.configuration }
     /// The HTTP proxy connections go through, if any.
     public let proxy: ProxySetting
+    /// Whether `https://` (the HTTP stream) offers HTTP/2 before HTTP/1.1 in TLS's ALPN.
+    public let offersHTTP2: Bool
     private let source: SocketAddress?
     private let contexts: ClientTLSContexts
 
@@ -43,6 +45,7 @@ public struct TCPClientTransport: ClientTransport {
     public init() {
         self.sourceAddress = nil
         self.proxy = .none
+        self.offersHTTP2 = true
         self.source = nil
         self.contexts = ClientTLSContexts(configuration: .defaults)
     }
@@ -63,14 +66,19 @@ public struct TCPClientTransport: ClientTransport {
     ///     system choose.
     ///   - proxy: An HTTP proxy to go through, or `.environment` to take it from `https_proxy`
     ///     and `no_proxy` as curl does; none by default.
+    ///   - offersHTTP2: Whether the HTTP stream over TLS (`https://`) offers HTTP/2 (ALPN `h2`,
+    ///     one connection) before HTTP/1.1 (two connections). HTTP/1.1 is faster here
+    ///     (BENCHMARKS.md); HTTP/2 needs one connection through a proxy instead of two.
     /// - Throws: ``ConfigurationError`` if `sourceAddress` is not an IP address, or a
     ///   certificate or key of `tls` cannot be read.
     public init(
         tls: ClientTLSConfiguration = .defaults,
         sourceAddress: String? = nil,
-        proxy: ProxySetting = .none
+        proxy: ProxySetting = .none,
+        offersHTTP2: Bool = true
     ) throws(ConfigurationError) {
         self.proxy = proxy
+        self.offersHTTP2 = offersHTTP2
         if let sourceAddress {
             do {
                 self.source = try SocketAddress(ipAddress: sourceAddress, port: 0)
@@ -94,19 +102,9 @@ public struct TCPClientTransport: ClientTransport {
         eventLoop: any EventLoop,
         initializer: @escaping @Sendable (any Channel, Framing) throws -> Void
     ) async throws -> any Channel {
-        let deadline = NIODeadline.now() + TimeAmount(timeout)
-        guard endpoint.transport.isHTTPStream else {
-            let framing = endpoint.transport.framing
-            return try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop) { channel, _ in try initializer(channel, framing)
-            }
-        }
-        return try await HTTPStreamConnector.connect(
-            to: endpoint,
-            deadline: deadline,
-            timeout: timeout,
-            eventLoop: eventLoop,
-            initializer: initializer
-        ) { deadline, install in
+        try await HTTPStreamConnector.connect(to: endpoint, timeout: timeout, eventLoop: eventLoop, initializer: initializer) {
+            deadline,
+            install in
             try await self.open(endpoint, deadline: deadline, eventLoop: eventLoop, install: install)
         }
     }
@@ -124,7 +122,7 @@ public struct TCPClientTransport: ClientTransport {
         if transport.isSecure {
             sslHandler = try self.contexts.makeHandler(
                 for: endpoint,
-                alpn: TLSApplicationProtocols.offeredList(over: transport)
+                alpn: TLSApplicationProtocols.offeredList(over: transport, http2: self.offersHTTP2)
             )
         } else {
             sslHandler = nil
