@@ -114,14 +114,7 @@ extension ScenarioRun {
             }
 
             // Alice's messages to bob, through the fallback and the switch.
-            let steadyEnd = scenario.steadyDuration.totalSeconds
-            let count = scenario.messageRate * Int(steadyEnd)
-            for index in 0..<count {
-                let due = Double(index) / Double(scenario.messageRate)
-                let wait = due - self.recorder.now()
-                if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
-                try await self.send(alice, backlog: false)
-            }
+            let count = try await self.sendSteadily(alice, for: scenario.steadyDuration.totalSeconds)
             self.say("steady phase over: \(count) messages sent")
             await self.waitUntil(seconds: 120) { self.recorder.allDelivered }
             self.say(self.recorder.allDelivered ? "all delivered" : "gave up waiting: not all delivered")

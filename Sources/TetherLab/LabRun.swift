@@ -147,13 +147,7 @@ struct ScenarioRun: Sendable {
             }
 
             // The steady phase.
-            let count = scenario.messageRate * Int(steadyEnd)
-            for index in 0..<count {
-                let due = Double(index) / Double(scenario.messageRate)
-                let wait = due - self.recorder.now()
-                if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
-                try await self.send(alice, backlog: false)
-            }
+            let count = try await self.sendSteadily(alice, for: steadyEnd)
             if let (time, bytes) = idleStart.withLockedValue({ $0 }) {
                 let now = links["carol"]!.forwardedBytes
                 result.heartbeatBytesPerHour = Double(now.toUpstream + now.toClient - bytes) / (self.recorder.now() - time) * 3600
@@ -204,6 +198,19 @@ struct ScenarioRun: Sendable {
         var logger = Logger(label: "tether.lab.\(name)")
         logger.logLevel = .critical
         return try TetherClient(configuration: configuration, transport: transport, logger: logger)
+    }
+
+    /// Alice's steady phase: the scenario's message rate for `seconds` from the start.
+    /// - Returns: How many messages she sent.
+    func sendSteadily(_ alice: TetherClient, for seconds: Double) async throws -> Int {
+        let count = self.scenario.messageRate * Int(seconds)
+        for index in 0..<count {
+            let due = Double(index) / Double(self.scenario.messageRate)
+            let wait = due - self.recorder.now()
+            if wait > 0 { try await Task.sleep(for: .milliseconds(Int(wait * 1000))) }
+            try await self.send(alice, backlog: false)
+        }
+        return count
     }
 
     /// Records each message bob's app is given, until his client stops.
