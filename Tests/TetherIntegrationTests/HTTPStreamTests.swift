@@ -287,5 +287,40 @@ extension IntegrationTests {
                 #expect(counter.acceptedConnections == (offered ? 1 : 2), "connections: \(counter.acceptedConnections)")
             }
         }
+
+        @Test("moving up follows the client's clock: no probe before connection.moveUpInterval has passed on it, a move up as soon as it has")
+        func moveUpOnVirtualTime() async throws {
+            try await withHarness { harness in
+                let (gateway, stream) = try await harness.gateway(
+                    transport: .httpStream,
+                    configure: { $0.listen = .init(host: "127.0.0.1", port: 0) },
+                    routes: TransportTests.echo
+                )
+                let tcpProxy = TCPFaultProxy(upstream: Endpoint(host: "127.0.0.1", port: try await gateway.listeningAddress.port!))
+                let tcp = Endpoint(host: "127.0.0.1", port: try await freePort())  // refused until the proxy listens there
+                harness.onExit { tcpProxy.cutAll() }
+                let clock = ManualClock()
+                let client = try harness.client([tcp, stream], clock: clock) { configuration in
+                    configuration.connection.moveUpInterval = .seconds(10)
+                }
+                try await eventually("connected over the HTTP stream") { client.connectionState == .connected(stream) }
+                _ = try await tcpProxy.start(port: tcp.port)
+                await clock.waitForSleepers(1)
+
+                try await Task.sleep(for: .milliseconds(300))
+                clock.advance(by: .milliseconds(9_900))
+                try await Task.sleep(for: .milliseconds(300))
+                #expect(client.connectionState == .connected(stream), "real time, and 9.9 s of the client's, do not move it")
+                #expect(tcpProxy.acceptedConnections == 0, "no probe yet")
+
+                clock.advance(by: .milliseconds(100))
+                try await eventually("moved up to TCP") { client.connectionState == .connected(tcp) }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "up")).string == "up")
+                let events = harness.events(of: client)
+                try await eventually("the disconnection says why") {
+                    events.disconnectReasons.contains { if case .movingUp(tcp) = $0 { true } else { false } }
+                }
+            }
+        }
     }
 }
