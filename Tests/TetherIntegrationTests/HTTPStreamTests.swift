@@ -288,7 +288,9 @@ extension IntegrationTests {
             }
         }
 
-        @Test("moving up follows the client's clock: no probe before connection.moveUpInterval has passed on it, a move up as soon as it has")
+        @Test(
+            "moving up follows the client's clock: no probe before connection.moveUpInterval has passed on it, a move up as soon as it has"
+        )
         func moveUpOnVirtualTime() async throws {
             try await withHarness { harness in
                 let (gateway, stream) = try await harness.gateway(
