@@ -324,5 +324,27 @@ extension IntegrationTests {
                 }
             }
         }
+
+        @Test("a POST connection the gateway closes for idleness is opened again for the next POST; the stream goes on")
+        func postConnectionReopened() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    transport: .httpStream,
+                    configure: { $0.webSocket?.stream?.postIdleTimeout = .milliseconds(200) },
+                    routes: TransportTests.echo
+                )
+                let counter = TCPFaultProxy(upstream: endpoint)
+                let port = try await counter.start().port!
+                harness.onExit { counter.cutAll() }
+                let proxied = Endpoint(host: "127.0.0.1", port: port, transport: .httpStream)
+                let client = try harness.client([proxied])
+                #expect(try await client.request("echo", body: ByteBuffer(string: "before")).string == "before")
+                #expect(counter.acceptedConnections == 2, "the stream and one POST connection")
+                try await eventually("the idle POST connection is closed") { counter.openConnections == 1 }
+                #expect(try await client.request("echo", body: ByteBuffer(string: "after")).string == "after")
+                #expect(counter.acceptedConnections == 3, "a new POST connection, the same stream")
+                #expect(harness.events(of: client).connects == 1, "no reconnection")
+            }
+        }
     }
 }
