@@ -168,24 +168,32 @@ extension Gateway {
         return stopWaiting
     }
 
+    /// How long a connection carrying POSTs may stay idle: as configured, or twice the idle
+    /// timeout of Tether connections (a live client's heartbeats come more often).
+    private func postIdleTimeout(of stream: GatewayConfiguration.HTTPStream) -> Duration {
+        stream.postIdleTimeout ?? self.configuration.timeouts.idle * 2
+    }
+
     /// The stream's handler for one HTTP connection (HTTP/1.1) or one HTTP/2 stream.
     private func makeStreamHandler(
         _ stream: GatewayConfiguration.HTTPStream,
         refusal: NIOLoopBound<WebSocketUpgradeRefusal>,
         postsServe: Bool = true,
+        opened: @escaping (any Channel) -> Void = { _ in },
         served: @escaping @Sendable () -> Void
     ) -> HTTPStreamServerHandler {
         HTTPStreamServerHandler(
             settings: .init(
                 path: stream.path,
                 maxPostBodySize: stream.maxPostBodySize,
-                postIdleTimeout: TimeAmount(stream.postIdleTimeout)
+                postIdleTimeout: TimeAmount(self.postIdleTimeout(of: stream))
             ),
             sessions: self.httpStreams,
             startConnection: { channel in
                 // The refusal reads HTTP requests; what follows the stream's handler reads frames.
                 channel.pipeline.syncOperations.removeHandler(refusal.value, promise: nil)
                 try self.configure(channel, framing: .byteStream)
+                opened(channel)
             },
             postsServe: postsServe,
             served: served
@@ -224,13 +232,27 @@ extension Gateway {
     /// An HTTP/2 connection (ALPN `h2`, TLS only): each stream is a request; the HTTP stream's
     /// GET becomes a Tether connection on its HTTP/2 stream, and its POSTs are other streams of
     /// the same connection. WebSocket is not spoken over HTTP/2 (`426`). The connection counts
-    /// as serving Tether once a GET opened a stream on it.
+    /// as serving Tether once a GET opened a stream on it, and closes
+    /// ``GatewayConfiguration/HTTPStream/postIdleTimeout`` after its last stream ended.
     private func configureHTTP2(
         _ channel: any Channel,
         settings: GatewayConfiguration.WebSocket,
         stream: GatewayConfiguration.HTTPStream,
         stopWaiting: @escaping @Sendable () -> Void
     ) throws {
+        // The Tether streams open on this connection, and the close waiting for none to be.
+        let open = NIOLoopBoundBox((count: 0, idleClose: Scheduled<Void>?.none), eventLoop: channel.eventLoop)
+        let idleTimeout = TimeAmount(self.postIdleTimeout(of: stream))
+        let opened = { (child: any Channel) in
+            open.value.count += 1
+            open.value.idleClose?.cancel()
+            child.closeFuture.whenComplete { _ in
+                open.value.count -= 1
+                guard open.value.count == 0 else { return }
+                open.value.idleClose = channel.eventLoop.scheduleTask(in: idleTimeout) { channel.close(promise: nil) }
+            }
+        }
+        let boundOpened = NIOLoopBound(opened, eventLoop: channel.eventLoop)
         _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
             mode: .server,
             connectionConfiguration: HTTPStreamBinding.http2Connection,
@@ -242,7 +264,15 @@ extension Gateway {
                     let pipeline = child.pipeline.syncOperations
                     try pipeline.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
                     // A GET that opens a stream makes the connection a Tether connection.
-                    try pipeline.addHandler(self.makeStreamHandler(stream, refusal: boundRefusal, postsServe: false, served: stopWaiting))
+                    try pipeline.addHandler(
+                        self.makeStreamHandler(
+                            stream,
+                            refusal: boundRefusal,
+                            postsServe: false,
+                            opened: boundOpened.value,
+                            served: stopWaiting
+                        )
+                    )
                     try pipeline.addHandler(refusal)
                 }
             }

@@ -147,8 +147,13 @@ extension GatewayConfiguration {
         /// The largest POST body accepted; a larger one gets `413` and the connection closes.
         /// At least 256 KiB (what a Tether client sends at most in one POST).
         public var maxPostBodySize: Int
-        /// A connection carrying POSTs that has none for this long is closed.
-        public var postIdleTimeout: Duration
+        /// A connection carrying POSTs that has none for this long is closed (and an HTTP/2
+        /// connection this long after its last stream ended); `nil`: twice
+        /// ``GatewayConfiguration/Timeouts-swift.struct/idle``. A live client POSTs a heartbeat
+        /// more often than the idle timeout, so its POST connection is never closed under a
+        /// POST it is sending (the race every HTTP/1.1 keep-alive has). Set it below that only
+        /// knowingly.
+        public var postIdleTimeout: Duration?
         /// How many ended sessions the gateway remembers, so that a late POST for one gets
         /// `410 Gone` rather than `404`.
         public var endedSessionsRemembered: Int
@@ -159,7 +164,7 @@ extension GatewayConfiguration {
         public init(
             path: String = Endpoint.defaultHTTPStreamPath,
             maxPostBodySize: Int = 1 << 20,
-            postIdleTimeout: Duration = .seconds(60),
+            postIdleTimeout: Duration? = nil,
             endedSessionsRemembered: Int = 4096,
             http2: Bool = true
         ) {
@@ -178,8 +183,8 @@ extension GatewayConfiguration {
                     "webSocket.stream.maxPostBodySize must be at least \(HTTPStreamBinding.clientPostBodySize) (a client's largest POST), got \(self.maxPostBodySize)"
                 )
             }
-            guard self.postIdleTimeout > .zero else {
-                throw ConfigurationError("webSocket.stream.postIdleTimeout must be positive, got \(self.postIdleTimeout)")
+            if let postIdleTimeout = self.postIdleTimeout, postIdleTimeout <= .zero {
+                throw ConfigurationError("webSocket.stream.postIdleTimeout must be positive, got \(postIdleTimeout)")
             }
             guard self.endedSessionsRemembered >= 0 else {
                 throw ConfigurationError("webSocket.stream.endedSessionsRemembered cannot be negative")

@@ -1,6 +1,10 @@
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
+import NIOHTTP2
+import NIOPosix
+import NIOSSL
 import Testing
 import Tether
 import TetherCore
@@ -330,7 +334,8 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let (_, endpoint) = try await harness.gateway(
                     transport: .httpStream,
-                    configure: { $0.webSocket?.stream?.postIdleTimeout = .milliseconds(200) },
+                    // Long enough for the first request to be sent well before it (the keep-alive race).
+                    configure: { $0.webSocket?.stream?.postIdleTimeout = .seconds(2) },
                     routes: TransportTests.echo
                 )
                 let counter = TCPFaultProxy(upstream: endpoint)
@@ -344,6 +349,64 @@ extension IntegrationTests {
                 #expect(try await client.request("echo", body: ByteBuffer(string: "after")).string == "after")
                 #expect(counter.acceptedConnections == 3, "a new POST connection, the same stream")
                 #expect(harness.events(of: client).connects == 1, "no reconnection")
+            }
+        }
+
+        /// Collects what an HTTP/2 stream's response body says.
+        final class BodyCollector: ChannelInboundHandler, Sendable {
+            typealias InboundIn = HTTPClientResponsePart
+            let body = NIOLockedValueBox("")
+            func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+                if case .body(let bytes) = Self.unwrapInboundIn(data) { self.body.withLockedValue { $0 += String(buffer: bytes) } }
+            }
+        }
+
+        @Test("an HTTP/2 connection whose streams have all ended is closed after postIdleTimeout")
+        func http2IdleConnectionClosed() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    transport: .secureHTTPStream,
+                    configure: { $0.webSocket?.stream?.postIdleTimeout = .milliseconds(300) }
+                )
+                var tls = NIOSSL.TLSConfiguration.makeClientConfiguration()
+                tls.trustRoots = .certificates([
+                    try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
+                ])
+                tls.applicationProtocols = ["h2"]
+                let context = try NIOSSLContext(configuration: tls)
+                let multiplexer = NIOLockedValueBox<NIOHTTP2Handler.StreamMultiplexer?>(nil)
+                let connection = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: nil))
+                            let streams = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+                                mode: .client,
+                                connectionConfiguration: .init(),
+                                streamConfiguration: .init(),
+                                inboundStreamInitializer: { $0.close() }
+                            )
+                            multiplexer.withLockedValue { $0 = streams }
+                        }
+                    }
+                    .connect(host: "127.0.0.1", port: endpoint.port).get()
+                harness.onExit { connection.close(promise: nil) }
+                let collector = BodyCollector()
+                let stream = try await try #require(multiplexer.withLockedValue { $0 }).createStreamChannel { child in
+                    child.eventLoop.makeCompletedFuture {
+                        try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
+                        try child.pipeline.syncOperations.addHandler(collector)
+                    }
+                }.get()
+                var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: Endpoint.defaultHTTPStreamPath)
+                head.headers.add(name: "Host", value: "127.0.0.1:\(endpoint.port)")
+                stream.write(HTTPClientRequestPart.head(head), promise: nil)
+                try await stream.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
+                try await eventually("the token line over HTTP/2") { collector.body.withLockedValue { $0.hasSuffix("\n") } }
+
+                try await Task.sleep(for: .milliseconds(600))
+                #expect(connection.isActive, "a connection with an open stream stays")
+                stream.close(promise: nil)  // RST_STREAM: the stream ends
+                try await eventually("the idle connection is closed", timeout: .seconds(5)) { !connection.isActive }
             }
         }
     }
