@@ -128,7 +128,6 @@ extension TetherClient {
 
     /// Opens a transport connection to `endpoint` and completes the handshake; cancelling the
     /// task closes the connection.
-    /// Opens a connection to `endpoint` and completes the handshake.
     /// - Parameters:
     ///   - probe: A connection that only checks that the gateway answers there: no reliable
     ///     delivery or resume in its HELLO, its pushes and GOAWAY ignored; the caller closes it
@@ -147,6 +146,7 @@ extension TetherClient {
             validFor = credential.validFor
         }
         let connectionConfiguration = self.configuration.connection
+        func limited(_ timeout: Duration) -> Duration { limit.map { min($0, timeout) } ?? timeout }
         var hello = Frame.Hello(
             versions: Handshake.supportedVersions,
             features: connectionConfiguration.checksums ? [.checksum] : [],
@@ -163,7 +163,7 @@ extension TetherClient {
         }
         let handlerConfiguration = ClientConnectionStateMachine.Configuration(
             hello: hello,
-            handshakeTimeout: min(connectionConfiguration.handshakeTimeout, limit ?? .seconds(Int64.max)),
+            handshakeTimeout: limited(connectionConfiguration.handshakeTimeout),
             heartbeat: self.configuration.heartbeat.policy,
             reliability: probe ? nil : self.configuration.reliability.map { .init(window: $0.window, retransmission: $0.retransmission) },
             // With one endpoint there is nowhere else to go: the heartbeat still guards the link.
@@ -201,7 +201,7 @@ extension TetherClient {
                 callbacks: callbacks,
                 cancellation: cancellation,
                 credentialValidFor: validFor,
-                connectTimeout: min(connectionConfiguration.connectTimeout, limit ?? .seconds(Int64.max))
+                connectTimeout: limited(connectionConfiguration.connectTimeout)
             )
         } onCancel: {
             let channel = cancellation.withLockedValue { state -> (any Channel)? in

@@ -166,10 +166,16 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
         !self.host.isEmpty && (1...65535).contains(self.port) && (self.path.map { $0.hasPrefix("/") } ?? !self.transport.isHTTP)
     }
 
+    /// The host as a URL writes it: an IPv6 address in brackets (`[::1]`), anything else as is.
+    package var uriHost: String { self.host.contains(":") ? "[\(self.host)]" : self.host }
+
+    /// `host:port`, the host as ``uriHost`` writes it: a URL's authority and HTTP's `Host`.
+    package var authority: String { "\(self.uriHost):\(self.port)" }
+
     /// `host:port` for TCP (`[address]:port` for IPv6), the URL for the other transports:
     /// `tethers://host:port`, `wss://host:port/path`. ``init(parsing:)`` reads it back.
     public var description: String {
-        let authority = self.host.contains(":") ? "[\(self.host)]:\(self.port)" : "\(self.host):\(self.port)"
+        let authority = self.authority
         switch self.transport {
         case .tcp: return authority
         case .tls: return "tethers://\(authority)"

@@ -178,7 +178,6 @@ extension Gateway {
     private func makeStreamHandler(
         _ stream: GatewayConfiguration.HTTPStream,
         refusal: NIOLoopBound<WebSocketUpgradeRefusal>,
-        postsServe: Bool = true,
         opened: @escaping (any Channel) -> Void = { _ in },
         served: @escaping @Sendable () -> Void
     ) -> HTTPStreamServerHandler {
@@ -195,7 +194,6 @@ extension Gateway {
                 try self.configure(channel, framing: .byteStream)
                 opened(channel)
             },
-            postsServe: postsServe,
             served: served
         )
     }
@@ -244,6 +242,7 @@ extension Gateway {
         let open = NIOLoopBoundBox((count: 0, idleClose: Scheduled<Void>?.none), eventLoop: channel.eventLoop)
         let idleTimeout = TimeAmount(self.postIdleTimeout(of: stream))
         let opened = { (child: any Channel) in
+            stopWaiting()  // a GET opened a stream: this is a Tether connection now
             open.value.count += 1
             open.value.idleClose?.cancel()
             child.closeFuture.whenComplete { _ in
@@ -263,16 +262,9 @@ extension Gateway {
                     let boundRefusal = NIOLoopBound(refusal, eventLoop: child.eventLoop)
                     let pipeline = child.pipeline.syncOperations
                     try pipeline.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
-                    // A GET that opens a stream makes the connection a Tether connection.
-                    try pipeline.addHandler(
-                        self.makeStreamHandler(
-                            stream,
-                            refusal: boundRefusal,
-                            postsServe: false,
-                            opened: boundOpened.value,
-                            served: stopWaiting
-                        )
-                    )
+                    // Only a GET that opens a stream makes the connection a Tether connection (its
+                    // POSTs come on the same connection): `opened`, not `served`.
+                    try pipeline.addHandler(self.makeStreamHandler(stream, refusal: boundRefusal, opened: boundOpened.value, served: {}))
                     try pipeline.addHandler(refusal)
                 }
             }
@@ -357,7 +349,7 @@ final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHand
         path: String,
         allowedOrigins: Set<String>?
     ) -> (status: HTTPResponseStatus, message: String)? {
-        let requestPath = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        let requestPath = head.pathWithoutQuery
         guard requestPath == path else {
             return (.notFound, "no Tether endpoint at \(requestPath): WebSocket connections go to \(path)")
         }

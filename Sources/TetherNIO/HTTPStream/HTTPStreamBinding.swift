@@ -65,9 +65,4 @@ public enum HTTPStreamBinding {
         configuration.outboundBufferSizeLowWatermark = 32 * 1024
         return configuration
     }
-
-    /// The `Host` header's value for `host` and `port` (IPv6 addresses in brackets).
-    package static func hostHeader(host: String, port: Int) -> String {
-        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
-    }
 }

@@ -76,14 +76,6 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         self.openPostConnection = openPostConnection
     }
 
-    /// The session token, once the stream has started.
-    var token: String? {
-        switch self.phase {
-        case .opened(let token, _), .streaming(let token): token
-        case .opening, .ended: nil
-        }
-    }
-
     private var path: String { self.endpoint.path ?? Endpoint.defaultHTTPStreamPath }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -116,7 +108,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     private func sendGET(context: ChannelHandlerContext) {
         var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: self.path)
-        head.headers.add(name: "Host", value: HTTPStreamBinding.hostHeader(host: self.endpoint.host, port: self.endpoint.port))
+        head.headers.add(name: "Host", value: self.endpoint.authority)
         head.headers.add(name: "Accept", value: HTTPStreamBinding.contentType)
         head.headers.add(name: "Cache-Control", value: "no-cache")
         context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
@@ -187,12 +179,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
     private func readToken(context: ChannelHandlerContext) {
         guard case .opening(var line?) = self.phase else { return }
         guard let newline = line.readableBytesView.firstIndex(of: UInt8(ascii: "\n")) else {
-            if line.readableBytes > HTTPStreamBinding.maximumTokenLineLength {
-                self.fail(
-                    TransportError(code: .httpStreamFailed, message: "\(self.endpoint) is not a Tether HTTP stream (no session token)"),
-                    context: context
-                )
-            }
+            if line.readableBytes > HTTPStreamBinding.maximumTokenLineLength { self.fail(self.notAStream, context: context) }
             return
         }
         let length = newline - line.readerIndex
@@ -200,15 +187,16 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         line.moveReaderIndex(forwardBy: 1)
         if text.hasSuffix("\r") { text.removeLast() }
         guard HTTPStreamBinding.isWellFormedToken(text) else {
-            self.fail(
-                TransportError(code: .httpStreamFailed, message: "\(self.endpoint) is not a Tether HTTP stream (no session token)"),
-                context: context
-            )
+            self.fail(self.notAStream, context: context)
             return
         }
         self.timeout?.cancel()
         self.phase = .opened(token: text, early: line.readableBytes > 0 ? line : nil)
         self.opened.succeed(text)
+    }
+
+    private var notAStream: TransportError {
+        TransportError(code: .httpStreamFailed, message: "\(self.endpoint) is not a Tether HTTP stream (no session token)")
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -293,7 +281,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
             self.inFlight = []  // the writes complete with the POST that carries their last byte
         }
         var head = HTTPRequestHead(version: .http1_1, method: .POST, uri: self.path)
-        head.headers.add(name: "Host", value: HTTPStreamBinding.hostHeader(host: self.endpoint.host, port: self.endpoint.port))
+        head.headers.add(name: "Host", value: self.endpoint.authority)
         head.headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
         head.headers.add(name: "Content-Type", value: HTTPStreamBinding.contentType)
         head.headers.add(name: "Content-Length", value: "\(size)")

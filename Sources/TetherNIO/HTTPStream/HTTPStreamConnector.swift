@@ -61,7 +61,7 @@ enum HTTPStreamConnector {
         let openPost: HTTPStreamClientHandler.OpenPostConnection = { stream in
             @Sendable func openOnLoop() -> EventLoopFuture<any Channel> {
                 if let multiplexer = multiplexer.value {
-                    return Self.openPostStream(on: multiplexer, stream: stream, eventLoop: eventLoop)
+                    return Self.openStream(on: multiplexer, eventLoop: eventLoop) { HTTPStreamPostHandler(stream: stream) }
                 }
                 return eventLoop.makeFutureWithTask {
                     try await Self.openPostConnection(deadline: .now() + TimeAmount(timeout), stream: stream, open: open)
@@ -102,14 +102,7 @@ enum HTTPStreamConnector {
         if let multiplexer = try await eventLoop.submit({ multiplexer.value }).get() {
             // HTTP/2: the GET is a stream of the connection, which closes with it.
             do {
-                let promise = eventLoop.makePromise(of: (any Channel).self)
-                multiplexer.createStreamChannel(promise: promise) { child in
-                    child.eventLoop.makeCompletedFuture {
-                        try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
-                        try child.pipeline.syncOperations.addHandler(makeHandler(true))
-                    }
-                }
-                stream = try await promise.futureResult.get()
+                stream = try await Self.openStream(on: multiplexer, eventLoop: eventLoop) { makeHandler(true) }.get()
                 stream.closeFuture.whenComplete { _ in connection.close(promise: nil) }
             } catch {
                 opened.fail(error)
@@ -152,16 +145,17 @@ enum HTTPStreamConnector {
         }
     }
 
-    private static func openPostStream(
+    /// A new HTTP/2 stream of the connection, speaking HTTP/1-shaped parts to `handler`'s result.
+    private static func openStream<Handler: ChannelHandler>(
         on multiplexer: NIOHTTP2Handler.StreamMultiplexer,
-        stream: NIOLoopBound<HTTPStreamClientHandler>,
-        eventLoop: any EventLoop
+        eventLoop: any EventLoop,
+        handler: @escaping @Sendable () -> Handler
     ) -> EventLoopFuture<any Channel> {
         let promise = eventLoop.makePromise(of: (any Channel).self)
         multiplexer.createStreamChannel(promise: promise) { child in
             child.eventLoop.makeCompletedFuture {
                 try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
-                try child.pipeline.syncOperations.addHandler(HTTPStreamPostHandler(stream: stream))
+                try child.pipeline.syncOperations.addHandler(handler())
             }
         }
         return promise.futureResult

@@ -71,7 +71,6 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
     private let sessions: HTTPStreamSessions
     private let startConnection: (any Channel) throws -> Void
     private let served: () -> Void
-    private let postsServe: Bool
     private var mode = Mode.idle
     private var context: ChannelHandlerContext?
     private var idleTimer: Scheduled<Void>?
@@ -82,22 +81,17 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
     ///   - sessions: The gateway's sessions, shared by its HTTP connections.
     ///   - startConnection: Adds the gateway's connection handler at the end of the pipeline
     ///     (this handler is then the last one before it); runs once, when a GET opens a stream.
-    ///   - postsServe: Whether a POST that reached a stream counts as serving it (on an
-    ///     HTTP/1.1 connection that carries POSTs), or only a GET that opened one (an HTTP/2
-    ///     stream, whose connection also carries the GET).
     ///   - served: Called once, when the connection first serves the stream (a GET that opened
     ///     one, or a POST that reached one): it is no longer an unidentified HTTP connection.
     package init(
         settings: Settings,
         sessions: HTTPStreamSessions,
         startConnection: @escaping (any Channel) throws -> Void,
-        postsServe: Bool = true,
         served: @escaping () -> Void
     ) {
         self.settings = settings
         self.sessions = sessions
         self.startConnection = startConnection
-        self.postsServe = postsServe
         self.served = served
     }
 
@@ -126,12 +120,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
             context.fireChannelRead(data)
         case (.post(var post), .body(var chunk)):
             guard post.body.readableBytes + chunk.readableBytes <= self.settings.maxPostBodySize else {
-                self.respondAndClose(
-                    .payloadTooLarge,
-                    "a POST body may have at most \(self.settings.maxPostBodySize) bytes",
-                    post.version,
-                    context
-                )
+                self.respondAndClose(.payloadTooLarge, self.tooLarge, post.version, context)
                 return
             }
             self.mode = .idle  // no copy of the body while it grows
@@ -153,8 +142,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
     }
 
     private func received(_ head: HTTPRequestHead, context: ChannelHandlerContext, data: NIOAny) {
-        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
-        guard path == self.settings.path else {
+        guard head.pathWithoutQuery == self.settings.path else {
             self.mode = .passing
             context.fireChannelRead(data)
             return
@@ -179,12 +167,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
                 return
             }
             if let length = head.headers.first(name: "Content-Length").flatMap(Int.init), length > self.settings.maxPostBodySize {
-                self.respondAndClose(
-                    .payloadTooLarge,
-                    "a POST body may have at most \(self.settings.maxPostBodySize) bytes",
-                    head.version,
-                    context
-                )
+                self.respondAndClose(.payloadTooLarge, self.tooLarge, head.version, context)
                 return
             }
             self.mode = .post(
@@ -194,6 +177,8 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
             self.refuse(.methodNotAllowed, "\(self.settings.path) takes GET (the stream) and POST (frames for it)", head)
         }
     }
+
+    private var tooLarge: String { "a POST body may have at most \(self.settings.maxPostBodySize) bytes" }
 
     private func refuse(_ status: HTTPResponseStatus, _ message: String, _ head: HTTPRequestHead) {
         self.mode = .refusing(status: status, message: message, keepAlive: head.isKeepAlive, version: head.version)
@@ -209,7 +194,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
         headers.add(name: "Cache-Control", value: "no-store, no-transform")
         headers.add(name: "X-Accel-Buffering", value: "no")
         headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
-        if request.version.major == 1 && request.version.minor == 0 {
+        if request.version == .http1_0 {
             // No chunked encoding in HTTP/1.0: the body ends when the connection does.
             headers.add(name: "Connection", value: "close")
         }
@@ -303,35 +288,23 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
         self.mode = .delivering(keepAlive: post.keepAlive, version: post.version)
         switch self.sessions.lookup(post.token) {
         case .unknown:
-            self.answer(.unknownSession, post: post, context: context)
+            self.respondAndClose(.notFound, "no such session: open a stream with GET \(self.settings.path) first", post.version, context)
         case .ended:
             self.answer(.ended, post: post, context: context)
         case .live(let session):
-            if self.postsServe { self.markServed() }
+            self.markServed()
             let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             session.deliver(post.body).hop(to: context.eventLoop).whenComplete { result in
                 let (handler, context) = loopBound.value
-                handler.answer((try? result.get()).map(Answer.init) ?? .ended, post: post, context: context)
+                handler.answer((try? result.get()) ?? .ended, post: post, context: context)
             }
         }
     }
 
-    private enum Answer {
-        case accepted, busy, ended, unknownSession
-
-        init(_ delivery: HTTPStreamSession.Delivery) {
-            switch delivery {
-            case .accepted: self = .accepted
-            case .busy: self = .busy
-            case .ended: self = .ended
-            }
-        }
-    }
-
-    private func answer(_ answer: Answer, post: Post, context: ChannelHandlerContext) {
+    private func answer(_ delivery: HTTPStreamSession.Delivery, post: Post, context: ChannelHandlerContext) {
         guard case .delivering = self.mode, context.channel.isActive else { return }
         self.mode = .idle
-        switch answer {
+        switch delivery {
         case .accepted:
             var headers = HTTPHeaders()
             headers.add(name: "Cache-Control", value: "no-store")
@@ -349,8 +322,6 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
             )
         case .ended:
             self.respondAndClose(.gone, "the session's stream has ended: open a new stream", post.version, context)
-        case .unknownSession:
-            self.respondAndClose(.notFound, "no such session: open a stream with GET \(self.settings.path) first", post.version, context)
         }
     }
 
@@ -406,3 +377,10 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
 
 @available(*, unavailable)
 extension HTTPStreamServerHandler: Sendable {}
+
+extension HTTPRequestHead {
+    /// The request's path: its URI without the query.
+    package var pathWithoutQuery: String {
+        self.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? self.uri
+    }
+}

@@ -112,8 +112,7 @@ final class ClientConnectionSetup: ChannelDuplexHandler, RemovableChannelHandler
 
     private func sendUpgradeRequest(context: ChannelHandlerContext) {
         var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: self.endpoint.path ?? Endpoint.defaultWebSocketPath)
-        let host = self.endpoint.host.contains(":") ? "[\(self.endpoint.host)]" : self.endpoint.host
-        head.headers.add(name: "Host", value: "\(host):\(self.endpoint.port)")
+        head.headers.add(name: "Host", value: self.endpoint.authority)
         head.headers.add(name: "Sec-WebSocket-Protocol", value: WebSocketBinding.subprotocol)
         context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
         context.writeAndFlush(Self.wrapOutboundOut(.end(nil)), promise: nil)

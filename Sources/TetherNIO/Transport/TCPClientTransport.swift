@@ -191,7 +191,7 @@ public struct TCPClientTransport: ClientTransport {
         let tunnelled = channel.eventLoop.makePromise(of: Void.self)
         let connect = NIOHTTP1ProxyConnectHandler(
             // `CONNECT [2001:db8::1]:443`: an IPv6 literal in brackets, as in a URL's authority.
-            targetHost: endpoint.host.contains(":") ? "[\(endpoint.host)]" : endpoint.host,
+            targetHost: endpoint.uriHost,
             targetPort: endpoint.port,
             headers: headers,
             deadline: deadline,
@@ -227,7 +227,7 @@ public struct TCPClientTransport: ClientTransport {
 
     /// What a proxy's refusal means, for the app's logs.
     private static func proxyError(_ error: any Error, proxy: HTTPProxy, endpoint: Endpoint) -> TransportError {
-        let target = "\(endpoint.host):\(endpoint.port)"
+        let target = endpoint.authority
         guard let error = error as? NIOHTTP1ProxyConnectHandler.Error else {
             return TransportError(code: .proxyFailed, message: "the HTTP proxy \(proxy) failed to open a tunnel to \(target)", cause: error)
         }
