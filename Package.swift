@@ -10,6 +10,7 @@ import PackageDescription
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
 //   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
+//   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
@@ -30,6 +31,7 @@ let package = Package(
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherGateway", targets: ["TetherGateway"]),
         .library(name: "TetherJWT", targets: ["TetherJWT"]),
+        .library(name: "TetherPostgres", targets: ["TetherPostgres"]),
         .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
@@ -50,6 +52,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // CRC-32C with the processor's instruction; the only C in Tether (see its header).
@@ -124,6 +127,20 @@ let package = Package(
                 "TetherCore",
                 "TetherGateway",
                 .product(name: "JWTKit", package: "jwt-kit"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherPostgres",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSwift6
         ),
@@ -242,6 +259,23 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherPostgresTests",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                "TetherPostgres",
+                "TetherTesting",
+                "TetherTestSupport",
+                "Tether",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSwift6
         ),

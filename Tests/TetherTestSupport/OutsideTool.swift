@@ -27,6 +27,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case nginx
     /// curl, a peer that reads the HTTP stream.
     case curl
+    /// PostgreSQL's server (initdb, pg_ctl): the cluster tests start a private one.
+    case postgresql
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -37,6 +39,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .squid: "apt-get install squid"
         case .nginx: "apt-get install nginx"
         case .curl: "apt-get install curl"
+        case .postgresql: "apt-get install postgresql"
         }
     }
 
@@ -83,6 +86,21 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"].first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
+    /// Where PostgreSQL's server programs are: Debian's `/usr/lib/postgresql/<version>/bin`, or
+    /// `pg_ctl` on `PATH`.
+    package static var postgresBinaries: String? {
+        let debian = "/usr/lib/postgresql"
+        let versions = (try? FileManager.default.contentsOfDirectory(atPath: debian)) ?? []
+        for version in versions.sorted(by: { (Int($0) ?? 0) > (Int($1) ?? 0) }) {
+            let bin = "\(debian)/\(version)/bin"
+            if FileManager.default.isExecutableFile(atPath: "\(bin)/pg_ctl") { return bin }
+        }
+        for directory in (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":") {
+            if FileManager.default.isExecutableFile(atPath: "\(directory)/pg_ctl") { return String(directory) }
+        }
+        return nil
+    }
+
     /// Squid's helper that checks Basic credentials against an htpasswd file.
     package static let squidBasicAuth = "/usr/lib/squid/basic_ncsa_auth"
 
@@ -106,6 +124,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
             return Self.nginxExecutable == nil ? "nginx is not installed" : nil
         case .curl:
             return Self.run(["curl", "--version"]) ? nil : "curl is not installed"
+        case .postgresql:
+            return Self.postgresBinaries == nil ? "PostgreSQL's server (initdb, pg_ctl) is not installed" : nil
         }
     }
 

@@ -140,6 +140,11 @@ public struct StoreWrite: Sendable, Hashable {
     public var deliveries: [NewDelivery]
     /// For each recipient, the last delivery it acknowledged: those up to it are forgotten.
     public var acknowledgements: [String: UInt64]
+    /// The claim on the lane of the outbox whose messages are processed, when gateways share
+    /// the store (a cluster): a store that keeps claims applies the write only while the claim
+    /// is still the lane's current one, and refuses it as ``fenced`` otherwise. `nil` for a
+    /// single gateway, and for writes that process no message.
+    public var fence: LaneFence?
 
     public init(processed: [ProcessedMessage] = [], deliveries: [NewDelivery] = [], acknowledgements: [String: UInt64] = [:]) {
         self.processed = processed
@@ -147,8 +152,35 @@ public struct StoreWrite: Sendable, Hashable {
         self.acknowledgements = acknowledgements
     }
 
+    public init(
+        processed: [ProcessedMessage] = [],
+        deliveries: [NewDelivery] = [],
+        acknowledgements: [String: UInt64] = [:],
+        fence: LaneFence?
+    ) {
+        self.init(processed: processed, deliveries: deliveries, acknowledgements: acknowledgements)
+        self.fence = fence
+    }
+
     /// Whether the write changes nothing.
     public var isEmpty: Bool { self.processed.isEmpty && self.deliveries.isEmpty && self.acknowledgements.isEmpty }
+}
+
+/// A gateway's claim on the lane of one outbox, in a store shared by several gateways: only
+/// the holder of the lane's current claim processes the outbox's messages. Each claim gets a
+/// larger token than the last (a fencing token), so a gateway whose claim was taken over — it
+/// looked dead, or its client moved — cannot commit with its old one.
+public struct LaneFence: Sendable, Hashable, CustomStringConvertible {
+    public var outbox: OutboxID
+    /// The claim's token: larger than every earlier claim's on this lane.
+    public var token: UInt64
+
+    public init(outbox: OutboxID, token: UInt64) {
+        self.outbox = outbox
+        self.token = token
+    }
+
+    public var description: String { "\(self.outbox) fence \(self.token)" }
 }
 
 /// How many outcomes (status and message id) per conversation a store remembers: to answer

@@ -105,11 +105,14 @@ extension MessageStore {
 /// A failure of a ``MessageStore``.
 public struct MessageStoreError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        enum Wrapped: Hashable, Sendable { case conflict, storage, invalidArgument }
+        enum Wrapped: Hashable, Sendable { case conflict, fenced, storage, invalidArgument }
         let wrapped: Wrapped
 
         /// A processed message did not follow its conversation's last sequence.
         public static let conflict = Code(wrapped: .conflict)
+        /// The write's ``StoreWrite/fence`` is no longer its lane's current claim: another
+        /// gateway took the lane over. Nothing of the write was applied.
+        public static let fenced = Code(wrapped: .fenced)
         /// The storage failed (I/O, corruption, …).
         public static let storage = Code(wrapped: .storage)
         /// An argument was invalid.

@@ -1,0 +1,255 @@
+public import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A private PostgreSQL server in a directory of its own: what `tether postgres start` runs for
+/// a newcomer's cluster, and what the tests start and stop.
+///
+/// It runs the installed PostgreSQL's `initdb` and `pg_ctl` (Debian's
+/// `/usr/lib/postgresql/<version>/bin`, or those on `PATH`). PostgreSQL refuses to run as
+/// root: as root, the server runs as the `postgres` user (Debian's package creates it) through
+/// `runuser`, and the directory is given to that user. It listens on loopback only, with one
+/// role, `tether`, trusted without a password: a server for development and tests, not for
+/// production.
+///
+/// ```swift
+/// let server = try LocalPostgres(directory: URL(fileURLWithPath: "/tmp/tether-pg"), port: 5433)
+/// try server.start()          // initdb on first use, then pg_ctl start
+/// print(server.url)           // postgres://tether@127.0.0.1:5433/tether
+/// try server.stop()
+/// ```
+public struct LocalPostgres: Sendable {
+    /// A failure to find, prepare, start or stop the server.
+    public struct Error: Swift.Error, CustomStringConvertible {
+        public var message: String
+        public var description: String { self.message }
+    }
+
+    /// Where the server keeps its data, socket and log.
+    public let directory: URL
+    /// The loopback port it listens on.
+    public let port: Int
+    /// Where PostgreSQL's programs are.
+    public let binaries: URL
+    /// The user the server runs as when this process is root (`nil`: the current user).
+    public let runAs: String?
+
+    /// The URL that connects to it (role and database `tether`, no password).
+    public var url: String { "postgres://tether@127.0.0.1:\(self.port)/tether" }
+
+    /// The server's log file.
+    public var logFile: URL { self.directory.appendingPathComponent("server.log") }
+
+    private var dataDirectory: URL { self.directory.appendingPathComponent("data") }
+
+    /// Finds PostgreSQL's programs; does not touch the directory yet.
+    /// - Throws: ``Error`` if PostgreSQL is not installed, or this process is root and there is
+    ///   no `postgres` user to run it as.
+    public init(directory: URL, port: Int) throws(Error) {
+        self.directory = directory
+        self.port = port
+        guard let binaries = Self.findBinaries() else {
+            throw Error(
+                message: "PostgreSQL's server programs (initdb, pg_ctl) are not installed; on Debian or Ubuntu: "
+                    + "apt-get install postgresql (or every test tool with scripts/install-test-tools)"
+            )
+        }
+        self.binaries = binaries
+        if geteuid() == 0 {
+            guard getpwnam("postgres") != nil else {
+                throw Error(message: "PostgreSQL refuses to run as root, and there is no 'postgres' user to run it as (useradd postgres)")
+            }
+            self.runAs = "postgres"
+        } else {
+            self.runAs = nil
+        }
+    }
+
+    /// Whether PostgreSQL's server programs are installed here.
+    public static var isInstalled: Bool { Self.findBinaries() != nil }
+
+    /// Creates the cluster on first use (`initdb`), then starts the server and waits until it
+    /// takes connections. A server already running in the directory is left running.
+    /// - Parameter fsync: Whether commits are flushed to disk; tests turn it off for speed
+    ///   (a crash of the machine, not of a process, may then lose commits).
+    public func start(fsync: Bool = true) throws(Error) {
+        try self.prepareDirectory()
+        if !FileManager.default.fileExists(atPath: self.dataDirectory.appendingPathComponent("PG_VERSION").path) {
+            try self.run(
+                "initdb",
+                ["-D", self.dataDirectory.path, "-U", "tether", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+                what: "initdb"
+            )
+            // The role's own database, so that the URL needs nothing created by hand.
+            let conf = self.dataDirectory.appendingPathComponent("postgresql.conf")
+            let extra = "\n# tether: a private server on loopback\nmax_connections = 200\n"
+            if let handle = try? FileHandle(forWritingTo: conf) {
+                handle.seekToEndOfFile()
+                handle.write(Data(extra.utf8))
+                try? handle.close()
+            }
+        }
+        if self.isRunning { return }
+        let options = "-p \(self.port) -k \(self.directory.path) -c listen_addresses=127.0.0.1 -c fsync=\(fsync ? "on" : "off")"
+        try self.run(
+            "pg_ctl",
+            ["-D", self.dataDirectory.path, "-l", self.logFile.path, "-o", options, "-w", "-t", "60", "start"],
+            what: "pg_ctl start"
+        )
+        try self.createDatabaseIfNeeded()
+    }
+
+    /// Stops the server (fast shutdown: open connections are closed).
+    /// - Parameter immediately: Stops it as a crash would (`pg_ctl -m immediate`): recovery
+    ///   runs at the next start.
+    public func stop(immediately: Bool = false) throws(Error) {
+        guard self.isRunning else { return }
+        try self.run(
+            "pg_ctl",
+            ["-D", self.dataDirectory.path, "-m", immediately ? "immediate" : "fast", "-w", "-t", "60", "stop"],
+            what: "pg_ctl stop"
+        )
+    }
+
+    /// Stops the server if it runs and deletes the directory.
+    public func destroy() {
+        try? self.stop(immediately: true)
+        try? FileManager.default.removeItem(at: self.directory)
+    }
+
+    /// Whether a server runs in the directory.
+    public var isRunning: Bool {
+        FileManager.default.fileExists(atPath: self.dataDirectory.appendingPathComponent("postmaster.pid").path)
+            && (try? self.run("pg_ctl", ["-D", self.dataDirectory.path, "status"], what: "pg_ctl status")) != nil
+    }
+
+    /// A port nothing listens on now (taken by binding port 0 and letting it go).
+    public static func freePort() throws(LocalPostgres.Error) -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw LocalPostgres.Error(message: "socket() failed") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+        }
+        guard bound == 0 else { throw LocalPostgres.Error(message: "bind() failed") }
+        let named = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard named == 0 else { throw LocalPostgres.Error(message: "getsockname() failed") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    // MARK: Internals
+
+    private func prepareDirectory() throws(Error) {
+        do {
+            try FileManager.default.createDirectory(at: self.directory, withIntermediateDirectories: true)
+        } catch {
+            throw Error(message: "cannot create \(self.directory.path): \(error)")
+        }
+        guard let runAs, let user = getpwnam(runAs) else { return }
+        let uid = user.pointee.pw_uid
+        let gid = user.pointee.pw_gid
+        // The server's user must own its directory, and reach it through the parents.
+        _ = chown(self.directory.path, uid, gid)
+        _ = chmod(self.directory.path, 0o700)
+        var parent = self.directory.deletingLastPathComponent()
+        while parent.path != "/" && !parent.path.isEmpty {
+            var info = stat()
+            if stat(parent.path, &info) == 0, info.st_mode & 0o001 == 0 { _ = chmod(parent.path, info.st_mode & 0o7777 | 0o001) }
+            parent = parent.deletingLastPathComponent()
+        }
+        if FileManager.default.fileExists(atPath: self.dataDirectory.path) {
+            _ = chown(self.dataDirectory.path, uid, gid)
+        }
+    }
+
+    private func createDatabaseIfNeeded() throws(Error) {
+        let exists =
+            (try? self.run(
+                "psql",
+                ["-h", "127.0.0.1", "-p", "\(self.port)", "-U", "tether", "-d", "postgres", "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'tether'"],
+                what: "psql"
+            ))?.contains("1") ?? false
+        if !exists {
+            try self.run("createdb", ["-h", "127.0.0.1", "-p", "\(self.port)", "-U", "tether", "tether"], what: "createdb")
+        }
+    }
+
+    /// Runs one of PostgreSQL's programs (as ``runAs`` when set) and returns what it printed.
+    @discardableResult
+    private func run(_ program: String, _ arguments: [String], what: String) throws(Error) -> String {
+        let executable = self.binaries.appendingPathComponent(program).path
+        // From `/`: the server's user may not be allowed into the current directory.
+        let command = self.runAs.map { [Self.runuser, "-u", $0, "--", executable] + arguments } ?? [executable] + arguments
+        let argv = ["/bin/sh", "-c", "cd / && exec \"$@\"", "sh"] + command
+        // The output goes to a file, not a pipe: `pg_ctl start` leaves a server behind that
+        // would hold a pipe open. posix_spawn and waitpid, not Foundation's Process, whose
+        // waiting depends on the run loop of the calling thread.
+        let output = FileManager.default.temporaryDirectory.appendingPathComponent("tether-pg-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).out")
+        defer { try? FileManager.default.removeItem(at: output) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, output.path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        var pid = pid_t()
+        let cArguments = argv.map { strdup($0) } + [nil]
+        defer { for argument in cArguments { free(argument) } }
+        let spawned = posix_spawn(&pid, argv[0], &actions, nil, cArguments, environ)
+        guard spawned == 0 else {
+            throw Error(message: "cannot run \(argv[0]): \(String(cString: strerror(spawned)))")
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        let printed = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        guard exitStatus == 0 else {
+            var message = "\(what) failed (exit status \(exitStatus)): \(printed.trimmingCharacters(in: .whitespacesAndNewlines))"
+            if what == "pg_ctl start", let log = try? String(contentsOf: self.logFile, encoding: .utf8) {
+                message += "\nserver log:\n" + log.split(separator: "\n").suffix(10).joined(separator: "\n")
+            }
+            throw Error(message: message)
+        }
+        return printed
+    }
+
+    private static let runuser = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"].first {
+        FileManager.default.isExecutableFile(atPath: $0)
+    } ?? "/usr/sbin/runuser"
+
+    /// Debian's newest `/usr/lib/postgresql/<version>/bin`, Homebrew's, or the directory of
+    /// `initdb` on `PATH`.
+    private static func findBinaries() -> URL? {
+        let fileManager = FileManager.default
+        let debian = "/usr/lib/postgresql"
+        if let versions = try? fileManager.contentsOfDirectory(atPath: debian) {
+            for version in versions.sorted(by: { (Int($0) ?? 0) > (Int($1) ?? 0) }) {
+                let bin = URL(fileURLWithPath: debian).appendingPathComponent(version).appendingPathComponent("bin")
+                if fileManager.isExecutableFile(atPath: bin.appendingPathComponent("pg_ctl").path) { return bin }
+            }
+        }
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? ""
+        for directory in path.split(separator: ":").map(String.init) + ["/opt/homebrew/bin", "/usr/local/bin"] {
+            let bin = URL(fileURLWithPath: directory)
+            if fileManager.isExecutableFile(atPath: bin.appendingPathComponent("initdb").path),
+                fileManager.isExecutableFile(atPath: bin.appendingPathComponent("pg_ctl").path)
+            {
+                return bin
+            }
+        }
+        return nil
+    }
+}

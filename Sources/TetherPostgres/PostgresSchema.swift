@@ -1,0 +1,96 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The tables of Tether's PostgreSQL store and cluster, and their migrations.
+///
+/// Every table is named `tether_…`, so that they can live in an application's own database.
+/// Migrations run in one transaction under an advisory lock: nodes starting together migrate
+/// once. The record tables are logged (they survive a crash of the server); presence, signals
+/// and pushes are `UNLOGGED` (a crash of the server empties them, and every node writes its
+/// presence again when it reconnects).
+enum PostgresSchema {
+    /// The key space of Tether's advisory locks (the first of the two 32-bit keys).
+    static let lockSpace: Int32 = 0x7e7e
+
+    /// Each migration, in order; the schema's version is the number applied.
+    static let migrations: [String] = [
+        """
+        CREATE TABLE tether_meta (key text PRIMARY KEY, value bigint NOT NULL);
+        CREATE TABLE tether_outboxes (
+            client text NOT NULL, epoch bigint NOT NULL, last_seen bigint NOT NULL,
+            PRIMARY KEY (client, epoch));
+        CREATE INDEX tether_outboxes_last_seen ON tether_outboxes (last_seen);
+        CREATE TABLE tether_conversations (
+            client text NOT NULL, epoch bigint NOT NULL, conversation text NOT NULL, last_sequence bigint NOT NULL,
+            PRIMARY KEY (client, epoch, conversation));
+        CREATE TABLE tether_outcomes (
+            client text NOT NULL, epoch bigint NOT NULL, conversation text NOT NULL, sequence bigint NOT NULL,
+            status integer NOT NULL, message_id bigint,
+            PRIMARY KEY (client, epoch, conversation, sequence));
+        CREATE TABLE tether_streams (recipient text PRIMARY KEY, next_sequence bigint NOT NULL);
+        CREATE TABLE tether_deliveries (
+            recipient text NOT NULL, sequence bigint NOT NULL, topic text NOT NULL, body bytea NOT NULL,
+            PRIMARY KEY (recipient, sequence));
+        CREATE TABLE tether_nodes (
+            id bigserial PRIMARY KEY, name text NOT NULL, address text,
+            started_at timestamptz NOT NULL DEFAULT now(), seen_at timestamptz NOT NULL DEFAULT now(),
+            leaving boolean NOT NULL DEFAULT false);
+        CREATE TABLE tether_lanes (
+            client text NOT NULL, epoch bigint NOT NULL, node bigint, fence bigint NOT NULL,
+            claimed_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (client, epoch));
+        CREATE UNLOGGED TABLE tether_presence (client text NOT NULL, node bigint NOT NULL, PRIMARY KEY (client, node));
+        CREATE INDEX tether_presence_node ON tether_presence (node);
+        CREATE UNLOGGED TABLE tether_signals (
+            id bigserial PRIMARY KEY, node bigint NOT NULL, kind smallint NOT NULL, key text NOT NULL);
+        CREATE INDEX tether_signals_node ON tether_signals (node, id);
+        CREATE UNLOGGED TABLE tether_pushes (
+            id bigserial PRIMARY KEY, origin bigint NOT NULL, kind smallint NOT NULL, target text NOT NULL,
+            topic text NOT NULL, body bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+        CREATE INDEX tether_pushes_created_at ON tether_pushes (created_at);
+        """
+    ]
+
+    /// Brings the database's schema up to date.
+    static func migrate(_ client: PostgresClient, logger: Logger) async throws {
+        try await client.withTransaction(logger: logger) { connection in
+            try await connection.query("SELECT pg_advisory_xact_lock(\(Self.lockSpace), 0)", logger: logger)
+            try await connection.query("CREATE TABLE IF NOT EXISTS tether_schema (version integer NOT NULL)", logger: logger)
+            var version = 0
+            for try await (value) in try await connection.query("SELECT version FROM tether_schema", logger: logger).decode(Int.self) {
+                version = value
+            }
+            if version == 0 {
+                try await connection.query("INSERT INTO tether_schema (version) VALUES (0)", logger: logger)
+            }
+            guard version <= Self.migrations.count else {
+                throw PostgresStoreError("the database's Tether schema is version \(version), newer than this gateway knows (\(Self.migrations.count)): upgrade the gateway")
+            }
+            for (index, migration) in Self.migrations.enumerated().dropFirst(version) {
+                for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) })
+                where !statement.isEmpty {
+                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                }
+                try await connection.query("UPDATE tether_schema SET version = \(index + 1)", logger: logger)
+            }
+        }
+    }
+}
+
+/// A failure in Tether's PostgreSQL layer, outside the store's contract.
+struct PostgresStoreError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A row of `tether_signals`: something one node asks of another, which a notification on the
+/// node's channel (`tether_node_<id>`) wakes it to read.
+enum ClusterSignal {
+    enum Kind: Int16 {
+        /// Deliveries were appended for the recipient named by the key.
+        case deliveries = 1
+        /// Another node wants the lane of the outbox named by the key (`client`, a tab, the epoch).
+        case releaseLane = 2
+    }
+}

@@ -1,0 +1,95 @@
+import Foundation
+import NIOCore
+import PostgresNIO
+import TetherCore
+import TetherGateway
+import TetherPostgres
+import TetherTestSupport
+import TetherTesting
+import Testing
+
+@Suite("PostgresMessageStore", .requires(.postgresql))
+struct PostgresMessageStoreTests {
+    @Test("passes the store contract", arguments: MessageStoreContract.checks)
+    func contract(_ check: MessageStoreContract.Check) async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            try await check.run(on: try await PostgresMessageStore(client: client))
+        }
+    }
+
+    @Test("the epoch and everything committed survive reopening; a second store on the database shares them")
+    func reopen() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let first = try await PostgresMessageStore(client: client)
+            let outbox = OutboxID(client: "a", epoch: 1)
+            _ = try await first.commit(
+                StoreWrite(
+                    processed: [ProcessedMessage(outbox: outbox, conversation: "c", sequence: 1, messageID: 7)],
+                    deliveries: [NewDelivery(recipient: "b", topic: "t", body: ByteBuffer(string: "x"))]
+                )
+            )
+            let second = try await PostgresMessageStore(client: client)
+            #expect(second.epoch == first.epoch)
+            #expect(try await second.lastProcessed(outbox, conversation: "c") == 1)
+            #expect(try await second.recordedOutcome(outbox, conversation: "c", sequence: 1) == RecordedOutcome(status: .ok, messageID: 7))
+            #expect(try await second.deliveries(for: "b", after: 0, limit: 10).map(\.body) == [ByteBuffer(string: "x")])
+        }
+    }
+
+    @Test("concurrent groups of two stores on one database number deliveries without gaps or doubles")
+    func concurrentStores() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let stores = [try await PostgresMessageStore(client: client), try await PostgresMessageStore(client: client)]
+            try await withThrowingTaskGroup { group in
+                for (index, store) in stores.enumerated() {
+                    group.addTask {
+                        for round in 0..<20 {
+                            let writes = (0..<10).map { item in
+                                StoreWrite(deliveries: [NewDelivery(recipient: "r", topic: "t", body: ByteBuffer(string: "\(index)-\(round)-\(item)"))])
+                            }
+                            for result in try await store.apply(writes) { _ = try result.get() }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let all = try await stores[0].deliveries(for: "r", after: 0, limit: 1000)
+            #expect(all.map(\.sequence) == Array(1...400))
+            #expect(Set(all.map { String(buffer: $0.body) }).count == 400)
+        }
+    }
+
+    @Test("a write whose fence is not its lane's current claim is refused as fenced, alone")
+    func fenced() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let store = try await PostgresMessageStore(client: client)
+            let outbox = OutboxID(client: "a", epoch: 1)
+            try await client.query("INSERT INTO tether_lanes (client, epoch, node, fence) VALUES ('a', 1, 1, 5)")
+            let stale = StoreWrite(
+                processed: [ProcessedMessage(outbox: outbox, conversation: "c", sequence: 1)],
+                deliveries: [NewDelivery(recipient: "b", topic: "t", body: ByteBuffer(string: "stale"))],
+                fence: LaneFence(outbox: outbox, token: 4)
+            )
+            let current = StoreWrite(
+                processed: [ProcessedMessage(outbox: outbox, conversation: "c", sequence: 1)],
+                deliveries: [NewDelivery(recipient: "b", topic: "t", body: ByteBuffer(string: "current"))],
+                fence: LaneFence(outbox: outbox, token: 5)
+            )
+            let results = try await store.apply([stale, current])
+            guard case .failure(let error) = results[0] else {
+                Issue.record("the stale write was applied: \(results[0])")
+                return
+            }
+            #expect(error.code == .fenced)
+            #expect(try results[1].get() == [DeliveryReceipt(recipient: "b", sequence: 1)])
+            #expect(try await store.deliveries(for: "b", after: 0, limit: 10).map { String(buffer: $0.body) } == ["current"])
+        }
+    }
+
+    @Test("a URL that is not PostgreSQL's is refused with a clear error")
+    func badURL() {
+        for url in ["http://localhost/db", "postgres://", "not a url", "postgres://h/db?sslmode=sometimes"] {
+            #expect(throws: MessageStoreError.self) { try PostgresMessageStore.clientConfiguration(url: url) }
+        }
+    }
+}
