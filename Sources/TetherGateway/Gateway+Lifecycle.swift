@@ -120,6 +120,16 @@ extension Gateway {
                 if let reliable = self.reliable {
                     group.addTask { await self.forgetStaleOutboxes(in: reliable) }
                 }
+                if let cluster = self.cluster {
+                    let node = ClusterNode(registry: self.registry, pushes: self.pushes, lanes: self.reliable?.lanes)
+                    group.addTask {
+                        do {
+                            try await cluster.run(node)
+                        } catch  where !(error is CancellationError) {
+                            self.logger.error("the gateway left its cluster", metadata: ["error": "\(error)"])
+                        } catch {}
+                    }
+                }
                 await self.activity.finished()
                 group.cancelAll()
             }

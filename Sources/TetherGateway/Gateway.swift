@@ -69,6 +69,8 @@ public final class Gateway: Service, Sendable {
     private let routing = NIOLockedValueBox(Routing.building(Router()))
     /// Reliable delivery: the store, its writer, the outboxes' lanes; `nil` without a store.
     let reliable: ReliableServices?
+    /// The other nodes, when the gateway is one of several sharing a store.
+    let cluster: (any GatewayCluster)?
     /// The connection limits, checked as each connection is accepted.
     let admission: ConnectionAdmission
     /// Refusals, logged a few lines at a time however many there are.
@@ -95,6 +97,8 @@ public final class Gateway: Service, Sendable {
     ///   - authenticator: Checks each client's HELLO and says who it is (``JWTAuthenticator``
     ///     in `TetherJWT` checks JSON Web Tokens); `nil` accepts everyone as the client id it
     ///     claims.
+    ///   - cluster: The other gateways this one is a node with (`PostgresCluster` in
+    ///     TetherPostgres), sharing `messageStore`; `nil` for a gateway on its own.
     ///   - clock: The gateway's one clock; inject `ManualClock` (TetherTesting) or an
     ///     ``EventLoopClock`` in tests to move every deadline by hand.
     ///   - logger: Where the gateway logs connections and errors.
@@ -104,6 +108,7 @@ public final class Gateway: Service, Sendable {
         eventLoopGroup: (any EventLoopGroup)? = nil,
         messageStore: (any MessageStore)? = nil,
         authenticator: (any ClientAuthenticator)? = nil,
+        cluster: (any GatewayCluster)? = nil,
         clock: any TetherClock = SystemClock(),
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
@@ -131,7 +136,8 @@ public final class Gateway: Service, Sendable {
         self.pushBatchers = pushBatchers
         self.authenticator = authenticator
         self.clock = clock
-        self.reliable = messageStore.map { ReliableServices(store: $0, limits: configuration.limits) }
+        self.reliable = messageStore.map { ReliableServices(store: $0, limits: configuration.limits, cluster: cluster) }
+        self.cluster = cluster
         var admissionLimits = ConnectionAdmission.Limits(
             connections: configuration.limits.maxConnections,
             connectionsPerAddress: configuration.limits.maxConnectionsPerAddress,
@@ -157,7 +163,7 @@ public final class Gateway: Service, Sendable {
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
             membersPerRoom: configuration.limits.maxMembersPerRoom
         )
-        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers)
+        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers, cluster: cluster)
         self.logger = logger
     }
 

@@ -179,7 +179,10 @@ public struct LocalPostgres: Sendable {
         let exists =
             (try? self.run(
                 "psql",
-                ["-h", "127.0.0.1", "-p", "\(self.port)", "-U", "tether", "-d", "postgres", "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'tether'"],
+                [
+                    "-h", "127.0.0.1", "-p", "\(self.port)", "-U", "tether", "-d", "postgres", "-tAc",
+                    "SELECT 1 FROM pg_database WHERE datname = 'tether'",
+                ],
                 what: "psql"
             ))?.contains("1") ?? false
         if !exists {
@@ -197,7 +200,9 @@ public struct LocalPostgres: Sendable {
         // The output goes to a file, not a pipe: `pg_ctl start` leaves a server behind that
         // would hold a pipe open. posix_spawn and waitpid, not Foundation's Process, whose
         // waiting depends on the run loop of the calling thread.
-        let output = FileManager.default.temporaryDirectory.appendingPathComponent("tether-pg-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).out")
+        let output = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "tether-pg-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).out"
+        )
         defer { try? FileManager.default.removeItem(at: output) }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -226,9 +231,10 @@ public struct LocalPostgres: Sendable {
         return printed
     }
 
-    private static let runuser = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"].first {
-        FileManager.default.isExecutableFile(atPath: $0)
-    } ?? "/usr/sbin/runuser"
+    private static let runuser =
+        ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"].first {
+            FileManager.default.isExecutableFile(atPath: $0)
+        } ?? "/usr/sbin/runuser"
 
     /// Debian's newest `/usr/lib/postgresql/<version>/bin`, Homebrew's, or the directory of
     /// `initdb` on `PATH`.

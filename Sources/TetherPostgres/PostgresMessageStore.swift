@@ -2,6 +2,7 @@ public import Foundation
 public import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOSSL
 public import PostgresNIO
 public import TetherCore
 public import TetherGateway
@@ -62,34 +63,7 @@ public final class PostgresMessageStore: MessageStore {
     /// - Throws: ``MessageStoreError`` with ``MessageStoreError/Code/invalidArgument`` for a
     ///   URL that is not one.
     public static func clientConfiguration(url: String) throws(MessageStoreError) -> PostgresClient.Configuration {
-        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
-            let host = components.host, !host.isEmpty
-        else {
-            throw MessageStoreError(
-                code: .invalidArgument,
-                message: "'\(url)' is not a PostgreSQL URL (postgres://user[:password]@host[:port]/database)"
-            )
-        }
-        let database = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
-        let mode = components.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
-        let tls: PostgresClient.Configuration.TLS
-        switch mode {
-        case "disable": tls = .disable
-        case "prefer", "allow": tls = .prefer(.makeClientConfiguration())
-        case "require", "verify-ca", "verify-full": tls = .require(.makeClientConfiguration())
-        default:
-            throw MessageStoreError(code: .invalidArgument, message: "unknown sslmode '\(mode)' in '\(url)' (disable, prefer, require)")
-        }
-        var configuration = PostgresClient.Configuration(
-            host: host,
-            port: components.port ?? 5432,
-            username: components.user.flatMap { $0.removingPercentEncoding } ?? "postgres",
-            password: components.password.flatMap { $0.removingPercentEncoding },
-            database: database.isEmpty ? nil : database,
-            tls: tls
-        )
-        configuration.options.maximumConnections = 16
-        return configuration
+        try PostgresURL(url).clientConfiguration
     }
 
     // MARK: Reads
@@ -281,7 +255,11 @@ struct GroupCommit {
         for write in self.writes {
             for message in write.processed {
                 conversationKeys.insert(
-                    ConversationKey(client: message.outbox.client, epoch: Int64(bitPattern: message.outbox.epoch), conversation: message.conversation)
+                    ConversationKey(
+                        client: message.outbox.client,
+                        epoch: Int64(bitPattern: message.outbox.epoch),
+                        conversation: message.conversation
+                    )
                 )
             }
             if let fence = write.fence, !write.processed.isEmpty {
@@ -370,7 +348,11 @@ struct GroupCommit {
             last = proposed
             for message in write.processed {
                 advanced.insert(
-                    ConversationKey(client: message.outbox.client, epoch: Int64(bitPattern: message.outbox.epoch), conversation: message.conversation)
+                    ConversationKey(
+                        client: message.outbox.client,
+                        epoch: Int64(bitPattern: message.outbox.epoch),
+                        conversation: message.conversation
+                    )
                 )
             }
             outcomes += write.processed
@@ -514,5 +496,83 @@ struct GroupCommit {
             """,
             logger: self.logger
         )
+    }
+}
+
+/// A `postgres://user[:password]@host[:port]/database[?sslmode=…]` URL, taken apart.
+struct PostgresURL {
+    var host: String
+    var port: Int
+    var username: String
+    var password: String?
+    var database: String?
+    /// `disable`, `prefer` or `require`.
+    var tls: String
+
+    init(_ url: String) throws(MessageStoreError) {
+        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
+            let host = components.host, !host.isEmpty
+        else {
+            throw MessageStoreError(
+                code: .invalidArgument,
+                message: "'\(url)' is not a PostgreSQL URL (postgres://user[:password]@host[:port]/database)"
+            )
+        }
+        let database = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
+        let mode = components.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
+        switch mode {
+        case "disable": self.tls = "disable"
+        case "prefer", "allow": self.tls = "prefer"
+        case "require", "verify-ca", "verify-full": self.tls = "require"
+        default:
+            throw MessageStoreError(code: .invalidArgument, message: "unknown sslmode '\(mode)' in '\(url)' (disable, prefer, require)")
+        }
+        self.host = host
+        self.port = components.port ?? 5432
+        self.username = components.user.flatMap { $0.removingPercentEncoding } ?? "postgres"
+        self.password = components.password.flatMap { $0.removingPercentEncoding }
+        self.database = database.isEmpty ? nil : database
+    }
+
+    var clientConfiguration: PostgresClient.Configuration {
+        let tls: PostgresClient.Configuration.TLS
+        switch self.tls {
+        case "disable": tls = .disable
+        case "require": tls = .require(.makeClientConfiguration())
+        default: tls = .prefer(.makeClientConfiguration())
+        }
+        var configuration = PostgresClient.Configuration(
+            host: self.host,
+            port: self.port,
+            username: self.username,
+            password: self.password,
+            database: self.database,
+            tls: tls
+        )
+        configuration.options.maximumConnections = 16
+        return configuration
+    }
+
+    var connectionConfiguration: PostgresConnection.Configuration {
+        get throws(MessageStoreError) {
+            let tls: PostgresConnection.Configuration.TLS
+            do {
+                switch self.tls {
+                case "disable": tls = .disable
+                case "require": tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+                default: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+                }
+            } catch {
+                throw MessageStoreError(code: .invalidArgument, message: "cannot make a TLS context for PostgreSQL: \(error)")
+            }
+            return PostgresConnection.Configuration(
+                host: self.host,
+                port: self.port,
+                username: self.username,
+                password: self.password,
+                database: self.database,
+                tls: tls
+            )
+        }
     }
 }

@@ -10,8 +10,13 @@ import PostgresNIO
 /// and pushes are `UNLOGGED` (a crash of the server empties them, and every node writes its
 /// presence again when it reconnects).
 enum PostgresSchema {
-    /// The key space of Tether's advisory locks (the first of the two 32-bit keys).
+    /// The key space of the nodes' liveness locks (the first of the two 32-bit keys; the
+    /// second is the node's id).
     static let lockSpace: Int32 = 0x7e7e
+    /// The key space of Tether's other advisory locks: ``migrationLock`` and ``pushLock``.
+    static let otherLocks: Int32 = 0x7e7d
+    static let migrationLock: Int32 = 0
+    static let pushLock: Int32 = 1
 
     /// Each migration, in order; the schema's version is the number applied.
     static let migrations: [String] = [
@@ -55,7 +60,7 @@ enum PostgresSchema {
     /// Brings the database's schema up to date.
     static func migrate(_ client: PostgresClient, logger: Logger) async throws {
         try await client.withTransaction(logger: logger) { connection in
-            try await connection.query("SELECT pg_advisory_xact_lock(\(Self.lockSpace), 0)", logger: logger)
+            try await connection.query("SELECT pg_advisory_xact_lock(\(Self.otherLocks), \(Self.migrationLock))", logger: logger)
             try await connection.query("CREATE TABLE IF NOT EXISTS tether_schema (version integer NOT NULL)", logger: logger)
             var version = 0
             for try await (value) in try await connection.query("SELECT version FROM tether_schema", logger: logger).decode(Int.self) {
@@ -65,7 +70,9 @@ enum PostgresSchema {
                 try await connection.query("INSERT INTO tether_schema (version) VALUES (0)", logger: logger)
             }
             guard version <= Self.migrations.count else {
-                throw PostgresStoreError("the database's Tether schema is version \(version), newer than this gateway knows (\(Self.migrations.count)): upgrade the gateway")
+                throw PostgresStoreError(
+                    "the database's Tether schema is version \(version), newer than this gateway knows (\(Self.migrations.count)): upgrade the gateway"
+                )
             }
             for (index, migration) in Self.migrations.enumerated().dropFirst(version) {
                 for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) })

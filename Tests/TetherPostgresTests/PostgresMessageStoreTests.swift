@@ -1,12 +1,12 @@
 import Foundation
 import NIOCore
 import PostgresNIO
+import Testing
 import TetherCore
 import TetherGateway
 import TetherPostgres
 import TetherTestSupport
 import TetherTesting
-import Testing
 
 @Suite("PostgresMessageStore", .requires(.postgresql))
 struct PostgresMessageStoreTests {
@@ -45,7 +45,9 @@ struct PostgresMessageStoreTests {
                     group.addTask {
                         for round in 0..<20 {
                             let writes = (0..<10).map { item in
-                                StoreWrite(deliveries: [NewDelivery(recipient: "r", topic: "t", body: ByteBuffer(string: "\(index)-\(round)-\(item)"))])
+                                StoreWrite(deliveries: [
+                                    NewDelivery(recipient: "r", topic: "t", body: ByteBuffer(string: "\(index)-\(round)-\(item)"))
+                                ])
                             }
                             for result in try await store.apply(writes) { _ = try result.get() }
                         }

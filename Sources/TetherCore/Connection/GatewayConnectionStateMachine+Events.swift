@@ -79,6 +79,11 @@ extension GatewayConnectionStateMachine {
         self.withEstablished { active, _ in active.reliable?.value.pump.offered(deliveries) } ?? nil
     }
 
+    /// Another gateway appended deliveries for this connection's client: the pump reads them.
+    package mutating func deliveriesAppendedElsewhere() -> DeliveryPump.Actions? {
+        self.withEstablished { active, _ in active.reliable?.value.pump.appendedElsewhere() } ?? nil
+    }
+
     /// The store returned the deliveries a ``DeliveryPump/Actions/fetch`` asked for.
     package mutating func deliveriesFetched(_ deliveries: [StoredDelivery], limit: Int) -> DeliveryPump.Actions? {
         self.withEstablished { active, _ in active.reliable?.value.pump.fetched(deliveries, limit: limit) } ?? nil

@@ -123,6 +123,14 @@ package struct DeliveryPump: Sendable, Hashable {
         return actions
     }
 
+    /// Deliveries were appended for this recipient where their sequences are not known here (by
+    /// another gateway sharing the store): read what follows what was sent.
+    package mutating func appendedElsewhere() -> Actions {
+        self.mayHaveMore = true
+        if self.fetching { self.offeredWhileFetching = true }
+        return self.fetchIfNeeded()
+    }
+
     /// A DELIVERY_ACK arrived.
     package mutating func acknowledged(upTo sequence: UInt64) -> Actions {
         let upTo = min(sequence, self.lastSent)  // the client cannot have what was not sent

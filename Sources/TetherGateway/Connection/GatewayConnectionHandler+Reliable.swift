@@ -72,6 +72,12 @@ extension GatewayConnectionHandler {
         self.pump(actions)
     }
 
+    /// Another node of the cluster appended deliveries for this connection's client.
+    func deliveriesAppendedElsewhere() {
+        guard let actions = self.machine.deliveriesAppendedElsewhere() else { return }
+        self.pump(actions)
+    }
+
     /// Carries out what the delivery pump decided: reads, sends, acknowledgement writes.
     func pump(_ actions: DeliveryPump.Actions) {
         if !actions.send.isEmpty {

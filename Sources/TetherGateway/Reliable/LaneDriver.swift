@@ -34,6 +34,15 @@ struct LaneDriver: Sendable {
         while true {
             switch step {
             case .load(let query):
+                if let cluster = self.reliable.cluster, self.lane.fence == nil {
+                    do {
+                        self.lane.fence = try await cluster.claimLane(self.lane.machine.configuration.outbox)
+                    } catch {
+                        self.logger.warning("cannot claim the outbox's lane in the cluster", metadata: ["error": "\(error)"])
+                        step = self.lane.machine.loadFailed()
+                        continue
+                    }
+                }
                 do {
                     let state = try await self.reliable.store.dedupState(
                         of: self.lane.machine.configuration.outbox,
@@ -54,7 +63,8 @@ struct LaneDriver: Sendable {
                     self.logger.error("cannot read the message store", metadata: ["error": "\(error)"])
                     step = self.lane.machine.usageFailed()
                 }
-            case .commit(let write):
+            case .commit(var write):
+                write.fence = self.lane.fence
                 // In a task of its own: the time limit's cancellation of this one must not stop it.
                 let writer = self.reliable.writer
                 let committed = await Task(executorPreference: self.executor) { () async -> Result<[DeliveryReceipt], MessageStoreError> in
@@ -68,6 +78,7 @@ struct LaneDriver: Sendable {
                 case .success(let receipts):
                     return self.lane.machine.committed(receipts)
                 case .failure(let error):
+                    if error.code == .fenced { self.lane.fence = nil }  // claimed again by the next batch
                     // A conflict (another gateway processed these messages meanwhile) or a
                     // storage failure: nothing was written; the client sends the messages again.
                     self.logger.warning("could not commit reliable messages", metadata: ["error": "\(error)"])

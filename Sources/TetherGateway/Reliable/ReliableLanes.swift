@@ -25,6 +25,8 @@ final class ReliableLanes: Sendable {
         let turn = LaneTurn()
         /// What the lane knows of its outbox's conversations, and the batch under way.
         var machine: ReliableLaneMachine
+        /// In a cluster, this node's claim on the lane, once a batch claimed it.
+        var fence: LaneFence?
 
         init(_ configuration: ReliableLaneMachine.Configuration) {
             self.machine = ReliableLaneMachine(configuration: configuration)
@@ -33,14 +35,17 @@ final class ReliableLanes: Sendable {
 
     private let lanes = NIOLockedValueBox<[OutboxID: (lane: Lane, users: Int)]>([:])
     private let limits: GatewayConfiguration.Limits
+    private let cluster: (any GatewayCluster)?
 
-    init(limits: GatewayConfiguration.Limits) {
+    init(limits: GatewayConfiguration.Limits, cluster: (any GatewayCluster)? = nil) {
         self.limits = limits
+        self.cluster = cluster
     }
 
     /// Keeps an outbox's lane alive until the matching ``checkIn(_:)``.
     func checkOut(_ outbox: OutboxID) -> Lane {
-        self.lanes.withLockedValue { lanes in
+        self.cluster?.clientArrived(outbox.client)
+        return self.lanes.withLockedValue { lanes in
             if let entry = lanes[outbox] {
                 lanes[outbox] = (entry.lane, entry.users + 1)
                 return entry.lane
@@ -59,10 +64,20 @@ final class ReliableLanes: Sendable {
 
     /// Lets an outbox's lane go once nobody uses it.
     func checkIn(_ outbox: OutboxID) {
-        self.lanes.withLockedValue { lanes in
-            guard let entry = lanes[outbox] else { return }
+        let released = self.lanes.withLockedValue { lanes -> Lane? in
+            guard let entry = lanes[outbox] else { return nil }
             lanes[outbox] = entry.users > 1 ? (entry.lane, entry.users - 1) : nil
+            return entry.users > 1 ? nil : entry.lane
         }
+        guard let cluster = self.cluster else { return }
+        cluster.clientLeft(outbox.client)
+        // Its last user is done, and with it the last batch: nobody holds the turn.
+        if let fence = released?.fence { cluster.releaseLane(fence) }
+    }
+
+    /// Whether a connection of this node uses the lane of `outbox`.
+    func isInUse(_ outbox: OutboxID) -> Bool {
+        self.lanes.withLockedValue { $0[outbox] != nil }
     }
 
     /// The outboxes with a lane checked out: those of the connected clients.

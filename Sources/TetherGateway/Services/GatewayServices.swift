@@ -71,11 +71,14 @@ struct ReliableServices: Sendable {
     let store: any MessageStore
     let writer: StoreWriter
     let lanes: ReliableLanes
+    /// The cluster whose nodes share the store, if the gateway is one of several.
+    let cluster: (any GatewayCluster)?
 
-    init(store: any MessageStore, limits: GatewayConfiguration.Limits) {
+    init(store: any MessageStore, limits: GatewayConfiguration.Limits, cluster: (any GatewayCluster)?) {
         self.store = store
         self.writer = StoreWriter(store: store)
-        self.lanes = ReliableLanes(limits: limits)
+        self.lanes = ReliableLanes(limits: limits, cluster: cluster)
+        self.cluster = cluster
     }
 }
 

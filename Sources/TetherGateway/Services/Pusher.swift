@@ -11,15 +11,22 @@ struct Pusher: Sendable {
     let registry: ConnectionRegistry
     /// The ``PushBatcher`` of each loop of the gateway's group.
     let batchers: [ObjectIdentifier: PushBatcher]
+    /// The cluster that shares pushes to clients, rooms and everyone with the other nodes.
+    let cluster: (any GatewayCluster)?
 
     private static let allocator = ByteBufferAllocator()
 
-    /// Pushes to the connections `target` names.
-    /// - Returns: The number of connections the push was sent to.
+    /// Pushes to the connections `target` names, and, in a cluster, publishes the push to the
+    /// other nodes (unless it names a connection, which is this node's own).
+    /// - Parameter publish: Whether to publish it to the other nodes (not what one of them published).
+    /// - Returns: The number of this node's connections the push was sent to.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad topic.
-    func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
+    func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget, publish: Bool = true) throws(GatewayError) -> Int {
         guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else {
             throw GatewayError(code: .invalidArgument, message: "a push topic must be 1 to 65535 bytes long")
+        }
+        if publish, let cluster = self.cluster {
+            if case .connection = target {} else { cluster.publish(ClusterPush(topic: topic, body: body, target: target)) }
         }
         let recipients = self.registry.recipients(for: target)
         guard !recipients.isEmpty else { return 0 }

@@ -1,10 +1,9 @@
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
-import PostgresNIO
+package import PostgresNIO
 import TetherGateway
-import TetherPostgres
-import TetherTestSupport
+package import TetherPostgres
 
 #if canImport(Glibc)
     import Glibc
@@ -14,17 +13,19 @@ import TetherTestSupport
 
 /// The private PostgreSQL server of this test process: started at first use in a temporary
 /// directory, stopped and deleted when the process exits. Each test gets a database of its own.
-enum TestPostgres {
+package enum TestPostgres {
     private static let server = NIOLockedValueBox<Result<LocalPostgres, LocalPostgres.Error>?>(nil)
     private static let databases = NIOLockedValueBox(0)
 
     /// The running server, started if needed.
-    static func shared() throws -> LocalPostgres {
+    package static func shared() throws -> LocalPostgres {
         try OutsideTool.postgresql.require()
         let result = self.server.withLockedValue { server -> Result<LocalPostgres, LocalPostgres.Error> in
             if let server { return server }
             let started = Result { () throws(LocalPostgres.Error) -> LocalPostgres in
-                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-pg-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+                    "tether-pg-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+                )
                 let postgres = try LocalPostgres(directory: directory, port: try LocalPostgres.freePort())
                 try postgres.start(fsync: false)
                 return postgres
@@ -42,7 +43,7 @@ enum TestPostgres {
 
     /// A new, empty database on the shared server.
     /// - Returns: Its URL.
-    static func makeDatabase() async throws -> String {
+    package static func makeDatabase() async throws -> String {
         let server = try self.shared()
         let number = self.databases.withLockedValue { count -> Int in
             count += 1
@@ -59,7 +60,7 @@ enum TestPostgres {
     }
 
     /// Runs `body` with a client of a new, empty database.
-    static func withDatabase<T: Sendable>(_ body: (PostgresClient, String) async throws -> T) async throws -> T {
+    package static func withDatabase<T: Sendable>(_ body: (PostgresClient, String) async throws -> T) async throws -> T {
         let url = try await self.makeDatabase()
         let client = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
         return try await withThrowingTaskGroup { group in

@@ -1,0 +1,101 @@
+public import NIOCore
+public import TetherCore
+
+/// What a gateway shares with the other gateways (nodes) of a cluster: pushes that reach every
+/// node's connections, which node holds which client's connections, and the lanes of reliable
+/// delivery, so that each outbox's messages are processed by one node at a time.
+///
+/// The nodes share one ``MessageStore`` too, which keeps the record: processed messages,
+/// deliveries, claims. `PostgresCluster` (TetherPostgres) implements this protocol on
+/// PostgreSQL; a single gateway has no cluster.
+///
+/// ```swift
+/// let cluster = PostgresCluster(store: store, configuration: .init(url: url, name: "node-a"))
+/// let gateway = try Gateway(configuration: configuration, messageStore: store, cluster: cluster)
+/// ```
+public protocol GatewayCluster: Sendable {
+    /// Takes part in the cluster until cancelled: registers the node, hears the other nodes,
+    /// and calls `node` to reach this gateway's connections. ``Gateway/run()`` runs it, and
+    /// cancels it once the gateway has stopped.
+    func run(_ node: ClusterNode) async throws
+
+    /// A push made on this node (to a client, a room or everyone): the other nodes push it to
+    /// their connections. Called on the pusher's thread: queue it, do not wait.
+    func publish(_ push: ClusterPush)
+
+    /// A connection of `client` that takes reliable deliveries is established on this node
+    /// (each is matched by one ``clientLeft(_:)``).
+    func clientArrived(_ client: String)
+
+    /// A connection of `client` that took reliable deliveries ended.
+    func clientLeft(_ client: String)
+
+    /// Claims the lane of `outbox` for this node, waiting while another live node holds it
+    /// (asking it to let go).
+    /// - Returns: The claim, which the lane's writes carry as their ``StoreWrite/fence``.
+    /// - Throws: If the lane could not be claimed in time, or the store is unreachable.
+    func claimLane(_ outbox: OutboxID) async throws -> LaneFence
+
+    /// This node no longer uses the lane it claimed with `fence`.
+    func releaseLane(_ fence: LaneFence)
+}
+
+/// A push shared between the nodes of a cluster.
+public struct ClusterPush: Sendable, Hashable {
+    public var topic: String
+    public var body: ByteBuffer
+    /// A client, a room or everyone (a connection is one node's own).
+    public var target: PushTarget
+
+    public init(topic: String, body: ByteBuffer, target: PushTarget) {
+        self.topic = topic
+        self.body = body
+        self.target = target
+    }
+}
+
+/// What a gateway offers its ``GatewayCluster``: reaching this node's own connections.
+public struct ClusterNode: Sendable {
+    let registry: ConnectionRegistry
+    let pushes: Pusher
+    let lanes: ReliableLanes?
+
+    /// Pushes what another node published to this node's connections (not published again).
+    /// - Returns: The number of connections reached.
+    @discardableResult
+    public func push(_ push: ClusterPush) -> Int {
+        (try? self.pushes.push(push.topic, push.body, to: push.target, publish: false)) ?? 0
+    }
+
+    /// Another node appended deliveries for `recipients`: their connections here read them.
+    public func deliveriesAppended(for recipients: some Sequence<String>) {
+        for recipient in recipients {
+            for group in self.registry.recipients(for: .client(recipient)) {
+                let handlers = group.handlers
+                group.loop.execute {
+                    for handler in handlers { handler.value.deliveriesAppendedElsewhere() }
+                }
+            }
+        }
+    }
+
+    /// Another node wants the lane of `outbox`: its client connected there. This node's
+    /// connections of that outbox are stale: they are closed, and the lane is released once
+    /// their last batch ended.
+    /// - Returns: Whether the lane is in use here (then it is released when it is no longer).
+    public func laneWanted(_ outbox: OutboxID) -> Bool {
+        guard let lanes = self.lanes, lanes.isInUse(outbox) else { return false }
+        for group in self.registry.recipients(for: .client(outbox.client)) {
+            let handlers = group.handlers
+            group.loop.execute {
+                for handler in handlers where handler.value.lane?.outbox == outbox { handler.value.closeNow() }
+            }
+        }
+        return true
+    }
+
+    /// The client ids with a reliable connection on this node.
+    public var clients: [String] {
+        Array(Set(self.lanes?.inUse.map(\.client) ?? []))
+    }
+}

@@ -1,0 +1,572 @@
+import Foundation
+public import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+public import PostgresNIO
+public import TetherCore
+public import TetherGateway
+
+/// Several gateways (nodes) sharing one PostgreSQL database: pushes reach every node's
+/// connections, reliable deliveries reach a recipient on whichever node it is connected to,
+/// and each outbox's messages are processed by one node at a time, across a node's death.
+///
+/// Tables are the record; notifications only wake nodes (see the design in
+/// `TetherPostgres.docc`):
+/// - **Nodes** register in `tether_nodes` and write `seen_at` every
+///   ``Configuration-swift.struct/heartbeatInterval``. Each also holds an advisory lock on
+///   its listening connection, which PostgreSQL releases the moment the node's process dies.
+///   A node is alive while it holds its lock and was seen within
+///   ``Configuration-swift.struct/nodeTimeout``.
+/// - **Lanes**: before processing an outbox's messages a node claims its lane in
+///   `tether_lanes`, taking it over from a node that is not alive; each claim increments the
+///   lane's fence, which every commit of the lane carries (``StoreWrite/fence``): a node whose
+///   claim was taken over cannot commit. A node that wants a lane a live node holds signals it;
+///   that node closes its stale connections of the outbox and lets the lane go.
+/// - **Presence**: `tether_presence` says which nodes hold a client's reliable connections; a
+///   commit that appends deliveries signals those nodes (`tether_signals`) and notifies each
+///   once, in the same transaction.
+/// - **Pushes** to clients, rooms and everyone go into `tether_pushes` in batches (one
+///   transaction and one notification per batch); every node reads what follows its cursor.
+///
+/// ```swift
+/// let store = try await PostgresMessageStore(client: postgres)
+/// let cluster = try PostgresCluster(store: store, configuration: .init(url: url, name: "node-a"))
+/// let gateway = try Gateway(configuration: configuration, messageStore: store, cluster: cluster)
+/// ```
+public final class PostgresCluster: GatewayCluster {
+    /// How a node takes part in the cluster.
+    public struct Configuration: Sendable {
+        /// The node's name, in logs and in `tether_nodes` (the host name and process id by default).
+        public var name: String
+        /// Where the node's LISTEN connection goes: the database itself, not a pooler in
+        /// transaction mode (PgBouncer drops LISTEN and session locks).
+        public var listen: PostgresConnection.Configuration
+        /// How often the node says it is alive.
+        public var heartbeatInterval: Duration = .seconds(1)
+        /// A node not seen for this long is dead, even if its lock seems held (its machine
+        /// vanished and PostgreSQL has not noticed yet): its lanes are taken over, its presence
+        /// ignored.
+        public var nodeTimeout: Duration = .seconds(10)
+        /// How long a batch waits for its lane while another live node holds it.
+        public var claimTimeout: Duration = .seconds(20)
+        /// How often the node reads its signals and the pushes without being notified: what
+        /// bounds a delay if a notification is lost.
+        public var pollInterval: Duration = .seconds(1)
+        /// How long pushes stay in `tether_pushes` for nodes that fall behind.
+        public var pushRetention: Duration = .seconds(60)
+
+        /// - Parameters:
+        ///   - url: The database, `postgres://user[:password]@host[:port]/database`.
+        ///   - name: The node's name.
+        /// - Throws: ``MessageStoreError`` for a URL that is not PostgreSQL's.
+        public init(url: String, name: String? = nil) throws(MessageStoreError) {
+            self.listen = try PostgresURL(url).connectionConfiguration
+            self.name = name ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
+        }
+
+        func validate() throws(MessageStoreError) {
+            guard self.heartbeatInterval > .zero, self.nodeTimeout >= self.heartbeatInterval * 2 else {
+                throw MessageStoreError(
+                    code: .invalidArgument,
+                    message:
+                        "the node timeout (\(self.nodeTimeout)) must be at least twice the heartbeat interval (\(self.heartbeatInterval))"
+                )
+            }
+            guard self.claimTimeout > .zero, self.pollInterval > .zero, self.pushRetention > .zero else {
+                throw MessageStoreError(code: .invalidArgument, message: "the cluster's timeouts and intervals must be positive")
+            }
+        }
+    }
+
+    public let configuration: Configuration
+    let store: PostgresMessageStore
+    private var client: PostgresClient { self.store.client }
+    private let logger: Logger
+    private let state = NIOLockedValueBox(State())
+    /// Wakes the loop that writes presence, releases and pushes.
+    private let writes = Doorbell()
+    /// Wakes the loop that reads this node's signals.
+    private let signals = Doorbell()
+    /// Wakes the loop that reads the pushes.
+    private let pushes = Doorbell()
+
+    private struct State {
+        var node: Int64?
+        /// Reliable connections per client on this node.
+        var connections: [String: Int] = [:]
+        /// Presence to write: `true` arrived, `false` left.
+        var presence: [String: Bool] = [:]
+        /// Write every client's presence again (after reconnecting to PostgreSQL).
+        var resyncPresence = false
+        var releases: [LaneFence] = []
+        /// Lanes another node wants that no connection here uses.
+        var unusedLanes: [OutboxID] = []
+        var pushes: [ClusterPush] = []
+        var running = false
+    }
+
+    /// - Parameters:
+    ///   - store: The nodes' shared store (its client runs the cluster's queries too).
+    ///   - configuration: The node's name, its LISTEN connection, its timings.
+    ///   - logger: Where the node logs.
+    /// - Throws: ``MessageStoreError`` with ``MessageStoreError/Code/invalidArgument`` for a
+    ///   configuration that does not hold together.
+    public init(
+        store: PostgresMessageStore,
+        configuration: Configuration,
+        logger: Logger = Logger(label: "tether.cluster")
+    ) throws(MessageStoreError) {
+        try configuration.validate()
+        self.store = store
+        self.configuration = configuration
+        var logger = logger
+        logger[metadataKey: "tether.node"] = "\(configuration.name)"
+        self.logger = logger
+    }
+
+    /// The node's id in `tether_nodes`, once it registered.
+    public var nodeID: Int64? { self.state.withLockedValue { $0.node } }
+
+    // MARK: GatewayCluster
+
+    public func publish(_ push: ClusterPush) {
+        self.state.withLockedValue { $0.pushes.append(push) }
+        self.writes.ring()
+    }
+
+    public func clientArrived(_ client: String) {
+        let first = self.state.withLockedValue { state -> Bool in
+            state.connections[client, default: 0] += 1
+            guard state.connections[client] == 1 else { return false }
+            state.presence[client] = true
+            return true
+        }
+        if first { self.writes.ring() }
+    }
+
+    public func clientLeft(_ client: String) {
+        let last = self.state.withLockedValue { state -> Bool in
+            guard let count = state.connections[client] else { return false }
+            guard count == 1 else {
+                state.connections[client] = count - 1
+                return false
+            }
+            state.connections[client] = nil
+            state.presence[client] = false
+            return true
+        }
+        if last { self.writes.ring() }
+    }
+
+    public func releaseLane(_ fence: LaneFence) {
+        self.state.withLockedValue { $0.releases.append(fence) }
+        self.writes.ring()
+    }
+
+    public func claimLane(_ outbox: OutboxID) async throws -> LaneFence {
+        guard let node = self.nodeID else {
+            throw MessageStoreError(code: .storage, message: "the node has not joined its cluster yet")
+        }
+        let start = ContinuousClock.now
+        var pause = Duration.milliseconds(20)
+        var asked: Int64?
+        var lastAsked = start
+        let space = PostgresSchema.lockSpace
+        let timeout = Self.seconds(self.configuration.nodeTimeout)
+        while true {
+            let epoch = Int64(bitPattern: outbox.epoch)
+            let rows = try await self.client.query(
+                """
+                INSERT INTO tether_lanes AS l (client, epoch, node, fence) VALUES (\(outbox.client), \(epoch), \(node), 1)
+                ON CONFLICT (client, epoch) DO UPDATE SET node = excluded.node, fence = l.fence + 1, claimed_at = now()
+                WHERE l.node IS NULL OR l.node = excluded.node OR NOT EXISTS (
+                    SELECT 1 FROM tether_nodes n
+                    WHERE n.id = l.node AND n.seen_at > now() - make_interval(secs => \(timeout))
+                        AND EXISTS (
+                            SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
+                                AND k.classid::bigint = \(Int64(space)) AND k.objid::bigint = n.id AND k.objsubid = 2))
+                RETURNING l.fence
+                """,
+                logger: self.logger
+            )
+            for try await fence in rows.decode(Int64.self) {
+                return LaneFence(outbox: outbox, token: UInt64(bitPattern: fence))
+            }
+            // A live node holds it: ask it to let go (again every second), and try again.
+            var holder: Int64?
+            for try await value in try await self.client.query(
+                "SELECT node FROM tether_lanes WHERE client = \(outbox.client) AND epoch = \(epoch)",
+                logger: self.logger
+            ).decode(Int64?.self) {
+                holder = value
+            }
+            let now = ContinuousClock.now
+            if let holder, holder != asked || now - lastAsked >= .seconds(1) {
+                try await self.client.query(
+                    """
+                    WITH s AS (
+                        INSERT INTO tether_signals (node, kind, key)
+                        VALUES (\(holder), \(ClusterSignal.Kind.releaseLane.rawValue), \(Self.key(of: outbox)))
+                    )
+                    SELECT pg_notify('tether_node_' || \(holder), '')
+                    """,
+                    logger: self.logger
+                )
+                asked = holder
+                lastAsked = now
+            }
+            guard now - start < self.configuration.claimTimeout else {
+                throw MessageStoreError(
+                    code: .storage,
+                    message:
+                        "the lane of \(outbox) is held by node \(holder.map(String.init) ?? "?"), which did not let it go within \(self.configuration.claimTimeout)"
+                )
+            }
+            try await Task.sleep(for: pause)
+            pause = min(pause * 2, .milliseconds(250))
+        }
+    }
+
+    // MARK: Running
+
+    public func run(_ node: ClusterNode) async throws {
+        let alreadyRunning = self.state.withLockedValue { state -> Bool in
+            defer { state.running = true }
+            return state.running
+        }
+        guard !alreadyRunning else {
+            throw MessageStoreError(code: .invalidArgument, message: "PostgresCluster.run() was already called")
+        }
+        let id = try await self.register()
+        self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
+        await withTaskGroup { group in
+            group.addTask { await self.listen(id) }
+            group.addTask { await self.heartbeat(id) }
+            group.addTask { await self.writeLoop(id, node) }
+            group.addTask { await self.signalLoop(id, node) }
+            group.addTask { await self.pushLoop(id, node) }
+            await group.waitForAll()
+        }
+        await self.leave(id, node)
+    }
+
+    private func register() async throws -> Int64 {
+        var id: Int64?
+        for try await value in try await self.client.query(
+            "INSERT INTO tether_nodes (name) VALUES (\(self.configuration.name)) RETURNING id",
+            logger: self.logger
+        ).decode(Int64.self) {
+            id = value
+        }
+        guard let id else { throw MessageStoreError(code: .storage, message: "registering the node returned no id") }
+        self.state.withLockedValue { $0.node = id }
+        self.store.node.withLockedValue { $0 = id }
+        return id
+    }
+
+    /// Leaves gracefully: the node's presence is removed and its lanes let go, so that other
+    /// nodes need not wait for it to time out.
+    private func leave(_ id: Int64, _ node: ClusterNode) async {
+        do {
+            try await self.client.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)", logger: self.logger)
+            try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
+            try await self.client.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)", logger: self.logger)
+            try await self.client.query("DELETE FROM tether_nodes WHERE id = \(id)", logger: self.logger)
+            self.logger.info("left the cluster")
+        } catch {
+            self.logger.warning(
+                "could not leave the cluster cleanly; the other nodes take over after the node timeout",
+                metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+            )
+        }
+    }
+
+    /// Keeps a connection that holds the node's liveness lock and hears its notifications;
+    /// connects again when it drops.
+    private func listen(_ id: Int64) async {
+        var failures = 0
+        while !Task.isCancelled {
+            do {
+                let connection = try await PostgresConnection.connect(
+                    on: MultiThreadedEventLoopGroup.singleton.any(),
+                    configuration: self.configuration.listen,
+                    id: Int(truncatingIfNeeded: id),
+                    logger: self.logger
+                )
+                defer { Task { try? await connection.close() } }
+                try await connection.query(
+                    "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
+                    logger: self.logger
+                )
+                let signals = try await connection.listen("tether_node_\(id)")
+                let pushes = try await connection.listen("tether_pushes")
+                if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
+                failures = 0
+                // Whatever was missed while away: presence written again, signals and pushes read.
+                self.state.withLockedValue { $0.resyncPresence = true }
+                self.writes.ring()
+                self.signals.ring()
+                self.pushes.ring()
+                try await withThrowingTaskGroup { group in
+                    group.addTask { for try await _ in signals { self.signals.ring() } }
+                    group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                    try await group.next()
+                    group.cancelAll()
+                }
+                throw MessageStoreError(code: .storage, message: "the listening connection ended")
+            } catch {
+                if Task.isCancelled { return }
+                if failures == 0 {
+                    self.logger.error(
+                        "lost PostgreSQL: pushes from other nodes and cross-node deliveries pause until it is back",
+                        metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+                    )
+                }
+                failures += 1
+                try? await Task.sleep(for: .milliseconds(min(100 * (1 << min(failures, 5)), 2000)))
+            }
+        }
+    }
+
+    /// Says the node is alive, and clears what dead nodes left behind.
+    private func heartbeat(_ id: Int64) async {
+        var beats = 0
+        while !Task.isCancelled {
+            do {
+                try await self.client.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)", logger: self.logger)
+                if beats % 10 == 0 { try await self.clearDeadNodes() }
+            } catch {
+                self.logger.warning("cannot write the node's heartbeat", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+            beats += 1
+            try? await Task.sleep(for: self.configuration.heartbeatInterval)
+        }
+    }
+
+    private func clearDeadNodes() async throws {
+        let timeout = Self.seconds(self.configuration.nodeTimeout)
+        let dead = "SELECT id FROM tether_nodes WHERE seen_at < now() - make_interval(secs => $1)"
+        var bindings = PostgresBindings()
+        bindings.append(timeout)
+        for table in ["tether_presence", "tether_signals"] {
+            try await self.client.query(
+                PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE node IN (\(dead))", binds: bindings),
+                logger: self.logger
+            )
+        }
+        try await self.client.query(
+            "DELETE FROM tether_pushes WHERE created_at < now() - make_interval(secs => \(Self.seconds(self.configuration.pushRetention)))",
+            logger: self.logger
+        )
+        try await self.client.query("DELETE FROM tether_nodes WHERE seen_at < now() - interval '1 day'", logger: self.logger)
+    }
+
+    /// Writes presence, lane releases and pushes, each kind in one statement per round.
+    private func writeLoop(_ id: Int64, _ node: ClusterNode) async {
+        while !Task.isCancelled {
+            await self.writes.wait(upTo: .seconds(5))
+            await self.flushWrites(id, node)
+        }
+    }
+
+    private func flushWrites(_ id: Int64, _ node: ClusterNode) async {
+        let (presence, resync, releases, unused, pushes) = self.state.withLockedValue { state in
+            defer {
+                state.presence = [:]
+                state.resyncPresence = false
+                state.releases = []
+                state.unusedLanes = []
+                state.pushes = []
+            }
+            return (state.presence, state.resyncPresence, state.releases, state.unusedLanes, state.pushes)
+        }
+        do {
+            var arrived = presence.filter(\.value).map(\.key)
+            let left = presence.filter { !$0.value }.map(\.key)
+            if resync {
+                arrived = node.clients
+                try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
+            }
+            if !left.isEmpty && !resync {
+                try await self.client.query(
+                    "DELETE FROM tether_presence WHERE node = \(id) AND client = ANY(\(left))",
+                    logger: self.logger
+                )
+            }
+            if !arrived.isEmpty {
+                try await self.client.query(
+                    """
+                    INSERT INTO tether_presence (client, node) SELECT c, \(id) FROM unnest(\(arrived)) AS c
+                    ON CONFLICT DO NOTHING
+                    """,
+                    logger: self.logger
+                )
+                // Deliveries committed before the presence was visible woke nobody: read them.
+                node.deliveriesAppended(for: arrived)
+            }
+            if !releases.isEmpty {
+                try await self.client.query(
+                    """
+                    UPDATE tether_lanes l SET node = NULL
+                    FROM unnest(\(releases.map(\.outbox.client)), \(releases.map { Int64(bitPattern: $0.outbox.epoch) }),
+                        \(releases.map { Int64(bitPattern: $0.token) })) AS r(client, epoch, fence)
+                    WHERE l.client = r.client AND l.epoch = r.epoch AND l.fence = r.fence AND l.node = \(id)
+                    """,
+                    logger: self.logger
+                )
+            }
+            if !unused.isEmpty {
+                try await self.client.query(
+                    """
+                    UPDATE tether_lanes l SET node = NULL
+                    FROM unnest(\(unused.map(\.client)), \(unused.map { Int64(bitPattern: $0.epoch) })) AS r(client, epoch)
+                    WHERE l.client = r.client AND l.epoch = r.epoch AND l.node = \(id)
+                    """,
+                    logger: self.logger
+                )
+            }
+            if !pushes.isEmpty {
+                try await self.insert(pushes, from: id)
+                self.logger.debug("published pushes", metadata: ["pushes": "\(pushes.count)"])
+            }
+        } catch {
+            self.logger.warning(
+                "cannot write to PostgreSQL; trying again",
+                metadata: ["error": "\(PostgresMessageStore.describe(error))", "pushes": "\(pushes.count)"]
+            )
+            // Kept for the next round (pushes too: they are at most once per node, not lost for a hiccup).
+            self.state.withLockedValue { state in
+                for (client, arrived) in presence where state.presence[client] == nil { state.presence[client] = arrived }
+                state.resyncPresence = state.resyncPresence || resync
+                state.releases = releases + state.releases
+                state.unusedLanes = unused + state.unusedLanes
+                state.pushes = pushes + state.pushes
+            }
+            try? await Task.sleep(for: .milliseconds(200))
+            self.writes.ring()
+        }
+    }
+
+    /// One batch of pushes: one transaction, one notification. The advisory lock makes the
+    /// batches of all nodes commit in the order of their ids, so a reader's cursor skips none.
+    private func insert(_ pushes: [ClusterPush], from id: Int64) async throws {
+        let kinds = pushes.map { push -> Int16 in
+            switch push.target {
+            case .client: 1
+            case .room: 2
+            case .all: 3
+            case .connection: 0
+            }
+        }
+        let targets = pushes.map { push -> String in
+            switch push.target {
+            case .client(let client): client
+            case .room(let room): room
+            case .all, .connection: ""
+            }
+        }
+        try await self.client.withTransaction(logger: self.logger) { connection in
+            try await connection.query(
+                "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
+                logger: self.logger
+            )
+            try await connection.query(
+                """
+                INSERT INTO tether_pushes (origin, kind, target, topic, body)
+                SELECT \(id), kind, target, topic, body
+                FROM unnest(\(kinds), \(targets), \(pushes.map(\.topic)), \(pushes.map(\.body))) WITH ORDINALITY AS p(kind, target, topic, body, n)
+                ORDER BY n
+                """,
+                logger: self.logger
+            )
+            try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+        }
+    }
+
+    /// Reads the node's signals when notified (or every poll interval).
+    private func signalLoop(_ id: Int64, _ node: ClusterNode) async {
+        while !Task.isCancelled {
+            await self.signals.wait(upTo: self.configuration.pollInterval)
+            if Task.isCancelled { return }
+            do {
+                var recipients: Set<String> = []
+                var wanted: Set<OutboxID> = []
+                for try await (kind, key) in try await self.client.query(
+                    "DELETE FROM tether_signals WHERE node = \(id) RETURNING kind, key",
+                    logger: self.logger
+                ).decode((Int16, String).self) {
+                    switch ClusterSignal.Kind(rawValue: kind) {
+                    case .deliveries: recipients.insert(key)
+                    case .releaseLane: if let outbox = Self.outbox(from: key) { wanted.insert(outbox) }
+                    case nil: self.logger.warning("unknown cluster signal", metadata: ["kind": "\(kind)"])
+                    }
+                }
+                if !recipients.isEmpty { node.deliveriesAppended(for: recipients) }
+                let unused = wanted.filter { !node.laneWanted($0) }
+                if !unused.isEmpty {
+                    self.state.withLockedValue { $0.unusedLanes += unused }
+                    self.writes.ring()
+                }
+            } catch {
+                self.logger.warning("cannot read the node's signals", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+        }
+    }
+
+    /// Pushes what the other nodes published to this node's connections.
+    private func pushLoop(_ id: Int64, _ node: ClusterNode) async {
+        var cursor: Int64?
+        while !Task.isCancelled {
+            do {
+                if cursor == nil {
+                    for try await last in try await self.client.query("SELECT coalesce(max(id), 0) FROM tether_pushes", logger: self.logger)
+                        .decode(Int64.self)
+                    {
+                        cursor = last
+                    }
+                }
+                while let after = cursor {
+                    var read = 0
+                    for try await (pushID, origin, kind, name, topic, body) in try await self.client.query(
+                        """
+                        SELECT id, origin, kind, target, topic, body FROM tether_pushes
+                        WHERE id > \(after) ORDER BY id LIMIT 1000
+                        """,
+                        logger: self.logger
+                    ).decode((Int64, Int64, Int16, String, String, ByteBuffer).self) {
+                        read += 1
+                        cursor = pushID
+                        guard origin != id else { continue }
+                        let target: PushTarget
+                        switch kind {
+                        case 1: target = .client(name)
+                        case 2: target = .room(name)
+                        case 3: target = .all
+                        default: continue
+                        }
+                        node.push(ClusterPush(topic: topic, body: body, target: target))
+                    }
+                    if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor ?? 0)"]) }
+                    if read < 1000 { break }
+                }
+            } catch {
+                self.logger.warning("cannot read the pushes of other nodes", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+            await self.pushes.wait(upTo: self.configuration.pollInterval)
+        }
+    }
+
+    // MARK: Helpers
+
+    static func key(of outbox: OutboxID) -> String { "\(outbox.client)\t\(outbox.epoch)" }
+
+    static func outbox(from key: String) -> OutboxID? {
+        guard let tab = key.lastIndex(of: "\t"), let epoch = UInt64(key[key.index(after: tab)...]) else { return nil }
+        return OutboxID(client: String(key[..<tab]), epoch: epoch)
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+}

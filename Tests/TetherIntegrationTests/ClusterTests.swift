@@ -1,0 +1,193 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import PostgresNIO
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherPostgres
+import TetherTestSupport
+import TetherTesting
+
+/// One node of a test cluster: a gateway with its own PostgreSQL client, store and cluster
+/// membership, reachable on a local network.
+struct ClusterTestNode {
+    let name: String
+    let gateway: Gateway
+    let store: PostgresMessageStore
+    let cluster: PostgresCluster
+    let endpoint: Endpoint
+    /// The bodies its chat handler processed, in order.
+    let processed: NIOLockedValueBox<[String]>
+}
+
+extension Harness {
+    /// A node of the cluster on the database at `url`: the chat handler (see
+    /// ``installChatHandler(on:)``), `room.enter` (joins the room named by the body) and
+    /// `push.client` (pushes "topic|client|text" to a client id).
+    func clusterNode(
+        _ name: String,
+        url: String,
+        network: LocalNetwork,
+        routes: (Gateway) -> Void = { _ in }
+    ) async throws -> ClusterTestNode {
+        let postgres = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
+        let running = Task { await postgres.run() }
+        self.spawn("the PostgreSQL client of node \(name)") { await running.value }
+        self.onExit { running.cancel() }  // runs after the gateway's shutdown (exit handlers run in reverse)
+        let store = try await PostgresMessageStore(client: postgres, logger: testLogger("store-\(name)"))
+        var clusterConfiguration = try PostgresCluster.Configuration(url: url, name: name)
+        clusterConfiguration.heartbeatInterval = .milliseconds(200)
+        clusterConfiguration.nodeTimeout = .seconds(2)
+        clusterConfiguration.pollInterval = .milliseconds(250)
+        let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: testLogger("cluster-\(name)"))
+        var configuration = GatewayConfiguration.defaults
+        configuration.listen = nil
+        let gateway = try Gateway(
+            configuration: configuration,
+            messageStore: store,
+            cluster: cluster,
+            logger: testLogger("gateway-\(name)")
+        )
+        let processed = self.installChatHandler(on: gateway)
+        gateway.handle("room.enter") { request, context in
+            context.join(String(buffer: request.body))
+            return ByteBuffer(string: "in")
+        }
+        routes(gateway)
+        let endpoint = Endpoint(host: name, port: 1)
+        network.attach(gateway, at: endpoint)
+        self.spawn("gateway.run() of node \(name)") { try? await gateway.run() }
+        self.describe { "node \(name): \(gateway.connections.count) established connections" }
+        self.onExit { gateway.shutdown() }
+        try await eventually("node \(name) joined its cluster") { cluster.nodeID != nil }
+        return ClusterTestNode(name: name, gateway: gateway, store: store, cluster: cluster, endpoint: endpoint, processed: processed)
+    }
+}
+
+extension IntegrationTests {
+    @Suite("A cluster of gateways on PostgreSQL", .requires(.postgresql), .timeLimit(.minutes(3)))
+    struct ClusterTests {
+        @Test("alice on node A and bob on node B: reliable messages and pushes both ways, each once and in order")
+        func twoNodes() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                let a = try await harness.clusterNode("a", url: url, network: network)
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let aliceInbox = DeliveryCollector(alice, in: harness)
+                let bobInbox = DeliveryCollector(bob, in: harness)
+                let alicePushes = PushCollector(alice, topic: "note", in: harness)
+                let bobPushes = PushCollector(bob, topic: "note", in: harness)
+                try await eventually("both clients are present in the cluster") {
+                    a.gateway.connections.count == 1 && b.gateway.connections.count == 1
+                }
+
+                for index in 1...50 {
+                    _ = try await alice.send("chat.send", body: ByteBuffer(string: "to bob \(index)"), conversation: "bob")
+                    _ = try await bob.send("chat.send", body: ByteBuffer(string: "to alice \(index)"), conversation: "alice")
+                }
+                try await eventually("each gets the other's 50 messages", timeout: .seconds(20)) {
+                    bobInbox.count == 50 && aliceInbox.count == 50
+                }
+                #expect(bobInbox.bodies == (1...50).map { "to bob \($0)" })
+                #expect(aliceInbox.bodies == (1...50).map { "to alice \($0)" })
+                #expect(bobInbox.violations.isEmpty && aliceInbox.violations.isEmpty)
+                #expect(a.processed.withLockedValue { $0 } == (1...50).map { "to bob \($0)" })
+                #expect(b.processed.withLockedValue { $0 } == (1...50).map { "to alice \($0)" })
+
+                // Pushes from either node reach a client on the other, in order.
+                for index in 1...20 {
+                    try a.gateway.push("note", ByteBuffer(string: "a\(index)"), to: .client("bob"))
+                    try b.gateway.push("note", ByteBuffer(string: "b\(index)"), to: .client("alice"))
+                }
+                try await eventually("the pushes crossed", timeout: .seconds(10)) {
+                    bobPushes.bodies.count == 20 && alicePushes.bodies.count == 20
+                }
+                #expect(bobPushes.bodies == (1...20).map { "a\($0)" })
+                #expect(alicePushes.bodies == (1...20).map { "b\($0)" })
+                // Every node hears a push to everyone once; none comes back to its own node twice.
+                try a.gateway.push("note", ByteBuffer(string: "all"), to: .all)
+                try await eventually("a push to everyone") { bobPushes.bodies.last == "all" && alicePushes.bodies.last == "all" }
+                try await Task.sleep(for: .milliseconds(600))
+                #expect(alicePushes.bodies.filter { $0 == "all" }.count == 1)
+                #expect(bobPushes.bodies.filter { $0 == "all" }.count == 1)
+            }
+        }
+
+        @Test("a room whose members are on three nodes gets every push made on any of them")
+        func roomOverThreeNodes() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                var nodes: [ClusterTestNode] = []
+                for name in ["a", "b", "c"] { nodes.append(try await harness.clusterNode(name, url: url, network: network)) }
+                var collectors: [PushCollector] = []
+                for (index, node) in nodes.enumerated() {
+                    for member in 0..<3 {
+                        let client = try harness.client([node.endpoint], clientID: "m\(index)-\(member)", transport: network.transport)
+                        let collector = PushCollector(client, topic: "room.say", in: harness)
+                        _ = try await client.request("room.enter", body: ByteBuffer(string: "lobby"), timeout: .seconds(5))
+                        collectors.append(collector)
+                    }
+                }
+                for node in nodes {
+                    for line in 1...5 {
+                        try node.gateway.push("room.say", ByteBuffer(string: "\(node.name)\(line)"), to: .room("lobby"))
+                    }
+                }
+                let members = collectors
+                try await eventually("every member got the 15 pushes", timeout: .seconds(10)) {
+                    members.allSatisfy { $0.bodies.count == 15 }
+                }
+                for collector in members {
+                    // Each node's pushes arrive in the order it made them.
+                    for node in nodes {
+                        #expect(collector.bodies.filter { $0.hasPrefix(node.name) } == (1...5).map { "\(node.name)\($0)" })
+                    }
+                }
+                #expect(nodes[0].gateway.members(of: "lobby").count == 3)
+            }
+        }
+
+        @Test("a node whose lane was taken over cannot commit with its old fence; the message is processed once")
+        func staleFence() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                let a = try await harness.clusterNode("a", url: url, network: network)
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let bobInbox = DeliveryCollector(bob, in: harness)
+                _ = try await alice.send("chat.send", body: ByteBuffer(string: "one"), conversation: "bob")
+                try await eventually("bob gets one") { bobInbox.count == 1 }
+
+                // Node B takes alice's lane over, as it would from a node it believed dead.
+                let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
+                try await withThrowingTaskGroup { group in
+                    group.addTask { await admin.run() }
+                    let bID = try #require(b.cluster.nodeID)
+                    try await admin.query("UPDATE tether_lanes SET node = \(bID), fence = fence + 1 WHERE client = 'alice'")
+                    // A's next commit carries its old fence: refused; A claims the lane back from B
+                    // (which no longer uses it), and the message is processed once.
+                    _ = try await alice.send("chat.send", body: ByteBuffer(string: "two"), conversation: "bob")
+                    try await eventually("bob gets two", timeout: .seconds(15)) { bobInbox.count == 2 }
+                    try await Task.sleep(for: .milliseconds(300))
+                    #expect(bobInbox.bodies == ["one", "two"])
+                    #expect(bobInbox.violations.isEmpty)
+                    var fence: Int64 = 0
+                    for try await value in try await admin.query("SELECT fence FROM tether_lanes WHERE client = 'alice'").decode(Int64.self)
+                    {
+                        fence = value
+                    }
+                    #expect(fence == 3, "claimed by A (1), taken over by B (2), claimed back by A (3)")
+                    group.cancelAll()
+                }
+            }
+        }
+    }
+}
