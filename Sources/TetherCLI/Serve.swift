@@ -1,8 +1,10 @@
 import ArgumentParser
 import Logging
+import PostgresNIO
 import ServiceLifecycle
 import TetherGateway
 import TetherJWT
+import TetherPostgres
 
 #if canImport(Glibc)
     import Glibc
@@ -46,6 +48,21 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
     var store = "tether-gateway.sqlite"
 
+    @Option(
+        help: """
+            A PostgreSQL URL (postgres://user[:password]@host[:port]/database): the gateway is a node of a cluster that \
+            shares its store, presence, rooms and pushes with every gateway on that database; --store is not used. \
+            tether postgres start runs one for development.
+            """
+    )
+    var postgres: String?
+
+    @Option(help: "With --postgres: the node's name (default: the host name and process id; with --nodes, NAME-1, NAME-2, …).")
+    var nodeName: String?
+
+    @Option(help: "With --postgres: run this many nodes in this process, on --port, --port + 1, … (each its own gateway).")
+    var nodes = 1
+
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
 
@@ -84,16 +101,6 @@ struct Serve: AsyncParsableCommand {
         configuration.checksums = self.requireChecksums ? .required : .optional
         try self.limits.apply(to: &configuration.limits)
         let logger = Logger(label: "tether.serve")
-        let messageStore: any MessageStore
-        if self.store == ":memory:" {
-            messageStore = InMemoryMessageStore()
-        } else {
-            do {
-                messageStore = try SQLiteMessageStore(path: self.store)
-            } catch {
-                throw ValidationError("cannot open the store '\(self.store)': \(error)")
-            }
-        }
         var authenticator: JWTAuthenticator?
         if self.jwtKeys.isEmpty {
             if self.jwtIssuer != nil || self.jwtAudience != nil { throw ValidationError("--jwt-issuer and --jwt-audience need --jwt-key") }
@@ -109,6 +116,21 @@ struct Serve: AsyncParsableCommand {
             }
             logger.info("clients must present a JWT whose subject is their client id", metadata: ["keys": "\(self.jwtKeys.count)"])
         }
+        if let postgres {
+            try await self.runCluster(postgres, configuration: configuration, authenticator: authenticator, logger: logger)
+            return
+        }
+        if self.nodes != 1 || self.nodeName != nil { throw ValidationError("--nodes and --node-name need --postgres") }
+        let messageStore: any MessageStore
+        if self.store == ":memory:" {
+            messageStore = InMemoryMessageStore()
+        } else {
+            do {
+                messageStore = try SQLiteMessageStore(path: self.store)
+            } catch {
+                throw ValidationError("cannot open the store '\(self.store)': \(error)")
+            }
+        }
         let gateway = try Gateway(
             configuration: configuration,
             messageStore: messageStore,
@@ -120,6 +142,66 @@ struct Serve: AsyncParsableCommand {
             configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await services.run()
+    }
+
+    /// Runs `--nodes` gateways, each a node of the cluster on the database at `url`, until
+    /// SIGTERM or SIGINT.
+    private func runCluster(
+        _ url: String,
+        configuration: GatewayConfiguration,
+        authenticator: JWTAuthenticator?,
+        logger: Logger
+    ) async throws {
+        guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
+        let clientConfiguration: PostgresClient.Configuration
+        do {
+            clientConfiguration = try PostgresMessageStore.clientConfiguration(url: url)
+        } catch {
+            throw ValidationError("--postgres: \(error.message)")
+        }
+        var gateways: [Gateway] = []
+        var clients: [PostgresClient] = []
+        try await withThrowingDiscardingTaskGroup { group in
+            for index in 0..<self.nodes {
+                let name = self.nodes == 1 ? self.nodeName : "\(self.nodeName ?? "node")-\(index + 1)"
+                var nodeLogger = Logger(label: "tether.gateway")
+                if let name { nodeLogger[metadataKey: "tether.node"] = "\(name)" }
+                let client = PostgresClient(configuration: clientConfiguration, backgroundLogger: Logger(label: "tether.postgres"))
+                clients.append(client)
+                group.addTask { await client.run() }
+                let store: PostgresMessageStore
+                do {
+                    store = try await PostgresMessageStore(client: client, logger: Logger(label: "tether.postgres"))
+                } catch {
+                    throw ValidationError("--postgres: \((error as? MessageStoreError)?.message ?? "\(error)")")
+                }
+                let cluster = try PostgresCluster(store: store, configuration: try .init(url: url, name: name), logger: nodeLogger)
+                var nodeConfiguration = configuration
+                nodeConfiguration.listen?.port = configuration.listen.map { $0.port == 0 ? 0 : $0.port + index } ?? 0
+                if index > 0, nodeConfiguration.webSocket != nil {
+                    nodeConfiguration.webSocket?.port = (configuration.webSocket?.port ?? 0) + index
+                }
+                let gateway = try Gateway(
+                    configuration: nodeConfiguration,
+                    messageStore: store,
+                    authenticator: authenticator,
+                    cluster: cluster,
+                    logger: nodeLogger
+                )
+                DemoService.install(on: gateway)
+                gateways.append(gateway)
+                logger.info(
+                    "cluster node",
+                    metadata: ["node": "\(name ?? "-")", "listen": "\(nodeConfiguration.listen.map { "\($0.host):\($0.port)" } ?? "-")"]
+                )
+            }
+            let services = ServiceGroup(
+                configuration: .init(services: gateways, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+            )
+            try await services.run()
+            group.cancelAll()  // the PostgreSQL clients, once every gateway left its cluster
+        }
+        _ = clients
     }
 
     /// Raises the process's soft limit on open descriptors to its hard limit: each connection

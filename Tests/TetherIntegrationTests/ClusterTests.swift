@@ -191,3 +191,92 @@ extension IntegrationTests {
         }
     }
 }
+
+extension IntegrationTests {
+    @Suite("A cluster when a node or PostgreSQL dies", .requires(.postgresql), .timeLimit(.minutes(3)))
+    struct ClusterFailureTests {
+        @Test("node A is killed with SIGKILL mid-stream: alice resumes on node B, nothing lost or doubled, the handler's deliveries once")
+        func nodeKilled() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                var nodes: [(ChildProcess, Endpoint)] = []
+                for name in ["a", "b"] {
+                    let port = try LocalPostgres.freePort()
+                    let node = try ChildProcess(
+                        [
+                            "serve", "--postgres", url, "--node-name", name, "--port", "\(port)", "--store", ":memory:", "--log-level",
+                            "info",
+                        ],
+                        in: harness
+                    )
+                    nodes.append((node, Endpoint(host: "127.0.0.1", port: port)))
+                }
+                for (node, _) in nodes {
+                    try await eventually("a node listens", timeout: .seconds(30)) { node.lines.contains { $0.contains("listening") } }
+                }
+                let (a, b) = (nodes[0], nodes[1])
+                let alice = try harness.client([a.1, b.1], clientID: "alice") { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }
+                let bob = try harness.client([b.1], clientID: "bob") { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }
+                let inbox = DeliveryCollector(bob, in: harness)
+                let count = 600
+                let sent = NIOLockedValueBox(0)
+                harness.spawn("alice sends") {
+                    for index in 1...count {
+                        guard (try? await alice.send("dm", body: ByteBuffer(string: "m\(index)"), conversation: "bob")) != nil else {
+                            return
+                        }
+                        sent.withLockedValue { $0 = index }
+                        try? await Task.sleep(for: .milliseconds(3))  // a stream, not a burst: the kill lands mid-way
+                    }
+                }
+                try await eventually("bob gets the first messages through node A", timeout: .seconds(30)) { inbox.count >= 100 }
+                let sentBeforeKill = sent.withLockedValue { $0 }
+                a.0.kill()
+                #expect(try await a.0.exitStatus() == SIGKILL)
+                let killedAt = ContinuousClock.now
+                try await eventually("alice sends the rest through node B", timeout: .seconds(60)) { inbox.count >= count }
+                print(
+                    "node killed after alice sent \(sentBeforeKill): bob had all \(count) messages \(ContinuousClock.now - killedAt) after the kill"
+                )
+                #expect(sentBeforeKill < count - 100, "the kill landed mid-stream")
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(inbox.bodies == (1...count).map { "m\($0)" }, "once each, in order")
+                #expect(inbox.violations.isEmpty)
+                #expect(sent.withLockedValue { $0 } == count)
+            }
+        }
+
+        @Test("PostgreSQL is restarted while alice sends to bob across nodes: every message arrives once, in order")
+        func postgresRestarted() async throws {
+            try OutsideTool.postgresql.require()
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-pg-restart-\(UUID().uuidString)")
+            let server = try LocalPostgres(directory: directory, port: try LocalPostgres.freePort())
+            try server.start(fsync: false)
+            defer { server.destroy() }
+            let url = server.url + "?sslmode=disable"
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                let network = LocalNetwork()
+                let a = try await harness.clusterNode("a", url: url, network: network)
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let inbox = DeliveryCollector(bob, in: harness)
+                let count = 300
+                harness.spawn("alice sends") {
+                    for index in 1...count {
+                        _ = try? await alice.send("chat.send", body: ByteBuffer(string: "m\(index)"), conversation: "bob")
+                    }
+                }
+                try await eventually("the first messages arrive", timeout: .seconds(30)) { inbox.count >= 50 }
+                try server.stop()
+                try await Task.sleep(for: .seconds(1))
+                try server.start(fsync: false)
+                try await eventually("everything arrives once PostgreSQL is back", timeout: .seconds(90)) { inbox.count >= count }
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(inbox.bodies == (1...count).map { "m\($0)" }, "once each, in order")
+                #expect(inbox.violations.isEmpty)
+                #expect(Set(a.processed.withLockedValue { $0 }).count == count)
+            }
+        }
+    }
+}
