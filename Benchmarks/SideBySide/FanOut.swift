@@ -36,6 +36,12 @@ struct FanOut: AsyncParsableCommand {
     @Option(help: "Where fanout.json goes.")
     var output = "bench-results"
 
+    @Option(help: "Run the gateways as nodes of a cluster on this PostgreSQL database; members are spread over them.")
+    var postgres: String?
+
+    @Option(help: "With --postgres: gateway nodes; the publisher is on the first.")
+    var nodes = 1
+
     struct Result: Codable {
         var members: Int
         var messages: Int
@@ -49,22 +55,34 @@ struct FanOut: AsyncParsableCommand {
 
     func run() async throws {
         let executable = try ChildProcess.thisExecutable()
-        let (server, port) = try ChildProcess.server(.tether, executable: executable)
-        defer { server.terminate() }
-        let processes = (self.members + self.perProcess - 1) / self.perProcess
+        var servers: [(process: ChildProcess, port: Int)] = []
+        defer { for server in servers { server.process.terminate() } }
+        for node in 0..<(self.postgres == nil ? 1 : max(1, self.nodes)) {
+            let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n\(node + 1)"] } ?? []
+            servers.append(try ChildProcess.server(.tether, executable: executable, arguments: arguments))
+        }
+        let port = servers[0].port
+        // Each node gets an equal share of the members, in generators of at most perProcess.
         var generators: [ChildProcess] = []
-        for index in 0..<processes {
-            let share = min(self.perProcess, self.members - index * self.perProcess)
-            generators.append(
-                try ChildProcess(executable, ["listen", "--port", "\(port)", "--count", "\(share)", "--messages", "\(self.messages)"])
-            )
+        for (node, server) in servers.enumerated() {
+            var share = self.members / servers.count + (node < self.members % servers.count ? 1 : 0)
+            while share > 0 {
+                let count = min(self.perProcess, share)
+                generators.append(
+                    try ChildProcess(
+                        executable,
+                        ["listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)"]
+                    )
+                )
+                share -= count
+            }
         }
         for generator in generators {
             guard let line = generator.readLine(), line.hasPrefix("joined ") else {
                 throw BenchError("a generator failed: \(generator.errors())")
             }
         }
-        let cpuBefore = processCPUSeconds(pid: server.pid) ?? 0
+        let cpuBefore = servers.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) }
         let started = Date().timeIntervalSince1970
         let perRequest = self.perRequest
         let messages = self.messages
@@ -84,8 +102,10 @@ struct FanOut: AsyncParsableCommand {
             }
             return recipients
         }
-        guard recipients == self.members else {
-            throw BenchError("the room has \(recipients) members, not \(self.members)")
+        // The publisher's node counts its own members only.
+        let local = self.members / servers.count + (self.members % servers.count > 0 ? 1 : 0)
+        guard recipients == (servers.count == 1 ? self.members : local) else {
+            throw BenchError("the room has \(recipients) members on the publisher's node, not \(servers.count == 1 ? self.members : local)")
         }
         var delivered = 0
         var last = started
@@ -99,7 +119,7 @@ struct FanOut: AsyncParsableCommand {
             last = max(last, Double(fields[2]) ?? 0)
             generator.wait()
         }
-        let cpu = (processCPUSeconds(pid: server.pid) ?? 0) - cpuBefore
+        let cpu = servers.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) } - cpuBefore
         let expected = self.members * self.messages
         guard delivered == expected else { throw BenchError("\(delivered) pushes delivered of \(expected)") }
         let seconds = last - started
@@ -117,7 +137,7 @@ struct FanOut: AsyncParsableCommand {
                 + "\(String(format: "%.2f", seconds)) s = \(Int(result.deliveriesPerSecond)) deliveries/s, "
                 + "gateway CPU \(String(format: "%.2f", cpu)) s"
         )
-        try writeJSON(result, to: "\(self.output)/fanout.json")
+        try writeJSON(result, to: "\(self.output)/fanout\(servers.count > 1 ? "-\(servers.count)-nodes" : "").json")
     }
 }
 

@@ -73,7 +73,12 @@ enum Peer: String, CaseIterable, Sendable {
 
     /// Runs the server on `port` (0 picks one), calls `ready` with the port, and serves until
     /// the task is cancelled.
-    func serve(port: Int, reusePort: Bool = false, ready: @escaping @Sendable (Int) -> Void) async throws {
+    func serve(
+        port: Int,
+        reusePort: Bool = false,
+        cluster: ClusterNodeOptions? = nil,
+        ready: @escaping @Sendable (Int) -> Void
+    ) async throws {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
         case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket,
@@ -83,6 +88,7 @@ enum Peer: String, CaseIterable, Sendable {
                 transport: self.transport,
                 http2: self != .tetherSecureHTTP1Stream,
                 reusePort: reusePort,
+                cluster: cluster,
                 ready: ready
             )
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
@@ -131,6 +137,7 @@ enum TetherPeer {
         transport: Endpoint.Transport = .tcp,
         http2: Bool = true,
         reusePort: Bool = false,
+        cluster: ClusterNodeOptions? = nil,
         ready: @escaping @Sendable (Int) -> Void
     ) async throws {
         var configuration = GatewayConfiguration.defaults
@@ -152,10 +159,16 @@ enum TetherPeer {
         configuration.limits.handshakesPerSecond = 1_000_000
         configuration.limits.handshakesPerSecondPerAddress = 1_000_000
         configuration.limits.requestsPerSecondPerConnection = .max  // no limit: the benchmarks are floods
-        let gateway = try Gateway(configuration: configuration, logger: Peer.logger)
+        let node = try await cluster.map { try await $0.join() }
+        let gateway = try Gateway(configuration: configuration, messageStore: node?.store, cluster: node?.cluster, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
         gateway.handleInline("echo.inline") { request, _ in request.body }
-        // For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it.
+        Self.installRoom(on: gateway)
+        try await Self.run(gateway, ready: ready)
+    }
+
+    /// For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it.
+    static func installRoom(on gateway: Gateway) {
         gateway.handle("room.join") { _, context in
             context.join("bench")
             return ByteBuffer()
@@ -173,7 +186,6 @@ enum TetherPeer {
             reply.writeInteger(UInt32(recipients))
             return reply
         }
-        try await Self.run(gateway, ready: ready)
     }
 
     /// Runs `gateway` until the task is cancelled, calling `ready` with its port once it listens.

@@ -39,6 +39,12 @@ struct Reliable: AsyncParsableCommand {
     @Option(help: "The gateway's limits: defaults, off, or both (one run each).")
     var limits = Limits.both
 
+    @Option(help: "Run the gateways as nodes of a cluster on this PostgreSQL database instead of SQLite.")
+    var postgres: String?
+
+    @Option(help: "With --postgres: gateway nodes; alice connects to the first, bob to the last.")
+    var nodes = 1
+
     struct Result: Codable {
         /// `defaults` or `off`.
         var limits: Limits
@@ -87,16 +93,23 @@ struct Reliable: AsyncParsableCommand {
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
 
-        let store = scratch.appendingPathComponent("gateway.sqlite").path
-        let gateway = try ChildProcess(executable, ["reliable-gateway", "--store", store] + (limits == .off ? ["--limits-off"] : []))
-        defer { gateway.terminate() }
-        guard let ready = gateway.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
-            throw BenchError("the gateway did not start: \(gateway.errors())")
+        var gateways: [(process: ChildProcess, port: Int)] = []
+        defer { for gateway in gateways { gateway.process.terminate() } }
+        for node in 0..<(self.postgres == nil ? 1 : max(1, self.nodes)) {
+            let storeArguments =
+                self.postgres.map { ["--postgres", $0, "--node-name", "n\(node + 1)"] }
+                ?? ["--store", scratch.appendingPathComponent("gateway.sqlite").path]
+            let process = try ChildProcess(executable, ["reliable-gateway"] + storeArguments + (limits == .off ? ["--limits-off"] : []))
+            guard let ready = process.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
+                throw BenchError("the gateway did not start: \(process.errors())")
+            }
+            gateways.append((process, port))
         }
+        let port = gateways[0].port
         let bob = try ChildProcess(
             executable,
             [
-                "reliable-receiver", "--port", "\(port)", "--messages", "\(self.messages)",
+                "reliable-receiver", "--port", "\(gateways[gateways.count - 1].port)", "--messages", "\(self.messages)",
                 "--outbox", scratch.appendingPathComponent("bob.sqlite").path,
             ]
         )
@@ -117,7 +130,7 @@ struct Reliable: AsyncParsableCommand {
             defer { alice.shutdown() }
             try await waitUntilConnected(alice)
             let cpu = (
-                alice: processCPUSeconds(), gateway: processCPUSeconds(pid: gateway.pid) ?? 0, bob: processCPUSeconds(pid: bob.pid) ?? 0
+                alice: processCPUSeconds(), gateway: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) }, bob: processCPUSeconds(pid: bob.pid) ?? 0
             )
             let clock = ContinuousClock()
             let started = clock.now
@@ -150,7 +163,7 @@ struct Reliable: AsyncParsableCommand {
                 deliveredSeconds: delivered,
                 deliveredPerSecond: Double(messages) / delivered,
                 aliceCPUSeconds: processCPUSeconds() - cpu.alice,
-                gatewayCPUSeconds: (processCPUSeconds(pid: gateway.pid) ?? 0) - cpu.gateway,
+                gatewayCPUSeconds: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) } - cpu.gateway,
                 bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob
             )
         }
@@ -163,7 +176,13 @@ struct ReliableGateway: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "reliable-gateway", abstract: "The gateway of `reliable`.")
 
     @Option(help: "The SQLite file of the message store.")
-    var store: String
+    var store: String?
+
+    @Option(help: "Be a node of the cluster on this PostgreSQL database (instead of --store).")
+    var postgres: String?
+
+    @Option(help: "With --postgres: the node's name.")
+    var nodeName = "node"
 
     @Option(help: "The port (0 picks one).")
     var port = 0
@@ -178,7 +197,14 @@ struct ReliableGateway: AsyncParsableCommand {
             configuration.limits.messagesPerSecondPerConnection = .max
             configuration.limits.requestsPerSecondPerConnection = .max
         }
-        let gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: self.store), logger: Peer.logger)
+        let gateway: Gateway
+        if let postgres = self.postgres {
+            let node = try await ClusterNodeOptions(url: postgres, name: self.nodeName).join()
+            gateway = try Gateway(configuration: configuration, messageStore: node.store, cluster: node.cluster, logger: Peer.logger)
+        } else {
+            guard let store = self.store else { throw BenchError("reliable-gateway needs --store or --postgres") }
+            gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: store), logger: Peer.logger)
+        }
         gateway.onMessage("dm") { message, context in
             try context.deliver(to: "bob", topic: "dm", body: message.body)
         }

@@ -14,7 +14,7 @@ struct TetherBench: AsyncParsableCommand {
         abstract: "Tether side by side with raw NIO, HTTP/1.1, gRPC and WebSocket peers.",
         subcommands: [
             Run.self, Serve.self, Drive.self, Idle.self, Hold.self, FanOut.self, Listen.self, Reliable.self, ReliableGateway.self,
-            ReliableReceiver.self,
+            ReliableReceiver.self, ClusterBench.self,
         ]
     )
 }
@@ -33,9 +33,17 @@ struct Serve: AsyncParsableCommand {
     @Flag(help: "Tether only: listen with SO_REUSEPORT, so that several gateway processes share the port.")
     var reusePort = false
 
+    @Option(help: "Tether only: be a node of the cluster on this PostgreSQL database.")
+    var postgres: String?
+
+    @Option(help: "With --postgres: the node's name.")
+    var nodeName = "node"
+
     func run() async throws {
         guard !self.reusePort || self.peer == .tether else { throw BenchError("--reuse-port is for the tether peer only") }
-        try await self.peer.serve(port: self.port, reusePort: self.reusePort) { port in
+        guard self.postgres == nil || self.peer == .tether else { throw BenchError("--postgres is for the tether peer only") }
+        let cluster = self.postgres.map { ClusterNodeOptions(url: $0, name: self.nodeName) }
+        try await self.peer.serve(port: self.port, reusePort: self.reusePort, cluster: cluster) { port in
             emit("ready \(port)")
         }
     }

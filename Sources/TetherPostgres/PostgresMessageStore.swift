@@ -193,14 +193,37 @@ public final class PostgresMessageStore: MessageStore {
     public func apply(_ writes: [StoreWrite]) async throws -> [Result<[DeliveryReceipt], MessageStoreError>] {
         guard !writes.isEmpty else { return [] }
         let node = self.node.withLockedValue { $0 }
-        return try await self.storage {
-            try await self.client.withTransaction(logger: self.logger) { connection in
-                try await GroupCommit(writes: writes, node: node, logger: self.logger).run(on: connection)
+        // A string PostgreSQL cannot hold would fail the whole group's transaction: such a
+        // write is refused alone, before the group is sent.
+        let refusals = writes.map(Self.unstorable)
+        let storable = zip(writes, refusals).filter { $0.1 == nil }.map(\.0)
+        var applied: [Result<[DeliveryReceipt], MessageStoreError>] = []
+        if !storable.isEmpty {
+            applied = try await self.storage {
+                try await self.client.withTransaction(logger: self.logger) { connection in
+                    try await GroupCommit(writes: storable, node: node, logger: self.logger).run(on: connection)
+                }
             }
         }
+        var next = applied.makeIterator()
+        return refusals.map { refusal in refusal.map { .failure($0) } ?? next.next()! }
     }
 
     // MARK: Internals
+
+    /// Why PostgreSQL cannot store `write` (a NUL character in one of its strings, which
+    /// `text` cannot hold), or `nil`.
+    static func unstorable(_ write: StoreWrite) -> MessageStoreError? {
+        func hasNUL(_ string: String) -> Bool { string.utf8.contains(0) }
+        let strings =
+            write.processed.lazy.flatMap { [$0.outbox.client, $0.conversation] }
+            + write.deliveries.lazy.flatMap { [$0.recipient, $0.topic] } + write.acknowledgements.keys
+        guard let bad = strings.first(where: hasNUL) else { return nil }
+        return MessageStoreError(
+            code: .invalidArgument,
+            message: "'\(bad.replacingOccurrences(of: "\u{0}", with: "\\0"))' contains a NUL character, which PostgreSQL text cannot hold"
+        )
+    }
 
     /// Runs `body`, turning any failure of PostgreSQL into a ``MessageStoreError``.
     func storage<T>(_ body: () async throws -> sending T) async throws(MessageStoreError) -> sending T {

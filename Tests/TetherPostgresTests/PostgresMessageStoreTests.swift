@@ -88,6 +88,29 @@ struct PostgresMessageStoreTests {
         }
     }
 
+    @Test("a write with a string PostgreSQL cannot hold (a NUL character) is refused alone; the rest of its group is applied")
+    func unstorable() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let store = try await PostgresMessageStore(client: client)
+            let results = try await store.apply([
+                StoreWrite(deliveries: [NewDelivery(recipient: "b", topic: "t", body: ByteBuffer(string: "1"))]),
+                StoreWrite(processed: [ProcessedMessage(outbox: OutboxID(client: "a\u{0}", epoch: 1), conversation: "c", sequence: 1)]),
+                StoreWrite(deliveries: [NewDelivery(recipient: "b", topic: "t\u{0}", body: ByteBuffer(string: "no"))]),
+                StoreWrite(deliveries: [NewDelivery(recipient: "b", topic: "t", body: ByteBuffer(string: "2"))]),
+            ])
+            #expect(try results[0].get() == [DeliveryReceipt(recipient: "b", sequence: 1)])
+            for index in [1, 2] {
+                guard case .failure(let error) = results[index] else {
+                    Issue.record("write \(index) was applied: \(results[index])")
+                    continue
+                }
+                #expect(error.code == .invalidArgument)
+                #expect(error.message.contains("NUL"))
+            }
+            #expect(try results[3].get() == [DeliveryReceipt(recipient: "b", sequence: 2)])
+        }
+    }
+
     @Test("a URL that is not PostgreSQL's is refused with a clear error")
     func badURL() {
         for url in ["http://localhost/db", "postgres://", "not a url", "postgres://h/db?sslmode=sometimes"] {
