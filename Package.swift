@@ -174,6 +174,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "Tether",
+                "TetherPostgres",
                 "TetherTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -10,6 +10,7 @@ import NIOCore
 import NIOPosix
 import Tether
 import TetherGateway
+import TetherPostgres
 import WSClient
 
 /// One request/response round trip through a peer's client, as an app would call it.
@@ -159,7 +160,8 @@ enum TetherPeer {
         configuration.limits.handshakesPerSecond = 1_000_000
         configuration.limits.handshakesPerSecondPerAddress = 1_000_000
         configuration.limits.requestsPerSecondPerConnection = .max  // no limit: the benchmarks are floods
-        let node = try await cluster.map { try await $0.join() }
+        var node: (store: PostgresMessageStore, cluster: PostgresCluster)?
+        if let cluster { node = try await cluster.join() }
         let gateway = try Gateway(configuration: configuration, messageStore: node?.store, cluster: node?.cluster, logger: Peer.logger)
         gateway.handle("echo") { request, _ in request.body }
         gateway.handleInline("echo.inline") { request, _ in request.body }

@@ -130,7 +130,8 @@ struct Reliable: AsyncParsableCommand {
             defer { alice.shutdown() }
             try await waitUntilConnected(alice)
             let cpu = (
-                alice: processCPUSeconds(), gateway: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) }, bob: processCPUSeconds(pid: bob.pid) ?? 0
+                alice: processCPUSeconds(), gateway: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) },
+                bob: processCPUSeconds(pid: bob.pid) ?? 0
             )
             let clock = ContinuousClock()
             let started = clock.now

@@ -19,6 +19,8 @@ final class GatewayProcess: @unchecked Sendable {
     let logFile: String
     /// `tether serve`'s options for the listeners: `--port`, or TLS and WebSocket options.
     let listenerArguments: [String]
+    /// A cluster node's database and name (`tether serve --postgres`), instead of the SQLite store.
+    let postgres: (url: String, node: String)?
     private let lock = NIOLock()
     private var process: Process?
 
@@ -31,8 +33,10 @@ final class GatewayProcess: @unchecked Sendable {
         logFile: String,
         transport: Endpoint.Transport = .tcp,
         certificate: LabCertificate? = nil,
-        httpPort: Int? = nil
+        httpPort: Int? = nil,
+        postgres: (url: String, node: String)? = nil
     ) {
+        self.postgres = postgres
         self.executable = executable
         self.port = port
         self.store = store
@@ -53,7 +57,9 @@ final class GatewayProcess: @unchecked Sendable {
         process.executableURL = URL(fileURLWithPath: self.executable)
         process.arguments =
             [
-                "serve", "--store", self.store, "--heartbeat", "\(self.heartbeat.totalSeconds)", "--log-level", "warning",
+                "serve"
+            ] + (self.postgres.map { ["--postgres", $0.url, "--node-name", $0.node] } ?? ["--store", self.store]) + [
+                "--heartbeat", "\(self.heartbeat.totalSeconds)", "--log-level", "warning",
             ] + self.listenerArguments + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
         if !FileManager.default.fileExists(atPath: self.logFile) {
             FileManager.default.createFile(atPath: self.logFile, contents: nil)

@@ -124,6 +124,24 @@ public enum LabReport {
                 )
             }
         }
+        let killed = results.filter { $0.nodeKill != nil }
+        if !killed.isEmpty {
+            lines.append("")
+            lines.append("## A cluster node killed")
+            lines.append("")
+            lines.append(
+                "Gateway nodes (`tether serve --postgres`) on a private PostgreSQL; every client lists every node, its own first. "
+                    + "The first node is killed with SIGKILL; its clients move to the next node in their list."
+            )
+            lines.append("")
+            lines.append("| Scenario | Nodes | Clients | On the killed node | Back on another node p50 / p95 / max (s) | Not back |")
+            lines.append("|---|---|---|---|---|---|")
+            for result in killed {
+                let kill = result.nodeKill!
+                let back = kill.back.map { "\(Self.number($0.p50, 2)) / \(Self.number($0.p95, 2)) / \(Self.number($0.max, 2))" } ?? "–"
+                lines.append("| \(result.name) | \(kill.nodes) | \(kill.clients) | \(kill.affected) | \(back) | \(kill.neverBack) |")
+            }
+        }
         for result in results {
             guard let nat = result.natTimeout else { continue }
             lines.append("")
@@ -243,6 +261,20 @@ public enum LabReport {
                     + "\(Self.number(nat.natTimeoutSeconds, 0)) s NAT timeout (longest \(Self.number(longest, 0)) s) and lost no connection after; "
                     + "unreachable \(Self.number(nat.probing.unreachableFraction * 100, 1)) % of the time vs \(Self.number(nat.fixed.unreachableFraction * 100, 1)) % at the fixed interval"
             )
+        }
+        if let run = result("node-kill"), let kill = run.nodeKill {
+            check(
+                kill.neverBack == 0 && (kill.back?.p95 ?? .infinity) <= 5,
+                "node-kill: \(kill.affected) clients of the killed node back on another node within "
+                    + "\(kill.back.map { Self.number($0.p95, 2) + " s" } ?? "—") p95 (target ≤ 5 s), \(kill.neverBack) not back"
+            )
+            if let delivery = run.delivery {
+                check(
+                    delivery.eventually == delivery.accepted && delivery.duplicates == 0 && delivery.orderViolations == 0,
+                    "node-kill: \(delivery.eventually) of \(delivery.accepted) messages delivered across the kill, "
+                        + "\(delivery.duplicates) duplicates, \(delivery.orderViolations) order violations"
+                )
+            }
         }
         for (name, limit) in [("restricted-rejected", 2.0), ("restricted-blackholed", 3.0)] {
             guard let run = result(name), let restricted = run.restricted else { continue }

@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 public import NIOCore
 import Tether
 import TetherCore
+import TetherPostgres
 import TetherTesting
 
 /// Runs lab scenarios against a real gateway process and real clients.
@@ -52,6 +53,14 @@ public struct Lab: Sendable {
         defer { try? self.packetFilter?.clear() }
         if let nat = scenario.nat { return try await run.run(nat) }
         if let restricted = scenario.restricted { return try await run.run(restricted) }
+        if let nodeKill = scenario.nodeKill {
+            guard LocalPostgres.isInstalled else {
+                let reason = "PostgreSQL's server is not installed (apt-get install postgresql)"
+                self.progress("\(scenario.name): skipped: \(reason)")
+                return ScenarioResult(name: scenario.name, summary: scenario.summary, skipped: reason)
+            }
+            return try await run.run(nodeKill)
+        }
         return try await run.run()
     }
 }

@@ -60,6 +60,18 @@ public struct Scenario: Sendable, Hashable {
         public var moveUpInterval: Duration
     }
 
+    /// Several gateways as the nodes of a cluster on a private PostgreSQL, one of them killed
+    /// with SIGKILL mid-run: its clients must come back on the others, and alice's messages to
+    /// bob (on different nodes) arrive once each.
+    public struct NodeKillSetup: Sendable, Hashable {
+        /// Gateway nodes.
+        public var nodes: Int
+        /// Idle clients, spread over the nodes (each lists every node, its own first).
+        public var clients: Int
+        /// When the first node is killed (from the start of the run).
+        public var killAt: Duration
+    }
+
     /// A short identifier, used on the command line and in the report.
     public var name: String
     /// What the scenario reproduces, in a few words.
@@ -86,6 +98,8 @@ public struct Scenario: Sendable, Hashable {
     public var nat: NATSetup?
     /// The restrictive-network experiment instead of the usual traffic, if set.
     public var restricted: RestrictedSetup?
+    /// The node-kill experiment instead of the usual traffic, if set.
+    public var nodeKill: NodeKillSetup?
     /// How the clients reach the gateway: TCP, or WebSocket over TLS (`wss://`) for the
     /// scenarios named `…-wss`.
     public var transport: Endpoint.Transport = .tcp
@@ -112,8 +126,10 @@ public struct Scenario: Sendable, Hashable {
         observers: Int = 0,
         heartbeatInterval: Duration = .seconds(10),
         nat: NATSetup? = nil,
-        restricted: RestrictedSetup? = nil
+        restricted: RestrictedSetup? = nil,
+        nodeKill: NodeKillSetup? = nil
     ) {
+        self.nodeKill = nodeKill
         self.name = name
         self.summary = summary
         self.loss = loss
@@ -160,6 +176,14 @@ public struct Scenario: Sendable, Hashable {
         return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
             + catalog.filter { ["loss-10", "loss-30"].contains($0.name) }.map { $0.over(.httpStream) }
             + Self.restrictedCatalog(clients: 50, heartbeat: .seconds(10), steady: .seconds(30), liftAt: .seconds(15))
+            + [
+                Scenario(
+                    name: "node-kill",
+                    summary: "three gateway nodes on PostgreSQL, one killed (SIGKILL) with a third of 1,000 clients on it",
+                    steadyDuration: .seconds(30),
+                    nodeKill: .init(nodes: 3, clients: 1000, killAt: .seconds(12))
+                )
+            ]
     }
 
     /// The restrictive-network family: the raw port rejected or blackholed, WebSocket upgrades

@@ -56,6 +56,19 @@ public struct ScenarioResult: Codable, Sendable {
 
     /// The restrictive-network experiment: clients whose raw port and WebSocket are blocked
     /// fall back to the HTTP stream, then move back up when the raw port opens.
+    public struct NodeKill: Codable, Sendable {
+        public var nodes: Int
+        public var clients: Int
+        /// When the node was killed, seconds from the start.
+        public var killedAtSeconds: Double
+        /// Clients connected to the killed node at that moment.
+        public var affected: Int
+        /// The kill → the affected client connected to another node, seconds.
+        public var back: Percentiles?
+        /// Affected clients not connected again by the end: must be 0.
+        public var neverBack: Int
+    }
+
     public struct Restricted: Codable, Sendable {
         /// `rejected` or `blackholed`.
         public var rawPort: String
@@ -121,6 +134,7 @@ public struct ScenarioResult: Codable, Sendable {
     public var herd: Herd?
     public var natTimeout: NATTimeout?
     public var restricted: Restricted?
+    public var nodeKill: NodeKill?
     /// Bytes on the wire (application level, both ways) of one idle connection, per hour.
     public var heartbeatBytesPerHour: Double?
     /// Bytes on the wire (both links, both ways) per backlog message, minus its body.
