@@ -46,8 +46,8 @@ struct ClusterBench: AsyncParsableCommand {
     @Option(help: "Pushes to the room.")
     var pushes = 100
 
-    @Option(help: "Seconds pgbench runs.")
-    var pgbenchSeconds = 10
+    @Option(help: "Transactions each pgbench client runs (-t: -T relies on SIGALRM, which a child of this process may have blocked).")
+    var pgbenchTransactions = 400
 
     @Option(help: "pgbench's concurrent clients.")
     var pgbenchClients = 16
@@ -57,7 +57,7 @@ struct ClusterBench: AsyncParsableCommand {
 
     struct PgbenchResult: Codable {
         var clients: Int
-        var seconds: Int
+        var transactionsPerClient: Int
         var transactionsPerSecond: Double
         var script: String
     }
@@ -147,7 +147,7 @@ struct ClusterBench: AsyncParsableCommand {
         let process = Process()
         process.executableURL = server.binaries.appendingPathComponent("pgbench")
         process.arguments = [
-            "-n", "-f", scriptPath, "-c", "\(self.pgbenchClients)", "-j", "2", "-T", "\(self.pgbenchSeconds)",
+            "-n", "-f", scriptPath, "-c", "\(self.pgbenchClients)", "-j", "2", "-t", "\(self.pgbenchTransactions)",
             "-h", "127.0.0.1", "-p", "\(server.port)", "-U", "tether", "pgbench",
         ]
         let pipe = Pipe()
@@ -162,6 +162,11 @@ struct ClusterBench: AsyncParsableCommand {
         else {
             throw BenchError("pgbench failed: \(printed)")
         }
-        return PgbenchResult(clients: self.pgbenchClients, seconds: self.pgbenchSeconds, transactionsPerSecond: tps, script: script)
+        return PgbenchResult(
+            clients: self.pgbenchClients,
+            transactionsPerClient: self.pgbenchTransactions,
+            transactionsPerSecond: tps,
+            script: script
+        )
     }
 }

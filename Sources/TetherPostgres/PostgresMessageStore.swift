@@ -131,11 +131,10 @@ public final class PostgresMessageStore: MessageStore {
             var usage: [String: StreamUsage] = [:]
             for recipient in recipients { usage[recipient] = StreamUsage(deliveries: 0, bytes: 0) }
             guard !recipients.isEmpty else { return usage }
+            // The stream row keeps the counts, updated by every append and acknowledgement: no
+            // scan of the waiting deliveries.
             let rows = try await self.client.query(
-                """
-                SELECT recipient, count(*), coalesce(sum(length(body)), 0)::bigint FROM tether_deliveries
-                WHERE recipient = ANY(\(recipients)) GROUP BY recipient
-                """,
+                "SELECT recipient, waiting, waiting_bytes FROM tether_streams WHERE recipient = ANY(\(recipients))",
                 logger: self.logger
             )
             for try await (recipient, count, bytes) in rows.decode((String, Int64, Int64).self) {
@@ -406,8 +405,15 @@ struct GroupCommit {
             let recipients = Array(acknowledgements.keys)
             try await connection.query(
                 """
-                DELETE FROM tether_deliveries d USING unnest(\(recipients), \(recipients.map { Int64(bitPattern: acknowledgements[$0]!) })) AS a(recipient, up_to)
-                WHERE d.recipient = a.recipient AND d.sequence <= a.up_to
+                WITH d AS (
+                    DELETE FROM tether_deliveries d
+                    USING unnest(\(recipients), \(recipients.map { Int64(bitPattern: acknowledgements[$0]!) })) AS a(recipient, up_to)
+                    WHERE d.recipient = a.recipient AND d.sequence <= a.up_to
+                    RETURNING d.recipient, length(d.body) AS bytes
+                )
+                UPDATE tether_streams s SET waiting = s.waiting - x.n, waiting_bytes = s.waiting_bytes - x.bytes
+                FROM (SELECT recipient, count(*) AS n, sum(bytes) AS bytes FROM d GROUP BY recipient) AS x
+                WHERE s.recipient = x.recipient
                 """,
                 logger: self.logger
             )
@@ -478,11 +484,12 @@ struct GroupCommit {
                 SELECT * FROM unnest(\(deliveries.map(\.recipient)), \(ordinals), \(deliveries.map(\.topic)), \(deliveries.map(\.body)))
                     AS d(recipient, k, topic, body)
             ),
-            counts AS (SELECT recipient, count(*)::bigint AS n FROM d GROUP BY recipient),
+            counts AS (SELECT recipient, count(*)::bigint AS n, sum(length(body))::bigint AS bytes FROM d GROUP BY recipient),
             s AS (
-                INSERT INTO tether_streams AS s (recipient, next_sequence)
-                SELECT recipient, n + 1 FROM counts ORDER BY recipient
-                ON CONFLICT (recipient) DO UPDATE SET next_sequence = s.next_sequence + excluded.next_sequence - 1
+                INSERT INTO tether_streams AS s (recipient, next_sequence, waiting, waiting_bytes)
+                SELECT recipient, n + 1, n, bytes FROM counts ORDER BY recipient
+                ON CONFLICT (recipient) DO UPDATE SET next_sequence = s.next_sequence + excluded.next_sequence - 1,
+                    waiting = s.waiting + excluded.waiting, waiting_bytes = s.waiting_bytes + excluded.waiting_bytes
                 RETURNING s.recipient, s.next_sequence
             ),
             firsts AS (SELECT s.recipient, s.next_sequence - counts.n AS first FROM s JOIN counts USING (recipient)),

@@ -33,7 +33,9 @@ enum PostgresSchema {
             client text NOT NULL, epoch bigint NOT NULL, conversation text NOT NULL, sequence bigint NOT NULL,
             status integer NOT NULL, message_id bigint,
             PRIMARY KEY (client, epoch, conversation, sequence));
-        CREATE TABLE tether_streams (recipient text PRIMARY KEY, next_sequence bigint NOT NULL);
+        CREATE TABLE tether_streams (
+            recipient text PRIMARY KEY, next_sequence bigint NOT NULL,
+            waiting bigint NOT NULL DEFAULT 0, waiting_bytes bigint NOT NULL DEFAULT 0);
         CREATE TABLE tether_deliveries (
             recipient text NOT NULL, sequence bigint NOT NULL, topic text NOT NULL, body bytea NOT NULL,
             PRIMARY KEY (recipient, sequence));
