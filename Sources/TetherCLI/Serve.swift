@@ -63,6 +63,14 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "With --postgres: run this many nodes in this process, on --port, --port + 1, … (each its own gateway).")
     var nodes = 1
 
+    @Option(
+        help: """
+            With --postgres: where clients reach this node (tether://10.0.0.5:7700); another node's GOAWAY sends its clients \
+            here when it shuts down. Default: tether://HOST:PORT unless --host is a wildcard address.
+            """
+    )
+    var advertise: String?
+
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
 
@@ -153,6 +161,10 @@ struct Serve: AsyncParsableCommand {
         logger: Logger
     ) async throws {
         guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
+        if self.advertise != nil && self.nodes != 1 { throw ValidationError("--advertise names one node: use it without --nodes") }
+        if let advertise = self.advertise, (try? Endpoint(parsing: advertise)) == nil {
+            throw ValidationError("--advertise: '\(advertise)' is not an endpoint URL (tether://host:port, wss://host:port/path, …)")
+        }
         let clientConfiguration: PostgresClient.Configuration
         do {
             clientConfiguration = try PostgresMessageStore.clientConfiguration(url: url)
@@ -175,9 +187,16 @@ struct Serve: AsyncParsableCommand {
                 } catch {
                     throw ValidationError("--postgres: \((error as? MessageStoreError)?.message ?? "\(error)")")
                 }
-                let cluster = try PostgresCluster(store: store, configuration: try .init(url: url, name: name), logger: nodeLogger)
                 var nodeConfiguration = configuration
                 nodeConfiguration.listen?.port = configuration.listen.map { $0.port == 0 ? 0 : $0.port + index } ?? 0
+                var clusterConfiguration = try PostgresCluster.Configuration(url: url, name: name)
+                if let advertise = self.advertise {
+                    clusterConfiguration.address = advertise
+                } else if let listen = nodeConfiguration.listen, !["0.0.0.0", "::", ""].contains(listen.host), listen.port != 0 {
+                    clusterConfiguration.address =
+                        Endpoint(host: listen.host, port: listen.port, transport: listen.tls ? .tls : .tcp).description
+                }
+                let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: nodeLogger)
                 if index > 0, nodeConfiguration.webSocket != nil {
                     nodeConfiguration.webSocket?.port = (configuration.webSocket?.port ?? 0) + index
                 }

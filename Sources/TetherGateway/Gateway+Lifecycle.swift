@@ -29,7 +29,7 @@ extension Gateway {
         let goAway = Frame.GoAway(
             reason: .shutdown,
             retryAfter: self.configuration.goAway.retryAfter,
-            alternateEndpoint: self.configuration.goAway.alternateEndpoint?.description,
+            alternateEndpoint: self.configuration.goAway.alternateEndpoint?.description ?? self.cluster?.alternateEndpoint,
             message: "the gateway is shutting down"
         )
         for handler in self.registry.beginDraining(with: goAway) {

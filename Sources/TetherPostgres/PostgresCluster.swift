@@ -55,6 +55,9 @@ public final class PostgresCluster: GatewayCluster {
         public var pollInterval: Duration = .seconds(1)
         /// How long pushes stay in `tether_pushes` for nodes that fall behind.
         public var pushRetention: Duration = .seconds(60)
+        /// Where clients reach this node (`tether://10.0.0.5:7700`, `wss://…`): when another
+        /// node shuts down, its GOAWAY may send its clients here. `nil`: never named.
+        public var address: String?
 
         /// - Parameters:
         ///   - url: The database, `postgres://user[:password]@host[:port]/database`.
@@ -104,6 +107,8 @@ public final class PostgresCluster: GatewayCluster {
         var unusedLanes: [OutboxID] = []
         var pushes: [ClusterPush] = []
         var running = false
+        /// The addresses of the other live nodes, as of the last heartbeat.
+        var others: [String] = []
     }
 
     /// - Parameters:
@@ -124,6 +129,9 @@ public final class PostgresCluster: GatewayCluster {
         logger[metadataKey: "tether.node"] = "\(configuration.name)"
         self.logger = logger
     }
+
+    /// Another live node's address, for the GOAWAY of this node's shutdown.
+    public var alternateEndpoint: String? { self.state.withLockedValue { $0.others.randomElement() } }
 
     /// The node's id in `tether_nodes`, once it registered.
     public var nodeID: Int64? { self.state.withLockedValue { $0.node } }
@@ -254,7 +262,7 @@ public final class PostgresCluster: GatewayCluster {
     private func register() async throws -> Int64 {
         var id: Int64?
         for try await value in try await self.client.query(
-            "INSERT INTO tether_nodes (name) VALUES (\(self.configuration.name)) RETURNING id",
+            "INSERT INTO tether_nodes (name, address) VALUES (\(self.configuration.name), \(self.configuration.address)) RETURNING id",
             logger: self.logger
         ).decode(Int64.self) {
             id = value
@@ -335,6 +343,18 @@ public final class PostgresCluster: GatewayCluster {
         while !Task.isCancelled {
             do {
                 try await self.client.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)", logger: self.logger)
+                var others: [String] = []
+                for try await address in try await self.client.query(
+                    """
+                    SELECT address FROM tether_nodes
+                    WHERE id <> \(id) AND address IS NOT NULL AND NOT leaving
+                        AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
+                    """,
+                    logger: self.logger
+                ).decode(String.self) {
+                    others.append(address)
+                }
+                self.state.withLockedValue { $0.others = others }
                 if beats % 10 == 0 { try await self.clearDeadNodes() }
             } catch {
                 self.logger.warning("cannot write the node's heartbeat", metadata: ["error": "\(PostgresMessageStore.describe(error))"])

@@ -41,6 +41,8 @@ extension Harness {
         clusterConfiguration.heartbeatInterval = .milliseconds(200)
         clusterConfiguration.nodeTimeout = .seconds(2)
         clusterConfiguration.pollInterval = .milliseconds(250)
+        let endpoint = Endpoint(host: name, port: 1)
+        clusterConfiguration.address = endpoint.description
         let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: testLogger("cluster-\(name)"))
         var configuration = GatewayConfiguration.defaults
         configuration.listen = nil
@@ -56,7 +58,6 @@ extension Harness {
             return ByteBuffer(string: "in")
         }
         routes(gateway)
-        let endpoint = Endpoint(host: name, port: 1)
         network.attach(gateway, at: endpoint)
         self.spawn("gateway.run() of node \(name)") { try? await gateway.run() }
         self.describe { "node \(name): \(gateway.connections.count) established connections" }
@@ -150,6 +151,29 @@ extension IntegrationTests {
                     }
                 }
                 #expect(nodes[0].gateway.members(of: "lobby").count == 3)
+            }
+        }
+
+        @Test("a node that shuts down names another in its GOAWAY: its clients move there, and their messages go on once each")
+        func gracefulLeave() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                let a = try await harness.clusterNode("a", url: url, network: network)
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                // alice knows only node A: B comes from A's GOAWAY.
+                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
+                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let inbox = DeliveryCollector(bob, in: harness)
+                for index in 1...20 { _ = try await alice.send("chat.send", body: ByteBuffer(string: "m\(index)"), conversation: "bob") }
+                try await eventually("A knows B's address", timeout: .seconds(5)) { a.cluster.alternateEndpoint != nil }
+                a.gateway.shutdown()
+                try await eventually("alice moved to node B", timeout: .seconds(15)) { alice.connectionState == .connected(b.endpoint) }
+                for index in 21...40 { _ = try await alice.send("chat.send", body: ByteBuffer(string: "m\(index)"), conversation: "bob") }
+                try await eventually("bob gets all 40", timeout: .seconds(15)) { inbox.count == 40 }
+                #expect(inbox.bodies == (1...40).map { "m\($0)" })
+                #expect(inbox.violations.isEmpty)
+                #expect(a.processed.withLockedValue { $0 } + b.processed.withLockedValue { $0 } == (1...40).map { "m\($0)" })
             }
         }
 

@@ -38,6 +38,15 @@ public protocol GatewayCluster: Sendable {
 
     /// This node no longer uses the lane it claimed with `fence`.
     func releaseLane(_ fence: LaneFence)
+
+    /// Where this node's clients should go when it shuts down: another live node's endpoint
+    /// (a URL such as `tether://10.0.0.6:7700`), named in the GOAWAY unless the gateway's
+    /// configuration names one (``GatewayConfiguration/GoAway-swift.struct/alternateEndpoint``).
+    var alternateEndpoint: String? { get }
+}
+
+extension GatewayCluster {
+    public var alternateEndpoint: String? { nil }
 }
 
 /// A push shared between the nodes of a cluster.
