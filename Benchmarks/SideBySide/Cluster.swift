@@ -77,7 +77,7 @@ struct ClusterBench: AsyncParsableCommand {
                 + "\(pgbench.clients) clients: \(Int(pgbench.transactionsPerSecond)) transactions/s"
         )
         for nodes in [1, 3] {
-            let url = try await Self.database(on: server, named: "reliable\(nodes)")
+            let url = try await server.createDatabase("reliable\(nodes)")
             var reliable = try Reliable.parse([
                 "--messages", "\(self.messages)", "--senders", "\(self.senders)", "--limits", "off",
                 "--postgres", url, "--nodes", "\(nodes)", "--output", self.output,
@@ -86,7 +86,7 @@ struct ClusterBench: AsyncParsableCommand {
             try FileManager.default.moveItem(atPath: "\(self.output)/reliable.json", toPath: "\(self.output)/reliable-\(nodes)-nodes.json")
             _ = reliable
         }
-        let url = try await Self.database(on: server, named: "fanout")
+        let url = try await server.createDatabase("fanout")
         var fanout = try FanOut.parse([
             "--members", "\(self.members)", "--messages", "\(self.pushes)", "--per-request", "10",
             "--postgres", url, "--nodes", "3", "--output", self.output,
@@ -95,22 +95,11 @@ struct ClusterBench: AsyncParsableCommand {
         _ = fanout
     }
 
-    /// A new database on `server`.
-    static func database(on server: LocalPostgres, named name: String) async throws -> String {
-        let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: server.url + "?sslmode=disable"))
-        try await withThrowingTaskGroup { group in
-            group.addTask { await admin.run() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"))
-            group.cancelAll()
-        }
-        return "postgres://tether@127.0.0.1:\(server.port)/\(name)?sslmode=disable"
-    }
-
     /// pgbench with a transaction of the shape of one reliable message: the outcome recorded,
     /// the conversation advanced, the recipient's stream advanced, the delivery stored, then
     /// its acknowledgement deleting it.
     private func pgbench(_ server: LocalPostgres) async throws -> PgbenchResult {
-        let url = try await Self.database(on: server, named: "pgbench")
+        let url = try await server.createDatabase("pgbench")
         let setup = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
         try await withThrowingTaskGroup { group in
             group.addTask { await setup.run() }

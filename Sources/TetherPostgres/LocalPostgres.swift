@@ -1,4 +1,5 @@
 public import Foundation
+import PostgresNIO
 
 #if canImport(Glibc)
     import Glibc
@@ -103,6 +104,22 @@ public struct LocalPostgres: Sendable {
             what: "pg_ctl start"
         )
         try self.createDatabaseIfNeeded()
+    }
+
+    /// Creates a database on the running server.
+    /// - Parameter name: Letters, digits and underscores.
+    /// - Returns: Its URL (without TLS: the server listens on loopback only).
+    public func createDatabase(_ name: String) async throws -> String {
+        guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_") }) else {
+            throw Error(message: "'\(name)' is not a database name this creates (letters, digits and underscores)")
+        }
+        let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: self.url + "?sslmode=disable"))
+        try await withThrowingTaskGroup { group in
+            group.addTask { await admin.run() }
+            defer { group.cancelAll() }
+            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"))
+        }
+        return "postgres://tether@127.0.0.1:\(self.port)/\(name)?sslmode=disable"
     }
 
     /// Stops the server (fast shutdown: open connections are closed).

@@ -277,10 +277,24 @@ public final class PostgresCluster: GatewayCluster {
     /// nodes need not wait for it to time out.
     private func leave(_ id: Int64, _ node: ClusterNode) async {
         do {
-            try await self.client.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)", logger: self.logger)
-            try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
-            try await self.client.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)", logger: self.logger)
-            try await self.client.query("DELETE FROM tether_nodes WHERE id = \(id)", logger: self.logger)
+            // Bounded: a node that cannot reach PostgreSQL as it stops must still stop.
+            try await withThrowingTaskGroup { group in
+                group.addTask {
+                    try await self.client.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)", logger: self.logger)
+                    try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
+                    try await self.client.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)", logger: self.logger)
+                    try await self.client.query("DELETE FROM tether_nodes WHERE id = \(id)", logger: self.logger)
+                }
+                group.addTask {
+                    try await Task.sleep(for: self.configuration.heartbeatInterval * 3)
+                    throw MessageStoreError(
+                        code: .storage,
+                        message: "PostgreSQL did not answer within \(self.configuration.heartbeatInterval * 3)"
+                    )
+                }
+                defer { group.cancelAll() }
+                try await group.next()
+            }
             self.logger.info("left the cluster")
         } catch {
             self.logger.warning(

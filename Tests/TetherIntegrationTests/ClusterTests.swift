@@ -35,7 +35,6 @@ extension Harness {
         let postgres = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
         let running = Task { await postgres.run() }
         self.spawn("the PostgreSQL client of node \(name)") { await running.value }
-        self.onExit { running.cancel() }  // runs after the gateway's shutdown (exit handlers run in reverse)
         let store = try await PostgresMessageStore(client: postgres, logger: testLogger("store-\(name)"))
         var clusterConfiguration = try PostgresCluster.Configuration(url: url, name: name)
         clusterConfiguration.heartbeatInterval = .milliseconds(200)
@@ -59,11 +58,36 @@ extension Harness {
         }
         routes(gateway)
         network.attach(gateway, at: endpoint)
-        self.spawn("gateway.run() of node \(name)") { try? await gateway.run() }
+        // The PostgreSQL client stops once the gateway has left its cluster, as in `tether serve`.
+        self.spawn("gateway.run() of node \(name)") {
+            try? await gateway.run()
+            running.cancel()
+        }
         self.describe { "node \(name): \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }
         try await eventually("node \(name) joined its cluster") { cluster.nodeID != nil }
         return ClusterTestNode(name: name, gateway: gateway, store: store, cluster: cluster, endpoint: endpoint, processed: processed)
+    }
+}
+
+/// Two nodes, alice connected to A and bob to B, and what bob receives.
+struct TwoNodes {
+    let a: ClusterTestNode
+    let b: ClusterTestNode
+    let alice: TetherClient
+    let bob: TetherClient
+    let bobInbox: DeliveryCollector
+}
+
+extension Harness {
+    /// Nodes A and B on the database at `url`, alice on A and bob on B (both reliable).
+    func twoNodes(url: String) async throws -> TwoNodes {
+        let network = LocalNetwork()
+        let a = try await self.clusterNode("a", url: url, network: network)
+        let b = try await self.clusterNode("b", url: url, network: network)
+        let alice = try self.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
+        let bob = try self.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+        return TwoNodes(a: a, b: b, alice: alice, bob: bob, bobInbox: DeliveryCollector(bob, in: self))
     }
 }
 
@@ -74,13 +98,10 @@ extension IntegrationTests {
         func twoNodes() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(120)) { harness in
-                let network = LocalNetwork()
-                let a = try await harness.clusterNode("a", url: url, network: network)
-                let b = try await harness.clusterNode("b", url: url, network: network)
-                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
-                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let setup = try await harness.twoNodes(url: url)
+                let (a, b, alice, bob) = (setup.a, setup.b, setup.alice, setup.bob)
                 let aliceInbox = DeliveryCollector(alice, in: harness)
-                let bobInbox = DeliveryCollector(bob, in: harness)
+                let bobInbox = setup.bobInbox
                 let alicePushes = PushCollector(alice, topic: "note", in: harness)
                 let bobPushes = PushCollector(bob, topic: "note", in: harness)
                 try await eventually("both clients are present in the cluster") {
@@ -158,13 +179,10 @@ extension IntegrationTests {
         func gracefulLeave() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(120)) { harness in
-                let network = LocalNetwork()
-                let a = try await harness.clusterNode("a", url: url, network: network)
-                let b = try await harness.clusterNode("b", url: url, network: network)
+                let setup = try await harness.twoNodes(url: url)
+                let (a, b, alice) = (setup.a, setup.b, setup.alice)
                 // alice knows only node A: B comes from A's GOAWAY.
-                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
-                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
-                let inbox = DeliveryCollector(bob, in: harness)
+                let inbox = setup.bobInbox
                 for index in 1...20 { _ = try await alice.send("chat.send", body: ByteBuffer(string: "m\(index)"), conversation: "bob") }
                 try await eventually("A knows B's address", timeout: .seconds(5)) { a.cluster.alternateEndpoint != nil }
                 a.gateway.shutdown()
@@ -181,12 +199,9 @@ extension IntegrationTests {
         func staleFence() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(120)) { harness in
-                let network = LocalNetwork()
-                let a = try await harness.clusterNode("a", url: url, network: network)
-                let b = try await harness.clusterNode("b", url: url, network: network)
-                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
-                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
-                let bobInbox = DeliveryCollector(bob, in: harness)
+                let setup = try await harness.twoNodes(url: url)
+                let (b, alice) = (setup.b, setup.alice)
+                let bobInbox = setup.bobInbox
                 _ = try await alice.send("chat.send", body: ByteBuffer(string: "one"), conversation: "bob")
                 try await eventually("bob gets one") { bobInbox.count == 1 }
 
@@ -279,12 +294,9 @@ extension IntegrationTests {
             defer { server.destroy() }
             let url = server.url + "?sslmode=disable"
             try await withHarness(timeLimit: .seconds(150)) { harness in
-                let network = LocalNetwork()
-                let a = try await harness.clusterNode("a", url: url, network: network)
-                let b = try await harness.clusterNode("b", url: url, network: network)
-                let alice = try harness.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
-                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
-                let inbox = DeliveryCollector(bob, in: harness)
+                let setup = try await harness.twoNodes(url: url)
+                let (a, alice) = (setup.a, setup.alice)
+                let inbox = setup.bobInbox
                 let count = 300
                 harness.spawn("alice sends") {
                     for index in 1...count {

@@ -49,14 +49,7 @@ package enum TestPostgres {
             count += 1
             return count
         }
-        let name = "t\(getpid())_\(number)"
-        let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: server.url + "?sslmode=disable"))
-        try await withThrowingTaskGroup { group in
-            group.addTask { await admin.run() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"))
-            group.cancelAll()
-        }
-        return "postgres://tether@127.0.0.1:\(server.port)/\(name)?sslmode=disable"
+        return try await server.createDatabase("t\(getpid())_\(number)")
     }
 
     /// Runs `body` with a client of a new, empty database.
