@@ -72,6 +72,7 @@ extension Harness {
 
 /// Two nodes, alice connected to A and bob to B, and what bob receives.
 struct TwoNodes {
+    let network: LocalNetwork
     let a: ClusterTestNode
     let b: ClusterTestNode
     let alice: TetherClient
@@ -81,13 +82,13 @@ struct TwoNodes {
 
 extension Harness {
     /// Nodes A and B on the database at `url`, alice on A and bob on B (both reliable).
-    func twoNodes(url: String) async throws -> TwoNodes {
+    func twoNodes(url: String, routes: (Gateway) -> Void = { _ in }) async throws -> TwoNodes {
         let network = LocalNetwork()
-        let a = try await self.clusterNode("a", url: url, network: network)
-        let b = try await self.clusterNode("b", url: url, network: network)
+        let a = try await self.clusterNode("a", url: url, network: network, routes: routes)
+        let b = try await self.clusterNode("b", url: url, network: network, routes: routes)
         let alice = try self.messagingClient(network: network, endpoint: a.endpoint, id: "alice")
         let bob = try self.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
-        return TwoNodes(a: a, b: b, alice: alice, bob: bob, bobInbox: DeliveryCollector(bob, in: self))
+        return TwoNodes(network: network, a: a, b: b, alice: alice, bob: bob, bobInbox: DeliveryCollector(bob, in: self))
     }
 }
 
@@ -192,6 +193,46 @@ extension IntegrationTests {
                 #expect(inbox.bodies == (1...40).map { "m\($0)" })
                 #expect(inbox.violations.isEmpty)
                 #expect(a.processed.withLockedValue { $0 } + b.processed.withLockedValue { $0 } == (1...40).map { "m\($0)" })
+            }
+        }
+
+        @Test("alice moves to node B while node A still runs her message's handler: B waits for A's commit, the handler runs once")
+        func moveWhileProcessing() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let gate = NIOLockedValueBox(false)
+                let runs = NIOLockedValueBox<[String]>([])
+                let setup = try await harness.twoNodes(url: url) { gateway in
+                    gateway.onMessage("gated") { message, context in
+                        runs.withLockedValue { $0.append(context.connection.clientID) }
+                        while !gate.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
+                        try context.deliver(to: "bob", topic: "chat.message", body: message.body)
+                    }
+                }
+                let (a, b, network) = (setup.a, setup.b, setup.network)
+                let carol = try harness.client([a.endpoint, b.endpoint], clientID: "carol", transport: network.transport) {
+                    $0.reliability = try! .init(outbox: InMemoryOutboxStore())
+                }
+                try await eventually("carol is on node A") { carol.connectionState == .connected(a.endpoint) }
+                let receipt = try await carol.send("gated", body: ByteBuffer(string: "once"), conversation: "c")
+                try await eventually("node A runs the handler") { runs.withLockedValue { $0.count } == 1 }
+
+                // Carol's network changes: node A is out of reach; she resends to node B, whose
+                // claim on her lane waits for node A's batch.
+                network.faults.refuse(a.endpoint)
+                network.faults.dropConnections()
+                try await eventually("carol is on node B", timeout: .seconds(10)) { carol.connectionState == .connected(b.endpoint) }
+                try await Task.sleep(for: .seconds(1))
+                #expect(runs.withLockedValue { $0.count } == 1, "node B waits for the lane instead of running the handler again")
+                gate.withLockedValue { $0 = true }
+
+                try await eventually("bob gets it", timeout: .seconds(20)) { setup.bobInbox.count == 1 }
+                try await eventually("carol's message is acknowledged", timeout: .seconds(20)) {
+                    await carol.outcome(of: receipt) == .acknowledged
+                }
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(runs.withLockedValue { $0.count } == 1, "the handler ran once")
+                #expect(setup.bobInbox.bodies == ["once"])
             }
         }
 
