@@ -196,7 +196,7 @@ extension IntegrationTests {
             }
         }
 
-        @Test("alice moves to node B while node A still runs her message's handler: B waits for A's commit, the handler runs once")
+        @Test("carol moves to node B while node A still runs her message's handler: B waits for A's commit, the handler runs once")
         func moveWhileProcessing() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(120)) { harness in
