@@ -246,6 +246,15 @@ public final class PostgresCluster: GatewayCluster {
         guard !alreadyRunning else {
             throw MessageStoreError(code: .invalidArgument, message: "PostgresCluster.run() was already called")
         }
+        // Where this node starts reading the pushes: read before it says it joined, so that a
+        // push another node makes once this node is in the cluster is never skipped.
+        var cursor: Int64 = 0
+        for try await last in try await self.client.query("SELECT coalesce(max(id), 0) FROM tether_pushes", logger: self.logger)
+            .decode(Int64.self)
+        {
+            cursor = last
+        }
+        let pushesAfter = cursor
         let id = try await self.register()
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
         await withTaskGroup { group in
@@ -253,7 +262,7 @@ public final class PostgresCluster: GatewayCluster {
             group.addTask { await self.heartbeat(id) }
             group.addTask { await self.writeLoop(id, node) }
             group.addTask { await self.signalLoop(id, node) }
-            group.addTask { await self.pushLoop(id, node) }
+            group.addTask { await self.pushLoop(id, node, after: pushesAfter) }
             await group.waitForAll()
         }
         await self.leave(id, node)
@@ -549,18 +558,12 @@ public final class PostgresCluster: GatewayCluster {
     }
 
     /// Pushes what the other nodes published to this node's connections.
-    private func pushLoop(_ id: Int64, _ node: ClusterNode) async {
-        var cursor: Int64?
+    private func pushLoop(_ id: Int64, _ node: ClusterNode, after start: Int64) async {
+        var cursor = start
         while !Task.isCancelled {
             do {
-                if cursor == nil {
-                    for try await last in try await self.client.query("SELECT coalesce(max(id), 0) FROM tether_pushes", logger: self.logger)
-                        .decode(Int64.self)
-                    {
-                        cursor = last
-                    }
-                }
-                while let after = cursor {
+                while true {
+                    let after = cursor
                     var read = 0
                     for try await (pushID, origin, kind, name, topic, body) in try await self.client.query(
                         """
@@ -581,7 +584,7 @@ public final class PostgresCluster: GatewayCluster {
                         }
                         node.push(ClusterPush(topic: topic, body: body, target: target))
                     }
-                    if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor ?? 0)"]) }
+                    if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor)"]) }
                     if read < 1000 { break }
                 }
             } catch {
