@@ -183,7 +183,22 @@ struct Serve: AsyncParsableCommand {
                 group.addTask { await client.run() }
                 let store: PostgresMessageStore
                 do {
-                    store = try await PostgresMessageStore(client: client, logger: Logger(label: "tether.postgres"))
+                    // PostgresClient waits for a connection as long as it takes: a server that
+                    // is not there at start is an error, said plainly, not a silent wait.
+                    store = try await withThrowingTaskGroup { race in
+                        race.addTask { try await PostgresMessageStore(client: client, logger: Logger(label: "tether.postgres")) }
+                        race.addTask {
+                            try await Task.sleep(for: .seconds(15))
+                            throw ValidationError(
+                                "--postgres: no answer from PostgreSQL at \(clientConfiguration.host ?? "?"):\(clientConfiguration.port ?? 5432) "
+                                    + "within 15 s (is it running? tether postgres start runs one for development)"
+                            )
+                        }
+                        defer { race.cancelAll() }
+                        return try await race.next()!
+                    }
+                } catch let error as ValidationError {
+                    throw error
                 } catch {
                     throw ValidationError("--postgres: \((error as? MessageStoreError)?.message ?? "\(error)")")
                 }

@@ -1,0 +1,48 @@
+import Testing
+import TetherCore
+
+@testable import TetherPostgres
+
+@Suite("The cluster's parts without PostgreSQL")
+struct ClusterPartsTests {
+    @Test("a lane's key in a signal names its outbox, whatever the client id holds")
+    func laneKeys() {
+        for outbox in [OutboxID(client: "alice", epoch: 1), OutboxID(client: "a\tb", epoch: .max), OutboxID(client: "", epoch: 0)] {
+            #expect(PostgresCluster.outbox(from: PostgresCluster.key(of: outbox)) == outbox)
+        }
+        #expect(PostgresCluster.outbox(from: "no tab") == nil)
+        #expect(PostgresCluster.outbox(from: "alice\tnot a number") == nil)
+    }
+
+    @Test("a doorbell rung before the wait wakes it at once; unrung, the wait ends at its timeout; a ring ends a wait")
+    func doorbell() async {
+        let bell = Doorbell()
+        let clock = ContinuousClock()
+        bell.ring()
+        bell.ring()
+        var start = clock.now
+        await bell.wait(upTo: .seconds(5))
+        #expect(clock.now - start < .seconds(1), "rung before: at once (two rings count as one)")
+        start = clock.now
+        await bell.wait(upTo: .milliseconds(200))
+        #expect(clock.now - start >= .milliseconds(190), "the second ring was not kept")
+        start = clock.now
+        async let waited: Void = bell.wait(upTo: .seconds(5))
+        try? await Task.sleep(for: .milliseconds(50))
+        bell.ring()
+        await waited
+        #expect(clock.now - start < .seconds(2))
+    }
+
+    @Test("the cluster's configuration refuses timings that do not hold together")
+    func configuration() throws {
+        var configuration = try PostgresCluster.Configuration(url: "postgres://u@h/db")
+        configuration.nodeTimeout = .seconds(1)
+        configuration.heartbeatInterval = .seconds(1)
+        #expect(throws: (any Error).self) { try configuration.validate() }
+        configuration.nodeTimeout = .seconds(2)
+        try configuration.validate()
+        configuration.claimTimeout = .zero
+        #expect(throws: (any Error).self) { try configuration.validate() }
+    }
+}
