@@ -184,7 +184,7 @@ public final class PostgresCluster: GatewayCluster {
         let timeout = Self.seconds(self.configuration.nodeTimeout)
         while true {
             let epoch = Int64(bitPattern: outbox.epoch)
-            let rows = try await self.client.query(
+            let rows = try await self.query(
                 """
                 INSERT INTO tether_lanes AS l (client, epoch, node, fence) VALUES (\(outbox.client), \(epoch), \(node), 1)
                 ON CONFLICT (client, epoch) DO UPDATE SET node = excluded.node, fence = l.fence + 1, claimed_at = now()
@@ -195,31 +195,28 @@ public final class PostgresCluster: GatewayCluster {
                             SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
                                 AND k.classid::bigint = \(Int64(space)) AND k.objid::bigint = n.id AND k.objsubid = 2))
                 RETURNING l.fence
-                """,
-                logger: self.logger
+                """
             )
-            for try await fence in rows.decode(Int64.self) {
+            for fence in try rows.map({ try $0.decode(Int64.self) }) {
                 return LaneFence(outbox: outbox, token: UInt64(bitPattern: fence))
             }
             // A live node holds it: ask it to let go (again every second), and try again.
             var holder: Int64?
-            for try await value in try await self.client.query(
-                "SELECT node FROM tether_lanes WHERE client = \(outbox.client) AND epoch = \(epoch)",
-                logger: self.logger
-            ).decode(Int64?.self) {
+            for value in try await self.query(
+                "SELECT node FROM tether_lanes WHERE client = \(outbox.client) AND epoch = \(epoch)"
+            ).map({ try $0.decode(Int64?.self) }) {
                 holder = value
             }
             let now = ContinuousClock.now
             if let holder, holder != asked || now - lastAsked >= .seconds(1) {
-                try await self.client.query(
+                _ = try await self.query(
                     """
                     WITH s AS (
                         INSERT INTO tether_signals (node, kind, key)
                         VALUES (\(holder), \(ClusterSignal.Kind.releaseLane.rawValue), \(Self.key(of: outbox)))
                     )
                     SELECT pg_notify('tether_node_' || \(holder), '')
-                    """,
-                    logger: self.logger
+                    """
                 )
                 asked = holder
                 lastAsked = now
@@ -249,9 +246,7 @@ public final class PostgresCluster: GatewayCluster {
         // Where this node starts reading the pushes: read before it says it joined, so that a
         // push another node makes once this node is in the cluster is never skipped.
         var cursor: Int64 = 0
-        for try await last in try await self.client.query("SELECT coalesce(max(id), 0) FROM tether_pushes", logger: self.logger)
-            .decode(Int64.self)
-        {
+        for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_pushes").map({ try $0.decode(Int64.self) }) {
             cursor = last
         }
         let pushesAfter = cursor
@@ -265,15 +260,16 @@ public final class PostgresCluster: GatewayCluster {
             group.addTask { await self.pushLoop(id, node, after: pushesAfter) }
             await group.waitForAll()
         }
-        await self.leave(id, node)
+        // In a task of its own: this one is cancelled (that is how the gateway stops the
+        // cluster), and leaving must still reach PostgreSQL (bounded by the operation timeout).
+        await Task { await self.leave(id, node) }.value
     }
 
     private func register() async throws -> Int64 {
         var id: Int64?
-        for try await value in try await self.client.query(
-            "INSERT INTO tether_nodes (name, address) VALUES (\(self.configuration.name), \(self.configuration.address)) RETURNING id",
-            logger: self.logger
-        ).decode(Int64.self) {
+        for value in try await self.query(
+            "INSERT INTO tether_nodes (name, address) VALUES (\(self.configuration.name), \(self.configuration.address)) RETURNING id"
+        ).map({ try $0.decode(Int64.self) }) {
             id = value
         }
         guard let id else { throw MessageStoreError(code: .storage, message: "registering the node returned no id") }
@@ -289,10 +285,10 @@ public final class PostgresCluster: GatewayCluster {
             // Bounded: a node that cannot reach PostgreSQL as it stops must still stop.
             try await withThrowingTaskGroup { group in
                 group.addTask {
-                    try await self.client.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)", logger: self.logger)
-                    try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
-                    try await self.client.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)", logger: self.logger)
-                    try await self.client.query("DELETE FROM tether_nodes WHERE id = \(id)", logger: self.logger)
+                    _ = try await self.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)")
+                    _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
+                    _ = try await self.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)")
+                    _ = try await self.query("DELETE FROM tether_nodes WHERE id = \(id)")
                 }
                 group.addTask {
                     try await Task.sleep(for: self.configuration.heartbeatInterval * 3)
@@ -339,11 +335,20 @@ public final class PostgresCluster: GatewayCluster {
                 self.writes.ring()
                 self.signals.ring()
                 self.pushes.ring()
-                try await withThrowingTaskGroup { group in
-                    group.addTask { for try await _ in signals { self.signals.ring() } }
-                    group.addTask { for try await _ in pushes { self.pushes.ring() } }
-                    try await group.next()
-                    group.cancelAll()
+                // Closing the connection ends both sequences, whichever way this ends (a dropped
+                // connection, or the node leaving).
+                try await withTaskCancellationHandler {
+                    try await withThrowingTaskGroup { group in
+                        group.addTask { for try await _ in signals { self.signals.ring() } }
+                        group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                        defer {
+                            group.cancelAll()
+                            connection.close().whenComplete { _ in }
+                        }
+                        try await group.next()
+                    }
+                } onCancel: {
+                    connection.close().whenComplete { _ in }
                 }
                 throw MessageStoreError(code: .storage, message: "the listening connection ended")
             } catch {
@@ -365,16 +370,15 @@ public final class PostgresCluster: GatewayCluster {
         var beats = 0
         while !Task.isCancelled {
             do {
-                try await self.client.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)", logger: self.logger)
+                _ = try await self.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)")
                 var others: [String] = []
-                for try await address in try await self.client.query(
+                for address in try await self.query(
                     """
                     SELECT address FROM tether_nodes
                     WHERE id <> \(id) AND address IS NOT NULL AND NOT leaving
                         AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
-                    """,
-                    logger: self.logger
-                ).decode(String.self) {
+                    """
+                ).map({ try $0.decode(String.self) }) {
                     others.append(address)
                 }
                 self.state.withLockedValue { $0.others = others }
@@ -393,16 +397,14 @@ public final class PostgresCluster: GatewayCluster {
         var bindings = PostgresBindings()
         bindings.append(timeout)
         for table in ["tether_presence", "tether_signals"] {
-            try await self.client.query(
-                PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE node IN (\(dead))", binds: bindings),
-                logger: self.logger
+            _ = try await self.query(
+                PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE node IN (\(dead))", binds: bindings)
             )
         }
-        try await self.client.query(
-            "DELETE FROM tether_pushes WHERE created_at < now() - make_interval(secs => \(Self.seconds(self.configuration.pushRetention)))",
-            logger: self.logger
+        _ = try await self.query(
+            "DELETE FROM tether_pushes WHERE created_at < now() - make_interval(secs => \(Self.seconds(self.configuration.pushRetention)))"
         )
-        try await self.client.query("DELETE FROM tether_nodes WHERE seen_at < now() - interval '1 day'", logger: self.logger)
+        _ = try await self.query("DELETE FROM tether_nodes WHERE seen_at < now() - interval '1 day'")
     }
 
     /// Writes presence, lane releases and pushes, each kind in one statement per round.
@@ -429,44 +431,40 @@ public final class PostgresCluster: GatewayCluster {
             let left = presence.filter { !$0.value }.map(\.key)
             if resync {
                 arrived = node.clients
-                try await self.client.query("DELETE FROM tether_presence WHERE node = \(id)", logger: self.logger)
+                _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
             }
             if !left.isEmpty && !resync {
-                try await self.client.query(
-                    "DELETE FROM tether_presence WHERE node = \(id) AND client = ANY(\(left))",
-                    logger: self.logger
+                _ = try await self.query(
+                    "DELETE FROM tether_presence WHERE node = \(id) AND client = ANY(\(left))"
                 )
             }
             if !arrived.isEmpty {
-                try await self.client.query(
+                _ = try await self.query(
                     """
                     INSERT INTO tether_presence (client, node) SELECT c, \(id) FROM unnest(\(arrived)) AS c
                     ON CONFLICT DO NOTHING
-                    """,
-                    logger: self.logger
+                    """
                 )
                 // Deliveries committed before the presence was visible woke nobody: read them.
                 node.deliveriesAppended(for: arrived)
             }
             if !releases.isEmpty {
-                try await self.client.query(
+                _ = try await self.query(
                     """
                     UPDATE tether_lanes l SET node = NULL
                     FROM unnest(\(releases.map(\.outbox.client)), \(releases.map { Int64(bitPattern: $0.outbox.epoch) }),
                         \(releases.map { Int64(bitPattern: $0.token) })) AS r(client, epoch, fence)
                     WHERE l.client = r.client AND l.epoch = r.epoch AND l.fence = r.fence AND l.node = \(id)
-                    """,
-                    logger: self.logger
+                    """
                 )
             }
             if !unused.isEmpty {
-                try await self.client.query(
+                _ = try await self.query(
                     """
                     UPDATE tether_lanes l SET node = NULL
                     FROM unnest(\(unused.map(\.client)), \(unused.map { Int64(bitPattern: $0.epoch) })) AS r(client, epoch)
                     WHERE l.client = r.client AND l.epoch = r.epoch AND l.node = \(id)
-                    """,
-                    logger: self.logger
+                    """
                 )
             }
             if !pushes.isEmpty {
@@ -509,21 +507,23 @@ public final class PostgresCluster: GatewayCluster {
             case .all, .connection: ""
             }
         }
-        try await self.client.withTransaction(logger: self.logger) { connection in
-            try await connection.query(
-                "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
-                logger: self.logger
-            )
-            try await connection.query(
-                """
-                INSERT INTO tether_pushes (origin, kind, target, topic, body)
-                SELECT \(id), kind, target, topic, body
-                FROM unnest(\(kinds), \(targets), \(pushes.map(\.topic)), \(pushes.map(\.body))) WITH ORDINALITY AS p(kind, target, topic, body, n)
-                ORDER BY n
-                """,
-                logger: self.logger
-            )
-            try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+        try await self.store.withDeadline { [client = self.client, logger = self.logger] in
+            try await client.withTransaction(logger: logger) { connection in
+                try await connection.query(
+                    "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
+                    logger: self.logger
+                )
+                try await connection.query(
+                    """
+                    INSERT INTO tether_pushes (origin, kind, target, topic, body)
+                    SELECT \(id), kind, target, topic, body
+                    FROM unnest(\(kinds), \(targets), \(pushes.map(\.topic)), \(pushes.map(\.body))) WITH ORDINALITY AS p(kind, target, topic, body, n)
+                    ORDER BY n
+                    """,
+                    logger: self.logger
+                )
+                try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+            }
         }
     }
 
@@ -535,10 +535,9 @@ public final class PostgresCluster: GatewayCluster {
             do {
                 var recipients: Set<String> = []
                 var wanted: Set<OutboxID> = []
-                for try await (kind, key) in try await self.client.query(
-                    "DELETE FROM tether_signals WHERE node = \(id) RETURNING kind, key",
-                    logger: self.logger
-                ).decode((Int16, String).self) {
+                for (kind, key) in try await self.query(
+                    "DELETE FROM tether_signals WHERE node = \(id) RETURNING kind, key"
+                ).map({ try $0.decode((Int16, String).self) }) {
                     switch ClusterSignal.Kind(rawValue: kind) {
                     case .deliveries: recipients.insert(key)
                     case .releaseLane: if let outbox = Self.outbox(from: key) { wanted.insert(outbox) }
@@ -565,13 +564,12 @@ public final class PostgresCluster: GatewayCluster {
                 while true {
                     let after = cursor
                     var read = 0
-                    for try await (pushID, origin, kind, name, topic, body) in try await self.client.query(
+                    for (pushID, origin, kind, name, topic, body) in try await self.query(
                         """
                         SELECT id, origin, kind, target, topic, body FROM tether_pushes
                         WHERE id > \(after) ORDER BY id LIMIT 1000
-                        """,
-                        logger: self.logger
-                    ).decode((Int64, Int64, Int16, String, String, ByteBuffer).self) {
+                        """
+                    ).map({ try $0.decode((Int64, Int64, Int16, String, String, ByteBuffer).self) }) {
                         read += 1
                         cursor = pushID
                         guard origin != id else { continue }
@@ -595,6 +593,15 @@ public final class PostgresCluster: GatewayCluster {
     }
 
     // MARK: Helpers
+
+    /// Runs a query under the store's operation timeout (see
+    /// ``PostgresMessageStore/withDeadline(_:)``) and collects its rows.
+    @discardableResult
+    private func query(_ query: PostgresQuery) async throws -> [PostgresRow] {
+        try await self.store.withDeadline { [client = self.client, logger = self.logger] in
+            try await client.query(query, logger: logger).collect()
+        }
+    }
 
     static func key(of outbox: OutboxID) -> String { "\(outbox.client)\t\(outbox.epoch)" }
 

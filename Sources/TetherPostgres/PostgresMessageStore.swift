@@ -27,6 +27,8 @@ public final class PostgresMessageStore: MessageStore {
     public let epoch: UInt64
     let client: PostgresClient
     let logger: Logger
+    /// How long one operation may take.
+    let operationTimeout: Duration
     /// The node this store's gateway is, once its ``PostgresCluster`` registered it: deliveries
     /// for recipients connected to other nodes then wake those nodes.
     let node = NIOLockedValueBox<Int64?>(nil)
@@ -36,9 +38,16 @@ public final class PostgresMessageStore: MessageStore {
     ///   - client: A client whose `run()` is running.
     ///   - logger: Where the store logs.
     /// - Throws: ``MessageStoreError`` if the database is unreachable or its schema is newer.
-    public init(client: PostgresClient, logger: Logger = Logger(label: "tether.postgres")) async throws {
+    ///   - operationTimeout: How long one operation (a read, a group's transaction) may take
+    ///     before it fails with ``MessageStoreError/Code/storage``; see ``withDeadline(_:)``.
+    public init(
+        client: PostgresClient,
+        operationTimeout: Duration = .seconds(10),
+        logger: Logger = Logger(label: "tether.postgres")
+    ) async throws {
         self.client = client
         self.logger = logger
+        self.operationTimeout = operationTimeout
         do {
             try await PostgresSchema.migrate(client, logger: logger)
             let candidate = Int64(bitPattern: UInt64.random(in: 1...UInt64.max))
@@ -224,14 +233,55 @@ public final class PostgresMessageStore: MessageStore {
         )
     }
 
-    /// Runs `body`, turning any failure of PostgreSQL into a ``MessageStoreError``.
-    func storage<T>(_ body: () async throws -> sending T) async throws(MessageStoreError) -> sending T {
+    /// Runs `body` under the operation timeout, turning any failure of PostgreSQL into a
+    /// ``MessageStoreError``.
+    func storage<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws(MessageStoreError) -> T {
         do {
-            return try await body()
+            return try await self.withDeadline(body)
         } catch let error as MessageStoreError {
             throw error
         } catch {
             throw MessageStoreError(code: .storage, message: "PostgreSQL: \(Self.describe(error))")
+        }
+    }
+
+    /// Runs `body`, or fails with ``MessageStoreError/Code/storage`` once the operation timeout
+    /// has passed.
+    ///
+    /// A query that PostgresNIO has sent does not end when its task is cancelled, and one on a
+    /// connection the server dropped mid-way (a restart under load) was seen never to end: the
+    /// lane that awaited it stalled, and the gateway could not shut down. So the wait is given
+    /// up here instead: `body` runs in a task of its own, which is cancelled and left to end by
+    /// itself if it overruns (it holds its pooled connection until then).
+    func withDeadline<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let timeout = self.operationTimeout
+        let settle = NIOLockedValueBox<CheckedContinuation<T, any Error>?>(nil)
+        let tasks = NIOLockedValueBox<(work: Task<Void, Never>?, timer: Task<Void, Never>?)>((nil, nil))
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+                settle.withLockedValue { $0 = continuation }
+                let work = Task {
+                    let result = await Result { try await body() }
+                    guard let continuation = settle.withLockedValue({ $0.take() }) else { return }
+                    tasks.withLockedValue { $0.timer }?.cancel()
+                    continuation.resume(with: result)
+                }
+                let timer = Task {
+                    guard (try? await Task.sleep(for: timeout)) != nil, let continuation = settle.withLockedValue({ $0.take() }) else {
+                        return
+                    }
+                    tasks.withLockedValue { $0.work }?.cancel()
+                    continuation.resume(
+                        throwing: MessageStoreError(code: .storage, message: "PostgreSQL did not answer within \(timeout)")
+                    )
+                }
+                tasks.withLockedValue { $0 = (work, timer) }
+            }
+        } onCancel: {
+            let (work, timer) = tasks.withLockedValue { $0 }
+            work?.cancel()
+            timer?.cancel()
+            settle.withLockedValue { $0.take() }?.resume(throwing: CancellationError())
         }
     }
 
@@ -603,6 +653,16 @@ struct PostgresURL {
                 database: self.database,
                 tls: tls
             )
+        }
+    }
+}
+
+extension Result where Failure == any Error {
+    fileprivate init(catching body: () async throws -> Success) async {
+        do {
+            self = .success(try await body())
+        } catch {
+            self = .failure(error)
         }
     }
 }
