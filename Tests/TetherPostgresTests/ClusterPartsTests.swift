@@ -20,18 +20,20 @@ struct ClusterPartsTests {
         let clock = ContinuousClock()
         bell.ring()
         bell.ring()
+        // Generous bounds: the suite runs beside others on a loaded machine. A wait that ended
+        // far before its 60 s timeout was woken by the ring.
         var start = clock.now
-        await bell.wait(upTo: .seconds(5))
-        #expect(clock.now - start < .seconds(1), "rung before: at once (two rings count as one)")
+        await bell.wait(upTo: .seconds(60))
+        #expect(clock.now - start < .seconds(30), "rung before: at once (two rings count as one)")
         start = clock.now
         await bell.wait(upTo: .milliseconds(200))
         #expect(clock.now - start >= .milliseconds(190), "the second ring was not kept")
         start = clock.now
-        async let waited: Void = bell.wait(upTo: .seconds(5))
+        async let waited: Void = bell.wait(upTo: .seconds(60))
         try? await Task.sleep(for: .milliseconds(50))
         bell.ring()
         await waited
-        #expect(clock.now - start < .seconds(2))
+        #expect(clock.now - start < .seconds(30))
     }
 
     @Test("the cluster's configuration refuses timings that do not hold together")
