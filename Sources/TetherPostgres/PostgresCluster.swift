@@ -245,12 +245,30 @@ public final class PostgresCluster: GatewayCluster {
         }
         // Where this node starts reading the pushes: read before it says it joined, so that a
         // push another node makes once this node is in the cluster is never skipped.
-        var cursor: Int64 = 0
-        for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_pushes").map({ try $0.decode(Int64.self) }) {
-            cursor = last
+        // Until PostgreSQL answers: without a node id no lane can be claimed, and the reliable
+        // path waits (its batches fail as storage errors, and clients send again).
+        var joined: (cursor: Int64, id: Int64)?
+        var attempts = 0
+        while joined == nil {
+            do {
+                var cursor: Int64 = 0
+                for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_pushes").map({ try $0.decode(Int64.self) }) {
+                    cursor = last
+                }
+                joined = (cursor, try await self.register())
+            } catch {
+                try Task.checkCancellation()
+                if attempts == 0 {
+                    self.logger.error(
+                        "cannot join the cluster: PostgreSQL does not answer; trying again",
+                        metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+                    )
+                }
+                attempts += 1
+                try await Task.sleep(for: .seconds(1))
+            }
         }
-        let pushesAfter = cursor
-        let id = try await self.register()
+        let (pushesAfter, id) = (joined!.cursor, joined!.id)
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
         await withTaskGroup { group in
             group.addTask { await self.listen(id) }
