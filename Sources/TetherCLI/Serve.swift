@@ -172,14 +172,12 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--postgres: \(error.message)")
         }
         var gateways: [Gateway] = []
-        var clients: [PostgresClient] = []
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<self.nodes {
                 let name = self.nodes == 1 ? self.nodeName : "\(self.nodeName ?? "node")-\(index + 1)"
                 var nodeLogger = Logger(label: "tether.gateway")
                 if let name { nodeLogger[metadataKey: "tether.node"] = "\(name)" }
                 let client = PostgresClient(configuration: clientConfiguration, backgroundLogger: Logger(label: "tether.postgres"))
-                clients.append(client)
                 group.addTask { await client.run() }
                 let store: PostgresMessageStore
                 do {
@@ -235,7 +233,6 @@ struct Serve: AsyncParsableCommand {
             try await services.run()
             group.cancelAll()  // the PostgreSQL clients, once every gateway left its cluster
         }
-        _ = clients
     }
 
     /// Raises the process's soft limit on open descriptors to its hard limit: each connection

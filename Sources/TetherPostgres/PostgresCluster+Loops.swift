@@ -1,0 +1,292 @@
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import TetherCore
+import TetherGateway
+
+// What a node does while it is in the cluster: the loops `run()` starts, each until cancelled.
+extension PostgresCluster {
+    /// Keeps a connection that holds the node's liveness lock and hears its notifications;
+    /// connects again when it drops.
+    func listen(_ id: Int64) async {
+        var failures = 0
+        while !Task.isCancelled {
+            do {
+                let connection = try await PostgresConnection.connect(
+                    on: MultiThreadedEventLoopGroup.singleton.any(),
+                    configuration: self.configuration.listen,
+                    id: Int(truncatingIfNeeded: id),
+                    logger: self.logger
+                )
+                defer { Task { try? await connection.close() } }
+                try await connection.query(
+                    "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
+                    logger: self.logger
+                )
+                let signals = try await connection.listen("tether_node_\(id)")
+                let pushes = try await connection.listen("tether_pushes")
+                if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
+                failures = 0
+                // Whatever was missed while away: presence written again, signals and pushes read.
+                self.state.withLockedValue { $0.resyncPresence = true }
+                self.writes.ring()
+                self.signals.ring()
+                self.pushes.ring()
+                // Closing the connection ends both sequences, whichever way this ends (a dropped
+                // connection, or the node leaving).
+                try await withTaskCancellationHandler {
+                    try await withThrowingTaskGroup { group in
+                        group.addTask { for try await _ in signals { self.signals.ring() } }
+                        group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                        defer {
+                            group.cancelAll()
+                            connection.close().whenComplete { _ in }
+                        }
+                        try await group.next()
+                    }
+                } onCancel: {
+                    connection.close().whenComplete { _ in }
+                }
+                throw MessageStoreError(code: .storage, message: "the listening connection ended")
+            } catch {
+                if Task.isCancelled { return }
+                if failures == 0 {
+                    self.logger.error(
+                        "lost PostgreSQL: pushes from other nodes and cross-node deliveries pause until it is back",
+                        metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+                    )
+                }
+                failures += 1
+                try? await Task.sleep(for: .milliseconds(min(100 * (1 << min(failures, 5)), 2000)))
+            }
+        }
+    }
+
+    /// Says the node is alive, and clears what dead nodes left behind.
+    func heartbeat(_ id: Int64) async {
+        var beats = 0
+        while !Task.isCancelled {
+            do {
+                _ = try await self.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)")
+                var others: [String] = []
+                for address in try await self.query(
+                    """
+                    SELECT address FROM tether_nodes
+                    WHERE id <> \(id) AND address IS NOT NULL AND NOT leaving
+                        AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
+                    """
+                ).map({ try $0.decode(String.self) }) {
+                    others.append(address)
+                }
+                self.state.withLockedValue { $0.others = others }
+                if beats % 10 == 0 { try await self.clearDeadNodes() }
+            } catch {
+                self.logger.warning("cannot write the node's heartbeat", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+            beats += 1
+            try? await Task.sleep(for: self.configuration.heartbeatInterval)
+        }
+    }
+
+    func clearDeadNodes() async throws {
+        let timeout = Self.seconds(self.configuration.nodeTimeout)
+        let dead = "SELECT id FROM tether_nodes WHERE seen_at < now() - make_interval(secs => $1)"
+        var bindings = PostgresBindings()
+        bindings.append(timeout)
+        for table in ["tether_presence", "tether_signals"] {
+            _ = try await self.query(
+                PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE node IN (\(dead))", binds: bindings)
+            )
+        }
+        _ = try await self.query(
+            "DELETE FROM tether_pushes WHERE created_at < now() - make_interval(secs => \(Self.seconds(self.configuration.pushRetention)))"
+        )
+        _ = try await self.query("DELETE FROM tether_nodes WHERE seen_at < now() - interval '1 day'")
+    }
+
+    /// Writes presence, lane releases and pushes, each kind in one statement per round.
+    func writeLoop(_ id: Int64, _ node: ClusterNode) async {
+        while !Task.isCancelled {
+            await self.writes.wait(upTo: .seconds(5))
+            await self.flushWrites(id, node)
+        }
+    }
+
+    func flushWrites(_ id: Int64, _ node: ClusterNode) async {
+        let (presence, resync, releases, unused, pushes) = self.state.withLockedValue { state in
+            defer {
+                state.presence = [:]
+                state.resyncPresence = false
+                state.releases = []
+                state.unusedLanes = []
+                state.pushes = []
+            }
+            return (state.presence, state.resyncPresence, state.releases, state.unusedLanes, state.pushes)
+        }
+        do {
+            var arrived = presence.filter(\.value).map(\.key)
+            let left = presence.filter { !$0.value }.map(\.key)
+            if resync {
+                arrived = node.clients
+                _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
+            }
+            if !left.isEmpty && !resync {
+                _ = try await self.query(
+                    "DELETE FROM tether_presence WHERE node = \(id) AND client = ANY(\(left))"
+                )
+            }
+            if !arrived.isEmpty {
+                _ = try await self.query(
+                    """
+                    INSERT INTO tether_presence (client, node) SELECT c, \(id) FROM unnest(\(arrived)) AS c
+                    ON CONFLICT DO NOTHING
+                    """
+                )
+                // Deliveries committed before the presence was visible woke nobody: read them.
+                node.deliveriesAppended(for: arrived)
+            }
+            if !releases.isEmpty {
+                _ = try await self.query(
+                    """
+                    UPDATE tether_lanes l SET node = NULL
+                    FROM unnest(\(releases.map(\.outbox.client)), \(releases.map { Int64(bitPattern: $0.outbox.epoch) }),
+                        \(releases.map { Int64(bitPattern: $0.token) })) AS r(client, epoch, fence)
+                    WHERE l.client = r.client AND l.epoch = r.epoch AND l.fence = r.fence AND l.node = \(id)
+                    """
+                )
+            }
+            if !unused.isEmpty {
+                _ = try await self.query(
+                    """
+                    UPDATE tether_lanes l SET node = NULL
+                    FROM unnest(\(unused.map(\.client)), \(unused.map { Int64(bitPattern: $0.epoch) })) AS r(client, epoch)
+                    WHERE l.client = r.client AND l.epoch = r.epoch AND l.node = \(id)
+                    """
+                )
+            }
+            if !pushes.isEmpty {
+                try await self.insert(pushes, from: id)
+                self.logger.debug("published pushes", metadata: ["pushes": "\(pushes.count)"])
+            }
+        } catch {
+            self.logger.warning(
+                "cannot write to PostgreSQL; trying again",
+                metadata: ["error": "\(PostgresMessageStore.describe(error))", "pushes": "\(pushes.count)"]
+            )
+            // Kept for the next round (pushes too: they are at most once per node, not lost for a hiccup).
+            self.state.withLockedValue { state in
+                for (client, arrived) in presence where state.presence[client] == nil { state.presence[client] = arrived }
+                state.resyncPresence = state.resyncPresence || resync
+                state.releases = releases + state.releases
+                state.unusedLanes = unused + state.unusedLanes
+                state.pushes = pushes + state.pushes
+            }
+            try? await Task.sleep(for: .milliseconds(200))
+            self.writes.ring()
+        }
+    }
+
+    /// One batch of pushes: one transaction, one notification. The advisory lock makes the
+    /// batches of all nodes commit in the order of their ids, so a reader's cursor skips none.
+    func insert(_ pushes: [ClusterPush], from id: Int64) async throws {
+        let kinds = pushes.map { push -> Int16 in
+            switch push.target {
+            case .client: 1
+            case .room: 2
+            case .all: 3
+            case .connection: 0
+            }
+        }
+        let targets = pushes.map { push -> String in
+            switch push.target {
+            case .client(let client): client
+            case .room(let room): room
+            case .all, .connection: ""
+            }
+        }
+        try await self.store.withDeadline { [client = self.client, logger = self.logger] in
+            try await client.withTransaction(logger: logger) { connection in
+                try await connection.query(
+                    "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
+                    logger: self.logger
+                )
+                try await connection.query(
+                    """
+                    INSERT INTO tether_pushes (origin, kind, target, topic, body)
+                    SELECT \(id), kind, target, topic, body
+                    FROM unnest(\(kinds), \(targets), \(pushes.map(\.topic)), \(pushes.map(\.body))) WITH ORDINALITY AS p(kind, target, topic, body, n)
+                    ORDER BY n
+                    """,
+                    logger: self.logger
+                )
+                try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+            }
+        }
+    }
+
+    /// Reads the node's signals when notified (or every poll interval).
+    func signalLoop(_ id: Int64, _ node: ClusterNode) async {
+        while !Task.isCancelled {
+            await self.signals.wait(upTo: self.configuration.pollInterval)
+            if Task.isCancelled { return }
+            do {
+                var recipients: Set<String> = []
+                var wanted: Set<OutboxID> = []
+                for (kind, key) in try await self.query(
+                    "DELETE FROM tether_signals WHERE node = \(id) RETURNING kind, key"
+                ).map({ try $0.decode((Int16, String).self) }) {
+                    switch ClusterSignal.Kind(rawValue: kind) {
+                    case .deliveries: recipients.insert(key)
+                    case .releaseLane: if let outbox = Self.outbox(from: key) { wanted.insert(outbox) }
+                    case nil: self.logger.warning("unknown cluster signal", metadata: ["kind": "\(kind)"])
+                    }
+                }
+                if !recipients.isEmpty { node.deliveriesAppended(for: recipients) }
+                let unused = wanted.filter { !node.laneWanted($0) }
+                if !unused.isEmpty {
+                    self.state.withLockedValue { $0.unusedLanes += unused }
+                    self.writes.ring()
+                }
+            } catch {
+                self.logger.warning("cannot read the node's signals", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+        }
+    }
+
+    /// Pushes what the other nodes published to this node's connections.
+    func pushLoop(_ id: Int64, _ node: ClusterNode, after start: Int64) async {
+        var cursor = start
+        while !Task.isCancelled {
+            do {
+                while true {
+                    let after = cursor
+                    var read = 0
+                    for (pushID, origin, kind, name, topic, body) in try await self.query(
+                        """
+                        SELECT id, origin, kind, target, topic, body FROM tether_pushes
+                        WHERE id > \(after) ORDER BY id LIMIT 1000
+                        """
+                    ).map({ try $0.decode((Int64, Int64, Int16, String, String, ByteBuffer).self) }) {
+                        read += 1
+                        cursor = pushID
+                        guard origin != id else { continue }
+                        let target: PushTarget
+                        switch kind {
+                        case 1: target = .client(name)
+                        case 2: target = .room(name)
+                        case 3: target = .all
+                        default: continue
+                        }
+                        node.push(ClusterPush(topic: topic, body: body, target: target))
+                    }
+                    if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor)"]) }
+                    if read < 1000 { break }
+                }
+            } catch {
+                self.logger.warning("cannot read the pushes of other nodes", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
+            }
+            await self.pushes.wait(upTo: self.configuration.pollInterval)
+        }
+    }
+}

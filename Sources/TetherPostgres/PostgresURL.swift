@@ -1,0 +1,82 @@
+import Foundation
+import NIOSSL
+import PostgresNIO
+import TetherGateway
+
+/// A `postgres://user[:password]@host[:port]/database[?sslmode=…]` URL, taken apart.
+struct PostgresURL {
+    var host: String
+    var port: Int
+    var username: String
+    var password: String?
+    var database: String?
+    /// `disable`, `prefer` or `require`.
+    var tls: String
+
+    init(_ url: String) throws(MessageStoreError) {
+        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
+            let host = components.host, !host.isEmpty
+        else {
+            throw MessageStoreError(
+                code: .invalidArgument,
+                message: "'\(url)' is not a PostgreSQL URL (postgres://user[:password]@host[:port]/database)"
+            )
+        }
+        let database = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
+        let mode = components.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
+        switch mode {
+        case "disable": self.tls = "disable"
+        case "prefer", "allow": self.tls = "prefer"
+        case "require", "verify-ca", "verify-full": self.tls = "require"
+        default:
+            throw MessageStoreError(code: .invalidArgument, message: "unknown sslmode '\(mode)' in '\(url)' (disable, prefer, require)")
+        }
+        self.host = host
+        self.port = components.port ?? 5432
+        self.username = components.user.flatMap { $0.removingPercentEncoding } ?? "postgres"
+        self.password = components.password.flatMap { $0.removingPercentEncoding }
+        self.database = database.isEmpty ? nil : database
+    }
+
+    var clientConfiguration: PostgresClient.Configuration {
+        let tls: PostgresClient.Configuration.TLS
+        switch self.tls {
+        case "disable": tls = .disable
+        case "require": tls = .require(.makeClientConfiguration())
+        default: tls = .prefer(.makeClientConfiguration())
+        }
+        var configuration = PostgresClient.Configuration(
+            host: self.host,
+            port: self.port,
+            username: self.username,
+            password: self.password,
+            database: self.database,
+            tls: tls
+        )
+        configuration.options.maximumConnections = 16
+        return configuration
+    }
+
+    var connectionConfiguration: PostgresConnection.Configuration {
+        get throws(MessageStoreError) {
+            let tls: PostgresConnection.Configuration.TLS
+            do {
+                switch self.tls {
+                case "disable": tls = .disable
+                case "require": tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+                default: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+                }
+            } catch {
+                throw MessageStoreError(code: .invalidArgument, message: "cannot make a TLS context for PostgreSQL: \(error)")
+            }
+            return PostgresConnection.Configuration(
+                host: self.host,
+                port: self.port,
+                username: self.username,
+                password: self.password,
+                database: self.database,
+                tls: tls
+            )
+        }
+    }
+}
