@@ -10,7 +10,8 @@ import PackageDescription
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
 //   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
-//   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio)
+//   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio;
+//                  async-http-client forwards HTTP-stream POSTs between nodes)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
@@ -53,6 +54,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
         .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
     ],
     targets: [
         // CRC-32C with the processor's instruction; the only C in Tether (see its header).
@@ -136,7 +138,9 @@ let package = Package(
                 "TetherCore",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -193,7 +197,9 @@ let package = Package(
                 "TetherTesting",
                 "TetherLab",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -280,7 +286,9 @@ let package = Package(
                 "TetherTestSupport",
                 "Tether",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -313,6 +321,7 @@ let package = Package(
                 "TetherPostgres",
                 "TetherTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -18,11 +18,12 @@ struct Proxy: AsyncParsableCommand {
               tether proxy --upstream 127.0.0.1:7700 --port 7701 --latency 150 --jitter 100
               tether proxy --upstream 127.0.0.1:7700 --port 7701 --flap 5,3
               tether proxy --upstream 127.0.0.1:7700 --port 7701 --nat-timeout 30
+              tether proxy --upstream 127.0.0.1:7443 --upstream 127.0.0.1:7444 --port 8080   (round robin, no affinity)
             """
     )
 
-    @Option(help: "The gateway, HOST:PORT.")
-    var upstream = "127.0.0.1:7700"
+    @Option(help: "The gateway, HOST:PORT; repeated, each new connection goes to the next one (a load balancer without affinity).")
+    var upstream: [String] = ["127.0.0.1:7700"]
 
     @Option(help: "The address to listen on.")
     var host = "127.0.0.1"
@@ -51,15 +52,23 @@ struct Proxy: AsyncParsableCommand {
         if let natTimeout, !(natTimeout > 0 && natTimeout.isFinite) {
             throw ValidationError("--nat-timeout must be a positive number of seconds")
         }
-        _ = try Endpoint(parsing: self.upstream)
+        for upstream in self.upstream {
+            do {
+                _ = try Endpoint(parsing: upstream)
+            } catch {
+                throw ValidationError("--upstream '\(upstream)': \(error)")
+            }
+        }
     }
 
     func run() async throws {
-        let proxy = TCPFaultProxy(upstream: try Endpoint(parsing: self.upstream))
+        let proxy = TCPFaultProxy(upstreams: try self.upstream.map { try Endpoint(parsing: $0) })
         proxy.impairment = try self.impairment()
         proxy.natTimeout = self.natTimeout.map { .milliseconds(Int64($0 * 1000)) }
         let address = try await proxy.start(host: self.host, port: self.port)
-        print("proxying \(address) → \(self.upstream); type 'status', 'blackhole', 'forward', 'cut', 'abandon' or 'quit'")
+        print(
+            "proxying \(address) → \(self.upstream.joined(separator: ", ")); type 'status', 'blackhole', 'forward', 'cut', 'abandon' or 'quit'"
+        )
         try await withThrowingDiscardingTaskGroup { group in
             if let (up, down) = try self.flapTimes() {
                 group.addTask {

@@ -71,6 +71,15 @@ struct Serve: AsyncParsableCommand {
     )
     var advertise: String?
 
+    @Option(
+        help: """
+            With --postgres: where the other nodes post to this node's HTTP streams (http://10.0.0.5:7443/tether/stream), \
+            so that a load balancer needs no sticky sessions. Default: the HTTP listener as bound, named by the host's name \
+            if --ws-host is a wildcard address.
+            """
+    )
+    var advertiseStream: String?
+
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
 
@@ -162,6 +171,9 @@ struct Serve: AsyncParsableCommand {
     ) async throws {
         guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
         if self.advertise != nil && self.nodes != 1 { throw ValidationError("--advertise names one node: use it without --nodes") }
+        if self.advertiseStream != nil && self.nodes != 1 {
+            throw ValidationError("--advertise-stream names one node: use it without --nodes")
+        }
         if let advertise = self.advertise, (try? Endpoint(parsing: advertise)) == nil {
             throw ValidationError("--advertise: '\(advertise)' is not an endpoint URL (tether://host:port, wss://host:port/path, …)")
         }
@@ -209,7 +221,13 @@ struct Serve: AsyncParsableCommand {
                     clusterConfiguration.address =
                         Endpoint(host: listen.host, port: listen.port, transport: listen.tls ? .tls : .tcp).description
                 }
-                let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: nodeLogger)
+                clusterConfiguration.streamURL = self.advertiseStream
+                let cluster: PostgresCluster
+                do {
+                    cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: nodeLogger)
+                } catch {
+                    throw ValidationError("--advertise-stream: \((error as? MessageStoreError)?.message ?? "\(error)")")
+                }
                 if index > 0, nodeConfiguration.webSocket != nil {
                     nodeConfiguration.webSocket?.port = (configuration.webSocket?.port ?? 0) + index
                 }

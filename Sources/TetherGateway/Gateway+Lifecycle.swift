@@ -121,7 +121,13 @@ extension Gateway {
                     group.addTask { await self.forgetStaleOutboxes(in: reliable) }
                 }
                 if let cluster = self.cluster {
-                    let node = ClusterNode(registry: self.registry, pushes: self.pushes, lanes: self.reliable?.lanes)
+                    let node = ClusterNode(
+                        registry: self.registry,
+                        pushes: self.pushes,
+                        lanes: self.reliable?.lanes,
+                        streamKey: self.streamKey,
+                        streamURL: self.streamURL
+                    )
                     group.addTask {
                         do {
                             try await cluster.run(node)

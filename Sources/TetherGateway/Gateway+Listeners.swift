@@ -174,6 +174,30 @@ extension Gateway {
         stream.postIdleTimeout ?? self.configuration.timeouts.idle * 2
     }
 
+    /// How this node's HTTP streams reach the other nodes': a POST for a session another node
+    /// holds goes to that node through `cluster`.
+    static func streamForwarding(through cluster: any GatewayCluster, nodeKey: UInt64) -> HTTPStreamSessions.Forwarding {
+        HTTPStreamSessions.Forwarding(nodeKey: nodeKey) { token, body in
+            guard let owner = HTTPStreamBinding.nodeKey(of: token) else { return nil }
+            let post = ClusterStreamPost(token: token, body: body, nodeKey: owner, forwardedBy: nodeKey)
+            return await cluster.forwardStreamPost(post).map { answer in
+                .init(status: HTTPResponseStatus(statusCode: answer.status), message: answer.message)
+            }
+        }
+    }
+
+    /// Where the other nodes of a cluster post to this node's HTTP streams, once the HTTP
+    /// listener is bound; `nil` without an HTTP stream.
+    var streamURL: String? {
+        guard let settings = self.configuration.webSocket, let stream = settings.stream,
+            let port = self.lifecycle.withLockedValue({ try? $0.addresses[.webSocket]?.get().port })
+        else { return nil }
+        var host = settings.host
+        if ["", "0.0.0.0", "::", "[::]", "*"].contains(host) { host = ProcessInfo.processInfo.hostName }
+        if host.contains(":") && !host.hasPrefix("[") { host = "[\(host)]" }
+        return "\(settings.tls ? "https" : "http")://\(host):\(port)\(stream.path)"
+    }
+
     /// The stream's handler for one HTTP connection (HTTP/1.1) or one HTTP/2 stream.
     private func makeStreamHandler(
         _ stream: GatewayConfiguration.HTTPStream,

@@ -82,6 +82,8 @@ public final class Gateway: Service, Sendable {
     let pendingUpgrades = ManagedAtomic<Int>(0)
     /// The HTTP streams open on the HTTP listener, by session token.
     let httpStreams: HTTPStreamSessions
+    /// In a cluster, the key that opens this node's HTTP-stream tokens (``ClusterNode/streamKey``).
+    let streamKey: UInt64
     let lifecycle = NIOLockedValueBox(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
     let activity = ActivityTracker()
@@ -118,7 +120,12 @@ public final class Gateway: Service, Sendable {
             throw GatewayError(code: .invalidConfiguration, message: error.message)
         }
         self.configuration = configuration
-        self.httpStreams = HTTPStreamSessions(remembered: configuration.webSocket?.stream?.endedSessionsRemembered ?? 0)
+        let streamKey = UInt64.random(in: 1...UInt64.max)
+        self.streamKey = streamKey
+        self.httpStreams = HTTPStreamSessions(
+            remembered: configuration.webSocket?.stream?.endedSessionsRemembered ?? 0,
+            forwarding: cluster.map { cluster in Self.streamForwarding(through: cluster, nodeKey: streamKey) }
+        )
         do {
             self.tlsContexts = try configuration.tls.map { tls throws(ConfigurationError) in try ServerTLSContexts(tls) }
         } catch {

@@ -70,16 +70,21 @@ extension PostgresCluster {
             do {
                 _ = try await self.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)")
                 var others: [String] = []
-                for address in try await self.query(
+                var streamURLs: [UInt64: String] = [:]
+                for (address, leaving, key, url) in try await self.query(
                     """
-                    SELECT address FROM tether_nodes
-                    WHERE id <> \(id) AND address IS NOT NULL AND NOT leaving
-                        AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
+                    SELECT address, leaving, stream_key, stream_url FROM tether_nodes
+                    WHERE id <> \(id) AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
                     """
-                ).map({ try $0.decode(String.self) }) {
-                    others.append(address)
+                ).map({ try $0.decode((String?, Bool, Int64?, String?).self) }) {
+                    if let address, !leaving { others.append(address) }
+                    // A leaving node still holds its streams until it has closed them.
+                    if let key, let url { streamURLs[UInt64(bitPattern: key)] = url }
                 }
-                self.state.withLockedValue { $0.others = others }
+                self.state.withLockedValue { state in
+                    state.others = others
+                    state.streamURLs = streamURLs
+                }
                 if beats % 10 == 0 { try await self.clearDeadNodes() }
             } catch {
                 self.logger.warning("cannot write the node's heartbeat", metadata: ["error": "\(PostgresMessageStore.describe(error))"])

@@ -1,8 +1,11 @@
+import AsyncHTTPClient
 import Foundation
 public import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import NIOPosix
+public import NIOSSL
 public import PostgresNIO
 public import TetherCore
 public import TetherGateway
@@ -28,6 +31,10 @@ public import TetherGateway
 ///   once, in the same transaction.
 /// - **Pushes** to clients, rooms and everyone go into `tether_pushes` in batches (one
 ///   transaction and one notification per batch); every node reads what follows its cursor.
+/// - **HTTP streams**: a node's session tokens start with its stream key, which it registers
+///   in `tether_nodes` with the URL of its HTTP listener; a POST for a session another node
+///   holds is forwarded there over HTTP (async-http-client), and that node's answer is the
+///   client's. A load balancer in front of the nodes needs no affinity.
 ///
 /// ```swift
 /// let store = try await PostgresMessageStore(client: postgres)
@@ -58,6 +65,16 @@ public final class PostgresCluster: GatewayCluster {
         /// Where clients reach this node (`tether://10.0.0.5:7700`, `wss://…`): when another
         /// node shuts down, its GOAWAY may send its clients here. `nil`: never named.
         public var address: String?
+        /// Where the other nodes post to this node's HTTP streams
+        /// (`http://10.0.0.5:7443/tether/stream`); `nil`: the gateway's HTTP listener as bound
+        /// (``ClusterNode/streamURL``), named by the host's name if it listens on every interface.
+        public var streamURL: String?
+        /// How long a node waits for the node holding a stream to answer a POST it forwarded
+        /// (that node holds its answer while it paces the client).
+        public var streamForwardTimeout: Duration = .seconds(60)
+        /// How a node checks another node's certificate when it forwards to an `https` stream
+        /// URL; `nil`: the system's trusted roots and the URL's host name.
+        public var streamForwardTLS: TLSConfiguration?
 
         /// - Parameters:
         ///   - url: The database, `postgres://user[:password]@host[:port]/database`.
@@ -76,7 +93,14 @@ public final class PostgresCluster: GatewayCluster {
                         "the node timeout (\(self.nodeTimeout)) must be at least twice the heartbeat interval (\(self.heartbeatInterval))"
                 )
             }
-            guard self.claimTimeout > .zero, self.pollInterval > .zero, self.pushRetention > .zero else {
+            if let streamURL, URL(string: streamURL)?.host == nil || !(streamURL.hasPrefix("http://") || streamURL.hasPrefix("https://")) {
+                throw MessageStoreError(
+                    code: .invalidArgument,
+                    message: "the stream URL '\(streamURL)' is not an http:// or https:// URL with a host"
+                )
+            }
+            guard self.claimTimeout > .zero, self.pollInterval > .zero, self.pushRetention > .zero, self.streamForwardTimeout > .zero
+            else {
                 throw MessageStoreError(code: .invalidArgument, message: "the cluster's timeouts and intervals must be positive")
             }
         }
@@ -109,6 +133,10 @@ public final class PostgresCluster: GatewayCluster {
         var running = false
         /// The addresses of the other live nodes, as of the last heartbeat.
         var others: [String] = []
+        /// The stream URLs of the other live nodes by stream key, as of the last heartbeat.
+        var streamURLs: [UInt64: String] = [:]
+        /// What forwards HTTP-stream POSTs, while the node is in the cluster.
+        var forwarder: HTTPClient?
     }
 
     /// - Parameters:
@@ -255,7 +283,7 @@ public final class PostgresCluster: GatewayCluster {
                 for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_pushes").map({ try $0.decode(Int64.self) }) {
                     cursor = last
                 }
-                joined = (cursor, try await self.register())
+                joined = (cursor, try await self.register(node))
             } catch {
                 try Task.checkCancellation()
                 if attempts == 0 {
@@ -270,6 +298,8 @@ public final class PostgresCluster: GatewayCluster {
         }
         let (pushesAfter, id) = (joined!.cursor, joined!.id)
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
+        let forwarder = self.makeForwarder()
+        self.state.withLockedValue { $0.forwarder = forwarder }
         await withTaskGroup { group in
             group.addTask { await self.listen(id) }
             group.addTask { await self.heartbeat(id) }
@@ -281,12 +311,19 @@ public final class PostgresCluster: GatewayCluster {
         // In a task of its own: this one is cancelled (that is how the gateway stops the
         // cluster), and leaving must still reach PostgreSQL (bounded by the operation timeout).
         await Task { await self.leave(id, node) }.value
+        self.state.withLockedValue { $0.forwarder = nil }
+        try? await forwarder.shutdown()
     }
 
-    private func register() async throws -> Int64 {
+    private func register(_ node: ClusterNode) async throws -> Int64 {
         var id: Int64?
+        let streamKey = Int64(bitPattern: node.streamKey)
+        let streamURL = self.configuration.streamURL ?? node.streamURL
         for value in try await self.query(
-            "INSERT INTO tether_nodes (name, address) VALUES (\(self.configuration.name), \(self.configuration.address)) RETURNING id"
+            """
+            INSERT INTO tether_nodes (name, address, stream_key, stream_url)
+            VALUES (\(self.configuration.name), \(self.configuration.address), \(streamKey), \(streamURL)) RETURNING id
+            """
         ).map({ try $0.decode(Int64.self) }) {
             id = value
         }

@@ -56,7 +56,12 @@ enum PostgresSchema {
             id bigserial PRIMARY KEY, origin bigint NOT NULL, kind smallint NOT NULL, target text NOT NULL,
             topic text NOT NULL, body bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
         CREATE INDEX tether_pushes_created_at ON tether_pushes (created_at);
+        """,
+        // 2: where each node's HTTP streams are, for POSTs another node receives.
         """
+        ALTER TABLE tether_nodes ADD COLUMN stream_key bigint, ADD COLUMN stream_url text;
+        CREATE INDEX tether_nodes_stream_key ON tether_nodes (stream_key);
+        """,
     ]
 
     /// Brings the database's schema up to date.

@@ -16,6 +16,9 @@ public import TetherCore
 /// proxy.mode = .blackhole
 /// proxy.cutAll()
 /// ```
+///
+/// Given several upstreams it is also a load balancer without affinity: each new connection
+/// goes to the next upstream in turn.
 public final class TCPFaultProxy: Sendable {
     /// What the proxy does with the bytes of its connections.
     public enum Mode: Sendable, Hashable {
@@ -70,10 +73,14 @@ public final class TCPFaultProxy: Sendable {
         var natExpiredAt: [ObjectIdentifier: NIODeadline] = [:]
         /// Time spent forgotten by connections since closed.
         var natUnreachable = TimeAmount.zero
+        /// The upstream the next connection goes to.
+        var nextUpstream = 0
     }
 
-    /// The gateway the proxy forwards to.
-    public let upstream: Endpoint
+    /// The gateway the proxy forwards to (the first of ``upstreams``).
+    public var upstream: Endpoint { self.upstreams[0] }
+    /// The gateways the proxy forwards to, a connection to each in turn.
+    public let upstreams: [Endpoint]
     private let group: any EventLoopGroup
     private let state = NIOLockedValueBox(State())
 
@@ -81,7 +88,18 @@ public final class TCPFaultProxy: Sendable {
     ///   - upstream: Where to forward to.
     ///   - eventLoopGroup: Where the proxy's I/O runs; NIO's shared group if `nil`.
     public init(upstream: Endpoint, eventLoopGroup: (any EventLoopGroup)? = nil) {
-        self.upstream = upstream
+        self.upstreams = [upstream]
+        self.group = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
+    }
+
+    /// A proxy that sends each new connection to the next of `upstreams` in turn (round robin,
+    /// no affinity), as a load balancer in front of several gateways does.
+    /// - Parameters:
+    ///   - upstreams: Where to forward to; at least one.
+    ///   - eventLoopGroup: Where the proxy's I/O runs; NIO's shared group if `nil`.
+    public init(upstreams: [Endpoint], eventLoopGroup: (any EventLoopGroup)? = nil) {
+        precondition(!upstreams.isEmpty, "a proxy needs an upstream")
+        self.upstreams = upstreams
         self.group = eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton
     }
 
@@ -168,9 +186,11 @@ public final class TCPFaultProxy: Sendable {
     }
 
     private func accept(_ inbound: any Channel) -> EventLoopFuture<Void> {
-        let refuse = self.state.withLockedValue { state -> Bool in
+        let count = self.upstreams.count
+        let (refuse, target) = self.state.withLockedValue { state -> (Bool, Int) in
             state.accepted += 1
-            return state.mode == .refuse
+            defer { state.nextUpstream = (state.nextUpstream + 1) % count }
+            return (state.mode == .refuse, state.nextUpstream)
         }
         if refuse {
             return inbound.close()
@@ -178,7 +198,7 @@ public final class TCPFaultProxy: Sendable {
         self.track(inbound)
         let upstream = ClientBootstrap(group: inbound.eventLoop)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-            .connect(host: self.upstream.host, port: self.upstream.port)
+            .connect(host: self.upstreams[target].host, port: self.upstreams[target].port)
         return upstream.flatMap { outbound in
             self.track(outbound)
             let (toUpstream, toClient) = RelayHandler.pair(proxy: self)

@@ -30,6 +30,8 @@ extension Harness {
         _ name: String,
         url: String,
         network: LocalNetwork,
+        configure: (inout GatewayConfiguration) -> Void = { _ in },
+        configureCluster: (inout PostgresCluster.Configuration) -> Void = { _ in },
         routes: (Gateway) -> Void = { _ in }
     ) async throws -> ClusterTestNode {
         let postgres = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
@@ -42,9 +44,11 @@ extension Harness {
         clusterConfiguration.pollInterval = .milliseconds(250)
         let endpoint = Endpoint(host: name, port: 1)
         clusterConfiguration.address = endpoint.description
+        configureCluster(&clusterConfiguration)
         let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: testLogger("cluster-\(name)"))
         var configuration = GatewayConfiguration.defaults
         configuration.listen = nil
+        configure(&configuration)
         let gateway = try Gateway(
             configuration: configuration,
             messageStore: store,

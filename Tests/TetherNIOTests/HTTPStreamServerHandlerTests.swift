@@ -235,4 +235,26 @@ struct HTTPStreamServerHandlerTests {
         #expect(tokens.allSatisfy { HTTPStreamBinding.isWellFormedToken($0) })
         #expect(!HTTPStreamBinding.isWellFormedToken(String(repeating: "A", count: 42) + "="))
     }
+
+    @Test("a cluster node's tokens start with its node key (the rest stays random); POSTs for other keys are forwarded, not its own")
+    func nodeKeys() async {
+        for key: UInt64 in [1, 0xdead_beef_0123_4567, .max] {
+            let tokens = (0..<200).map { _ in HTTPStreamBinding.makeToken(nodeKey: key) }
+            #expect(Set(tokens).count == tokens.count)
+            #expect(tokens.allSatisfy { HTTPStreamBinding.isWellFormedToken($0) && HTTPStreamBinding.nodeKey(of: $0) == key })
+        }
+        #expect(HTTPStreamBinding.nodeKey(of: "short") == nil)
+
+        let sessions = HTTPStreamSessions(
+            remembered: 0,
+            forwarding: .init(nodeKey: 7) { token, body in
+                .init(status: .noContent, message: "\(HTTPStreamBinding.nodeKey(of: token)!) \(body.readableBytes)")
+            }
+        )
+        #expect(HTTPStreamBinding.nodeKey(of: sessions.makeToken()) == 7)
+        #expect(sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 7)) == nil, "a token of this node's own")
+        let forward = sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8))
+        #expect(await forward?(ByteBuffer(string: "abc"))?.message == "8 3")
+        #expect(HTTPStreamSessions(remembered: 0).forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8)) == nil, "no cluster")
+    }
 }

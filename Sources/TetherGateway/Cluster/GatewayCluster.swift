@@ -43,10 +43,56 @@ public protocol GatewayCluster: Sendable {
     /// (a URL such as `tether://10.0.0.6:7700`), named in the GOAWAY unless the gateway's
     /// configuration names one (``GatewayConfiguration/GoAway-swift.struct/alternateEndpoint``).
     var alternateEndpoint: String? { get }
+
+    /// Hands an HTTP-stream POST for a session another node holds to that node, and returns
+    /// its answer; `nil` when no live node has the key the session's token names (the client
+    /// then gets `404`). A node that does not answer is a `502 Bad Gateway` answer.
+    ///
+    /// Any node may receive any POST (no sticky sessions): the gateway calls this for a
+    /// session token it does not hold whose node key (``ClusterStreamPost/nodeKey``) is not
+    /// its own. The answer comes once the holding node's connection read the body, so the
+    /// client is paced as if it had posted to that node.
+    func forwardStreamPost(_ post: ClusterStreamPost) async -> ClusterStreamAnswer?
 }
 
 extension GatewayCluster {
     public var alternateEndpoint: String? { nil }
+
+    public func forwardStreamPost(_ post: ClusterStreamPost) async -> ClusterStreamAnswer? { nil }
+}
+
+/// An HTTP-stream POST that reached a node which does not hold its stream.
+public struct ClusterStreamPost: Sendable {
+    /// The session's token (`Tether-Session`).
+    public var token: String
+    /// The frames it carries.
+    public var body: ByteBuffer
+    /// The key of the node that made the token, which holds the stream (see ``ClusterNode/streamKey``).
+    public var nodeKey: UInt64
+    /// The key of the node that forwards it, sent along (`Tether-Forwarded`) so that the
+    /// receiving node never forwards it again.
+    public var forwardedBy: UInt64
+
+    public init(token: String, body: ByteBuffer, nodeKey: UInt64, forwardedBy: UInt64) {
+        self.token = token
+        self.body = body
+        self.nodeKey = nodeKey
+        self.forwardedBy = forwardedBy
+    }
+}
+
+/// What the node holding a stream answered to a forwarded POST: an HTTP status and its
+/// one-line reason, passed back to the client.
+public struct ClusterStreamAnswer: Sendable, Hashable {
+    /// `204` when the stream's connection read the body; the statuses of PROTOCOL.md 11.5
+    /// otherwise, or `502` when the node did not answer.
+    public var status: Int
+    public var message: String
+
+    public init(status: Int, message: String) {
+        self.status = status
+        self.message = message
+    }
 }
 
 /// A push shared between the nodes of a cluster.
@@ -68,6 +114,13 @@ public struct ClusterNode: Sendable {
     let registry: ConnectionRegistry
     let pushes: Pusher
     let lanes: ReliableLanes?
+    /// The key that opens this node's HTTP-stream tokens: the cluster tells it to the other
+    /// nodes with ``streamURL``, so that they forward POSTs for this node's streams here.
+    public let streamKey: UInt64
+    /// Where the other nodes post to this node's HTTP streams (`http://10.0.0.5:7443/tether/stream`):
+    /// its HTTP listener as bound, `nil` if it has no HTTP stream. A listener on every
+    /// interface is named by the host's name.
+    public let streamURL: String?
 
     /// Pushes what another node published to this node's connections (not published again).
     /// - Returns: The number of connections reached.

@@ -17,15 +17,33 @@ public enum HTTPStreamBinding {
     /// The longest first line of a stream a client reads before giving up on it.
     public static let maximumTokenLineLength = 128
 
+    /// The header a gateway adds to a POST it forwards to the node that holds its stream; a
+    /// gateway never forwards a POST that carries it (no loops between nodes).
+    public static let forwardedHeader = "Tether-Forwarded"
+
     /// A new session token: 32 bytes from the system's secure random source, base64url.
-    public static func makeToken() -> String {
+    /// - Parameter nodeKey: A gateway in a cluster makes its tokens' first 8 bytes its node key
+    ///   (big-endian), so that any node can tell which one holds a stream; the other 24 bytes
+    ///   stay random.
+    public static func makeToken(nodeKey: UInt64? = nil) -> String {
         var generator = SystemRandomNumberGenerator()
         var bytes: [UInt8] = []
         bytes.reserveCapacity(32)
-        for _ in 0..<4 {
-            withUnsafeBytes(of: generator.next() as UInt64) { bytes.append(contentsOf: $0) }
+        for index in 0..<4 {
+            let word = index == 0 ? (nodeKey?.bigEndian ?? generator.next()) : generator.next() as UInt64
+            withUnsafeBytes(of: word) { bytes.append(contentsOf: $0) }
         }
         return Self.base64URL(bytes)
+    }
+
+    /// The node key a well-formed token starts with (see ``makeToken(nodeKey:)``); `nil` for a
+    /// malformed token.
+    public static func nodeKey(of token: some StringProtocol) -> UInt64? {
+        guard Self.isWellFormedToken(token) else { return nil }
+        // The first 12 characters are 9 whole bytes (no padding needed); the key is the first 8.
+        let base64 = String(token.prefix(12)).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        guard let data = Data(base64Encoded: base64), data.count >= 8 else { return nil }
+        return data.prefix(8).reduce(0) { ($0 << 8) | UInt64($1) }
     }
 
     /// Whether `text` has the form of a session token (43 base64url characters).

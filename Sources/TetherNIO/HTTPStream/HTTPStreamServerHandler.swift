@@ -13,7 +13,9 @@ package import NIOHTTP1
 ///   stream's connection, and `204` answers once that connection has read it, so a gateway that
 ///   stops reading (its limits pace a client) holds the POST and the client waits. One POST per
 ///   session at a time (`409` for a second); `404` for an unknown session, `410` for one that
-///   ended, `413` for a body over the limit, `400` without a well-formed token.
+///   ended, `413` for a body over the limit, `400` without a well-formed token. In a
+///   cluster, a POST for a session another node holds is forwarded to that node, whose answer
+///   is passed back (`502` if it does not answer).
 /// - Requests for other paths go on unchanged, to the handlers after this one.
 package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChannelHandler {
     package typealias InboundIn = HTTPServerRequestPart
@@ -56,6 +58,8 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
         var body: ByteBuffer
         var keepAlive: Bool
         var version: HTTPVersion
+        /// Another node forwarded it: it is not forwarded again.
+        var forwarded: Bool
     }
 
     private struct Stream {
@@ -171,7 +175,13 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
                 return
             }
             self.mode = .post(
-                Post(token: token, body: context.channel.allocator.buffer(capacity: 0), keepAlive: head.isKeepAlive, version: head.version)
+                Post(
+                    token: token,
+                    body: context.channel.allocator.buffer(capacity: 0),
+                    keepAlive: head.isKeepAlive,
+                    version: head.version,
+                    forwarded: head.headers.contains(name: HTTPStreamBinding.forwardedHeader)
+                )
             )
         default:
             self.refuse(.methodNotAllowed, "\(self.settings.path) takes GET (the stream) and POST (frames for it)", head)
@@ -188,7 +198,7 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
 
     /// Opens a stream on this connection.
     private func open(_ request: HTTPRequestHead, context: ChannelHandlerContext) {
-        let token = HTTPStreamBinding.makeToken()
+        let token = self.sessions.makeToken()
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: HTTPStreamBinding.contentType)
         headers.add(name: "Cache-Control", value: "no-store, no-transform")
@@ -288,7 +298,16 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
         self.mode = .delivering(keepAlive: post.keepAlive, version: post.version)
         switch self.sessions.lookup(post.token) {
         case .unknown:
-            self.respondAndClose(.notFound, "no such session: open a stream with GET \(self.settings.path) first", post.version, context)
+            guard !post.forwarded, let forward = self.sessions.forwarder(for: post.token) else {
+                self.respondAndClose(.notFound, self.unknownSession, post.version, context)
+                return
+            }
+            let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            let body = post.body
+            context.eventLoop.makeFutureWithTask { await forward(body) }.whenComplete { result in
+                let (handler, context) = loopBound.value
+                handler.answerForwarded((try? result.get()) ?? nil, post: post, context: context)
+            }
         case .ended:
             self.answer(.ended, post: post, context: context)
         case .live(let session):
@@ -298,6 +317,27 @@ package final class HTTPStreamServerHandler: ChannelDuplexHandler, RemovableChan
                 let (handler, context) = loopBound.value
                 handler.answer((try? result.get()) ?? .ended, post: post, context: context)
             }
+        }
+    }
+
+    private var unknownSession: String { "no such session: open a stream with GET \(self.settings.path) first" }
+
+    /// Passes on the answer of the node that holds the stream of a forwarded POST.
+    private func answerForwarded(_ answer: HTTPStreamSessions.Forwarding.Answer?, post: Post, context: ChannelHandlerContext) {
+        guard case .delivering = self.mode, context.channel.isActive else { return }
+        guard let answer else {
+            self.respondAndClose(.notFound, self.unknownSession, post.version, context)
+            return
+        }
+        switch answer.status {
+        case .noContent:
+            self.markServed()
+            self.answer(.accepted, post: post, context: context)
+        case .conflict:
+            self.answer(.busy, post: post, context: context)
+        default:
+            let message = answer.message.isEmpty ? "the node that holds this session answered \(answer.status.code)" : answer.message
+            self.respondAndClose(answer.status, message, post.version, context)
         }
     }
 

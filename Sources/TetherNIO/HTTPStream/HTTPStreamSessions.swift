@@ -1,11 +1,40 @@
 import NIOConcurrencyHelpers
 package import NIOCore
+package import NIOHTTP1
 
 /// The HTTP streams a gateway serves, by session token, so that a POST arriving on any
 /// connection reaches its stream's connection (on that connection's event loop).
 ///
 /// Ended sessions are remembered (up to a bound) so that a late POST gets `410 Gone`, not `404`.
+/// In a cluster, tokens name the node that holds their stream, and a POST for another node's
+/// session is forwarded to it (``Forwarding``).
 package final class HTTPStreamSessions: Sendable {
+    /// How a gateway in a cluster reaches the streams of the other nodes.
+    package struct Forwarding: Sendable {
+        /// What the node holding a stream answered to a forwarded POST.
+        package struct Answer: Sendable {
+            package var status: HTTPResponseStatus
+            /// Its one-line reason (empty for `204`).
+            package var message: String
+
+            package init(status: HTTPResponseStatus, message: String) {
+                self.status = status
+                self.message = message
+            }
+        }
+
+        /// This node's key, the first 8 bytes of the tokens it makes.
+        package var nodeKey: UInt64
+        /// Hands a POST's body to the node that holds `token`'s stream and returns its answer;
+        /// `nil` when no node of the cluster has that key.
+        package var forward: @Sendable (_ token: String, _ body: ByteBuffer) async -> Answer?
+
+        package init(nodeKey: UInt64, forward: @escaping @Sendable (_ token: String, _ body: ByteBuffer) async -> Answer?) {
+            self.nodeKey = nodeKey
+            self.forward = forward
+        }
+    }
+
     /// What a token names.
     package enum Lookup {
         case live(HTTPStreamSession)
@@ -23,10 +52,29 @@ package final class HTTPStreamSessions: Sendable {
 
     private let state = NIOLockedValueBox(State())
     private let remembered: Int
+    private let forwarding: Forwarding?
 
-    /// - Parameter remembered: How many ended sessions to remember.
-    package init(remembered: Int) {
+    /// - Parameters:
+    ///   - remembered: How many ended sessions to remember.
+    ///   - forwarding: In a cluster, how POSTs reach the other nodes' streams.
+    package init(remembered: Int, forwarding: Forwarding? = nil) {
         self.remembered = remembered
+        self.forwarding = forwarding
+    }
+
+    /// A token for a new stream of this gateway.
+    package func makeToken() -> String {
+        HTTPStreamBinding.makeToken(nodeKey: self.forwarding?.nodeKey)
+    }
+
+    /// Where a POST for `token`, a session this gateway does not hold, may be forwarded:
+    /// `nil` outside a cluster, and for a token of this node's own (an ended or unknown
+    /// session of this node stays unknown).
+    package func forwarder(for token: String) -> (@Sendable (ByteBuffer) async -> Forwarding.Answer?)? {
+        guard let forwarding = self.forwarding, let key = HTTPStreamBinding.nodeKey(of: token), key != forwarding.nodeKey else {
+            return nil
+        }
+        return { body in await forwarding.forward(token, body) }
     }
 
     /// Sessions open now.

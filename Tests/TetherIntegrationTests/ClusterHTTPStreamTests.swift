@@ -1,0 +1,158 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Testing
+import Tether
+import TetherCore
+import TetherGateway
+import TetherNIO
+import TetherPostgres
+import TetherTestSupport
+import TetherTesting
+
+extension IntegrationTests {
+    @Suite("The HTTP stream in a cluster: no sticky sessions", .requires(.postgresql), .timeLimit(.minutes(3)))
+    struct ClusterHTTPStreamTests {
+        /// Nodes A and B with an HTTP listener on 127.0.0.1 each; `node` answers the node's name.
+        static func nodes(url: String, harness: Harness) async throws -> (LocalNetwork, ClusterTestNode, ClusterTestNode) {
+            let network = LocalNetwork()
+            var nodes: [ClusterTestNode] = []
+            for name in ["a", "b"] {
+                nodes.append(
+                    try await harness.clusterNode(
+                        name,
+                        url: url,
+                        network: network,
+                        configure: { $0.configureListener(.httpStream) },
+                        routes: { gateway in gateway.handle("node") { _, _ in ByteBuffer(string: name) } }
+                    )
+                )
+            }
+            return (network, nodes[0], nodes[1])
+        }
+
+        static func streamURL(_ node: ClusterTestNode) async throws -> String {
+            "http://127.0.0.1:\(try await node.gateway.webSocketAddress.port!)\(Endpoint.defaultHTTPStreamPath)"
+        }
+
+        /// Opens a stream with a GET to `url`, read until cancelled.
+        /// - Returns: The session's token, and the task that reads the stream.
+        static func openStream(_ url: String) async throws -> (token: String, stream: Task<Void, any Error>) {
+            let opened = AsyncStream.makeStream(of: String.self)
+            let stream = Task {
+                defer { opened.continuation.finish() }
+                let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
+                var line = ""
+                for try await chunk in response.body where !line.contains("\n") {
+                    line += String(buffer: chunk)
+                    if line.contains("\n") { opened.continuation.yield(String(line.prefix { $0 != "\n" && $0 != "\r" })) }
+                }
+            }
+            var lines = opened.stream.makeAsyncIterator()
+            guard let token = await lines.next() else {
+                Issue.record("no token line from \(url)")
+                throw CancellationError()
+            }
+            return (token, stream)
+        }
+
+        @Test("behind a load balancer without affinity, the stream's GET on node A and its POSTs on node B: B forwards them to A")
+        func postsForwarded() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let (network, a, b) = try await Self.nodes(url: url, harness: harness)
+                let balancer = TCPFaultProxy(upstreams: [
+                    Endpoint(host: "127.0.0.1", port: try await a.gateway.webSocketAddress.port!),
+                    Endpoint(host: "127.0.0.1", port: try await b.gateway.webSocketAddress.port!),
+                ])
+                let port = try await balancer.start().port!
+                harness.onExit { balancer.cutAll() }
+                let carol = try harness.client([Endpoint(host: "127.0.0.1", port: port, transport: .httpStream)], clientID: "carol") {
+                    $0.reliability = try! ClientConfiguration.Reliability(outbox: InMemoryOutboxStore())
+                }
+                let carolInbox = DeliveryCollector(carol, in: harness)
+                let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                let bobInbox = DeliveryCollector(bob, in: harness)
+
+                // The balancer sends the stream's connection to A and the POST connection to B.
+                #expect(try await carol.request("node").string == "a")
+                #expect(balancer.acceptedConnections == 2)
+                try await eventually("bob is connected") { b.gateway.connections.contains { $0.clientID == "bob" } }
+                #expect(a.gateway.connections.map(\.clientID) == ["carol"], "the stream's connection is on A")
+
+                for index in 1...30 {
+                    _ = try await carol.send("chat.send", body: ByteBuffer(string: "to bob \(index)"), conversation: "bob")
+                    _ = try await bob.send("chat.send", body: ByteBuffer(string: "to carol \(index)"), conversation: "carol")
+                }
+                try await eventually("each gets the other's 30 messages", timeout: .seconds(20)) {
+                    bobInbox.count == 30 && carolInbox.count == 30
+                }
+                #expect(bobInbox.bodies == (1...30).map { "to bob \($0)" })
+                #expect(carolInbox.bodies == (1...30).map { "to carol \($0)" })
+                #expect(bobInbox.violations.isEmpty && carolInbox.violations.isEmpty)
+                #expect(a.processed.withLockedValue { $0 } == (1...30).map { "to bob \($0)" }, "carol's messages processed on A, once")
+                #expect(harness.events(of: carol).connects == 1, "no reconnection: every forwarded POST was answered 204")
+                #expect(balancer.acceptedConnections == 2)
+            }
+        }
+
+        @Test("forwarded POSTs get the statuses of the node that holds the stream; unknown and already forwarded sessions get 404")
+        func forwardedStatuses() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let (_, a, b) = try await Self.nodes(url: url, harness: harness)
+                let (onA, onB) = (try await Self.streamURL(a), try await Self.streamURL(b))
+                let http = HTTPClient.shared
+
+                // A stream opened on A; its token names A.
+                let (token, stream) = try await Self.openStream(onA)
+                #expect(HTTPStreamBinding.isWellFormedToken(token))
+
+                @Sendable func post(_ url: String, token: String, forwarded: Bool = false) async throws -> (Int, String) {
+                    var request = HTTPClientRequest(url: url)
+                    request.method = .POST
+                    request.headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
+                    if forwarded { request.headers.add(name: HTTPStreamBinding.forwardedHeader, value: "1") }
+                    request.body = .bytes(ByteBuffer())
+                    let response = try await http.execute(request, timeout: .seconds(30))
+                    let body = try await response.body.collect(upTo: 4096)
+                    return (Int(response.status.code), String(buffer: body))
+                }
+
+                // An empty POST through B reaches A's stream.
+                #expect(try await post(onB, token: token).0 == 204)
+                // A POST another node already forwarded is not forwarded again.
+                #expect(try await post(onB, token: token, forwarded: true).0 == 404)
+                // A's key with a session A does not have: A's 404 comes back through B.
+                let key = try #require(HTTPStreamBinding.nodeKey(of: token))
+                let (status, message) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: key))
+                #expect(status == 404 && message.contains("no such session"), "\(status) \(message)")
+                // A key no node has.
+                #expect(try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: key &+ 1)).0 == 404)
+
+                // The stream ends (its client closes it): A says 410 through B.
+                stream.cancel()
+                _ = await stream.result
+                try await eventually("A remembers the stream ended") {
+                    (try? await post(onA, token: token).0) == 410
+                }
+                #expect(try await post(onB, token: token).0 == 410)
+
+                // Node C registered a stream URL where nothing listens: a POST for its stream
+                // that B receives gets 502, with a sentence.
+                let nowhere = "http://127.0.0.1:\(try await freePort())\(Endpoint.defaultHTTPStreamPath)"
+                let c = try await harness.clusterNode(
+                    "c",
+                    url: url,
+                    network: LocalNetwork(),
+                    configure: { $0.configureListener(.httpStream) },
+                    configureCluster: { $0.streamURL = nowhere }
+                )
+                let cKey = try #require(HTTPStreamBinding.nodeKey(of: try await Self.openStream(Self.streamURL(c)).token))
+                let (unreachable, why) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: cKey))
+                #expect(unreachable == 502 && why.contains("did not answer"), "\(unreachable) \(why)")
+            }
+        }
+    }
+}
