@@ -59,8 +59,17 @@ struct ClusterBench: AsyncParsableCommand {
         var clients: Int
         var transactionsPerClient: Int
         var transactionsPerSecond: Double
+        /// Reliable messages each transaction stands for.
+        var messagesPerTransaction: Int
+        var messagesPerSecond: Double { self.transactionsPerSecond * Double(self.messagesPerTransaction) }
         var script: String
     }
+
+    @Option(help: "Messages per transaction of the group-shaped pgbench (about a group's size in the one-node run).")
+    var groupSize = 128
+
+    @Option(help: "The group-shaped pgbench's concurrent clients beside one (the store commits up to 4 groups at once).")
+    var groupClients = 4
 
     func run() async throws {
         try FileManager.default.createDirectory(atPath: self.output, withIntermediateDirectories: true)
@@ -76,6 +85,17 @@ struct ClusterBench: AsyncParsableCommand {
             "pgbench, one reliable message per transaction (outcome, conversation, stream, delivery, acknowledgement), "
                 + "\(pgbench.clients) clients: \(Int(pgbench.transactionsPerSecond)) transactions/s"
         )
+        // One client: the ceiling of one sender's lane, whose groups commit one after another;
+        // several: PostgreSQL's ceiling for the shape, with lanes that never wait for each other.
+        for clients in Set([1, self.groupClients]).sorted() {
+            let grouped = try await self.groupPgbench(server, clients: clients)
+            try writeJSON(grouped, to: "\(self.output)/pgbench-group-\(clients).json")
+            emit(
+                "pgbench, a group of \(grouped.messagesPerTransaction) reliable messages per transaction (64 conversations locked and "
+                    + "advanced, outcomes, stream, deliveries, the previous group's acknowledgements), \(grouped.clients) client(s): "
+                    + "\(Int(grouped.transactionsPerSecond)) transactions/s = \(Int(grouped.messagesPerSecond)) messages/s"
+            )
+        }
         for nodes in [1, 3] {
             let url = try await server.createDatabase("reliable\(nodes)")
             var reliable = try Reliable.parse([
@@ -99,11 +119,11 @@ struct ClusterBench: AsyncParsableCommand {
     /// the conversation advanced, the recipient's stream advanced, the delivery stored, then
     /// its acknowledgement deleting it.
     private func pgbench(_ server: LocalPostgres) async throws -> PgbenchResult {
-        let url = try await server.createDatabase("pgbench")
-        let setup = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
-        try await withThrowingTaskGroup { group in
-            group.addTask { await setup.run() }
-            for statement in [
+        let body = String(repeating: "6d", count: 32)
+        return try await self.runPgbench(
+            server,
+            database: "pgbench",
+            setup: [
                 "CREATE TABLE conv (id integer PRIMARY KEY, last bigint NOT NULL)",
                 "INSERT INTO conv SELECT g, 0 FROM generate_series(1, 64) g",
                 """
@@ -113,31 +133,94 @@ struct ClusterBench: AsyncParsableCommand {
                 "CREATE TABLE streams (recipient text PRIMARY KEY, next_sequence bigint NOT NULL)",
                 "INSERT INTO streams VALUES ('bob', 1)",
                 "CREATE TABLE deliveries (recipient text, sequence bigint, topic text, body bytea, PRIMARY KEY (recipient, sequence))",
-            ] {
+            ],
+            script: """
+                \\set c random(1, 64)
+                BEGIN;
+                UPDATE conv SET last = last + 1 WHERE id = :c RETURNING last \\gset
+                INSERT INTO outcomes VALUES ('alice', 1, :c, :last, 0, :last);
+                UPDATE streams SET next_sequence = next_sequence + 1 WHERE recipient = 'bob' RETURNING next_sequence \\gset
+                INSERT INTO deliveries VALUES ('bob', :next_sequence, 'dm', '\\x\(body)');
+                DELETE FROM deliveries WHERE recipient = 'bob' AND sequence = :next_sequence;
+                END;
+
+                """,
+            clients: self.pgbenchClients,
+            transactions: self.pgbenchTransactions,
+            messagesPerTransaction: 1
+        )
+    }
+
+    /// pgbench with a transaction of the shape of one group commit of the one-node run: a
+    /// sender's 64 conversations locked and advanced, a group of outcomes recorded, the
+    /// recipient's stream advanced, the group's deliveries stored, and the previous group's
+    /// deliveries deleted as acknowledged. Each client is its own sender and recipient, so the
+    /// clients do not wait for each other: PostgreSQL's ceiling for this shape.
+    private func groupPgbench(_ server: LocalPostgres, clients: Int) async throws -> PgbenchResult {
+        let body = String(repeating: "6d", count: 32)
+        let size = self.groupSize
+        let perConversation = max(1, size / 64)
+        return try await self.runPgbench(
+            server,
+            database: "pgbench_group_\(clients)",
+            setup: [
+                "CREATE TABLE conv (client text, conversation text, last bigint NOT NULL, PRIMARY KEY (client, conversation))",
+                "INSERT INTO conv SELECT 'alice' || c, 'bob-' || g, 0 FROM generate_series(1, \(clients)) c, generate_series(1, 64) g",
+                """
+                CREATE TABLE outcomes (client text, epoch bigint, conversation text, sequence bigint, status integer, \
+                message_id bigint, PRIMARY KEY (client, epoch, conversation, sequence))
+                """,
+                "CREATE TABLE streams (recipient text PRIMARY KEY, next_sequence bigint NOT NULL)",
+                "INSERT INTO streams SELECT 'bob' || c, 1 FROM generate_series(1, \(clients)) c",
+                "CREATE TABLE deliveries (recipient text, sequence bigint, topic text, body bytea, PRIMARY KEY (recipient, sequence))",
+            ],
+            script: """
+                BEGIN;
+                SELECT count(*) FROM (SELECT 1 FROM conv WHERE client = 'alice' || :client_id + 1 ORDER BY conversation FOR UPDATE) AS l;
+                UPDATE conv SET last = last + \(perConversation) WHERE client = 'alice' || :client_id + 1;
+                INSERT INTO outcomes SELECT client, 1, conversation, last - g, 0, last - g
+                    FROM conv, generate_series(0, \(perConversation - 1)) g WHERE client = 'alice' || :client_id + 1;
+                UPDATE streams SET next_sequence = next_sequence + \(size) WHERE recipient = 'bob' || :client_id + 1 RETURNING next_sequence \\gset
+                INSERT INTO deliveries SELECT 'bob' || :client_id + 1, :next_sequence - \(size) + g, 'dm', '\\x\(body)'
+                    FROM generate_series(0, \(size - 1)) g;
+                DELETE FROM deliveries WHERE recipient = 'bob' || :client_id + 1 AND sequence < :next_sequence - \(size);
+                END;
+
+                """,
+            clients: clients,
+            transactions: self.pgbenchTransactions / 4,
+            messagesPerTransaction: perConversation * 64
+        )
+    }
+
+    /// Runs pgbench on a new database of `server` after `setup`, `clients` clients each running
+    /// `transactions` transactions of `script`.
+    private func runPgbench(
+        _ server: LocalPostgres,
+        database: String,
+        setup statements: [String],
+        script: String,
+        clients: Int,
+        transactions: Int,
+        messagesPerTransaction: Int
+    ) async throws -> PgbenchResult {
+        let url = try await server.createDatabase(database)
+        let setup = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
+        try await withThrowingTaskGroup { group in
+            group.addTask { await setup.run() }
+            for statement in statements {
                 try await setup.query(PostgresQuery(unsafeSQL: statement))
             }
             group.cancelAll()
         }
-        let body = String(repeating: "6d", count: 32)
-        let script = """
-            \\set c random(1, 64)
-            BEGIN;
-            UPDATE conv SET last = last + 1 WHERE id = :c RETURNING last \\gset
-            INSERT INTO outcomes VALUES ('alice', 1, :c, :last, 0, :last);
-            UPDATE streams SET next_sequence = next_sequence + 1 WHERE recipient = 'bob' RETURNING next_sequence \\gset
-            INSERT INTO deliveries VALUES ('bob', :next_sequence, 'dm', '\\x\(body)');
-            DELETE FROM deliveries WHERE recipient = 'bob' AND sequence = :next_sequence;
-            END;
-
-            """
         let scriptPath = FileManager.default.temporaryDirectory.appendingPathComponent("tether-pgbench-\(UUID().uuidString).sql").path
         try script.write(toFile: scriptPath, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: scriptPath) }
         let process = Process()
         process.executableURL = server.binaries.appendingPathComponent("pgbench")
         process.arguments = [
-            "-n", "-f", scriptPath, "-c", "\(self.pgbenchClients)", "-j", "2", "-t", "\(self.pgbenchTransactions)",
-            "-h", "127.0.0.1", "-p", "\(server.port)", "-U", "tether", "pgbench",
+            "-n", "-f", scriptPath, "-c", "\(clients)", "-j", "2", "-t", "\(transactions)",
+            "-h", "127.0.0.1", "-p", "\(server.port)", "-U", "tether", database,
         ]
         let pipe = Pipe()
         process.standardOutput = pipe
@@ -152,9 +235,10 @@ struct ClusterBench: AsyncParsableCommand {
             throw BenchError("pgbench failed: \(printed)")
         }
         return PgbenchResult(
-            clients: self.pgbenchClients,
-            transactionsPerClient: self.pgbenchTransactions,
+            clients: clients,
+            transactionsPerClient: transactions,
             transactionsPerSecond: tps,
+            messagesPerTransaction: messagesPerTransaction,
             script: script
         )
     }

@@ -28,6 +28,8 @@ public final class PostgresMessageStore: MessageStore {
     let logger: Logger
     /// How long one operation may take.
     let operationTimeout: Duration
+    /// How many groups of writes may commit at once (``concurrentApplies``).
+    let concurrentGroups: Int
     /// The node this store's gateway is, once its ``PostgresCluster`` registered it: deliveries
     /// for recipients connected to other nodes then wake those nodes.
     let node = NIOLockedValueBox<Int64?>(nil)
@@ -35,18 +37,22 @@ public final class PostgresMessageStore: MessageStore {
     /// Opens the store: migrates the schema and reads (or creates) the store's epoch.
     /// - Parameters:
     ///   - client: A client whose `run()` is running.
-    ///   - logger: Where the store logs.
-    /// - Throws: ``MessageStoreError`` if the database is unreachable or its schema is newer.
     ///   - operationTimeout: How long one operation (a read, a group's transaction) may take
     ///     before it fails with ``MessageStoreError/Code/storage``; see ``withDeadline(_:)``.
+    ///   - concurrentGroups: How many groups of writes may commit at once, each a transaction
+    ///     on a connection of its own (at most the client's connections are useful).
+    ///   - logger: Where the store logs.
+    /// - Throws: ``MessageStoreError`` if the database is unreachable or its schema is newer.
     public init(
         client: PostgresClient,
         operationTimeout: Duration = .seconds(10),
+        concurrentGroups: Int = 4,
         logger: Logger = Logger(label: "tether.postgres")
     ) async throws {
         self.client = client
         self.logger = logger
         self.operationTimeout = operationTimeout
+        self.concurrentGroups = max(1, concurrentGroups)
         do {
             try await PostgresSchema.migrate(client, logger: logger)
             let candidate = Int64(bitPattern: UInt64.random(in: 1...UInt64.max))
@@ -196,6 +202,11 @@ public final class PostgresMessageStore: MessageStore {
     }
 
     // MARK: Writes
+
+    /// Groups of writes may commit concurrently, each in its own transaction on its own
+    /// connection: the rows they lock (conversations, lanes, streams) order the ones that
+    /// touch the same state, and each reads what the ones before it committed.
+    public var concurrentApplies: Int { self.concurrentGroups }
 
     public func apply(_ writes: [StoreWrite]) async throws -> [Result<[DeliveryReceipt], MessageStoreError>] {
         guard !writes.isEmpty else { return [] }

@@ -6,9 +6,11 @@ import TetherCore
 /// go together in the next call to ``MessageStore/apply(_:)`` (one transaction in the SQLite
 /// store), each still atomic on its own.
 ///
-/// No task of its own: the first writer to find none under way leads, takes everything
+/// No task of its own: the first writer to find a round slot free leads, takes everything
 /// waiting, applies it, answers the others, and hands the lead to the first of those that
-/// arrived meanwhile, which leads the next round with its own write.
+/// arrived meanwhile, which leads the next round with its own write. A store may take several
+/// rounds at once (``MessageStore/concurrentApplies``, PostgreSQL's): writes then wait only
+/// when every slot is busy.
 ///
 /// ```swift
 /// let receipts = try await writer.commit(StoreWrite(processed: processed, deliveries: deliveries))
@@ -28,14 +30,18 @@ final class StoreWriter: Sendable {
     }
 
     private struct State {
-        var leading = false
+        /// Rounds under way. Writes wait only while it is at ``StoreWriter/slots``.
+        var leading = 0
         var waiting: [Waiting] = []
     }
 
     private let state = NIOLockedValueBox(State())
+    /// How many rounds may be under way at once.
+    private let slots: Int
 
     init(store: any MessageStore) {
         self.store = store
+        self.slots = max(1, store.concurrentApplies)
     }
 
     /// Writes waiting for the next round.
@@ -46,13 +52,14 @@ final class StoreWriter: Sendable {
     /// - Throws: ``MessageStoreError``: a conflict, or the store's failure.
     func commit(_ write: StoreWrite) async throws(MessageStoreError) -> [DeliveryReceipt] {
         let role = await withCheckedContinuation { (continuation: CheckedContinuation<Role, Never>) in
+            let slots = self.slots
             let lead = self.state.withLockedValue { state -> Bool in
-                guard state.leading else {
-                    state.leading = true
-                    return true
+                guard state.leading < slots else {
+                    state.waiting.append(Waiting(write: write, continuation: continuation))
+                    return false
                 }
-                state.waiting.append(Waiting(write: write, continuation: continuation))
-                return false
+                state.leading += 1
+                return true
             }
             if lead { continuation.resume(returning: .lead(promoted: false)) }
         }
@@ -65,8 +72,9 @@ final class StoreWriter: Sendable {
     }
 
     /// One round: this write and every one waiting, in one call to the store. A writer that
-    /// found no round under way finds none waiting either (a round ends by handing the lead to
-    /// the first writer waiting), so only a promoted one looks.
+    /// found a slot free finds none waiting either (writes wait only while every slot is busy,
+    /// and a round ends by handing its slot to the first writer waiting), so only a promoted
+    /// one looks.
     private func lead(with own: StoreWrite, promoted: Bool) async throws(MessageStoreError) -> [DeliveryReceipt] {
         let others: [Waiting] =
             promoted
@@ -88,7 +96,7 @@ final class StoreWriter: Sendable {
         }
         let next = self.state.withLockedValue { state -> Waiting? in
             guard !state.waiting.isEmpty else {
-                state.leading = false
+                state.leading -= 1
                 return nil
             }
             return state.waiting.removeFirst()

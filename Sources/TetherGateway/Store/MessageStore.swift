@@ -40,6 +40,12 @@ public protocol MessageStore: Sendable {
     /// recorded for each of `outcomes` that the store still has.
     func dedupState(of outbox: OutboxID, conversations: Set<String>, outcomes: [ConversationSequence]) async throws -> DedupState
 
+    /// How many calls to ``apply(_:)`` the gateway may have under way at once: 1 (the default)
+    /// for a store with one writer, as SQLite; more for a server database, whose row locks keep
+    /// concurrent groups that touch the same conversations or recipients in order (each group
+    /// still reads the state the groups before it committed).
+    var concurrentApplies: Int { get }
+
     /// Applies writes, each atomically, in order; see the contract above.
     /// - Returns: One result per write, in order: the receipts of its deliveries (in order), or
     ///   the error that kept it out (``MessageStoreError/Code/conflict``).
@@ -67,6 +73,9 @@ public protocol MessageStore: Sendable {
 }
 
 extension MessageStore {
+    /// One writer at a time.
+    public var concurrentApplies: Int { 1 }
+
     /// Applies one write.
     /// - Returns: The receipts of its deliveries, in order.
     /// - Throws: ``MessageStoreError``: a conflict, or the storage's failure.

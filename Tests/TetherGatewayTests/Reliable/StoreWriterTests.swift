@@ -20,6 +20,11 @@ private final class GatedStore: MessageStore {
 
     private let inner = InMemoryMessageStore()
     private let state = NIOLockedValueBox(State())
+    let concurrentApplies: Int
+
+    init(concurrentApplies: Int = 1) {
+        self.concurrentApplies = concurrentApplies
+    }
 
     var epoch: UInt64 { self.inner.epoch }
     var calls: [[StoreWrite]] { self.state.withLockedValue { $0.calls } }
@@ -92,10 +97,10 @@ private final class GatedStore: MessageStore {
 
 @Suite("Store writer (group commit)")
 struct StoreWriterTests {
-    static func write(_ sequence: UInt64, to recipient: String = "bob") -> StoreWrite {
+    static func write(_ sequence: UInt64, to recipient: String = "bob", from client: String = "alice") -> StoreWrite {
         StoreWrite(
             processed: [
-                ProcessedMessage(outbox: OutboxID(client: "alice", epoch: 1), conversation: "c", sequence: sequence, messageID: sequence)
+                ProcessedMessage(outbox: OutboxID(client: client, epoch: 1), conversation: "c", sequence: sequence, messageID: sequence)
             ],
             deliveries: [NewDelivery(recipient: recipient, topic: "dm", body: ByteBuffer(string: "\(sequence)"))]
         )
@@ -107,8 +112,12 @@ struct StoreWriterTests {
         let writer = StoreWriter(store: store)
         let first = Task { try await writer.commit(Self.write(1)) }
         try await eventually("the first write is being applied") { store.callsWaiting == 1 }
-        let others = (2...4).map { sequence in Task { try await writer.commit(Self.write(UInt64(sequence))) } }
-        try await eventually("three writes wait for the next round") { writer.writesWaiting == 3 }
+        // One after another: the writes of a conversation wait in the order they arrive.
+        var others: [Task<[DeliveryReceipt], any Error>] = []
+        for sequence in 2...4 {
+            others.append(Task { try await writer.commit(Self.write(UInt64(sequence))) })
+            try await eventually("write \(sequence) waits for the next round") { writer.writesWaiting == sequence - 1 }
+        }
         #expect(store.calls.count == 1)
         store.openOnce()
         let firstReceipts = try await first.value
@@ -135,5 +144,29 @@ struct StoreWriterTests {
         store.openOnce()
         let error = await #expect(throws: MessageStoreError.self) { try await writer.commit(Self.write(2)) }
         #expect(error?.code == .storage)
+    }
+
+    @Test("a store that takes several rounds at once gets them at once; writes wait, and go together, only when every slot is busy")
+    func concurrentRounds() async throws {
+        let store = GatedStore(concurrentApplies: 2)
+        let writer = StoreWriter(store: store)
+        let first = Task { try await writer.commit(Self.write(1, from: "alice")) }
+        let second = Task { try await writer.commit(Self.write(1, from: "carol")) }
+        try await eventually("two rounds are under way at once") { store.callsWaiting == 2 }
+        #expect(writer.writesWaiting == 0)
+        let later = ["dave", "erin"].map { client in Task { try await writer.commit(Self.write(1, from: client)) } }
+        try await eventually("both slots busy: two writes wait") { writer.writesWaiting == 2 }
+        store.openOnce()
+        try await eventually("a finished round hands its slot to the writes waiting, together") { store.calls.count == 3 }
+        store.openOnce()
+        store.openOnce()
+        _ = try await first.value
+        _ = try await second.value
+        for task in later { _ = try await task.value }
+        #expect(store.calls.map(\.count) == [1, 1, 2])
+        #expect(writer.writesWaiting == 0)
+        // Every slot free again: the next write leads a round of its own at once.
+        store.openOnce()
+        #expect(try await writer.commit(Self.write(2, from: "alice")).count == 1)
     }
 }

@@ -1,0 +1,180 @@
+import NIOCore
+import PostgresNIO
+import TetherGateway
+
+// The two statements of a group commit, prepared once per connection: PostgreSQL then parses
+// and plans them once (a group's write statement took 1.2 ms to plan, as long as it took to
+// run), and every group binds its arrays and executes.
+
+/// Reads and locks what a group's writes depend on: the conversations they advance (for
+/// update) and the fences of the lanes they commit under (for share, so that a takeover waits
+/// for this commit).
+struct GroupReadStatement: PostgresPreparedStatement {
+    static let name = "tether_group_read_v1"
+    static let sql = """
+        WITH c AS (
+            SELECT c.client, c.epoch, c.conversation, c.last_sequence FROM tether_conversations c
+            JOIN unnest($1::text[], $2::int8[], $3::text[]) AS k(client, epoch, conversation)
+            ON c.client = k.client AND c.epoch = k.epoch AND c.conversation = k.conversation
+            ORDER BY c.client, c.epoch, c.conversation
+            FOR UPDATE OF c
+        ),
+        l AS (
+            SELECT l.client, l.epoch, l.fence FROM tether_lanes l
+            JOIN unnest($4::text[], $5::int8[]) AS k(client, epoch)
+            ON l.client = k.client AND l.epoch = k.epoch
+            FOR SHARE OF l
+        )
+        SELECT false, client, epoch, conversation, last_sequence FROM c
+        UNION ALL SELECT true, client, epoch, '', fence FROM l
+        """
+    typealias Row = (isLane: Bool, client: String, epoch: Int64, conversation: String, value: Int64)
+
+    var conversationClients: [String]
+    var conversationEpochs: [Int64]
+    var conversations: [String]
+    var laneClients: [String]
+    var laneEpochs: [Int64]
+
+    func makeBindings() throws -> PostgresBindings {
+        var bindings = PostgresBindings(capacity: 5)
+        bindings.append(self.conversationClients)
+        bindings.append(self.conversationEpochs)
+        bindings.append(self.conversations)
+        bindings.append(self.laneClients)
+        bindings.append(self.laneEpochs)
+        return bindings
+    }
+
+    func decodeRow(_ row: PostgresRow) throws -> Row {
+        try row.decode((Bool, String, Int64, String, Int64).self)
+    }
+}
+
+/// Writes what a group accepted, in one statement: records the outcomes, advances their
+/// conversations (inserting new ones) and forgets outcomes past the window; removes
+/// acknowledged deliveries; appends the new deliveries to their recipients' streams; and
+/// signals the other nodes where those recipients are connected, notifying each once (on
+/// commit).
+///
+/// The sub-statements see one snapshot and must not change a row twice, so a recipient's
+/// stream row is changed once, by one upsert that adds its new deliveries and subtracts its
+/// acknowledged ones. It returns each recipient's first new sequence, and one row counting
+/// the notifications.
+struct GroupWriteStatement: PostgresPreparedStatement {
+    static let name = "tether_group_write_v1"
+    static let sql = """
+        WITH o AS (
+            INSERT INTO tether_outcomes (client, epoch, conversation, sequence, status, message_id)
+            SELECT client, epoch, conversation, sequence, status, CASE WHEN has_id THEN message_id END
+            FROM unnest($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int4[], $6::int8[], $7::bool[])
+                AS v(client, epoch, conversation, sequence, status, message_id, has_id)
+        ),
+        k AS (
+            SELECT * FROM unnest($8::text[], $9::int8[], $10::text[], $11::int8[], $12::bool[], $13::int8[])
+                AS k(client, epoch, conversation, last_sequence, is_new, trimmed)
+        ),
+        ci AS (
+            INSERT INTO tether_conversations (client, epoch, conversation, last_sequence)
+            SELECT client, epoch, conversation, last_sequence FROM k WHERE is_new
+        ),
+        cu AS (
+            UPDATE tether_conversations c SET last_sequence = k.last_sequence FROM k
+            WHERE NOT k.is_new AND c.client = k.client AND c.epoch = k.epoch AND c.conversation = k.conversation
+        ),
+        ot AS (
+            DELETE FROM tether_outcomes t USING k
+            WHERE k.trimmed > 0 AND t.client = k.client AND t.epoch = k.epoch AND t.conversation = k.conversation
+                AND t.sequence <= k.trimmed
+        ),
+        ad AS (
+            DELETE FROM tether_deliveries d
+            USING unnest($14::text[], $15::int8[]) AS a(recipient, up_to)
+            WHERE d.recipient = a.recipient AND d.sequence <= a.up_to
+            RETURNING d.recipient, length(d.body) AS bytes
+        ),
+        acked AS (SELECT recipient, count(*)::bigint AS n, sum(bytes)::bigint AS bytes FROM ad GROUP BY recipient),
+        d AS (
+            SELECT * FROM unnest($16::text[], $17::int8[], $18::text[], $19::bytea[]) AS d(recipient, k, topic, body)
+        ),
+        counts AS (SELECT recipient, count(*)::bigint AS n, sum(length(body))::bigint AS bytes FROM d GROUP BY recipient),
+        changes AS (
+            SELECT recipient, coalesce(c.n, 0) AS added, coalesce(c.bytes, 0) AS added_bytes,
+                coalesce(a.n, 0) AS removed, coalesce(a.bytes, 0) AS removed_bytes
+            FROM counts c FULL JOIN acked a USING (recipient)
+        ),
+        s AS (
+            INSERT INTO tether_streams AS s (recipient, next_sequence, waiting, waiting_bytes)
+            SELECT recipient, added + 1, added - removed, added_bytes - removed_bytes FROM changes ORDER BY recipient
+            ON CONFLICT (recipient) DO UPDATE SET next_sequence = s.next_sequence + excluded.next_sequence - 1,
+                waiting = s.waiting + excluded.waiting, waiting_bytes = s.waiting_bytes + excluded.waiting_bytes
+            RETURNING s.recipient, s.next_sequence
+        ),
+        firsts AS (SELECT s.recipient, s.next_sequence - counts.n AS first FROM s JOIN counts USING (recipient)),
+        di AS (
+            INSERT INTO tether_deliveries (recipient, sequence, topic, body)
+            SELECT d.recipient, firsts.first + d.k - 1, d.topic, d.body FROM d JOIN firsts USING (recipient)
+        ),
+        w AS (
+            INSERT INTO tether_signals (node, kind, key)
+            SELECT p.node, \(ClusterSignal.Kind.deliveries.rawValue), p.client FROM tether_presence p
+            WHERE $20::int8 <> 0 AND p.client IN (SELECT recipient FROM firsts) AND p.node <> $20::int8
+            RETURNING node
+        )
+        SELECT false, recipient, first FROM firsts
+        UNION ALL
+        SELECT true, '', count(*) FROM (SELECT pg_notify('tether_node_' || n.node, '') FROM (SELECT DISTINCT node FROM w) AS n) AS z
+        """
+    typealias Row = (isNotification: Bool, recipient: String, first: Int64)
+
+    var outcomeClients: [String] = []
+    var outcomeEpochs: [Int64] = []
+    var outcomeConversations: [String] = []
+    var outcomeSequences: [Int64] = []
+    var outcomeStatuses: [Int32] = []
+    var outcomeMessageIDs: [Int64] = []
+    var outcomeHasID: [Bool] = []
+    var conversationClients: [String] = []
+    var conversationEpochs: [Int64] = []
+    var conversations: [String] = []
+    var lastSequences: [Int64] = []
+    var newConversations: [Bool] = []
+    var trimmedUpTo: [Int64] = []
+    var acknowledgedRecipients: [String] = []
+    var acknowledgedUpTo: [Int64] = []
+    var deliveryRecipients: [String] = []
+    var deliveryOrdinals: [Int64] = []
+    var deliveryTopics: [String] = []
+    var deliveryBodies: [ByteBuffer] = []
+    /// This node's id in the cluster; 0 outside one (no signals).
+    var node: Int64 = 0
+
+    func makeBindings() throws -> PostgresBindings {
+        var bindings = PostgresBindings(capacity: 20)
+        bindings.append(self.outcomeClients)
+        bindings.append(self.outcomeEpochs)
+        bindings.append(self.outcomeConversations)
+        bindings.append(self.outcomeSequences)
+        bindings.append(self.outcomeStatuses)
+        bindings.append(self.outcomeMessageIDs)
+        bindings.append(self.outcomeHasID)
+        bindings.append(self.conversationClients)
+        bindings.append(self.conversationEpochs)
+        bindings.append(self.conversations)
+        bindings.append(self.lastSequences)
+        bindings.append(self.newConversations)
+        bindings.append(self.trimmedUpTo)
+        bindings.append(self.acknowledgedRecipients)
+        bindings.append(self.acknowledgedUpTo)
+        bindings.append(self.deliveryRecipients)
+        bindings.append(self.deliveryOrdinals)
+        bindings.append(self.deliveryTopics)
+        bindings.append(self.deliveryBodies)
+        bindings.append(self.node)
+        return bindings
+    }
+
+    func decodeRow(_ row: PostgresRow) throws -> Row {
+        try row.decode((Bool, String, Int64).self)
+    }
+}
