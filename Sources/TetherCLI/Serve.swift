@@ -80,6 +80,25 @@ struct Serve: AsyncParsableCommand {
     )
     var advertiseStream: String?
 
+    @Option(
+        help: """
+            Serve GET /health and GET /ready (503 while starting, draining or without its store) on this port, for \
+            operators and load balancers (with --nodes, PORT, PORT + 1, …).
+            """
+    )
+    var adminPort: Int?
+
+    @Option(help: "With --admin-port: the admin listener's address (loopback by default: keep it private).")
+    var adminHost = "127.0.0.1"
+
+    @Flag(
+        help: """
+            Without --jwt-key, listen beyond loopback anyway (--host 0.0.0.0 …): any client may then claim any \
+            client id. Without this flag such a gateway refuses to start.
+            """
+    )
+    var insecureOpen = false
+
     @Flag(help: "Refuse clients that do not offer CRC-32C checksums.")
     var requireChecksums = false
 
@@ -119,8 +138,16 @@ struct Serve: AsyncParsableCommand {
         try self.limits.apply(to: &configuration.limits)
         let logger = Logger(label: "tether.serve")
         var authenticator: JWTAuthenticator?
+        configuration.insecureOpen = self.insecureOpen
+        configuration.admin = self.adminPort.map { GatewayConfiguration.Admin(host: self.adminHost, port: $0) }
         if self.jwtKeys.isEmpty {
             if self.jwtIssuer != nil || self.jwtAudience != nil { throw ValidationError("--jwt-issuer and --jwt-audience need --jwt-key") }
+            if let host = configuration.nonLoopbackHosts.first, !self.insecureOpen {
+                throw ValidationError(
+                    "the gateway would listen on \(host) with no --jwt-key: any client could claim any client id. "
+                        + "Add --jwt-key, listen on loopback (the default --host 127.0.0.1), or add --insecure-open to allow it"
+                )
+            }
             logger.warning("no --jwt-key: the gateway is open, and any client may claim any client id")
         } else {
             do {
@@ -227,6 +254,9 @@ struct Serve: AsyncParsableCommand {
                     cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: nodeLogger)
                 } catch {
                     throw ValidationError("--advertise-stream: \((error as? MessageStoreError)?.message ?? "\(error)")")
+                }
+                if index > 0, let admin = configuration.admin, admin.port != 0 {
+                    nodeConfiguration.admin?.port = admin.port + index
                 }
                 if index > 0, nodeConfiguration.webSocket != nil {
                     nodeConfiguration.webSocket?.port = (configuration.webSocket?.port ?? 0) + index

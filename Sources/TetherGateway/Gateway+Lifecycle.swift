@@ -102,16 +102,26 @@ extension Gateway {
             throw GatewayError(code: .alreadyRunning, message: "run() was already called on this gateway")
         }
         _ = self.services  // the routes are fixed from now on
+        if self.authenticator == nil, let host = self.configuration.nonLoopbackHosts.first {
+            self.logger.warning(
+                "insecure: the gateway listens beyond loopback with no authenticator (insecureOpen); any client may claim any client id",
+                metadata: ["host": "\(host)"]
+            )
+        }
         defer { self.resolveAddresses(.failure(GatewayError(code: .notListening, message: "the gateway stopped"))) }
 
         // Connections are served by their channel handlers, and tasks exist only while there is
         // work; `activity` counts both. Cancelling this task stops everything at once.
         try await withTaskCancellationHandler {
             var servers: [any Channel] = []
+            var admin: (any Channel)?
             if !start.shuttingDown {
                 do {
+                    // First: it says "starting" until the others listen.
+                    if let settings = self.configuration.admin { admin = try await self.bindAdmin(settings) }
                     servers = try await self.bindListeners()
                 } catch {
+                    try? await admin?.close()
                     self.stopNow()
                     throw error
                 }
@@ -140,6 +150,7 @@ extension Gateway {
                 group.cancelAll()
             }
             for server in servers { try? await server.closeFuture.get() }
+            try? await admin?.close()
         } onCancel: {
             self.stopNow()
         }
@@ -204,6 +215,7 @@ extension Gateway {
     enum Listener: CaseIterable, Hashable, Sendable {
         case tcp
         case webSocket
+        case admin
     }
 
     struct Lifecycle {

@@ -119,6 +119,15 @@ public final class Gateway: Service, Sendable {
         } catch {
             throw GatewayError(code: .invalidConfiguration, message: error.message)
         }
+        if authenticator == nil, !configuration.insecureOpen, let host = configuration.nonLoopbackHosts.first {
+            throw GatewayError(
+                code: .invalidConfiguration,
+                message:
+                    "the gateway listens on \(host) with no authenticator: any client could claim any client id. "
+                    + "Give it an authenticator (tether serve --jwt-key), listen on loopback only, "
+                    + "or allow it explicitly with insecureOpen (tether serve --insecure-open)"
+            )
+        }
         self.configuration = configuration
         let streamKey = UInt64.random(in: 1...UInt64.max)
         self.streamKey = streamKey
@@ -342,7 +351,7 @@ public final class Gateway: Service, Sendable {
         }
     }
 
-    private func boundAddress(of listener: Listener) async throws(GatewayError) -> SocketAddress {
+    func boundAddress(of listener: Listener) async throws(GatewayError) -> SocketAddress {
         let result: Result<SocketAddress, GatewayError> = await withCheckedContinuation { continuation in
             let ready: Result<SocketAddress, GatewayError>? = self.lifecycle.withLockedValue { lifecycle in
                 if let address = lifecycle.addresses[listener] { return address }

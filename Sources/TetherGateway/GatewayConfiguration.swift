@@ -33,6 +33,15 @@ public struct GatewayConfiguration: Sendable, Hashable {
     public var exposeHandlerErrors: Bool
     /// Where connections and their request handlers run.
     public var execution: Execution
+    /// Lets a gateway with no authenticator listen on an address other than loopback, where
+    /// any client may then claim any client id (read another user's room, consume their
+    /// reliable deliveries). Off by default: such a gateway refuses to start, with
+    /// ``GatewayError/Code/invalidConfiguration``. On, it starts and logs a warning. A gateway
+    /// on loopback only (`127.0.0.1`, `::1`, `localhost`) is open without it, for development.
+    public var insecureOpen: Bool
+    /// The admin listener (`/health`, `/ready`) for operators and orchestrators; `nil` (the
+    /// default) has none.
+    public var admin: Admin?
 
     /// Listens on 127.0.0.1:7700 with the defaults below.
     public static var defaults: GatewayConfiguration {
@@ -58,7 +67,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
         exposeHandlerErrors: Bool,
         execution: Execution = .eventLoop,
         webSocket: WebSocket? = nil,
-        tls: TLS? = nil
+        tls: TLS? = nil,
+        insecureOpen: Bool = false
     ) {
         self.listen = listen
         self.webSocket = webSocket
@@ -70,6 +80,25 @@ public struct GatewayConfiguration: Sendable, Hashable {
         self.goAway = goAway
         self.exposeHandlerErrors = exposeHandlerErrors
         self.execution = execution
+        self.insecureOpen = insecureOpen
+    }
+
+    /// The listeners' addresses that are not loopback (`0.0.0.0`, `::`, a host's own address
+    /// or name): what an open gateway (no authenticator) must not listen on without
+    /// ``insecureOpen``.
+    public var nonLoopbackHosts: [String] {
+        var hosts: [String] = []
+        if let listen = self.listen, !Self.isLoopback(listen.host) { hosts.append(listen.host) }
+        if let webSocket = self.webSocket, !Self.isLoopback(webSocket.host) { hosts.append(webSocket.host) }
+        return hosts
+    }
+
+    /// Whether `host` names only this machine's loopback interface.
+    static func isLoopback(_ host: String) -> Bool {
+        let bare = host.trimmingCharacters(in: ["[", "]"])
+        if bare == "localhost" || bare == "::1" { return true }
+        let parts = bare.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { UInt8($0) != nil }
     }
 
     /// Where a connection's tasks run: its handshake, its request handlers, its reliable delivery.
@@ -104,9 +133,43 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 throw ConfigurationError("listen and webSocket cannot share \(listen.host):\(listen.port)")
             }
         }
+        if let admin = self.admin {
+            guard !admin.host.isEmpty, (0...65535).contains(admin.port) else {
+                throw ConfigurationError("admin needs a host and a port from 0 to 65535")
+            }
+            for (name, host, port) in [
+                ("listen", self.listen?.host, self.listen?.port), ("webSocket", self.webSocket?.host, self.webSocket?.port),
+            ]
+            where admin.port != 0 && port == admin.port && host == admin.host {
+                throw ConfigurationError("admin and \(name) cannot share \(admin.host):\(admin.port)")
+            }
+        }
         guard self.serverName.utf8.count <= Int(UInt16.max) else { throw ConfigurationError("serverName is too long") }
         try self.limits.validate()
         try self.timeouts.validate()
+    }
+
+    /// The admin listener: plain HTTP for operators, on loopback unless told otherwise.
+    ///
+    /// - `GET /health`: `200` while the process serves (JSON: whether it is draining, its
+    ///   connections, whether it is open to any client id).
+    /// - `GET /ready`: `200` while it accepts connections and its message store answers;
+    ///   `503` with the reasons while it starts, drains (a graceful shutdown) or cannot reach
+    ///   its store. A load balancer or an orchestrator stops sending clients on `503`.
+    ///
+    /// ```swift
+    /// configuration.admin = .init(port: 9090)   // curl 127.0.0.1:9090/ready
+    /// ```
+    public struct Admin: Sendable, Hashable {
+        /// The address to bind; loopback by default (what it says is for operators).
+        public var host: String
+        /// The port; 0 picks a free one (see ``Gateway/adminAddress``).
+        public var port: Int
+
+        public init(host: String = "127.0.0.1", port: Int) {
+            self.host = host
+            self.port = port
+        }
     }
 
     /// A TCP listening address.

@@ -82,6 +82,13 @@ public final class PostgresMessageStore: MessageStore {
 
     // MARK: Reads
 
+    /// Runs `SELECT 1` (under the operation timeout).
+    public func checkReachable() async throws {
+        try await self.storage {
+            _ = try await self.client.query("SELECT 1", logger: self.logger).collect()
+        }
+    }
+
     public func dedupState(of outbox: OutboxID, conversations: Set<String>, outcomes: [ConversationSequence]) async throws -> DedupState {
         try await self.storage {
             var state = DedupState()

@@ -117,4 +117,31 @@ struct PostgresMessageStoreTests {
             #expect(throws: MessageStoreError.self) { try PostgresMessageStore.clientConfiguration(url: url) }
         }
     }
+
+    @Test("a store whose database went away does not answer: checkReachable throws, and a gateway on it is not ready")
+    func unreachable() async throws {
+        try await TestPostgres.withDatabase { client, url in
+            let store = try await PostgresMessageStore(client: client, operationTimeout: .seconds(2))
+            try await store.checkReachable()
+            var configuration = GatewayConfiguration.defaults
+            configuration.listen = nil
+            let gateway = try Gateway(configuration: configuration, messageStore: store)
+            #expect(await gateway.readiness() == Gateway.Readiness(ready: false, reasons: ["starting"]), "not run yet; the store answers")
+
+            let database = String(url.split(separator: "/").last!.split(separator: "?").first!)
+            let admin = PostgresClient(
+                configuration: try PostgresMessageStore.clientConfiguration(
+                    url: url.replacingOccurrences(of: "/\(database)", with: "/tether")
+                )
+            )
+            try await withThrowingTaskGroup { group in
+                group.addTask { await admin.run() }
+                defer { group.cancelAll() }
+                try await admin.query(PostgresQuery(unsafeSQL: "DROP DATABASE \"\(database)\" WITH (FORCE)"))
+            }
+            await #expect(throws: MessageStoreError.self) { try await store.checkReachable() }
+            let readiness = await gateway.readiness()
+            #expect(!readiness.ready && readiness.reasons.contains { $0.hasPrefix("store unreachable") }, "\(readiness)")
+        }
+    }
 }

@@ -46,6 +46,10 @@ public protocol MessageStore: Sendable {
     /// still reads the state the groups before it committed).
     var concurrentApplies: Int { get }
 
+    /// Checks that the store answers (the admin listener's `/ready`): throws if it does not.
+    /// A store in the process answers by default; a server database runs a trivial query.
+    func checkReachable() async throws
+
     /// Applies writes, each atomically, in order; see the contract above.
     /// - Returns: One result per write, in order: the receipts of its deliveries (in order), or
     ///   the error that kept it out (``MessageStoreError/Code/conflict``).
@@ -75,6 +79,9 @@ public protocol MessageStore: Sendable {
 extension MessageStore {
     /// One writer at a time.
     public var concurrentApplies: Int { 1 }
+
+    /// Always reachable: the store is in the process.
+    public func checkReachable() async throws {}
 
     /// Applies one write.
     /// - Returns: The receipts of its deliveries, in order.

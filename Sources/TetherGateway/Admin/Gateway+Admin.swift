@@ -1,0 +1,199 @@
+import Foundation
+public import NIOCore
+import NIOHTTP1
+import NIOPosix
+import TetherCore
+import TetherNIO
+
+// The admin listener: /health and /ready over plain HTTP, for operators and orchestrators.
+extension Gateway {
+    /// Whether the gateway should be sent clients now, and if not, why.
+    public struct Readiness: Sendable, Hashable, Codable {
+        public var ready: Bool
+        /// Why it is not ready: `starting`, `draining`, `store unreachable: …`.
+        public var reasons: [String]
+
+        public init(ready: Bool, reasons: [String]) {
+            self.ready = ready
+            self.reasons = reasons
+        }
+    }
+
+    /// What `/health` says.
+    public struct Health: Sendable, Hashable, Codable {
+        /// Always `alive` while the process answers.
+        public var status: String
+        /// A graceful shutdown is under way.
+        public var draining: Bool
+        /// Connections established now.
+        public var connections: Int
+        /// No authenticator: any client may claim any client id.
+        public var open: Bool
+        /// Open, and listening beyond loopback (``GatewayConfiguration/insecureOpen``).
+        public var insecureOpen: Bool
+    }
+
+    /// How long `/ready` waits for the message store to answer.
+    static let storeProbeTimeout = Duration.seconds(2)
+
+    /// Whether the gateway accepts connections and its message store answers.
+    public func readiness() async -> Readiness {
+        var reasons: [String] = []
+        let (started, shuttingDown) = self.lifecycle.withLockedValue { ($0.accepting || $0.shuttingDown, $0.shuttingDown) }
+        if !started { reasons.append("starting") }
+        if shuttingDown { reasons.append("draining") }
+        if let store = self.reliable?.store {
+            do {
+                try await Self.withTimeout(Self.storeProbeTimeout) { try await store.checkReachable() }
+            } catch {
+                reasons.append("store unreachable: \((error as? MessageStoreError)?.message ?? "\(error)")")
+            }
+        }
+        return Readiness(ready: reasons.isEmpty, reasons: reasons)
+    }
+
+    /// The process's health, as `/health` says it.
+    public var health: Health {
+        let open = self.authenticator == nil
+        return Health(
+            status: "alive",
+            draining: self.lifecycle.withLockedValue { $0.shuttingDown },
+            connections: self.registry.established.count,
+            open: open,
+            insecureOpen: open && !self.configuration.nonLoopbackHosts.isEmpty
+        )
+    }
+
+    /// The address the admin listener (``GatewayConfiguration/admin``) is bound to, once it is.
+    /// - Throws: ``GatewayError`` if the gateway has no admin listener, failed to bind, or
+    ///   shut down before binding.
+    public var adminAddress: SocketAddress {
+        get async throws(GatewayError) {
+            if self.configuration.admin == nil {
+                throw GatewayError(code: .notListening, message: "the configuration has no admin listener")
+            }
+            return try await self.boundAddress(of: .admin)
+        }
+    }
+
+    /// Binds the admin listener. It stays open while the gateway drains (so that `/ready`
+    /// says so) and closes when ``run()`` ends.
+    func bindAdmin(_ admin: GatewayConfiguration.Admin) async throws -> any Channel {
+        let bootstrap = ServerBootstrap(group: self.eventLoopGroup)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(AdminHTTPHandler(gateway: self))
+                }
+            }
+        let server: any Channel
+        do {
+            server = try await bootstrap.bind(host: admin.host, port: admin.port).get()
+        } catch {
+            let failure = GatewayError(code: .bindFailed, message: "cannot listen on \(admin.host):\(admin.port) (admin): \(error)")
+            self.resolveAddress(of: .admin, .failure(failure))
+            throw failure
+        }
+        if let address = server.localAddress {
+            self.logger.info(
+                "admin listening",
+                metadata: ["address": "http://\(address.ipAddress ?? admin.host):\(address.port ?? admin.port)"]
+            )
+            self.resolveAddress(of: .admin, .success(address))
+        }
+        return server
+    }
+
+    /// Runs `body`, failing with a storage error if it takes longer than `timeout`.
+    static func withTimeout(_ timeout: Duration, _ body: @escaping @Sendable () async throws -> Void) async throws {
+        try await withThrowingTaskGroup { group in
+            group.addTask { try await body() }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                throw MessageStoreError(code: .storage, message: "no answer within \(timeout)")
+            }
+            defer { group.cancelAll() }
+            try await group.next()
+        }
+    }
+}
+
+/// Answers the admin listener's requests: `GET /health` and `GET /ready`; `404` otherwise.
+final class AdminHTTPHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let gateway: Gateway
+    private var request: HTTPRequestHead?
+
+    init(gateway: Gateway) {
+        self.gateway = gateway
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch Self.unwrapInboundIn(data) {
+        case .head(let head):
+            self.request = head
+        case .body:
+            break
+        case .end:
+            guard let head = self.request else { return }
+            self.request = nil
+            self.answer(head, context: context)
+        }
+    }
+
+    private func answer(_ head: HTTPRequestHead, context: ChannelHandlerContext) {
+        guard head.method == .GET || head.method == .HEAD else {
+            self.respond(.methodNotAllowed, text: "the admin listener takes GET\n", head: head, context: context)
+            return
+        }
+        switch head.pathWithoutQuery {
+        case "/health":
+            self.respond(.ok, json: self.gateway.health, head: head, context: context)
+        case "/ready":
+            let gateway = self.gateway
+            let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.makeFutureWithTask { await gateway.readiness() }.whenSuccess { readiness in
+                let (handler, context) = loopBound.value
+                handler.respond(readiness.ready ? .ok : .serviceUnavailable, json: readiness, head: head, context: context)
+            }
+        default:
+            self.respond(.notFound, text: "the admin listener serves /health and /ready\n", head: head, context: context)
+        }
+    }
+
+    private func respond(_ status: HTTPResponseStatus, json: some Encodable, head: HTTPRequestHead, context: ChannelHandlerContext) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let text = ((try? encoder.encode(json)).map { String(decoding: $0, as: UTF8.self) } ?? "{}") + "\n"
+        self.respond(status, text: text, contentType: "application/json", head: head, context: context)
+    }
+
+    private func respond(
+        _ status: HTTPResponseStatus,
+        text: String,
+        contentType: String = "text/plain; charset=utf-8",
+        head: HTTPRequestHead,
+        context: ChannelHandlerContext
+    ) {
+        guard context.channel.isActive else { return }
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: contentType)
+        headers.add(name: "Content-Length", value: "\(text.utf8.count)")
+        headers.add(name: "Cache-Control", value: "no-store")
+        if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
+        context.write(Self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+        if head.method != .HEAD {
+            context.write(Self.wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: text)))), promise: nil)
+        }
+        let keepAlive = head.isKeepAlive
+        context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            if !keepAlive { context.close(promise: nil) }
+        }
+    }
+}
+
+@available(*, unavailable)
+extension AdminHTTPHandler: Sendable {}
