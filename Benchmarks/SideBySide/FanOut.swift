@@ -82,7 +82,7 @@ struct FanOut: AsyncParsableCommand {
                 throw BenchError("a generator failed: \(generator.errors())")
             }
         }
-        let cpuBefore = servers.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) }
+        let cpuBefore = processCPUSeconds(pids: servers.map(\.process.pid))
         let started = Date().timeIntervalSince1970
         let perRequest = self.perRequest
         let messages = self.messages
@@ -119,7 +119,7 @@ struct FanOut: AsyncParsableCommand {
             last = max(last, Double(fields[2]) ?? 0)
             generator.wait()
         }
-        let cpu = servers.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) } - cpuBefore
+        let cpu = processCPUSeconds(pids: servers.map(\.process.pid)) - cpuBefore
         let expected = self.members * self.messages
         guard delivered == expected else { throw BenchError("\(delivered) pushes delivered of \(expected)") }
         let seconds = last - started

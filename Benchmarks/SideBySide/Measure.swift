@@ -66,6 +66,11 @@ func processCPUSeconds(pid: Int32) -> Double? {
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
 
+/// CPU seconds the processes `pids` have used together (those /proc no longer knows count 0).
+func processCPUSeconds(pids: [Int32]) -> Double {
+    pids.reduce(0) { $0 + (processCPUSeconds(pid: $1) ?? 0) }
+}
+
 /// Runs the async peers' clients: a fixed number of sequential requests (latency), or
 /// `inFlight` tasks each sending one request after another until `seconds` pass (throughput).
 enum AsyncDriver {

@@ -130,7 +130,7 @@ struct Reliable: AsyncParsableCommand {
             defer { alice.shutdown() }
             try await waitUntilConnected(alice)
             let cpu = (
-                alice: processCPUSeconds(), gateway: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) },
+                alice: processCPUSeconds(), gateway: processCPUSeconds(pids: gateways.map(\.process.pid)),
                 bob: processCPUSeconds(pid: bob.pid) ?? 0
             )
             let clock = ContinuousClock()
@@ -164,7 +164,7 @@ struct Reliable: AsyncParsableCommand {
                 deliveredSeconds: delivered,
                 deliveredPerSecond: Double(messages) / delivered,
                 aliceCPUSeconds: processCPUSeconds() - cpu.alice,
-                gatewayCPUSeconds: gateways.reduce(0) { $0 + (processCPUSeconds(pid: $1.process.pid) ?? 0) } - cpu.gateway,
+                gatewayCPUSeconds: processCPUSeconds(pids: gateways.map(\.process.pid)) - cpu.gateway,
                 bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob
             )
         }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Logging
 import PostgresNIO
 import ServiceLifecycle
+import TetherCore
 import TetherGateway
 import TetherJWT
 import TetherPostgres
@@ -222,18 +223,16 @@ struct Serve: AsyncParsableCommand {
                 do {
                     // PostgresClient waits for a connection as long as it takes: a server that
                     // is not there at start is an error, said plainly, not a silent wait.
-                    store = try await withThrowingTaskGroup { race in
-                        race.addTask { try await PostgresMessageStore(client: client, logger: Logger(label: "tether.postgres")) }
-                        race.addTask {
-                            try await Task.sleep(for: .seconds(15))
-                            throw ValidationError(
-                                "--postgres: no answer from PostgreSQL at \(clientConfiguration.host ?? "?"):\(clientConfiguration.port ?? 5432) "
+                    let server = "\(clientConfiguration.host ?? "?"):\(clientConfiguration.port ?? 5432)"
+                    store = try await withTimeout(
+                        .seconds(15),
+                        failure: {
+                            ValidationError(
+                                "--postgres: no answer from PostgreSQL at \(server) "
                                     + "within 15 s (is it running? tether postgres start runs one for development)"
                             )
                         }
-                        defer { race.cancelAll() }
-                        return try await race.next()!
-                    }
+                    ) { try await PostgresMessageStore(client: client, logger: Logger(label: "tether.postgres")) }
                 } catch let error as ValidationError {
                     throw error
                 } catch {
@@ -244,7 +243,7 @@ struct Serve: AsyncParsableCommand {
                 var clusterConfiguration = try PostgresCluster.Configuration(url: url, name: name)
                 if let advertise = self.advertise {
                     clusterConfiguration.address = advertise
-                } else if let listen = nodeConfiguration.listen, !["0.0.0.0", "::", ""].contains(listen.host), listen.port != 0 {
+                } else if let listen = nodeConfiguration.listen, !GatewayConfiguration.isWildcard(listen.host), listen.port != 0 {
                     clusterConfiguration.address =
                         Endpoint(host: listen.host, port: listen.port, transport: listen.tls ? .tls : .tcp).description
                 }

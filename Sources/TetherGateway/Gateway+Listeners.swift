@@ -177,8 +177,7 @@ extension Gateway {
     /// How this node's HTTP streams reach the other nodes': a POST for a session another node
     /// holds goes to that node through `cluster`.
     static func streamForwarding(through cluster: any GatewayCluster, nodeKey: UInt64) -> HTTPStreamSessions.Forwarding {
-        HTTPStreamSessions.Forwarding(nodeKey: nodeKey) { token, body in
-            guard let owner = HTTPStreamBinding.nodeKey(of: token) else { return nil }
+        HTTPStreamSessions.Forwarding(nodeKey: nodeKey) { token, owner, body in
             let post = ClusterStreamPost(token: token, body: body, nodeKey: owner, forwardedBy: nodeKey)
             return await cluster.forwardStreamPost(post).map { answer in
                 .init(status: HTTPResponseStatus(statusCode: answer.status), message: answer.message)
@@ -193,7 +192,7 @@ extension Gateway {
             let port = self.lifecycle.withLockedValue({ try? $0.addresses[.webSocket]?.get().port })
         else { return nil }
         var host = settings.host
-        if ["", "0.0.0.0", "::", "[::]", "*"].contains(host) { host = ProcessInfo.processInfo.hostName }
+        if GatewayConfiguration.isWildcard(host) { host = ProcessInfo.processInfo.hostName }
         if host.contains(":") && !host.hasPrefix("[") { host = "[\(host)]" }
         return "\(settings.tls ? "https" : "http")://\(host):\(port)\(stream.path)"
     }

@@ -93,6 +93,12 @@ public struct GatewayConfiguration: Sendable, Hashable {
         return hosts
     }
 
+    /// Whether binding `host` listens on every interface (`0.0.0.0`, `::`): it names no
+    /// address another machine could reach this one at.
+    package static func isWildcard(_ host: String) -> Bool {
+        ["", "0.0.0.0", "::", "[::]", "*"].contains(host)
+    }
+
     /// Whether `host` names only this machine's loopback interface.
     static func isLoopback(_ host: String) -> Bool {
         let bare = host.trimmingCharacters(in: ["[", "]"])

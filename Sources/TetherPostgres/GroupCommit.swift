@@ -5,8 +5,8 @@ import TetherCore
 import TetherGateway
 
 /// One group of writes applied in one transaction: the conversations and lanes they touch are
-/// read and locked, each write's conflict is decided in order, then what was accepted is
-/// written with one statement per table.
+/// read and locked (one statement), each write's conflict is decided in order, then what was
+/// accepted is written (one statement; see ``GroupReadStatement`` and ``GroupWriteStatement``).
 struct GroupCommit {
     let writes: [StoreWrite]
     let node: Int64?
@@ -16,11 +16,31 @@ struct GroupCommit {
         var client: String
         var epoch: Int64
         var conversation: String
+
+        init(client: String, epoch: Int64, conversation: String) {
+            self.client = client
+            self.epoch = epoch
+            self.conversation = conversation
+        }
+
+        /// The conversation `message` advances.
+        init(_ message: ProcessedMessage) {
+            self.init(client: message.outbox.client, epoch: Int64(bitPattern: message.outbox.epoch), conversation: message.conversation)
+        }
     }
 
     private struct OutboxKey: Hashable {
         var client: String
         var epoch: Int64
+
+        init(client: String, epoch: Int64) {
+            self.client = client
+            self.epoch = epoch
+        }
+
+        init(_ outbox: OutboxID) {
+            self.init(client: outbox.client, epoch: Int64(bitPattern: outbox.epoch))
+        }
     }
 
     func run(on connection: PostgresConnection) async throws -> [Result<[DeliveryReceipt], MessageStoreError>] {
@@ -35,17 +55,9 @@ struct GroupCommit {
         var conversationKeys: Set<ConversationKey> = []
         var fencedOutboxes: Set<OutboxKey> = []
         for write in self.writes {
-            for message in write.processed {
-                conversationKeys.insert(
-                    ConversationKey(
-                        client: message.outbox.client,
-                        epoch: Int64(bitPattern: message.outbox.epoch),
-                        conversation: message.conversation
-                    )
-                )
-            }
+            conversationKeys.formUnion(write.processed.map(ConversationKey.init))
             if let fence = write.fence, !write.processed.isEmpty {
-                fencedOutboxes.insert(OutboxKey(client: fence.outbox.client, epoch: Int64(bitPattern: fence.outbox.epoch)))
+                fencedOutboxes.insert(OutboxKey(fence.outbox))
             }
         }
         var last: [ConversationKey: UInt64] = [:]
@@ -82,7 +94,7 @@ struct GroupCommit {
         var advanced: Set<ConversationKey> = []
         for (index, write) in self.writes.enumerated() {
             if let fence = write.fence, !write.processed.isEmpty {
-                let current = fences[OutboxKey(client: fence.outbox.client, epoch: Int64(bitPattern: fence.outbox.epoch))]
+                let current = fences[OutboxKey(fence.outbox)]
                 guard current == fence.token else {
                     results[index] = .failure(
                         MessageStoreError(
@@ -97,11 +109,7 @@ struct GroupCommit {
             var proposed = last
             var conflict: MessageStoreError?
             for message in write.processed {
-                let key = ConversationKey(
-                    client: message.outbox.client,
-                    epoch: Int64(bitPattern: message.outbox.epoch),
-                    conversation: message.conversation
-                )
+                let key = ConversationKey(message)
                 let current = proposed[key] ?? 0
                 guard message.sequence == current + 1 else {
                     conflict = MessageStoreError(
@@ -117,15 +125,7 @@ struct GroupCommit {
                 continue
             }
             last = proposed
-            for message in write.processed {
-                advanced.insert(
-                    ConversationKey(
-                        client: message.outbox.client,
-                        epoch: Int64(bitPattern: message.outbox.epoch),
-                        conversation: message.conversation
-                    )
-                )
-            }
+            advanced.formUnion(write.processed.map(ConversationKey.init))
             outcomes += write.processed
             deliveries += write.deliveries.map { (index, $0) }
             for (recipient, sequence) in write.acknowledgements {

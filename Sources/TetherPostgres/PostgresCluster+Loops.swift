@@ -195,21 +195,8 @@ extension PostgresCluster {
     /// One batch of pushes: one transaction, one notification. The advisory lock makes the
     /// batches of all nodes commit in the order of their ids, so a reader's cursor skips none.
     func insert(_ pushes: [ClusterPush], from id: Int64) async throws {
-        let kinds = pushes.map { push -> Int16 in
-            switch push.target {
-            case .client: 1
-            case .room: 2
-            case .all: 3
-            case .connection: 0
-            }
-        }
-        let targets = pushes.map { push -> String in
-            switch push.target {
-            case .client(let client): client
-            case .room(let room): room
-            case .all, .connection: ""
-            }
-        }
+        let stored = pushes.map { StoredPushTarget.encode($0.target) }
+        let (kinds, targets) = (stored.map(\.kind), stored.map(\.name))
         try await self.store.withDeadline { [client = self.client, logger = self.logger] in
             try await client.withTransaction(logger: logger) { connection in
                 try await connection.query(
@@ -275,14 +262,7 @@ extension PostgresCluster {
                     ).map({ try $0.decode((Int64, Int64, Int16, String, String, ByteBuffer).self) }) {
                         read += 1
                         cursor = pushID
-                        guard origin != id else { continue }
-                        let target: PushTarget
-                        switch kind {
-                        case 1: target = .client(name)
-                        case 2: target = .room(name)
-                        case 3: target = .all
-                        default: continue
-                        }
+                        guard origin != id, let target = StoredPushTarget.decode(kind: kind, name: name) else { continue }
                         node.push(ClusterPush(topic: topic, body: body, target: target))
                     }
                     if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor)"]) }

@@ -338,22 +338,15 @@ public final class PostgresCluster: GatewayCluster {
     private func leave(_ id: Int64, _ node: ClusterNode) async {
         do {
             // Bounded: a node that cannot reach PostgreSQL as it stops must still stop.
-            try await withThrowingTaskGroup { group in
-                group.addTask {
-                    _ = try await self.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)")
-                    _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
-                    _ = try await self.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)")
-                    _ = try await self.query("DELETE FROM tether_nodes WHERE id = \(id)")
-                }
-                group.addTask {
-                    try await Task.sleep(for: self.configuration.heartbeatInterval * 3)
-                    throw MessageStoreError(
-                        code: .storage,
-                        message: "PostgreSQL did not answer within \(self.configuration.heartbeatInterval * 3)"
-                    )
-                }
-                defer { group.cancelAll() }
-                try await group.next()
+            let bound = self.configuration.heartbeatInterval * 3
+            try await withTimeout(
+                bound,
+                failure: { MessageStoreError(code: .storage, message: "PostgreSQL did not answer within \(bound)") }
+            ) {
+                _ = try await self.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)")
+                _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
+                _ = try await self.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)")
+                _ = try await self.query("DELETE FROM tether_nodes WHERE id = \(id)")
             }
             self.logger.info("left the cluster")
         } catch {

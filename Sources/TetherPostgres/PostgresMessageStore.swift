@@ -317,13 +317,3 @@ public final class PostgresMessageStore: MessageStore {
         return "\(error)"
     }
 }
-
-extension Result where Failure == any Error {
-    fileprivate init(catching body: () async throws -> Success) async {
-        do {
-            self = .success(try await body())
-        } catch {
-            self = .failure(error)
-        }
-    }
-}

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PostgresNIO
+import TetherGateway
 
 /// The tables of Tether's PostgreSQL store and cluster, and their migrations.
 ///
@@ -100,6 +101,29 @@ struct PostgresStoreError: Error, CustomStringConvertible {
 
 /// A row of `tether_signals`: something one node asks of another, which a notification on the
 /// node's channel (`tether_node_<id>`) wakes it to read.
+/// How a push's target is stored in `tether_pushes` (`kind`, `target`); a connection is one
+/// node's own and never stored.
+enum StoredPushTarget {
+    static func encode(_ target: PushTarget) -> (kind: Int16, name: String) {
+        switch target {
+        case .client(let client): (1, client)
+        case .room(let room): (2, room)
+        case .all: (3, "")
+        case .connection: (0, "")
+        }
+    }
+
+    /// The target a row names; `nil` for a kind this node does not know.
+    static func decode(kind: Int16, name: String) -> PushTarget? {
+        switch kind {
+        case 1: .client(name)
+        case 2: .room(name)
+        case 3: .all
+        default: nil
+        }
+    }
+}
+
 enum ClusterSignal {
     enum Kind: Int16 {
         /// Deliveries were appended for the recipient named by the key.

@@ -247,14 +247,14 @@ struct HTTPStreamServerHandlerTests {
 
         let sessions = HTTPStreamSessions(
             remembered: 0,
-            forwarding: .init(nodeKey: 7) { token, body in
-                .init(status: .noContent, message: "\(HTTPStreamBinding.nodeKey(of: token)!) \(body.readableBytes)")
+            forwarding: .init(nodeKey: 7) { token, owner, body in
+                .init(status: .noContent, message: "\(owner) \(HTTPStreamBinding.nodeKey(of: token)!) \(body.readableBytes)")
             }
         )
         #expect(HTTPStreamBinding.nodeKey(of: sessions.makeToken()) == 7)
         #expect(sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 7)) == nil, "a token of this node's own")
         let forward = sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8))
-        #expect(await forward?(ByteBuffer(string: "abc"))?.message == "8 3")
+        #expect(await forward?(ByteBuffer(string: "abc"))?.message == "8 8 3")
         #expect(HTTPStreamSessions(remembered: 0).forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8)) == nil, "no cluster")
     }
 }

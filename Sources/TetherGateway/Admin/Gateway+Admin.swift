@@ -44,7 +44,10 @@ extension Gateway {
         if shuttingDown { reasons.append("draining") }
         if let store = self.reliable?.store {
             do {
-                try await Self.withTimeout(Self.storeProbeTimeout) { try await store.checkReachable() }
+                let timeout = Self.storeProbeTimeout
+                try await withTimeout(timeout, failure: { MessageStoreError(code: .storage, message: "no answer within \(timeout)") }) {
+                    try await store.checkReachable()
+                }
             } catch {
                 reasons.append("store unreachable: \((error as? MessageStoreError)?.message ?? "\(error)")")
             }
@@ -103,19 +106,6 @@ extension Gateway {
             self.resolveAddress(of: .admin, .success(address))
         }
         return server
-    }
-
-    /// Runs `body`, failing with a storage error if it takes longer than `timeout`.
-    static func withTimeout(_ timeout: Duration, _ body: @escaping @Sendable () async throws -> Void) async throws {
-        try await withThrowingTaskGroup { group in
-            group.addTask { try await body() }
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                throw MessageStoreError(code: .storage, message: "no answer within \(timeout)")
-            }
-            defer { group.cancelAll() }
-            try await group.next()
-        }
     }
 }
 

@@ -25,11 +25,15 @@ package final class HTTPStreamSessions: Sendable {
 
         /// This node's key, the first 8 bytes of the tokens it makes.
         package var nodeKey: UInt64
-        /// Hands a POST's body to the node that holds `token`'s stream and returns its answer;
-        /// `nil` when no node of the cluster has that key.
-        package var forward: @Sendable (_ token: String, _ body: ByteBuffer) async -> Answer?
+        /// Hands a POST's body to the node that holds `token`'s stream (the node whose key the
+        /// token starts with, `owner`) and returns its answer; `nil` when no node of the cluster
+        /// has that key.
+        package var forward: @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer) async -> Answer?
 
-        package init(nodeKey: UInt64, forward: @escaping @Sendable (_ token: String, _ body: ByteBuffer) async -> Answer?) {
+        package init(
+            nodeKey: UInt64,
+            forward: @escaping @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer) async -> Answer?
+        ) {
             self.nodeKey = nodeKey
             self.forward = forward
         }
@@ -74,7 +78,7 @@ package final class HTTPStreamSessions: Sendable {
         guard let forwarding = self.forwarding, let key = HTTPStreamBinding.nodeKey(of: token), key != forwarding.nodeKey else {
             return nil
         }
-        return { body in await forwarding.forward(token, body) }
+        return { body in await forwarding.forward(token, key, body) }
     }
 
     /// Sessions open now.
