@@ -43,6 +43,11 @@ enum Peer: String, CaseIterable, Sendable {
     /// each completion handler, on the client's event loop, sends the next request, as the raw
     /// floor's driver does. No Swift task per request on either side.
     case tetherCallback = "tether-callback"
+    /// ``tether`` with the gateway's metrics on: swift-metrics into a Prometheus registry, as
+    /// `tether serve --admin-port` runs (``tether`` records them into swift-metrics' no-op factory).
+    case tetherMetrics = "tether-metrics"
+    /// ``tetherInline`` with the gateway's metrics on.
+    case tetherInlineMetrics = "tether-inline-metrics"
     /// ``tether`` over TLS 1.3 (`tethers://`, swift-nio-ssl on both sides).
     case tetherTLS = "tether-tls"
     /// ``tether`` over WebSocket (`ws://`, NIOWebSocket on both sides).
@@ -83,13 +88,14 @@ enum Peer: String, CaseIterable, Sendable {
         switch self {
         case .rawNIO: try await RawEcho.serve(port: port, ready: ready)
         case .tether, .tetherInline, .tetherInlineOnLoop, .tetherCallback, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket,
-            .tetherHTTPStream, .tetherSecureHTTPStream, .tetherSecureHTTP1Stream:
+            .tetherHTTPStream, .tetherSecureHTTPStream, .tetherSecureHTTP1Stream, .tetherMetrics, .tetherInlineMetrics:
             try await TetherPeer.serve(
                 port: port,
                 transport: self.transport,
                 http2: self != .tetherSecureHTTP1Stream,
                 reusePort: reusePort,
                 cluster: cluster,
+                metrics: self == .tetherMetrics || self == .tetherInlineMetrics ? .prometheus() : .system,
                 ready: ready
             )
         case .http: try await HTTPPeer.serve(port: port, ready: ready)
@@ -104,9 +110,10 @@ enum Peer: String, CaseIterable, Sendable {
         case .rawNIO: fatalError("the raw floor is driven by RawEcho.drive")
         case .tetherCallback: fatalError("the callback peer is driven by CallbackDriver.drive")
         case .tether, .tetherTLS, .tetherWebSocket, .tetherSecureWebSocket, .tetherHTTPStream, .tetherSecureHTTPStream,
-            .tetherSecureHTTP1Stream:
+            .tetherSecureHTTP1Stream, .tetherMetrics:
             try await TetherPeer.withClient(port: port, transport: self.transport, method: "echo", onLoop: false, body)
-        case .tetherInline: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: false, body)
+        case .tetherInline, .tetherInlineMetrics:
+            try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: false, body)
         case .tetherInlineOnLoop: try await TetherPeer.withClient(port: port, transport: .tcp, method: "echo.inline", onLoop: true, body)
         case .http: try await HTTPPeer.withClient(port: port, body)
         case .grpcUnary: try await GRPCPeer.withClient(port: port, streaming: false, body)
@@ -139,6 +146,7 @@ enum TetherPeer {
         http2: Bool = true,
         reusePort: Bool = false,
         cluster: ClusterNodeOptions? = nil,
+        metrics: Gateway.Metrics = .system,
         ready: @escaping @Sendable (Int) -> Void
     ) async throws {
         var configuration = GatewayConfiguration.defaults
@@ -162,7 +170,13 @@ enum TetherPeer {
         configuration.limits.requestsPerSecondPerConnection = .max  // no limit: the benchmarks are floods
         var node: (store: PostgresMessageStore, cluster: PostgresCluster)?
         if let cluster { node = try await cluster.join() }
-        let gateway = try Gateway(configuration: configuration, messageStore: node?.store, cluster: node?.cluster, logger: Peer.logger)
+        let gateway = try Gateway(
+            configuration: configuration,
+            messageStore: node?.store,
+            cluster: node?.cluster,
+            metrics: metrics,
+            logger: Peer.logger
+        )
         gateway.handle("echo") { request, _ in request.body }
         gateway.handleInline("echo.inline") { request, _ in request.body }
         Self.installRoom(on: gateway)

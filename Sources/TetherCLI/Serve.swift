@@ -83,8 +83,8 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         help: """
-            Serve GET /health and GET /ready (503 while starting, draining or without its store) on this port, for \
-            operators and load balancers (with --nodes, PORT, PORT + 1, …).
+            Serve GET /health, GET /ready (503 while starting, draining or without its store) and GET /metrics \
+            (Prometheus) on this port, for operators and load balancers (with --nodes, PORT, PORT + 1, …).
             """
     )
     var adminPort: Int?
@@ -180,6 +180,7 @@ struct Serve: AsyncParsableCommand {
             configuration: configuration,
             messageStore: messageStore,
             authenticator: authenticator,
+            metrics: configuration.admin == nil ? .system : .prometheus(),
             logger: Logger(label: "tether.gateway")
         )
         DemoService.install(on: gateway)
@@ -265,6 +266,7 @@ struct Serve: AsyncParsableCommand {
                     messageStore: store,
                     authenticator: authenticator,
                     cluster: cluster,
+                    metrics: configuration.admin == nil ? .system : .prometheus(),
                     logger: nodeLogger
                 )
                 DemoService.install(on: gateway)

@@ -79,7 +79,7 @@ extension Gateway {
             throw GatewayError(code: .notRunning, message: "the gateway is shut down")
         }
         do {
-            try await channel.eventLoop.submit { try self.configure(channel, framing: framing) }.get()
+            try await channel.eventLoop.submit { try self.configure(channel, framing: framing, transport: .accepted) }.get()
             try await channel.setOption(ChannelOptions.autoRead, value: true).get()
         } catch {
             channel.close(promise: nil)
@@ -179,12 +179,13 @@ extension Gateway {
 
     /// Adds the connection handler to a channel whose pipeline reads and writes bytes. Runs on
     /// the channel's event loop.
-    func configure(_ channel: any Channel, framing: Framing) throws {
+    func configure(_ channel: any Channel, framing: Framing, transport: ConnectionTransport) throws {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
         let handler = GatewayConnectionHandler(
             services: self.services,
             id: id,
             framing: framing,
+            transport: transport,
             eventLoop: channel.eventLoop,
             pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
             logger: self.logger

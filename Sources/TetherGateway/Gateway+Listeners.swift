@@ -66,7 +66,7 @@ extension Gateway {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
                     }
-                    try self.configure(channel, framing: .byteStream)
+                    try self.configure(channel, framing: .byteStream, transport: tls == nil ? .tcp : .tls)
                 }
             }
         return try await self.bind(bootstrap, host: listen.host, port: listen.port, as: .tcp, scheme: listen.tls ? "tethers" : "tether")
@@ -214,7 +214,7 @@ extension Gateway {
             startConnection: { channel in
                 // The refusal reads HTTP requests; what follows the stream's handler reads frames.
                 channel.pipeline.syncOperations.removeHandler(refusal.value, promise: nil)
-                try self.configure(channel, framing: .byteStream)
+                try self.configure(channel, framing: .byteStream, transport: .httpStream)
                 opened(channel)
             },
             served: served
@@ -343,7 +343,7 @@ extension Gateway {
                 channel.eventLoop.makeCompletedFuture {
                     try upgraded(channel)
                     try WebSocketBinding.addMessageHandlers(to: channel, role: .server)
-                    try self.configure(channel, framing: .messages)
+                    try self.configure(channel, framing: .messages, transport: .webSocket)
                 }
             }
         )

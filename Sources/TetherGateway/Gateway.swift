@@ -4,6 +4,7 @@ public import Logging
 import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
+import Prometheus
 public import ServiceLifecycle
 import TetherCore
 import TetherNIO
@@ -89,6 +90,10 @@ public final class Gateway: Service, Sendable {
     let activity = ActivityTracker()
     /// The TLS contexts of the listeners that speak TLS, made from ``GatewayConfiguration/tls``.
     let tlsContexts: ServerTLSContexts?
+    /// The gateway's metrics.
+    let metrics: GatewayMetrics
+    /// The Prometheus registry the admin listener serves at `/metrics`, if any.
+    let metricsRegistry: PrometheusCollectorRegistry?
 
     /// Creates a gateway; it accepts connections once ``run()`` is called.
     /// - Parameters:
@@ -103,6 +108,9 @@ public final class Gateway: Service, Sendable {
     ///     TetherPostgres), sharing `messageStore`; `nil` for a gateway on its own.
     ///   - clock: The gateway's one clock; inject `ManualClock` (TetherTesting) or an
     ///     ``EventLoopClock`` in tests to move every deadline by hand.
+    ///   - metrics: Where its metrics go (``Metrics-swift.struct``): swift-metrics' global
+    ///     factory by default; ``Metrics-swift.struct/prometheus(_:)`` also serves them at the
+    ///     admin listener's `/metrics`.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public init(
@@ -112,6 +120,7 @@ public final class Gateway: Service, Sendable {
         authenticator: (any ClientAuthenticator)? = nil,
         cluster: (any GatewayCluster)? = nil,
         clock: any TetherClock = SystemClock(),
+        metrics: Metrics = .system,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         do {
@@ -152,7 +161,12 @@ public final class Gateway: Service, Sendable {
         self.pushBatchers = pushBatchers
         self.authenticator = authenticator
         self.clock = clock
-        self.reliable = messageStore.map { ReliableServices(store: $0, limits: configuration.limits, cluster: cluster) }
+        let gatewayMetrics = GatewayMetrics(factory: metrics.factory)
+        self.metrics = gatewayMetrics
+        self.metricsRegistry = metrics.registry
+        self.reliable = messageStore.map {
+            ReliableServices(store: $0, limits: configuration.limits, cluster: cluster, metrics: gatewayMetrics, clock: clock)
+        }
         self.cluster = cluster
         var admissionLimits = ConnectionAdmission.Limits(
             connections: configuration.limits.maxConnections,
@@ -179,7 +193,7 @@ public final class Gateway: Service, Sendable {
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
             membersPerRoom: configuration.limits.maxMembersPerRoom
         )
-        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers, cluster: cluster)
+        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers, cluster: cluster, metrics: gatewayMetrics)
         self.logger = logger
     }
 
@@ -211,6 +225,7 @@ public final class Gateway: Service, Sendable {
     ///   - messageStore: Where reliable delivery keeps its state.
     ///   - authenticate: Checks each client's HELLO; throwing refuses it.
     ///   - clock: The gateway's one clock.
+    ///   - metrics: Where its metrics go.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public convenience init(
@@ -219,6 +234,7 @@ public final class Gateway: Service, Sendable {
         messageStore: (any MessageStore)? = nil,
         authenticate: @escaping Authenticator,
         clock: any TetherClock = SystemClock(),
+        metrics: Metrics = .system,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         try self.init(
@@ -227,6 +243,7 @@ public final class Gateway: Service, Sendable {
             messageStore: messageStore,
             authenticator: ClosureAuthenticator(check: authenticate),
             clock: clock,
+            metrics: metrics,
             logger: logger
         )
     }
@@ -298,6 +315,7 @@ public final class Gateway: Service, Sendable {
                     refusalLog: self.refusalLog,
                     reliable: self.reliable,
                     executors: self.executors,
+                    metrics: self.metrics,
                     logger: self.logger
                 )
                 routing = .frozen(services)

@@ -97,6 +97,7 @@ final class Harness: Sendable {
         configure: (inout GatewayConfiguration) -> Void = { _ in },
         authenticate: Gateway.Authenticator? = nil,
         authenticator: (any ClientAuthenticator)? = nil,
+        metrics: Gateway.Metrics = .system,
         routes: (Gateway) -> Void = { _ in }
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
@@ -108,6 +109,7 @@ final class Harness: Sendable {
                     configuration: configuration,
                     messageStore: messageStore,
                     authenticate: authenticate,
+                    metrics: metrics,
                     logger: testLogger("gateway")
                 )
             } else {
@@ -115,6 +117,7 @@ final class Harness: Sendable {
                     configuration: configuration,
                     messageStore: messageStore,
                     authenticator: authenticator,
+                    metrics: metrics,
                     logger: testLogger("gateway")
                 )
             }

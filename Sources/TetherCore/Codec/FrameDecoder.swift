@@ -41,7 +41,9 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
     }
 
     /// Decodes the next frame from the front of `buffer`, or returns `nil` if it is not complete yet.
-    public mutating func decodeFrame(from buffer: inout ByteBuffer) throws(ProtocolError) -> Frame? {
+    /// - Parameter inflater: With ``Features/compression`` negotiated: inflates COMPRESSED
+    ///   payloads, up to ``maxBodySize``. Without it, a COMPRESSED frame is a `protocol error`.
+    public mutating func decodeFrame(from buffer: inout ByteBuffer, inflater: PayloadInflater? = nil) throws(ProtocolError) -> Frame? {
         let base = buffer.readerIndex
         guard let header = buffer.withUnsafeReadableBytes({ FrameHeader.read(from: $0) }) else {
             // Not a whole header yet; a wrong magic is reported as soon as its two bytes are here.
@@ -60,7 +62,8 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         guard version == FrameEncoder.version else {
             throw ProtocolError(code: .unsupportedVersion, message: "frame version \(version) is not supported; this peer speaks version 1")
         }
-        let allowed: FrameFlags = type == .message ? [.checksum, .expired] : .checksum
+        var allowed: FrameFlags = type == .message ? [.checksum, .expired] : .checksum
+        if inflater != nil, type.mayCompress { allowed.insert(.compressed) }
         guard allowed.isSuperset(of: flags) else {
             throw ProtocolError(
                 code: .protocolError,
@@ -91,6 +94,9 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
 
         var body = buffer.getSlice(at: base + FrameHeader.size, length: length)!
         var payload = try Self.parsePayload(type: type, id: id, body: &body)
+        if flags.contains(.compressed), let inflater {
+            payload = try payload.inflated(by: inflater, limit: self.maxBodySize)
+        }
         if flags.contains(.expired), case .message(var message) = payload {
             message.expired = true
             payload = .message(message)
@@ -267,5 +273,40 @@ extension FrameEncoder: MessageToByteEncoder {
     /// Encodes `data` into `out`, for use in a `MessageToByteHandler`.
     public func encode(data: Frame, out: inout ByteBuffer) throws {
         try self.encode(data, into: &out)
+    }
+}
+
+extension FrameType {
+    /// Whether frames of this type may carry a COMPRESSED payload.
+    var mayCompress: Bool {
+        switch self {
+        case .request, .response, .push, .message, .delivery: true
+        default: false
+        }
+    }
+}
+
+extension Frame.Payload {
+    /// The payload with its trailing application bytes inflated.
+    fileprivate func inflated(by inflater: PayloadInflater, limit: Int) throws(ProtocolError) -> Frame.Payload {
+        switch self {
+        case .request(var request):
+            request.body = try inflater.inflate(request.body, limit: limit, of: .request)
+            return .request(request)
+        case .response(var response):
+            response.body = try inflater.inflate(response.body, limit: limit, of: .response)
+            return .response(response)
+        case .push(var push):
+            push.body = try inflater.inflate(push.body, limit: limit, of: .push)
+            return .push(push)
+        case .message(var message):
+            message.body = try inflater.inflate(message.body, limit: limit, of: .message)
+            return .message(message)
+        case .delivery(var delivery):
+            delivery.body = try inflater.inflate(delivery.body, limit: limit, of: .delivery)
+            return .delivery(delivery)
+        default:
+            return self
+        }
     }
 }

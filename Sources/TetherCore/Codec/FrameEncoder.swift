@@ -20,10 +20,12 @@ public struct FrameEncoder: Sendable {
     /// On failure nothing is appended.
     /// - Throws: ``FrameEncodingError`` if a field exceeds its size limit or the body exceeds
     ///   ``FrameHeader/absoluteMaximumBodySize``.
-    public func encode(_ frame: Frame, into buffer: inout ByteBuffer) throws(FrameEncodingError) {
+    /// - Parameter deflater: With ``Features/compression`` negotiated: compresses the payload
+    ///   of a REQUEST, RESPONSE, PUSH, MESSAGE or DELIVERY when it is worth it.
+    public func encode(_ frame: Frame, into buffer: inout ByteBuffer, deflater: PayloadDeflater? = nil) throws(FrameEncodingError) {
         let start = buffer.writerIndex
         do {
-            try self.encodeUnchecked(frame, into: &buffer, start: start)
+            try self.encodeUnchecked(frame, into: &buffer, start: start, deflater: deflater)
         } catch {
             buffer.moveWriterIndex(to: start)
             throw error
@@ -42,7 +44,12 @@ public struct FrameEncoder: Sendable {
         return buffer
     }
 
-    private func encodeUnchecked(_ frame: Frame, into buffer: inout ByteBuffer, start: Int) throws(FrameEncodingError) {
+    private func encodeUnchecked(
+        _ frame: Frame,
+        into buffer: inout ByteBuffer,
+        start: Int,
+        deflater: PayloadDeflater? = nil
+    ) throws(FrameEncodingError) {
         var flags = frame.flags.intersection(.checksum)
         if case .message(let message) = frame.payload, message.expired {
             flags.insert(.expired)
@@ -60,7 +67,14 @@ public struct FrameEncoder: Sendable {
         )
 
         let bodyStart = buffer.writerIndex
-        try Self.writeBody(frame.payload, into: &buffer)
+        let payload = try Self.writeBody(frame.payload, into: &buffer)
+        if let payload, let deflater, let compressed = deflater.deflate(payload, allocator: ByteBufferAllocator()) {
+            buffer.writeImmutableBuffer(compressed)
+            flags.insert(.compressed)
+            buffer.setInteger(flags.rawValue, at: start + FrameHeader.flagsOffset)
+        } else if let payload {
+            buffer.writeImmutableBuffer(payload)
+        }
         let length = buffer.writerIndex - bodyStart
         guard length <= FrameHeader.absoluteMaximumBodySize else {
             throw FrameEncodingError(message: "the body is \(length) bytes; the protocol limit is \(FrameHeader.absoluteMaximumBodySize)")
@@ -114,7 +128,9 @@ public struct FrameEncoder: Sendable {
         }
     }
 
-    private static func writeBody(_ payload: Frame.Payload, into buffer: inout ByteBuffer) throws(FrameEncodingError) {
+    /// Writes the body, but for the trailing payload of the types that may compress it.
+    /// - Returns: That payload, which the caller writes (compressed or not).
+    private static func writeBody(_ payload: Frame.Payload, into buffer: inout ByteBuffer) throws(FrameEncodingError) -> ByteBuffer? {
         switch payload {
         case .hello(let hello):
             buffer.writeInteger(hello.versions.lowerBound)
@@ -161,16 +177,16 @@ public struct FrameEncoder: Sendable {
             // Rounded up: the gateway's deadline must not come before the client's.
             buffer.writeMillisecondsRoundingUp(request.timeout ?? .zero)
             try buffer.writeShortString(request.method, field: "method")
-            buffer.writeImmutableBuffer(request.body)
+            return request.body
 
         case .response(let response):
             buffer.writeInteger(response.status.rawValue)
             try buffer.writeShortString(response.message, field: "message")
-            buffer.writeImmutableBuffer(response.body)
+            return response.body
 
         case .push(let push):
             try buffer.writeShortString(push.topic, field: "topic")
-            buffer.writeImmutableBuffer(push.body)
+            return push.body
 
         case .ping(let ping), .pong(let ping):
             buffer.writeImmutableBuffer(ping.data)
@@ -193,7 +209,7 @@ public struct FrameEncoder: Sendable {
             try buffer.writeShortString(message.topic, field: "topic")
             try buffer.writeShortString(message.conversation, field: "conversation")
             buffer.writeInteger(message.sequence)
-            buffer.writeImmutableBuffer(message.body)
+            return message.body
 
         case .messageAck(let ack):
             guard !ack.entries.isEmpty, ack.entries.count <= Int(UInt16.max) else {
@@ -207,7 +223,7 @@ public struct FrameEncoder: Sendable {
 
         case .delivery(let delivery):
             try buffer.writeShortString(delivery.topic, field: "topic")
-            buffer.writeImmutableBuffer(delivery.body)
+            return delivery.body
 
         case .deliveryAck:
             break
@@ -215,6 +231,7 @@ public struct FrameEncoder: Sendable {
         case .extension(let ext):
             buffer.writeImmutableBuffer(ext.body)
         }
+        return nil
     }
 }
 

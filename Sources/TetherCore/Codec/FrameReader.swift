@@ -66,12 +66,13 @@ public struct FrameReader: Sendable {
     /// The next complete frame from the bytes appended so far, or `nil` if more are needed.
     /// - Throws: ``ProtocolError`` for a malformed frame, one over the body limit, or (with
     ///   ``Framing/messages``) a message that does not hold exactly one frame.
-    public mutating func next() throws(ProtocolError) -> Frame? {
+    /// - Parameter inflater: With ``Features/compression`` negotiated: inflates COMPRESSED payloads.
+    public mutating func next(inflater: PayloadInflater? = nil) throws(ProtocolError) -> Frame? {
         guard !self.failed, var buffer = self.cumulation, buffer.readableBytes > 0 else { return nil }
         self.cumulation = nil
         let frame: Frame?
         do {
-            frame = try self.decoder.decodeFrame(from: &buffer)
+            frame = try self.decoder.decodeFrame(from: &buffer, inflater: inflater)
         } catch {
             self.failed = true
             throw error

@@ -46,20 +46,21 @@ public struct FrameWriter: Sendable {
     /// - Returns: Bytes to write now: the frame itself with ``Framing/messages``; the joined
     ///   frames once they pass ``maxJoinedBytes``; otherwise `nil` (take them before flushing).
     /// - Throws: ``FrameEncodingError`` if a field is over its size limit; nothing is written.
-    public mutating func append(_ frame: Frame) throws(FrameEncodingError) -> ByteBuffer? {
+    /// - Parameter deflater: With ``Features/compression`` negotiated: compresses payloads worth it.
+    public mutating func append(_ frame: Frame, deflater: PayloadDeflater? = nil) throws(FrameEncodingError) -> ByteBuffer? {
         switch self.framing {
         case .messages:
             var buffer = self.allocator.buffer(capacity: Self.messageHeadroom + FrameHeader.size + 64)
             buffer.moveWriterIndex(forwardBy: Self.messageHeadroom)
             buffer.moveReaderIndex(forwardBy: Self.messageHeadroom)
-            try self.encoder.encode(frame, into: &buffer)
+            try self.encoder.encode(frame, into: &buffer, deflater: deflater)
             return buffer
         case .byteStream:
             if self.joined.readableBytes == 0 {
                 // A new batch: a buffer of its own, big enough for a few small frames.
                 self.joined = self.allocator.buffer(capacity: 512)
             }
-            try self.encoder.encode(frame, into: &self.joined)
+            try self.encoder.encode(frame, into: &self.joined, deflater: deflater)
             return self.joined.readableBytes >= Self.maxJoinedBytes ? self.take() : nil
         }
     }

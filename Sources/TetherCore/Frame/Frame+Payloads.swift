@@ -367,7 +367,10 @@ public struct Features: OptionSet, Hashable, Sendable {
     /// it, a full inbox, a rate over the limit) with a MESSAGE_ACK entry `unavailable`, which
     /// is not final: the client sends the message again (PROTOCOL.md, section 9.1).
     public static let messageAnswers = Features(rawValue: 1 << 2)
+    /// Payloads may be compressed with DEFLATE, each on its own (the COMPRESSED flag,
+    /// PROTOCOL.md, section 2.5).
+    public static let compression = Features(rawValue: 1 << 3)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers]
+    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression]
 }

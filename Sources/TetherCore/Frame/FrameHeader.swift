@@ -18,6 +18,8 @@ public enum FrameHeader {
     public static let checksummedSize = 22
     /// The offset of the body-length field.
     public static let lengthOffset = 18
+    /// Where the flags field starts.
+    public static let flagsOffset = 4
     /// The offset of the checksum field.
     public static let checksumOffset = 22
     /// The largest body a peer may ever announce, whatever it negotiates (16 MiB).
@@ -151,7 +153,11 @@ public struct FrameFlags: OptionSet, Hashable, Sendable {
     /// On MESSAGE only: the client gave up on the message (its time to live ran out). Set and
     /// read through ``Frame/Message/expired``; it never appears in ``Frame/flags``.
     public static let expired = FrameFlags(rawValue: 0x0002)
+    /// On REQUEST, RESPONSE, PUSH, MESSAGE and DELIVERY, once ``Features/compression`` was
+    /// negotiated: the frame's payload is raw DEFLATE data. Set by the encoder when it compresses
+    /// and cleared by the decoder when it inflates; it never appears in ``Frame/flags``.
+    public static let compressed = FrameFlags(rawValue: 0x0004)
 
     /// Every flag this implementation knows.
-    public static let known: FrameFlags = [.checksum, .expired]
+    public static let known: FrameFlags = [.checksum, .expired, .compressed]
 }

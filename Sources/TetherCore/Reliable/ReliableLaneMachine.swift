@@ -98,6 +98,22 @@ package struct ReliableLaneMachine: Sendable {
         /// The deliveries the batch stored, by recipient, in order: to hand to their pumps.
         package var stored: [String: [StoredDelivery]] = [:]
         package var notes: [Note] = []
+        /// What the batch decided, for the gateway's metrics.
+        package var tally = Tally()
+    }
+
+    /// How many of a batch's messages ended which way.
+    package struct Tally: Sendable, Hashable {
+        /// Processed and committed: their handlers' deliveries are stored.
+        package var processed = 0
+        /// Of those, processed without their handler: their time to live ran out first.
+        package var expired = 0
+        /// Retransmissions of messages processed already, answered with their outcome.
+        package var duplicates = 0
+        /// Conflicting duplicates: another message claimed their sequence. Refused for good.
+        package var conflicts = 0
+
+        package init() {}
     }
 
     /// What the driver does next.
@@ -145,6 +161,16 @@ package struct ReliableLaneMachine: Sendable {
         var running: Frame.Message?
         var pending: (status: StatusCode, deliveries: [NewDelivery])?
         var notes: [Note] = []
+        var duplicates = 0
+        var conflicts = 0
+
+        /// What was decided so far without a commit.
+        var tally: Tally {
+            var tally = Tally()
+            tally.duplicates = self.duplicates
+            tally.conflicts = self.conflicts
+            return tally
+        }
     }
 
     package let configuration: Configuration
@@ -276,7 +302,9 @@ package struct ReliableLaneMachine: Sendable {
             let position = ConversationSequence(conversation: processed.conversation, sequence: processed.sequence)
             self.remember(InBatch(id: processed.messageID ?? 0, status: processed.status), at: position)
         }
-        var done = Done(acks: batch.immediateAcks + batch.processedAcks, notes: batch.notes)
+        var done = Done(acks: batch.immediateAcks + batch.processedAcks, notes: batch.notes, tally: batch.tally)
+        done.tally.processed = batch.processed.count
+        done.tally.expired = batch.processed.count { $0.status == .deadlineExceeded }
         for (delivery, receipt) in zip(batch.staged, receipts) {
             done.stored[receipt.recipient, default: []].append(
                 StoredDelivery(sequence: receipt.sequence, topic: delivery.topic, body: delivery.body)
@@ -295,7 +323,7 @@ package struct ReliableLaneMachine: Sendable {
         self.lastProcessed.removeAll()
         var acks = batch.immediateAcks
         if batch.answers { acks += batch.processedAcks.map { .init(id: $0.id, status: .unavailable) } }
-        return Done(acks: acks, notes: batch.notes + [.storeUnavailable])
+        return Done(acks: acks, notes: batch.notes + [.storeUnavailable], tally: batch.tally)
     }
 
     // MARK: Deciding
@@ -349,6 +377,7 @@ package struct ReliableLaneMachine: Sendable {
             if let earlier = batch.inBatch[position] {
                 // Processed in this batch, not committed yet: its answer waits for the commit.
                 if earlier.id == message.id {
+                    batch.duplicates += 1
                     batch.processedAcks.append(.init(id: message.id, status: earlier.status))
                 } else {
                     Self.conflict(message, earlier: earlier.id, in: &batch)
@@ -369,6 +398,7 @@ package struct ReliableLaneMachine: Sendable {
             if let earlier = recorded?.messageID, earlier != message.id {
                 Self.conflict(message, earlier: earlier, in: &batch)
             } else {
+                batch.duplicates += 1
                 batch.immediateAcks.append(.init(id: message.id, status: recorded?.status ?? .ok))
             }
             return .answered
@@ -446,7 +476,7 @@ package struct ReliableLaneMachine: Sendable {
         }
         let batch = self.batch!
         self.batch = nil
-        return .done(Done(acks: batch.immediateAcks + batch.processedAcks, notes: batch.notes))
+        return .done(Done(acks: batch.immediateAcks + batch.processedAcks, notes: batch.notes, tally: batch.tally))
     }
 
     private static func notTaken(_ message: Frame.Message, in batch: inout Batch) {
@@ -454,6 +484,7 @@ package struct ReliableLaneMachine: Sendable {
     }
 
     private static func conflict(_ message: Frame.Message, earlier: UInt64, in batch: inout Batch) {
+        batch.conflicts += 1
         batch.notes.append(.conflict(conversation: message.conversation, sequence: message.sequence, message: message.id, earlier: earlier))
         batch.immediateAcks.append(.init(id: message.id, status: .invalidRequest))
     }

@@ -5,7 +5,7 @@ import NIOPosix
 import TetherCore
 import TetherNIO
 
-// The admin listener: /health and /ready over plain HTTP, for operators and orchestrators.
+// The admin listener: /health, /ready and /metrics over plain HTTP, for operators and orchestrators.
 extension Gateway {
     /// Whether the gateway should be sent clients now, and if not, why.
     public struct Readiness: Sendable, Hashable, Codable {
@@ -109,7 +109,8 @@ extension Gateway {
     }
 }
 
-/// Answers the admin listener's requests: `GET /health` and `GET /ready`; `404` otherwise.
+/// Answers the admin listener's requests: `GET /health`, `GET /ready` and `GET /metrics`;
+/// `404` otherwise.
 final class AdminHTTPHandler: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
@@ -149,8 +150,25 @@ final class AdminHTTPHandler: ChannelInboundHandler {
                 let (handler, context) = loopBound.value
                 handler.respond(readiness.ready ? .ok : .serviceUnavailable, json: readiness, head: head, context: context)
             }
+        case "/metrics":
+            guard let registry = self.gateway.metricsRegistry else {
+                self.respond(
+                    .notFound,
+                    text: "this gateway's metrics go to another backend: create it with metrics: .prometheus() to serve /metrics\n",
+                    head: head,
+                    context: context
+                )
+                return
+            }
+            self.respond(
+                .ok,
+                text: registry.emitToString(),
+                contentType: "text/plain; version=0.0.4; charset=utf-8",
+                head: head,
+                context: context
+            )
         default:
-            self.respond(.notFound, text: "the admin listener serves /health and /ready\n", head: head, context: context)
+            self.respond(.notFound, text: "the admin listener serves /health, /ready and /metrics\n", head: head, context: context)
         }
     }
 

@@ -41,8 +41,10 @@ extension GatewayConnectionHandler {
         let now = self.services.clock.now
         switch outcome {
         case .accepted(let session):
+            self.services.metrics.handshake("ok")
             self.established(session, now: now)
         case .refused(let payload):
+            self.services.metrics.handshake(payload.closeCode)
             if self.machine.handshakeRefused(payload, now: now) { self.writeAndClose(payload, settle: []) }
         }
     }

@@ -22,6 +22,7 @@ extension GatewayConnectionHandler {
             var wrote = false
             for frame in push.pushes {
                 guard frame.bodySize <= limit else {
+                    self.services.metrics.refused("push_size")
                     self.logger.warning(
                         "dropping a push larger than the client accepts",
                         metadata: ["topic": "\(frame.topic)", "bytes": "\(frame.bodySize)", "limit": "\(limit)"]
@@ -49,6 +50,7 @@ extension GatewayConnectionHandler {
         let limit = self.services.configuration.limits.maxBufferedOutboundBytes
         guard !self.io.isWritable, let buffered = try? context.channel.syncOptions?.getOption(.bufferedWritableBytes), buffered > limit
         else { return true }
+        self.services.metrics.slowConsumers.increment()
         self.logger.warning(
             "closing a connection whose client does not read its pushes (slow consumer)",
             metadata: ["buffered": "\(buffered)", "limit": "\(limit)"]

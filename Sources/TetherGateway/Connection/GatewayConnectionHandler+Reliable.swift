@@ -21,15 +21,17 @@ extension GatewayConnectionHandler {
             timeLimit: token
         )
         self.machine.taskStarted()
+        let size = (messages: batch.count, since: batch.first?.receivedAt ?? self.services.clock.now)
         self.limitedTasks[token] = self.spawn {
             let done = await driver.process(batch, answers: answers)
-            driver.handle.execute { $0.batchFinished(done, timeLimit: token) }
+            driver.handle.execute { $0.batchFinished(done, timeLimit: token, size: size) }
         }
     }
 
     /// The lane finished a batch (committed or not): answer, hand its deliveries to their
     /// recipients' pumps, start the next batch.
-    private func batchFinished(_ done: ReliableLaneMachine.Done, timeLimit token: UInt64) {
+    /// - Parameter size: How many messages the batch had, and when the first of them was read.
+    private func batchFinished(_ done: ReliableLaneMachine.Done, timeLimit token: UInt64, size: (messages: Int, since: TetherInstant)) {
         defer { self.taskEnded() }
         self.limitedTasks[token] = nil
         self.machine.endTimeLimit(token)
@@ -43,6 +45,7 @@ extension GatewayConnectionHandler {
             self.flushSoon()
         }
         let now = self.services.clock.now
+        self.services.metrics.batch(done.tally, messages: size.messages, nanoseconds: (now - size.since).nanoseconds)
         if let next = self.machine.batchEnded(now: now) { self.startBatch(next) }
         self.resumeReading()
         self.armTimer(now: now)
@@ -58,6 +61,7 @@ extension GatewayConnectionHandler {
                 metadata: ["conversation": "\(conversation)", "sequence": "\(sequence)", "message": "\(message)", "earlier": "\(earlier)"]
             )
         case .quotaExceeded(let reason):
+            self.services.metrics.refused("store_quota")
             self.services.refusalLog.log(self.logger, .warning, "a recipient's store quota is full", metadata: ["reason": "\(reason)"])
         case .storeUnavailable:
             self.services.refusalLog.log(self.logger, .error, "the message store is unavailable; the client will send its messages again")
@@ -81,6 +85,8 @@ extension GatewayConnectionHandler {
     /// Carries out what the delivery pump decided: reads, sends, acknowledgement writes.
     func pump(_ actions: DeliveryPump.Actions) {
         if !actions.send.isEmpty {
+            self.services.metrics.deliveriesSent.increment(by: actions.send.count)
+            if self.acknowledgedUpTo == nil { self.acknowledgedUpTo = actions.send[0].sequence - 1 }
             self.pushes?.drain()
             for delivery in actions.send {
                 self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)))
@@ -97,6 +103,10 @@ extension GatewayConnectionHandler {
             }
         }
         if let upTo = actions.record {
+            if let counted = self.acknowledgedUpTo, upTo > counted {
+                self.services.metrics.deliveriesAcknowledged.increment(by: Int(upTo - counted))
+                self.acknowledgedUpTo = upTo
+            }
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.writer.commit(StoreWrite(acknowledgements: [recipient: upTo])) }

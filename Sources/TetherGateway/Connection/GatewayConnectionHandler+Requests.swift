@@ -19,6 +19,7 @@ extension GatewayConnectionHandler {
         let router = self.services.router
         if scope.checksAccess, !router.permits(.request(method: request.method), scope.connection) {
             let refusal = Frame.Response(id: request.id, status: .permissionDenied, message: "not allowed to call '\(request.method)'")
+            self.services.requestMetrics(request.method).ended(.permissionDenied, nanoseconds: nil)
             self.answer(refusal, directly: directly)
             return
         }
@@ -110,6 +111,7 @@ extension GatewayConnectionHandler {
         self.pushes?.drain()
         let size = response.bodySize
         if let limit = self.machine.peerMaxBodySize, size > limit {
+            self.services.metrics.refused("reply_size")
             self.logger.warning("a reply is larger than the client accepts", metadata: ["bytes": "\(size)", "limit": "\(limit)"])
             self.write(
                 .response(

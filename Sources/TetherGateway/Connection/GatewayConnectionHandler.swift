@@ -36,6 +36,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     let io: FrameConnection
     let services: GatewayServices
     let id: UInt64
+    /// How the connection reached the gateway (a label of its metrics).
+    let transport: ConnectionTransport
+    /// What the connection's last frame said (a status or GOAWAY reason), for the metrics of
+    /// closed connections; `nil` while none was written.
+    var closeCode: String?
+    /// The last delivery sequence the client acknowledged, as far as the metrics counted.
+    var acknowledgedUpTo: UInt64?
     /// The gateway's logger; ``logger`` adds the connection's id when it is used, so that an
     /// idle connection holds no copy of it.
     let baseLogger: Logger
@@ -68,11 +75,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// Frames are being handled (``decodeFrames(now:)`` is under way).
     private var decoding = false
 
-    init(services: GatewayServices, id: UInt64, framing: Framing, eventLoop: any EventLoop, pushes: PushBatcher?, logger: Logger) {
+    init(
+        services: GatewayServices,
+        id: UInt64,
+        framing: Framing,
+        transport: ConnectionTransport = .accepted,
+        eventLoop: any EventLoop,
+        pushes: PushBatcher?,
+        logger: Logger
+    ) {
         self.machine = GatewayConnectionStateMachine(configuration: services.connectionConfiguration, now: services.clock.now)
         self.io = FrameConnection(framing: framing, holdsReadsWhileUnwritable: true)
+        let metrics = services.metrics.transport(transport)
+        self.io.countBytes = { read, written in
+            if read > 0 { metrics.bytesReceived.increment(by: read) }
+            if written > 0 { metrics.bytesSent.increment(by: written) }
+        }
         self.services = services
         self.id = id
+        self.transport = transport
         self.eventLoop = eventLoop
         self.executor = services.executor(for: eventLoop)
         self.pushes = pushes
@@ -120,6 +141,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         guard !self.registered else { return }
         self.registered = true
         self.services.activity.enter()
+        let metrics = self.services.metrics.transport(self.transport)
+        metrics.accepted.increment()
+        metrics.open.increment()
         if let goAway = self.services.registry.add(self.id, handler: NIOLoopBound(self, eventLoop: context.eventLoop)) {
             self.drain(goAway)
             return
@@ -130,9 +154,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
                 self.logger,
                 .warning,
                 "refusing connections",
-                metadata: ["reason": "\(refusal.message)", "remote": "\(address ?? "-")"]
+                metadata: ["reason": "\(refusal.report.message)", "remote": "\(address ?? "-")"]
             )
-            self.writeAndClose(.error(refusal), settle: self.machine.startClosing(writingLastFrame: true, now: self.services.clock.now))
+            self.services.metrics.refused(refusal.limit)
+            self.writeAndClose(
+                .error(refusal.report),
+                settle: self.machine.startClosing(writingLastFrame: true, now: self.services.clock.now)
+            )
         } else {
             self.admitted = (address, false)
         }
@@ -149,7 +177,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             self.services.admission.left(admitted.address, authenticated: admitted.authenticated)
             self.admitted = nil
         }
-        if self.registered { self.services.registry.remove(self.id) }
+        if self.registered {
+            self.services.registry.remove(self.id)
+            self.io.tellByteCounts()
+            self.services.metrics.transport(self.transport).open.decrement()
+            self.services.metrics.closed(self.transport, code: self.closeCode ?? "none")
+        }
         if closed.done { self.done() }
     }
 
@@ -220,6 +253,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         case .cancelHandler(let id):
             self.handlerTasks.removeValue(forKey: id)?.cancel()
         case .write(let payload):
+            if case .response(let refusal) = payload {
+                // The connection answered without routing it: draining, or over its limits.
+                self.services.notRoutedMetrics.ended(refusal.status, nanoseconds: nil)
+            }
             self.write(payload)
             self.flushSoon()
         case .processBatch(let batch):
@@ -228,6 +265,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             self.pump(actions)
         case .close(let report, let settle):
             self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
+            self.closeCode = self.closeCode ?? "client_\(report.code.metricLabel)"
             self.cancelHandlers(settle)
             self.closeNow()
         case .writeAndClose(let payload, let settle):
@@ -345,6 +383,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// close timeout); cancels the handlers of the requests `settle` names.
     func writeAndClose(_ payload: Frame.Payload, settle: [UInt64]?) {
         self.cancelHandlers(settle ?? [])
+        if self.closeCode == nil {
+            self.closeCode = payload.closeCode
+            if case .error(let report) = payload, report.code == .handshakeTimeout { self.services.metrics.handshake("handshake_timeout") }
+        }
         guard let context = self.context else { return }
         self.pushes?.drain()
         self.io.writeAndClose(Frame(payload, flags: self.machine.outboundFlags), context: context)
@@ -416,5 +458,16 @@ struct ConnectionHandle: Sendable {
         if self.handler.eventLoop.inEventLoop { return body(self.handler.value) }
         let handler = self.handler
         return try? await self.handler.eventLoop.submit { body(handler.value) }.get()
+    }
+}
+
+extension Frame.Payload {
+    /// What a last frame says, as a metric label: an ERROR's code, `goaway_` and a GOAWAY's reason.
+    var closeCode: String {
+        switch self {
+        case .error(let report): report.code.metricLabel
+        case .goAway(let goAway): "goaway_" + goAway.reason.description.replacingOccurrences(of: " ", with: "_")
+        default: "none"
+        }
     }
 }

@@ -38,10 +38,15 @@ final class StoreWriter: Sendable {
     private let state = NIOLockedValueBox(State())
     /// How many rounds may be under way at once.
     private let slots: Int
+    /// Where each round's duration, size and failure are counted.
+    private let metrics: GatewayMetrics?
+    private let clock: any TetherClock
 
-    init(store: any MessageStore) {
+    init(store: any MessageStore, metrics: GatewayMetrics? = nil, clock: any TetherClock = SystemClock()) {
         self.store = store
         self.slots = max(1, store.concurrentApplies)
+        self.metrics = metrics
+        self.clock = clock
     }
 
     /// Writes waiting for the next round.
@@ -84,6 +89,13 @@ final class StoreWriter: Sendable {
             } : []
         let writes = [own] + others.map(\.write)
         var results: [Result<[DeliveryReceipt], MessageStoreError>]
+        let started = self.clock.now
+        defer {
+            if let metrics = self.metrics {
+                metrics.commitDuration.recordNanoseconds((self.clock.now - started).nanoseconds)
+                metrics.commitWrites.record(writes.count)
+            }
+        }
         do {
             results = try await self.store.apply(writes)
             if results.count != writes.count {
@@ -93,6 +105,7 @@ final class StoreWriter: Sendable {
         } catch {
             let failure = error as? MessageStoreError ?? MessageStoreError(code: .storage, message: "\(error)")
             results = Array(repeating: .failure(failure), count: writes.count)
+            self.metrics?.storeFailures.increment()
         }
         let next = self.state.withLockedValue { state -> Waiting? in
             guard !state.waiting.isEmpty else {

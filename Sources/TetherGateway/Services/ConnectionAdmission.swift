@@ -41,8 +41,8 @@ final class ConnectionAdmission: Sendable {
     /// A connection from `address` was accepted.
     /// - Returns: `nil` if it is admitted (it then counts until ``left(_:authenticated:)``),
     ///   or why not.
-    func admit(_ address: String?, now: TetherInstant) -> Frame.ErrorReport? {
-        self.state.withLockedValue { state -> Frame.ErrorReport? in
+    func admit(_ address: String?, now: TetherInstant) -> Refusal? {
+        self.state.withLockedValue { state -> Refusal? in
             let limits = self.limits
             // Once a second, forget the addresses with no connection whose rate has refilled.
             if now - state.lastSweep >= .seconds(1) {
@@ -53,26 +53,32 @@ final class ConnectionAdmission: Sendable {
                 }
             }
             if state.connections >= limits.connections {
-                return Self.refusal("the gateway holds its maximum of \(limits.connections) connections")
+                return Self.refusal("connections", "the gateway holds its maximum of \(limits.connections) connections")
             }
             if state.unauthenticated >= limits.unauthenticated {
-                return Self.refusal("\(limits.unauthenticated) connections are already waiting for their handshake")
+                return Self.refusal("unauthenticated", "\(limits.unauthenticated) connections are already waiting for their handshake")
             }
             if let address {
                 var perAddress =
                     state.addresses[address]
                     ?? PerAddress(bucket: TokenBucket(perSecond: limits.handshakesPerSecondPerAddress, now: now))
                 if perAddress.connections >= limits.connectionsPerAddress {
-                    return Self.refusal("\(address) holds its maximum of \(limits.connectionsPerAddress) connections")
+                    return Self.refusal(
+                        "connections_per_address",
+                        "\(address) holds its maximum of \(limits.connectionsPerAddress) connections"
+                    )
                 }
                 let took = perAddress.bucket.take(now: now)
                 state.addresses[address] = perAddress  // a token taken counts even if the global rate refuses
                 guard took else {
-                    return Self.refusal("more than \(limits.handshakesPerSecondPerAddress) new connections per second from \(address)")
+                    return Self.refusal(
+                        "handshake_rate_per_address",
+                        "more than \(limits.handshakesPerSecondPerAddress) new connections per second from \(address)"
+                    )
                 }
             }
             guard state.bucket.take(now: now) else {
-                return Self.refusal("more than \(limits.handshakesPerSecond) new connections per second")
+                return Self.refusal("handshake_rate", "more than \(limits.handshakesPerSecond) new connections per second")
             }
             state.connections += 1
             state.unauthenticated += 1
@@ -102,7 +108,18 @@ final class ConnectionAdmission: Sendable {
         self.state.withLockedValue { ($0.connections, $0.unauthenticated) }
     }
 
-    private static func refusal(_ reason: String) -> Frame.ErrorReport {
-        Frame.ErrorReport(code: .resourceExhausted, message: "connection refused: \(reason); try again later")
+    /// Why a connection is refused: the ERROR it gets, and the limit (a metric label).
+    struct Refusal: Sendable, Hashable {
+        var report: Frame.ErrorReport
+        /// `connections`, `unauthenticated`, `connections_per_address`, `handshake_rate`,
+        /// `handshake_rate_per_address`.
+        var limit: String
+    }
+
+    private static func refusal(_ limit: String, _ reason: String) -> Refusal {
+        Refusal(
+            report: Frame.ErrorReport(code: .resourceExhausted, message: "connection refused: \(reason); try again later"),
+            limit: limit
+        )
     }
 }

@@ -15,14 +15,23 @@ extension GatewayServices {
     /// - Returns: The RESPONSE, or `nil` if the task was cancelled meanwhile.
     func run(_ request: Frame.Request, handler: Gateway.Handler, scope: ConnectionScope, deadline: TetherInstant) async -> Frame.Response? {
         let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+        let started = self.clock.now
         let outcome: Outcome
         do {
             outcome = .replied(try await handler(self.gatewayRequest(request), context))
         } catch {
             outcome = .threw(error)
         }
-        guard !Task.isCancelled else { return nil }
-        return self.response(to: request, outcome: outcome, logger: context.logger)
+        let ended = self.clock.now
+        let metrics = self.requestMetrics(request.method)
+        guard !Task.isCancelled else {
+            // Answered already at its deadline, or cancelled by the client or the connection's end.
+            metrics.ended(ended >= deadline ? .deadlineExceeded : .cancelled, nanoseconds: (ended - started).nanoseconds)
+            return nil
+        }
+        let response = self.response(to: request, outcome: outcome, logger: context.logger)
+        metrics.ended(response.status, nanoseconds: (ended - started).nanoseconds)
+        return response
     }
 
     /// The answer to a request that needs no task: an inline handler's reply, or `unknown
@@ -34,16 +43,20 @@ extension GatewayServices {
         deadline: TetherInstant
     ) -> Frame.Response {
         guard let handler else {
+            self.unknownMethodMetrics.ended(.unknownMethod, nanoseconds: nil)
             return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for '\(request.method)'")
         }
         let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+        let started = self.clock.now
         let outcome: Outcome
         do {
             outcome = .replied(try handler(self.gatewayRequest(request), context))
         } catch {
             outcome = .threw(error)
         }
-        return self.response(to: request, outcome: outcome, logger: context.logger)
+        let response = self.response(to: request, outcome: outcome, logger: context.logger)
+        self.requestMetrics(request.method).ended(response.status, nanoseconds: (self.clock.now - started).nanoseconds)
+        return response
     }
 
     private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {

@@ -27,6 +27,13 @@ final class GatewayServices: Sendable {
     let executors: EventLoopTaskExecutors?
     /// Every connection's machine starts from this.
     let connectionConfiguration: GatewayConnectionStateMachine.SharedConfiguration
+    let metrics: GatewayMetrics
+    /// The metrics of each method the router knows, `$auth`'s, and ``unknownMethodMetrics``.
+    private let requestMetrics: [String: RequestMetrics]
+    /// The metrics of requests for methods the router does not know (one label for them all).
+    let unknownMethodMetrics: RequestMetrics
+    /// The metrics of requests the connection answered without routing them (draining, limits).
+    let notRoutedMetrics: RequestMetrics
     let logger: Logger
 
     init(
@@ -41,6 +48,7 @@ final class GatewayServices: Sendable {
         refusalLog: RateLimitedLog,
         reliable: ReliableServices?,
         executors: EventLoopTaskExecutors?,
+        metrics: GatewayMetrics,
         logger: Logger
     ) {
         self.configuration = configuration
@@ -56,7 +64,20 @@ final class GatewayServices: Sendable {
         self.reliable = reliable
         self.executors = executors
         self.connectionConfiguration = .init(configuration.connectionConfiguration)
+        self.metrics = metrics
+        var requestMetrics: [String: RequestMetrics] = [:]
+        for method in router.routes.keys + [GatewayConnectionHandler.refreshCredentialsMethod] {
+            requestMetrics[method] = metrics.requests(method)
+        }
+        self.requestMetrics = requestMetrics
+        self.unknownMethodMetrics = metrics.requests("unknown")
+        self.notRoutedMetrics = metrics.requests("not_routed")
         self.logger = logger
+    }
+
+    /// The metrics of `method`'s requests.
+    func requestMetrics(_ method: String) -> RequestMetrics {
+        self.requestMetrics[method] ?? self.unknownMethodMetrics
     }
 
     /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
@@ -74,9 +95,15 @@ struct ReliableServices: Sendable {
     /// The cluster whose nodes share the store, if the gateway is one of several.
     let cluster: (any GatewayCluster)?
 
-    init(store: any MessageStore, limits: GatewayConfiguration.Limits, cluster: (any GatewayCluster)?) {
+    init(
+        store: any MessageStore,
+        limits: GatewayConfiguration.Limits,
+        cluster: (any GatewayCluster)?,
+        metrics: GatewayMetrics,
+        clock: any TetherClock
+    ) {
         self.store = store
-        self.writer = StoreWriter(store: store)
+        self.writer = StoreWriter(store: store, metrics: metrics, clock: clock)
         self.lanes = ReliableLanes(limits: limits, cluster: cluster)
         self.cluster = cluster
     }

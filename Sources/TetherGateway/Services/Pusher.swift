@@ -13,6 +13,7 @@ struct Pusher: Sendable {
     let batchers: [ObjectIdentifier: PushBatcher]
     /// The cluster that shares pushes to clients, rooms and everyone with the other nodes.
     let cluster: (any GatewayCluster)?
+    let metrics: GatewayMetrics
 
     private static let allocator = ByteBufferAllocator()
 
@@ -29,7 +30,10 @@ struct Pusher: Sendable {
             if case .connection = target {} else { cluster.publish(ClusterPush(topic: topic, body: body, target: target)) }
         }
         let recipients = self.registry.recipients(for: target)
-        guard !recipients.isEmpty else { return 0 }
+        guard !recipients.isEmpty else {
+            self.metrics.pushed(target.metricLabel, recipients: 0)
+            return 0
+        }
         let push: EncodedPush
         do {
             push = try EncodedPush(Frame.Push(topic: topic, body: body), allocator: Self.allocator)
@@ -48,6 +52,7 @@ struct Pusher: Sendable {
                 loop.execute { Self.deliver(push, to: recipients, batcher: batcher) }
             }
         }
+        self.metrics.pushed(target.metricLabel, recipients: count)
         return count
     }
 
@@ -58,6 +63,18 @@ struct Pusher: Sendable {
             batcher.add(push, to: recipients)
         } else {
             PushBatcher.writeNow(push, to: recipients)
+        }
+    }
+}
+
+extension PushTarget {
+    /// The kind of target, as a metric label: never the client id or room it names.
+    var metricLabel: String {
+        switch self {
+        case .connection: "connection"
+        case .client: "client"
+        case .room: "room"
+        case .all: "all"
         }
     }
 }

@@ -55,6 +55,14 @@ package final class FrameConnection {
     package private(set) var isClosing = false
     /// The connection's one timer.
     package var timer = ConnectionTimer()
+    /// Told the bytes read and written since it was last told: at the end of each read and at
+    /// each flush (not per frame), for metrics and statistics.
+    package var countBytes: ((_ read: Int, _ written: Int) -> Void)?
+    /// With ``Features/compression`` negotiated: the connection's compressor and decompressor.
+    package var compression: (deflater: PayloadDeflater, inflater: PayloadInflater)?
+    /// Bytes read and written and not told yet.
+    private var bytesRead = 0
+    private var bytesWritten = 0
 
     /// - Parameters:
     ///   - framing: How the transport delivers frames.
@@ -86,6 +94,7 @@ package final class FrameConnection {
     /// A read from the channel: its bytes are decoded by ``next()``.
     package func channelRead(_ bytes: ByteBuffer) {
         self.isReading = true
+        self.bytesRead += bytes.readableBytes
         self.reader.append(bytes)
     }
 
@@ -96,7 +105,7 @@ package final class FrameConnection {
     /// The next frame decoded from what was read, or the violation that ends the connection.
     package func next() -> Inbound? {
         do {
-            return try self.reader.next().map(Inbound.frame)
+            return try self.reader.next(inflater: self.compression?.inflater).map(Inbound.frame)
         } catch {
             return .violation(error)
         }
@@ -107,6 +116,22 @@ package final class FrameConnection {
         self.isReading = false
         self.reader.readComplete()
         if self.flushOwed { self.flush(context: context) }
+        self.tellByteCounts()
+    }
+
+    /// Tells ``countBytes`` what was read and written since it was last told.
+    package func tellByteCounts() {
+        guard self.bytesRead > 0 || self.bytesWritten > 0, let countBytes else { return }
+        let (read, written) = (self.bytesRead, self.bytesWritten)
+        self.bytesRead = 0
+        self.bytesWritten = 0
+        countBytes(read, written)
+    }
+
+    /// Passes encoded bytes to the channel.
+    private func emit(_ bytes: ByteBuffer, context: ChannelHandlerContext, promise: EventLoopPromise<Void>? = nil) {
+        self.bytesWritten += bytes.readableBytes
+        context.write(NIOAny(bytes), promise: promise)
     }
 
     // MARK: Writing
@@ -114,8 +139,8 @@ package final class FrameConnection {
     /// Encodes and writes a frame, without flushing.
     /// - Throws: ``FrameEncodingError`` if a field is over its size limit; nothing is written.
     package func write(_ frame: Frame, context: ChannelHandlerContext) throws(FrameEncodingError) {
-        if let bytes = try self.writer.append(frame) {
-            context.write(NIOAny(bytes), promise: nil)
+        if let bytes = try self.writer.append(frame, deflater: self.compression?.deflater) {
+            self.emit(bytes, context: context)
         }
         self.unflushed += 1
         self.flushOwed = true
@@ -124,8 +149,8 @@ package final class FrameConnection {
     /// Writes frames encoded elsewhere (a push encoded once for many connections), after those
     /// written before, without flushing.
     package func write(encoded bytes: ByteBuffer, context: ChannelHandlerContext) {
-        if let joined = self.writer.take() { context.write(NIOAny(joined), promise: nil) }
-        context.write(NIOAny(bytes), promise: nil)
+        if let joined = self.writer.take() { self.emit(joined, context: context) }
+        self.emit(bytes, context: context)
         self.unflushed += 1
         self.flushOwed = true
     }
@@ -136,11 +161,12 @@ package final class FrameConnection {
         self.flushOwed = false
         self.unflushed = 0
         if let bytes = self.writer.take() {
-            context.write(NIOAny(bytes), promise: promise)
+            self.emit(bytes, context: context, promise: promise)
         } else {
             promise?.succeed()
         }
         context.flush()
+        if !self.isReading { self.tellByteCounts() }
     }
 
     /// What ``flushSoon(context:alone:)`` did.

@@ -1,0 +1,118 @@
+import CompressNIO
+public import NIOCore
+
+/// Compresses the payloads of a connection's outbound frames (PROTOCOL.md, section 2.5): raw
+/// DEFLATE, each payload on its own.
+///
+/// A payload is compressed only if it is at least ``threshold`` bytes long and shrinks; the
+/// stream is reset before every payload, so that no payload shares a compression context with
+/// another (a secret in one frame cannot be guessed from the size of an attacker's next one).
+/// One per connection, used on its event loop: it holds zlib's state (about 256 KiB), made
+/// once rather than per payload.
+///
+/// ```swift
+/// let deflater = try PayloadDeflater(threshold: 512)
+/// if let smaller = deflater.deflate(body, allocator: allocator) { /* set COMPRESSED, send smaller */ }
+/// ```
+public final class PayloadDeflater {
+    /// The smallest payload worth compressing.
+    public let threshold: Int
+    private let compressor: ZlibCompressor
+
+    /// - Parameters:
+    ///   - threshold: Payloads shorter than this go as they are.
+    ///   - level: zlib's level, 1 (fastest) to 9 (smallest); 6 is zlib's default.
+    /// - Throws: ``ProtocolError`` if zlib cannot allocate its state.
+    public init(threshold: Int, level: Int32 = 6) throws(ProtocolError) {
+        self.threshold = max(1, threshold)
+        do {
+            self.compressor = try ZlibCompressor(algorithm: .deflate, configuration: .init(compressionLevel: level))
+        } catch {
+            throw ProtocolError(code: .protocolError, message: "cannot set up compression: \(error)")
+        }
+    }
+
+    /// The compressed form of `payload`, or `nil` if it is below the threshold or does not shrink.
+    public func deflate(_ payload: ByteBuffer, allocator: ByteBufferAllocator) -> ByteBuffer? {
+        guard payload.readableBytes >= self.threshold else { return nil }
+        var input = payload
+        var output = allocator.buffer(capacity: self.compressor.maxSize(from: input))
+        do {
+            try self.compressor.reset()
+            try self.compressor.deflate(from: &input, to: &output, flush: .finish)
+        } catch {
+            return nil  // sent as it is
+        }
+        return output.readableBytes < payload.readableBytes ? output : nil
+    }
+}
+
+@available(*, unavailable)
+extension PayloadDeflater: Sendable {}
+
+/// Inflates the payloads of a connection's inbound COMPRESSED frames, each on its own, never
+/// past a limit: a payload that would inflate beyond the receiver's maximum body size is
+/// refused (`frame too large`) once that many bytes came out, whatever it claims or holds (a
+/// "zip bomb" costs the receiver at most the limit).
+public final class PayloadInflater {
+    private let decompressor: ZlibDecompressor
+
+    /// - Throws: ``ProtocolError`` if zlib cannot allocate its state.
+    public init() throws(ProtocolError) {
+        do {
+            self.decompressor = try ZlibDecompressor(algorithm: .deflate)
+        } catch {
+            throw ProtocolError(code: .protocolError, message: "cannot set up decompression: \(error)")
+        }
+    }
+
+    /// The inflated payload.
+    /// - Parameters:
+    ///   - payload: Raw DEFLATE data: exactly one complete stream.
+    ///   - limit: The most bytes it may inflate to.
+    ///   - type: The frame's type, for the error's message.
+    /// - Throws: ``ProtocolError``: `frame too large` past `limit`, `protocol error` for data
+    ///   that is not one complete DEFLATE stream.
+    public func inflate(_ payload: ByteBuffer, limit: Int, of type: FrameType) throws(ProtocolError) -> ByteBuffer {
+        var input = payload
+        // DEFLATE shrinks typical payloads 3 to 10 times; the buffer grows (to the limit) if not.
+        var output = ByteBufferAllocator().buffer(capacity: min(limit, max(1024, payload.readableBytes * 4)))
+        do {
+            try self.decompressor.reset()
+        } catch {
+            throw ProtocolError(code: .protocolError, message: "cannot reset decompression: \(error)")
+        }
+        while true {
+            do {
+                try self.decompressor.inflate(from: &input, to: &output)
+                break  // the stream ended
+            } catch let error as CompressNIOError where error == .bufferOverflow {
+                // More output than room: grow, unless the limit is reached.
+                guard output.readableBytes < limit else {
+                    throw ProtocolError(
+                        code: .frameTooLarge,
+                        message: "compressed \(type) payload of \(payload.readableBytes) bytes inflates beyond the limit of \(limit) bytes"
+                    )
+                }
+                output.reserveCapacity(minimumWritableBytes: min(limit - output.readableBytes, max(4096, output.readableBytes)))
+            } catch let error as CompressNIOError where error == .inputBufferOverflow {
+                throw ProtocolError(code: .protocolError, message: "compressed \(type) payload ends before its DEFLATE stream does")
+            } catch {
+                throw ProtocolError(code: .protocolError, message: "compressed \(type) payload is not valid DEFLATE data: \(error)")
+            }
+        }
+        guard output.readableBytes <= limit else {
+            throw ProtocolError(
+                code: .frameTooLarge,
+                message: "compressed \(type) payload of \(payload.readableBytes) bytes inflates beyond the limit of \(limit) bytes"
+            )
+        }
+        guard input.readableBytes == 0 else {
+            throw ProtocolError(code: .protocolError, message: "compressed \(type) payload has bytes after its DEFLATE stream")
+        }
+        return output
+    }
+}
+
+@available(*, unavailable)
+extension PayloadInflater: Sendable {}
