@@ -35,6 +35,8 @@ public struct ClientConfiguration: Sendable {
     public var pushes: Pushes
     /// Reliable messaging; `nil` (the default) does not offer it to the gateway.
     public var reliability: Reliability?
+    /// When ``ConnectionEvent/alert(_:)`` is raised.
+    public var alerts: Alerts
 
     /// Creates a configuration with defaults for everything but the endpoints and identity.
     public init(endpoints: [Endpoint], clientID: String) {
@@ -47,6 +49,7 @@ public struct ClientConfiguration: Sendable {
         self.heartbeat = .defaults
         self.reconnect = .defaults
         self.pushes = .defaults
+        self.alerts = .defaults
     }
 
     /// Creates a configuration from endpoints written as `host:port` or `tether://host:port`.
@@ -82,6 +85,54 @@ public struct ClientConfiguration: Sendable {
         try self.reconnect.validate()
         try self.pushes.validate()
         try self.reliability?.validate()
+        try self.alerts.validate()
+    }
+
+    /// The thresholds of the client's alerts (seed 002), each counted over a sliding ``window``;
+    /// `nil` turns one off. An alert is raised once when its count reaches the threshold, and
+    /// again only after the count fell below it.
+    ///
+    /// ```swift
+    /// configuration.alerts = try .init(window: .seconds(120), reconnects: 3, slowRoundTrip: .seconds(1))
+    /// for await event in client.events { if case .alert(let alert) = event { report(alert) } }
+    /// ```
+    public struct Alerts: Sendable, Hashable {
+        /// The window the counts are over.
+        public var window: Duration
+        /// Reconnections within the window that raise ``ClientAlert/reconnects(count:window:)``.
+        public var reconnects: Int?
+        /// Connections lost to the heartbeat within the window that raise
+        /// ``ClientAlert/heartbeatLosses(count:window:)``.
+        public var heartbeatLosses: Int?
+        /// A heartbeat round trip over this raises ``ClientAlert/slowRoundTrip(_:)``.
+        public var slowRoundTrip: Duration?
+
+        public init(
+            window: Duration = .seconds(60),
+            reconnects: Int? = 5,
+            heartbeatLosses: Int? = 3,
+            slowRoundTrip: Duration? = nil
+        ) throws(ConfigurationError) {
+            self.window = window
+            self.reconnects = reconnects
+            self.heartbeatLosses = heartbeatLosses
+            self.slowRoundTrip = slowRoundTrip
+            try self.validate()
+        }
+
+        /// 5 reconnections or 3 heartbeat losses within a minute; no round-trip alert.
+        public static var defaults: Alerts { try! Alerts() }
+
+        public func validate() throws(ConfigurationError) {
+            guard self.window > .zero else { throw ConfigurationError("alerts.window must be positive") }
+            if let reconnects = self.reconnects, reconnects < 1 { throw ConfigurationError("alerts.reconnects must be at least 1") }
+            if let losses = self.heartbeatLosses, losses < 1 { throw ConfigurationError("alerts.heartbeatLosses must be at least 1") }
+            if let slow = self.slowRoundTrip, slow <= .zero { throw ConfigurationError("alerts.slowRoundTrip must be positive") }
+        }
+
+        var thresholds: AlertMonitor.Thresholds {
+            .init(window: self.window, reconnects: self.reconnects, heartbeatLosses: self.heartbeatLosses, roundTrip: self.slowRoundTrip)
+        }
     }
 
     /// How the client proves its identity in HELLO.
@@ -151,6 +202,10 @@ public struct ClientConfiguration: Sendable {
         public var maxBodySize: Int
         /// Whether to offer CRC-32C checksums on every frame.
         public var checksums: Bool
+        /// Payload compression offered to the gateway (``Features/compression``): what the
+        /// client sends is compressed by these settings once the gateway accepted it; `nil`
+        /// does not offer it.
+        public var compression: Compression?
         /// Connection racing ("happy eyeballs"): while an attempt has no answer yet, another
         /// connection starts this long after the previous one (to the next endpoint, or to the
         /// same one again, which beats the kernel's 1 s, 2 s, 4 s … SYN retransmissions on a lossy
@@ -220,6 +275,7 @@ public struct ClientConfiguration: Sendable {
             handshakeTimeout: Duration = .seconds(5),
             maxBodySize: Int = 1 << 20,
             checksums: Bool = true,
+            compression: Compression? = .defaults,
             raceDelay: Duration? = .milliseconds(250),
             maximumRacers: Int = 3,
             failedEndpointPenalty: Duration = .seconds(30),
@@ -230,6 +286,7 @@ public struct ClientConfiguration: Sendable {
             self.handshakeTimeout = handshakeTimeout
             self.maxBodySize = maxBodySize
             self.checksums = checksums
+            self.compression = compression
             self.raceDelay = raceDelay
             self.maximumRacers = maximumRacers
             self.failedEndpointPenalty = failedEndpointPenalty
@@ -254,6 +311,7 @@ public struct ClientConfiguration: Sendable {
                 throw ConfigurationError("connection.failedEndpointPenalty must not be negative")
             }
             try self.failingLink?.validate()
+            try self.compression?.validate()
             guard (Handshake.minimumBodyLimit...FrameHeader.absoluteMaximumBodySize).contains(self.maxBodySize) else {
                 throw ConfigurationError(
                     "connection.maxBodySize must be from \(Handshake.minimumBodyLimit) to \(FrameHeader.absoluteMaximumBodySize)"

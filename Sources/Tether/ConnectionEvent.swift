@@ -30,6 +30,9 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
     case waitingForNetwork(next: Endpoint)
     /// The client gave up (attempt limit reached); it no longer connects.
     case failed(TetherError)
+    /// Something crossed a threshold of ``ClientConfiguration/alerts``: the link flaps, the
+    /// heartbeat keeps losing the connection, or round trips are slow. Raised once per episode.
+    case alert(ClientAlert)
 
     public var description: String {
         switch self {
@@ -41,6 +44,7 @@ public enum ConnectionEvent: Sendable, CustomStringConvertible {
         case .backingOff(let delay, let next): "retrying \(next) in \(delay.shortDescription)"
         case .waitingForNetwork(let next): "waiting for a network before connecting to \(next)"
         case .failed(let error): "failed: \(error)"
+        case .alert(let alert): "alert: \(alert)"
         }
     }
 }

@@ -109,6 +109,7 @@ extension TetherClient {
     private func attempt(_ endpoint: Endpoint, attempt: Int) async -> ConnectivityStateMachine.Action {
         self.logger.debug("connecting", metadata: ["endpoint": "\(endpoint)", "attempt": "\(attempt)"])
         self.eventBroadcaster.yield(.connecting(endpoint, attempt: attempt))
+        self.recorder.attemptStarted()
         // Backoff counts from the start of the attempt, on the injected clock.
         let began = self.clock.now
         let connection: ClientConnection
@@ -119,6 +120,7 @@ extension TetherClient {
             let error = TransportErrors.connectFailure(error, endpoint: endpoint)
             self.logger.info("connection attempt failed", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
             self.eventBroadcaster.yield(.connectFailed(endpoint, error))
+            self.recorder.attemptFailed()
             return self.state.withLockedValue { state in
                 state.lastError = error
                 return state.machine.connectFailed(after: elapsed)
@@ -162,6 +164,7 @@ extension TetherClient {
             ]
         )
         self.eventBroadcaster.yield(.connected(connection.endpoint, version: negotiated.version, connectionID: negotiated.connectionID))
+        if let alert = self.recorder.connected(over: connection.endpoint.transport) { self.eventBroadcaster.yield(.alert(alert)) }
         waiters.resume(returning: connection)
 
         let closure = await self.serve(connection)
@@ -179,6 +182,7 @@ extension TetherClient {
         }
         self.logger.info("disconnected", metadata: ["endpoint": "\(connection.endpoint)", "reason": "\(closure.reason)"])
         self.eventBroadcaster.yield(.disconnected(closure.reason))
+        if let alert = self.recorder.disconnected(closure.reason) { self.eventBroadcaster.yield(.alert(alert)) }
         return afterClose
     }
 

@@ -1,5 +1,6 @@
 public import NIOCore
 import TetherCore
+import Tracing
 
 extension TetherClient {
     /// Sends a message reliably: it reaches the gateway's handler for `topic` exactly once, in
@@ -34,7 +35,31 @@ extension TetherClient {
         priority: MessagePriority = .normal,
         ttl: Duration? = nil
     ) async throws(TetherError) -> MessageReceipt {
-        try await self.reliableEngine().send(topic: topic, body: body, conversation: conversation, priority: priority, ttl: ttl)
+        let engine = try self.reliableEngine()
+        guard let tracer = self.tracer else {
+            return try await engine.send(topic: topic, body: body, conversation: conversation, priority: priority, ttl: ttl)
+        }
+        // A producer span for accepting the message; the gateway's span for processing it is its child.
+        do {
+            return try await tracer.withSpan(topic, ofKind: .producer) { span in
+                span.attributes["messaging.system"] = "tether"
+                span.attributes["messaging.destination.name"] = topic
+                var fields: [String: String] = [:]
+                tracer.inject(span.context, into: &fields, using: TraceContextInjector())
+                return try await engine.send(
+                    topic: topic,
+                    body: body,
+                    conversation: conversation,
+                    priority: priority,
+                    ttl: ttl,
+                    traceContext: fields.isEmpty ? nil : TraceContext(fields)
+                )
+            }
+        } catch let error as TetherError {
+            throw error
+        } catch {
+            throw TetherError.wrapping(error, as: .storage, "sending a '\(topic)' message failed")
+        }
     }
 
     /// How a message ended, waiting for it if it has not yet.

@@ -155,6 +155,8 @@ extension TetherClient {
             authToken: token,
             userAgent: self.configuration.userAgent
         )
+        if connectionConfiguration.compression != nil { hello.features.insert(.compression) }
+        hello.features.insert(.traceContext)
         if !probe, let reliable = self.reliable {
             let fields = try await reliable.helloFields()
             hello.features.formUnion([.reliableDelivery, .messageAnswers])
@@ -189,7 +191,9 @@ extension TetherClient {
                         .init(mode: state.heartbeatMode, learnedInterval: state.natProber?.interval(for: state.network))
                     }
                 },
-                idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) }
+                idleProbe: { [weak self] probe, answered in self?.idleProbeSettled(probe, answered: answered) },
+                statistics: self.recorder,
+                alert: { [weak self] alert in self?.eventBroadcaster.yield(.alert(alert)) }
             )
         }
         // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
@@ -241,6 +245,7 @@ extension TetherClient {
                 let handler = ClientConnectionHandler(
                     configuration: handlerConfiguration,
                     maxInboundBodySize: self.configuration.connection.maxBodySize,
+                    compression: self.configuration.connection.compression,
                     framing: framing,
                     clock: clock,
                     callbacks: callbacks,

@@ -1,5 +1,6 @@
 public import NIOCore
 import TetherCore
+import Tracing
 
 extension TetherClient {
     /// Calls `method` on the gateway and returns the response body.
@@ -30,7 +31,41 @@ extension TetherClient {
     public func request(_ method: String, body: ByteBuffer = ByteBuffer(), timeout: Duration? = nil) async throws(TetherError) -> ByteBuffer
     {
         let call = try self.prepareRequest(method, timeout: timeout)
-        return try await self.perform(call, body: body)
+        do {
+            let reply = try await self.tracedPerform(call, body: body)
+            self.recorder.requestEnded(nil, after: self.clock.now - call.preparedAt)
+            return reply
+        } catch {
+            self.recorder.requestEnded(error, after: self.clock.now - call.preparedAt)
+            throw error
+        }
+    }
+
+    /// ``perform(_:body:)`` in a client span, with its context in the REQUEST, if the client traces.
+    private func tracedPerform(_ call: PreparedRequest, body: ByteBuffer) async throws(TetherError) -> ByteBuffer {
+        var call = call
+        let method = call.method
+        guard let tracer = self.tracer else { return try await self.perform(call, body: body) }
+        do {
+            return try await tracer.withSpan(method, ofKind: .client) { span in
+                span.attributes["rpc.system"] = "tether"
+                span.attributes["rpc.method"] = method
+                var fields: [String: String] = [:]
+                tracer.inject(span.context, into: &fields, using: TraceContextInjector())
+                if !fields.isEmpty { call.traceContext = TraceContext(fields) }
+                do {
+                    return try await self.perform(call, body: body)
+                } catch let error as TetherError {
+                    span.attributes["tether.error"] = "\(error.code)"
+                    if let status = error.status { span.attributes["tether.status"] = "\(status)" }
+                    throw error
+                }
+            }
+        } catch let error as TetherError {
+            throw error
+        } catch {
+            throw TetherError.wrapping(error, as: .connectionLost, "request '\(method)' failed")
+        }
     }
 
     /// A request's arguments, checked, with its id and deadline.
@@ -40,6 +75,8 @@ extension TetherClient {
         var deadline: TetherInstant
         /// When it was prepared: its timeout is `deadline - preparedAt`.
         var preparedAt: TetherInstant
+        /// The caller's trace, sent if the gateway accepts trace contexts.
+        var traceContext: TraceContext?
     }
 
     /// Checks a request's arguments and gives it an id and a deadline.
@@ -77,7 +114,13 @@ extension TetherClient {
             guard remaining > .zero else {
                 throw TetherError(code: .timedOut, message: "no connection for '\(call.method)' before its deadline")
             }
-            let request = Frame.Request(id: call.id, method: call.method, timeout: remaining, body: body)
+            let request = Frame.Request(
+                id: call.id,
+                method: call.method,
+                timeout: remaining,
+                body: body,
+                traceContext: connection.negotiated.features.contains(.traceContext) ? call.traceContext : nil
+            )
             do {
                 return try await connection.execute(request, deadline: call.deadline)
             } catch let error as TetherError where error.code == .notDispatched {
@@ -186,5 +229,12 @@ extension TetherClient {
             timer.cancel()
             continuation.resume(throwing: TetherError(code: .cancelled, message: "request '\(method)' was cancelled"))
         }
+    }
+}
+
+/// Writes a tracer's propagation fields into a REQUEST's trace context.
+struct TraceContextInjector: Injector {
+    func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) {
+        carrier[key] = value
     }
 }

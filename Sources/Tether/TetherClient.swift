@@ -1,4 +1,5 @@
 import Atomics
+public import CoreMetrics
 public import Logging
 import NIOConcurrencyHelpers
 public import NIOCore
@@ -6,6 +7,7 @@ import NIOPosix
 public import ServiceLifecycle
 import TetherCore
 public import TetherNIO
+public import Tracing
 
 /// A client that keeps one long-lived connection to a Tether gateway and makes it as easy to
 /// use as HTTP: `try await client.request("method", body: …)`.
@@ -48,6 +50,10 @@ public final class TetherClient: Service, Sendable {
     let wakeup = Wakeup()
     /// Reliable messaging, if configured.
     let reliable: ReliableEngine?
+    /// Where request spans go; `nil`: no tracing.
+    let tracer: (any Tracer)?
+    /// The client's statistics, metrics and alerts.
+    let recorder: ClientStatisticsRecorder
 
     /// Creates a client. It does not connect until ``run()`` is called.
     /// - Parameters:
@@ -56,6 +62,12 @@ public final class TetherClient: Service, Sendable {
     ///   - eventLoopGroup: Where the connection's I/O runs; NIO's shared group if `nil`.
     ///   - clock: The clock of the run loop: backoff delays, connection racing and endpoint
     ///     penalties; inject a manual clock in tests.
+    ///   - tracer: Where a client span per request goes, its context sent in the REQUEST so that
+    ///     the gateway's span is its child; `nil`: swift-distributed-tracing's
+    ///     `InstrumentationSystem.tracer` as the client is created (no spans if none was
+    ///     bootstrapped).
+    ///   - metrics: Where the client's metrics (`tether_client_*`, the figures of
+    ///     ``statistics``) go; `nil`: swift-metrics' `MetricsSystem.factory`.
     ///   - logger: Where the client logs connection changes and protocol problems.
     /// - Throws: ``TetherError`` with code ``TetherError/Code/invalidConfiguration``.
     public init(
@@ -63,6 +75,8 @@ public final class TetherClient: Service, Sendable {
         transport: any ClientTransport = TCPClientTransport(),
         eventLoopGroup: (any EventLoopGroup)? = nil,
         clock: any TetherClock = SystemClock(),
+        tracer: (any Tracer)? = nil,
+        metrics: (any MetricsFactory)? = nil,
         logger: Logger = Logger(label: "tether.client")
     ) throws(TetherError) {
         do {
@@ -71,6 +85,8 @@ public final class TetherClient: Service, Sendable {
             throw TetherError(code: .invalidConfiguration, message: error.message, cause: error)
         }
         self.configuration = configuration
+        let tracer = tracer ?? InstrumentationSystem.tracer
+        self.tracer = tracer is NoOpTracer ? nil : tracer
         self.transport = transport
         self.eventLoop = (eventLoopGroup ?? MultiThreadedEventLoopGroup.singleton).next()
         self.clock = clock
@@ -91,9 +107,17 @@ public final class TetherClient: Service, Sendable {
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
         let eventLoop = self.eventLoop
         self.loopExecutor = EventLoopTaskExecutor(eventLoop)
+        let statistics = ClientStatisticsRecorder(alerts: configuration.alerts.thresholds, clock: clock, factory: metrics)
+        self.recorder = statistics
         self.reliable = configuration.reliability.map {
-            ReliableEngine(configuration: $0, eventLoop: eventLoop, clock: clock, logger: logger)
+            ReliableEngine(configuration: $0, eventLoop: eventLoop, clock: clock, statistics: statistics, logger: logger)
         }
+    }
+
+    /// What the client saw of its connections since it started: attempts, reconnections, round
+    /// trips, heartbeat losses, bytes, requests, reliable messages (seed 002's statistics).
+    public var statistics: ConnectionStatistics {
+        self.recorder.snapshot
     }
 
     /// An executor that runs tasks on the event loop of the client's connections.

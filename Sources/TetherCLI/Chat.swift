@@ -45,7 +45,7 @@ struct Chat: AsyncParsableCommand {
                         } catch {
                             print("* could not join #\(room): \(error)")
                         }
-                    case .disconnected, .failed, .endpointBlocked:
+                    case .disconnected, .failed, .endpointBlocked, .alert:
                         print("* \(event)")
                     case .connecting, .connectFailed, .backingOff, .waitingForNetwork:
                         break

@@ -330,7 +330,7 @@ final class EventLog: Sendable {
             case .disconnected(let reason):
                 self.disconnectCount.increment()
                 if case .goingAway = reason { self.goAwayCount.increment() }
-            case .connecting, .connectFailed, .endpointBlocked, .backingOff, .waitingForNetwork, .failed:
+            case .connecting, .connectFailed, .endpointBlocked, .backingOff, .waitingForNetwork, .failed, .alert:
                 break
             }
             self.demo.say("\(self.name): \(event)")

@@ -8,6 +8,7 @@ import Prometheus
 public import ServiceLifecycle
 import TetherCore
 import TetherNIO
+public import Tracing
 
 #if canImport(Glibc)
     import Glibc
@@ -94,6 +95,8 @@ public final class Gateway: Service, Sendable {
     let metrics: GatewayMetrics
     /// The Prometheus registry the admin listener serves at `/metrics`, if any.
     let metricsRegistry: PrometheusCollectorRegistry?
+    /// Where request and message spans go; `nil`: no tracing.
+    let tracer: (any Tracer)?
 
     /// Creates a gateway; it accepts connections once ``run()`` is called.
     /// - Parameters:
@@ -111,6 +114,10 @@ public final class Gateway: Service, Sendable {
     ///   - metrics: Where its metrics go (``Metrics-swift.struct``): swift-metrics' global
     ///     factory by default; ``Metrics-swift.struct/prometheus(_:)`` also serves them at the
     ///     admin listener's `/metrics`.
+    ///   - tracer: Where a span per request and per reliable message goes, each the child of the
+    ///     trace its REQUEST or MESSAGE carried; `nil`: swift-distributed-tracing's
+    ///     `InstrumentationSystem.tracer` as the gateway is created (no spans if none was
+    ///     bootstrapped).
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public init(
@@ -121,6 +128,7 @@ public final class Gateway: Service, Sendable {
         cluster: (any GatewayCluster)? = nil,
         clock: any TetherClock = SystemClock(),
         metrics: Metrics = .system,
+        tracer: (any Tracer)? = nil,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         do {
@@ -164,6 +172,8 @@ public final class Gateway: Service, Sendable {
         let gatewayMetrics = GatewayMetrics(factory: metrics.factory)
         self.metrics = gatewayMetrics
         self.metricsRegistry = metrics.registry
+        let tracer = tracer ?? InstrumentationSystem.tracer
+        self.tracer = tracer is NoOpTracer ? nil : tracer
         self.reliable = messageStore.map {
             ReliableServices(store: $0, limits: configuration.limits, cluster: cluster, metrics: gatewayMetrics, clock: clock)
         }
@@ -226,6 +236,7 @@ public final class Gateway: Service, Sendable {
     ///   - authenticate: Checks each client's HELLO; throwing refuses it.
     ///   - clock: The gateway's one clock.
     ///   - metrics: Where its metrics go.
+    ///   - tracer: Where request and message spans go.
     ///   - logger: Where the gateway logs connections and errors.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration``.
     public convenience init(
@@ -235,6 +246,7 @@ public final class Gateway: Service, Sendable {
         authenticate: @escaping Authenticator,
         clock: any TetherClock = SystemClock(),
         metrics: Metrics = .system,
+        tracer: (any Tracer)? = nil,
         logger: Logger = Logger(label: "tether.gateway")
     ) throws(GatewayError) {
         try self.init(
@@ -244,6 +256,7 @@ public final class Gateway: Service, Sendable {
             authenticator: ClosureAuthenticator(check: authenticate),
             clock: clock,
             metrics: metrics,
+            tracer: tracer,
             logger: logger
         )
     }
@@ -316,6 +329,7 @@ public final class Gateway: Service, Sendable {
                     reliable: self.reliable,
                     executors: self.executors,
                     metrics: self.metrics,
+                    tracer: self.tracer,
                     logger: self.logger
                 )
                 routing = .frozen(services)

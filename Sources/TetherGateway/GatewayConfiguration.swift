@@ -42,6 +42,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
     /// The admin listener (`/health`, `/ready`) for operators and orchestrators; `nil` (the
     /// default) has none.
     public var admin: Admin?
+    /// Payload compression offered to clients (``Features/compression``): what the gateway
+    /// sends is compressed by these settings when the client offered it too; `nil` does not
+    /// offer it.
+    public var compression: Compression? = .defaults
 
     /// Listens on 127.0.0.1:7700 with the defaults below.
     public static var defaults: GatewayConfiguration {
@@ -122,6 +126,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
     /// Checks every value.
     /// - Throws: ``ConfigurationError`` naming the first invalid value.
     public func validate() throws(ConfigurationError) {
+        try self.compression?.validate()
         if let listen = self.listen {
             guard !listen.host.isEmpty, (0...65535).contains(listen.port) else {
                 throw ConfigurationError("listen needs a host and a port from 0 to 65535")
@@ -438,6 +443,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
     ///   offers reliable delivery).
     func handshakePolicy(deliveryEpoch: UInt64?) -> Handshake.GatewayPolicy {
         var features: Features = self.checksums == .disabled ? [] : .checksum
+        if self.compression != nil { features.insert(.compression) }
+        features.insert(.traceContext)
         if deliveryEpoch != nil { features.formUnion([.reliableDelivery, .messageAnswers]) }
         return Handshake.GatewayPolicy(
             features: features,

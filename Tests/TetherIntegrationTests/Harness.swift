@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -10,6 +11,7 @@ import TetherGateway
 import TetherNIO
 import TetherTestSupport
 import TetherTesting
+import Tracing
 
 /// The integration tests: real sockets, real timers, real concurrency.
 ///
@@ -98,6 +100,7 @@ final class Harness: Sendable {
         authenticate: Gateway.Authenticator? = nil,
         authenticator: (any ClientAuthenticator)? = nil,
         metrics: Gateway.Metrics = .system,
+        tracer: (any Tracer)? = nil,
         routes: (Gateway) -> Void = { _ in }
     ) async throws -> (Gateway, Endpoint) {
         var configuration = GatewayConfiguration.defaults
@@ -110,6 +113,7 @@ final class Harness: Sendable {
                     messageStore: messageStore,
                     authenticate: authenticate,
                     metrics: metrics,
+                    tracer: tracer,
                     logger: testLogger("gateway")
                 )
             } else {
@@ -118,6 +122,7 @@ final class Harness: Sendable {
                     messageStore: messageStore,
                     authenticator: authenticator,
                     metrics: metrics,
+                    tracer: tracer,
                     logger: testLogger("gateway")
                 )
             }
@@ -155,6 +160,8 @@ final class Harness: Sendable {
         clientID: String = "test-client",
         transport: (any ClientTransport)? = nil,
         clock: (any TetherClock)? = nil,
+        tracer: (any Tracer)? = nil,
+        metrics: (any MetricsFactory)? = nil,
         configure: (inout ClientConfiguration) -> Void = { _ in }
     ) throws -> TetherClient {
         var configuration = ClientConfiguration(endpoints: endpoints, clientID: clientID)
@@ -164,6 +171,8 @@ final class Harness: Sendable {
             configuration: configuration,
             transport: transport ?? testClientTransport(),
             clock: clock ?? SystemClock(),
+            tracer: tracer,
+            metrics: metrics,
             logger: testLogger("client")
         )
         // Subscribe before the client starts, so that `events(of:)` sees its first attempt.

@@ -8,17 +8,22 @@ import TetherCore
     import Darwin
 #endif
 
-/// Feeds arbitrary bytes to ``FrameDecoder``. It must never crash or allocate according to an
-/// unvalidated length, and every frame it accepts must survive an encode/decode round trip.
+/// Inflates COMPRESSED payloads for the inputs of odd length (negotiated compression).
+nonisolated(unsafe) let inflater = try! PayloadInflater()
+
+/// Feeds arbitrary bytes to ``FrameDecoder``, as if compression were negotiated for inputs of
+/// odd length. It must never crash or allocate according to an unvalidated length (nor inflate
+/// past the body limit), and every frame it accepts must survive an encode/decode round trip.
 @_cdecl("LLVMFuzzerTestOneInput")
 func fuzzFrameDecoder(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     guard let start else { return 0 }
     var buffer = ByteBuffer(bytes: UnsafeRawBufferPointer(start: start, count: count))
     var decoder = FrameDecoder(maxBodySize: 1 << 16)
+    let inflating = count % 2 == 1 ? inflater : nil
     while true {
         let frame: Frame?
         do {
-            frame = try decoder.decodeFrame(from: &buffer)
+            frame = try decoder.decodeFrame(from: &buffer, inflater: inflating)
         } catch {
             return 0  // rejected: fine, as long as it did not crash
         }

@@ -93,6 +93,7 @@ extension ClientConnectionHandler {
     func refreshHeartbeatMode() {
         if let id = self.machine.heartbeatPreferenceChanged(self.callbacks.heartbeatPreference(), now: self.clock.now) {
             self.write(.ping(.init(id: id)))
+            self.callbacks.statistics?.pingSent()
             self.flushNow()
         }
         self.armTimer()
@@ -136,6 +137,7 @@ extension ClientConnectionHandler {
         var wrote = false
         while context.channel.isWritable, let (message, first) = self.machine.nextMessage(now: now, wallClock: wallClock) {
             self.write(.message(message))
+            self.callbacks.statistics?.messageSent(first: first)
             if first { firstTransmissions.append(message.id) }
             wrote = true
         }

@@ -35,6 +35,10 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
         var heartbeatPreference: @Sendable () -> ClientConnectionStateMachine.HeartbeatPreference = { .init(mode: .foreground) }
         /// An idle probe was answered (`true`) or the link died while it waited (`false`).
         var idleProbe: @Sendable (HeartbeatStateMachine.IdleProbe, _ answered: Bool) -> Void = { _, _ in }
+        /// The client's statistics and metrics (not for probes).
+        var statistics: ClientStatisticsRecorder?
+        /// An alert was raised.
+        var alert: @Sendable (ClientAlert) -> Void = { _ in }
     }
 
     /// Who waits for a request, and what it called (for the errors it may get).
@@ -47,6 +51,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     let io: FrameConnection
     let clock: any TetherClock
     let maxInboundBodySize: Int
+    /// How this client compresses what it sends, if the gateway accepts compression.
+    let compression: Compression?
     let callbacks: Callbacks
     let logger: Logger
     /// Succeeds with the negotiated parameters when WELCOME arrives; fails if the handshake does not complete.
@@ -65,6 +71,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     init(
         configuration: ClientConnectionStateMachine.Configuration,
         maxInboundBodySize: Int,
+        compression: Compression? = nil,
         framing: Framing,
         clock: any TetherClock,
         callbacks: Callbacks,
@@ -74,8 +81,12 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     ) {
         self.machine = ClientConnectionStateMachine(configuration: configuration)
         self.io = FrameConnection(framing: framing, holdsReadsWhileUnwritable: false)
+        if let statistics = callbacks.statistics {
+            self.io.countBytes = { read, written in statistics.bytes(read: read, written: written) }
+        }
         self.clock = clock
         self.maxInboundBodySize = maxInboundBodySize
+        self.compression = compression
         self.callbacks = callbacks
         self.established = established
         self.closed = closed
@@ -101,6 +112,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        self.io.tellByteCounts()
         self.finish()
         context.fireChannelInactive()
     }
@@ -112,6 +124,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if let error = error as? ProtocolError {
+            self.callbacks.statistics?.protocolError()
             self.perform(self.machine.violation(error), now: self.clock.now)
         } else {
             self.machine.transportFailed("\(error)")
@@ -126,7 +139,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             switch inbound {
             case .frame(let frame):
                 self.perform(self.machine.received(frame, now: now, preference: self.callbacks.heartbeatPreference()), now: now)
+                if case .pong = frame.payload { self.heartbeatMeasured() }
             case .violation(let error):
+                self.callbacks.statistics?.protocolError()
                 self.perform(self.machine.violation(error), now: now)
             }
         }
@@ -156,6 +171,17 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             break
         case .established(let negotiated):
             self.io.maxInboundBodySize = self.maxInboundBodySize
+            if negotiated.features.contains(.compression) {
+                do {
+                    self.io.compression = try (self.compression ?? .defaults).makeCodecs()
+                } catch {
+                    // The gateway may now send COMPRESSED frames this side cannot read.
+                    self.logger.error("cannot set up compression; closing the connection", metadata: ["error": "\(error)"])
+                    self.established.fail(TetherError(code: .handshakeFailed, message: error.message))
+                    self.close()
+                    return
+                }
+            }
             self.established.succeed(negotiated)
         case .complete(let id, let response, let pastDeadline, let send, let close):
             if let send { self.write(.request(send)) }
@@ -288,6 +314,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
         switch due.heartbeat {
         case .sendPing(let id):
             self.write(.ping(.init(id: id)))
+            self.callbacks.statistics?.pingSent()
         case .linkDead(let silence):
             self.logger.warning("no sign of life from the gateway; closing the connection", metadata: ["silent": "\(silence)"])
         case .none:
@@ -317,6 +344,14 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             self.close()
         } else {
             self.armTimer()
+        }
+    }
+
+    /// A PONG arrived: the statistics take what the heartbeat measured; a slow one may raise an alert.
+    private func heartbeatMeasured() {
+        guard let statistics = self.callbacks.statistics, let reading = self.machine.heartbeatReading else { return }
+        if let alert = statistics.heartbeat(roundTrip: reading.roundTrip, smoothed: reading.smoothed, interval: reading.interval) {
+            self.callbacks.alert(alert)
         }
     }
 

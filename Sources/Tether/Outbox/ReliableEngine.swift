@@ -56,16 +56,31 @@ final class ReliableEngine: Sendable {
     /// The client's clock: expiry times are on its wall clock, and its timer fires them.
     let clock: any TetherClock
     let logger: Logger
+    /// The client's statistics: finished messages and the outbox's depth.
+    let statistics: ClientStatisticsRecorder?
     let state = NIOLockedValueBox(State())
     let events = Broadcaster<MessageEvent>(bufferSize: 100_000)
     /// Wakes ``runMaintenance()``: storage work or a checkpoint may be due.
     let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
 
-    init(configuration: ClientConfiguration.Reliability, eventLoop: any EventLoop, clock: any TetherClock, logger: Logger) {
+    init(
+        configuration: ClientConfiguration.Reliability,
+        eventLoop: any EventLoop,
+        clock: any TetherClock,
+        statistics: ClientStatisticsRecorder? = nil,
+        logger: Logger
+    ) {
         self.configuration = configuration
         self.eventLoop = eventLoop
         self.clock = clock
+        self.statistics = statistics
         self.logger = logger
+    }
+
+    /// Tells the statistics how many messages the outbox holds.
+    private func reportDepth() {
+        guard let statistics = self.statistics else { return }
+        statistics.outbox(depth: self.state.withLockedValue { $0.outbox?.depth ?? 0 })
     }
 
     // MARK: Loading
@@ -147,7 +162,8 @@ final class ReliableEngine: Sendable {
         body: ByteBuffer,
         conversation: String,
         priority: MessagePriority,
-        ttl: Duration?
+        ttl: Duration?,
+        traceContext: TraceContext? = nil
     ) async throws(TetherError) -> MessageReceipt {
         guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max), conversation.utf8.count <= Int(UInt16.max) else {
             throw TetherError(code: .invalidArgument, message: "the topic must be 1 to 65535 bytes and the conversation at most 65535")
@@ -171,7 +187,8 @@ final class ReliableEngine: Sendable {
                     priority: priority,
                     expiresAt: expiresAt,
                     body: body,
-                    token: token
+                    token: token,
+                    traceContext: traceContext
                 )
                 switch state.outbox!.admit(send) {
                 case .full:
@@ -227,6 +244,7 @@ final class ReliableEngine: Sendable {
             }
             if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
             sink?.enqueue(group.records)
+            self.reportDepth()
         }
     }
 
@@ -293,7 +311,9 @@ final class ReliableEngine: Sendable {
         for (record, outcome, waiters) in finished {
             for waiter in waiters { waiter.resume(returning: outcome) }
             self.events.yield(MessageEvent(record, .finished(outcome)))
+            self.statistics?.messageEnded(expired: outcome == .expired)
         }
+        if !finished.isEmpty { self.reportDepth() }
     }
 
     // MARK: Connection events

@@ -19,6 +19,9 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
 
     /// The largest body this side accepts; a frame announcing more is rejected.
     public var maxBodySize: Int
+    /// Whether REQUEST and MESSAGE may carry a trace context (``Features/traceContext`` was
+    /// negotiated); without it, the TRACE_CONTEXT flag is a `protocol error`.
+    public var acceptsTraceContext = false
 
     /// Creates a decoder.
     /// - Parameter maxBodySize: The largest body accepted, at most
@@ -64,6 +67,7 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         }
         var allowed: FrameFlags = type == .message ? [.checksum, .expired] : .checksum
         if inflater != nil, type.mayCompress { allowed.insert(.compressed) }
+        if self.acceptsTraceContext, type == .request || type == .message { allowed.insert(.traceContext) }
         guard allowed.isSuperset(of: flags) else {
             throw ProtocolError(
                 code: .protocolError,
@@ -93,7 +97,7 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         }
 
         var body = buffer.getSlice(at: base + FrameHeader.size, length: length)!
-        var payload = try Self.parsePayload(type: type, id: id, body: &body)
+        var payload = try Self.parsePayload(type: type, id: id, traced: flags.contains(.traceContext), body: &body)
         if flags.contains(.compressed), let inflater {
             payload = try payload.inflated(by: inflater, limit: self.maxBodySize)
         }
@@ -105,7 +109,12 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         return Frame(payload, stream: stream, flags: flags.intersection(.checksum))
     }
 
-    private static func parsePayload(type: FrameType, id: UInt64, body: inout ByteBuffer) throws(ProtocolError) -> Frame.Payload {
+    private static func parsePayload(
+        type: FrameType,
+        id: UInt64,
+        traced: Bool,
+        body: inout ByteBuffer
+    ) throws(ProtocolError) -> Frame.Payload {
         switch type {
         case .hello:
             return .hello(try Self.parseHello(&body))
@@ -115,7 +124,10 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             let timeout = try body.readMilliseconds(field: "timeout", in: type)
             let method = try body.readShortString(field: "method", in: type)
             guard !method.isEmpty else { throw .malformed(type, "the method is empty") }
-            return .request(Frame.Request(id: id, method: method, timeout: timeout == .zero ? nil : timeout, body: body))
+            let traceContext = traced ? try body.readTraceContext(in: type) : nil
+            return .request(
+                Frame.Request(id: id, method: method, timeout: timeout == .zero ? nil : timeout, body: body, traceContext: traceContext)
+            )
         case .response:
             let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))
             let message = try body.readShortString(field: "message", in: type)
@@ -155,6 +167,7 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             let conversation = try body.readShortString(field: "conversation", in: type)
             let sequence = try body.readField(UInt64.self, field: "sequence", in: type)
             guard sequence >= 1 else { throw .malformed(type, "sequence numbers start at 1") }
+            let traceContext = traced ? try body.readTraceContext(in: type) : nil
             return .message(
                 Frame.Message(
                     id: id,
@@ -162,7 +175,8 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
                     conversation: conversation,
                     sequence: sequence,
                     ttl: ttl == .zero ? nil : ttl,
-                    body: body
+                    body: body,
+                    traceContext: traceContext
                 )
             )
         case .messageAck:

@@ -51,8 +51,14 @@ public struct FrameEncoder: Sendable {
         deflater: PayloadDeflater? = nil
     ) throws(FrameEncodingError) {
         var flags = frame.flags.intersection(.checksum)
-        if case .message(let message) = frame.payload, message.expired {
-            flags.insert(.expired)
+        switch frame.payload {
+        case .message(let message):
+            if message.expired { flags.insert(.expired) }
+            if message.traceContext != nil { flags.insert(.traceContext) }
+        case .request(let request) where request.traceContext != nil:
+            flags.insert(.traceContext)
+        default:
+            break
         }
         buffer.reserveCapacity(minimumWritableBytes: FrameHeader.size + Self.bodySizeHint(frame.payload))
         // Length and checksum are patched in once the body is written.
@@ -120,7 +126,9 @@ public struct FrameEncoder: Sendable {
         case .response(let response): response.bodySize
         case .push(let push): push.bodySize
         case .ping(let ping), .pong(let ping): ping.data.readableBytes
-        case .message(let message): 16 + message.topic.utf8.count + message.conversation.utf8.count + message.body.readableBytes
+        case .message(let message):
+            16 + message.topic.utf8.count + message.conversation.utf8.count + message.body.readableBytes
+                + (message.traceContext?.encodedSize ?? 0)
         case .messageAck(let ack): 2 + 10 * ack.entries.count
         case .delivery(let delivery): 2 + delivery.topic.utf8.count + delivery.body.readableBytes
         case .extension(let ext): ext.body.readableBytes
@@ -177,6 +185,7 @@ public struct FrameEncoder: Sendable {
             // Rounded up: the gateway's deadline must not come before the client's.
             buffer.writeMillisecondsRoundingUp(request.timeout ?? .zero)
             try buffer.writeShortString(request.method, field: "method")
+            if let traceContext = request.traceContext { try buffer.writeTraceContext(traceContext) }
             return request.body
 
         case .response(let response):
@@ -209,6 +218,7 @@ public struct FrameEncoder: Sendable {
             try buffer.writeShortString(message.topic, field: "topic")
             try buffer.writeShortString(message.conversation, field: "conversation")
             buffer.writeInteger(message.sequence)
+            if let traceContext = message.traceContext { try buffer.writeTraceContext(traceContext) }
             return message.body
 
         case .messageAck(let ack):

@@ -47,6 +47,12 @@ public struct FrameReader: Sendable {
         set { self.decoder.maxBodySize = min(newValue, FrameHeader.absoluteMaximumBodySize) }
     }
 
+    /// Whether REQUEST and MESSAGE may carry a trace context (negotiated).
+    public var acceptsTraceContext: Bool {
+        get { self.decoder.acceptsTraceContext }
+        set { self.decoder.acceptsTraceContext = newValue }
+    }
+
     /// Whether bytes of a frame not yet complete are held.
     public var hasPartialFrame: Bool { (self.cumulation?.readableBytes ?? 0) > 0 }
 

@@ -85,7 +85,14 @@ public final class PayloadInflater {
         while true {
             do {
                 try self.decompressor.inflate(from: &input, to: &output)
-                break  // the stream ended
+                // zlib stopped with room to spare: the stream ended, or the input did first. A
+                // second call with no new input tells them apart (an unfinished stream makes
+                // no progress: `inputBufferOverflow`).
+                if input.readableBytes == 0 {
+                    if output.writableBytes == 0 { output.reserveCapacity(minimumWritableBytes: 1) }
+                    try self.decompressor.inflate(from: &input, to: &output)
+                }
+                break
             } catch let error as CompressNIOError where error == .bufferOverflow {
                 // More output than room: grow, unless the limit is reached.
                 guard output.readableBytes < limit else {
@@ -116,3 +123,39 @@ public final class PayloadInflater {
 
 @available(*, unavailable)
 extension PayloadInflater: Sendable {}
+
+/// How a side compresses payloads once both offered ``Features/compression`` (PROTOCOL.md,
+/// section 2.5). Each side compresses what it sends by its own settings; it inflates whatever
+/// it receives, up to its maximum body size.
+///
+/// ```swift
+/// configuration.connection.compression = try Compression(threshold: 1024, level: 1)  // client
+/// configuration.compression = nil                                                     // gateway: not offered
+/// ```
+public struct Compression: Sendable, Hashable {
+    /// Payloads shorter than this go uncompressed: below a few hundred bytes DEFLATE saves
+    /// little and costs a zlib call each.
+    public var threshold: Int
+    /// zlib's level: 1 (fastest) to 9 (smallest).
+    public var level: Int
+
+    /// - Throws: ``ConfigurationError`` for a threshold below 1 or a level outside 1...9.
+    public init(threshold: Int = 512, level: Int = 6) throws(ConfigurationError) {
+        self.threshold = threshold
+        self.level = level
+        try self.validate()
+    }
+
+    /// Payloads of 512 bytes or more, at zlib's default level 6.
+    public static var defaults: Compression { try! Compression() }
+
+    public func validate() throws(ConfigurationError) {
+        guard self.threshold >= 1 else { throw ConfigurationError("compression.threshold must be at least 1 byte") }
+        guard (1...9).contains(self.level) else { throw ConfigurationError("compression.level must be from 1 to 9") }
+    }
+
+    /// The compressor and decompressor of one connection.
+    package func makeCodecs() throws(ProtocolError) -> (deflater: PayloadDeflater, inflater: PayloadInflater) {
+        (try PayloadDeflater(threshold: self.threshold, level: Int32(self.level)), try PayloadInflater())
+    }
+}

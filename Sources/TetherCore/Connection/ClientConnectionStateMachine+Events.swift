@@ -250,7 +250,8 @@ extension ClientConnectionStateMachine {
                 sequence: record.sequence,
                 ttl: record.expired ? nil : record.expiresAt.map { .milliseconds(max(1, $0 - wallClock)) },
                 expired: record.expired,
-                body: record.expired ? ByteBuffer() : record.body
+                body: record.expired ? ByteBuffer() : record.body,
+                traceContext: active.negotiated.features.contains(.traceContext) && !record.expired ? record.traceContext : nil
             )
             let timeout = active.retransmission?.retransmissionTimeout(afterRetransmissions: transmissions - 1) ?? .seconds(1)
             active.retransmissions.insert(record.id, deadline: now + timeout)

@@ -115,6 +115,18 @@ package struct ClientConnectionStateMachine: Sendable {
         self.configuration = configuration
     }
 
+    /// What the heartbeat measured, once established: the last PING round trip, the smoothed
+    /// round trip, and the current interval.
+    package var heartbeatReading: (roundTrip: Duration?, smoothed: Duration?, interval: Duration)? {
+        switch self.state {
+        case .active(let active), .draining(let active):
+            let heartbeat = active.value.heartbeat
+            return (heartbeat.lastRoundTrip, heartbeat.configuration.timeout.smoothed, heartbeat.currentInterval)
+        case .idle, .handshaking, .closing, .closed, ._modifying:
+            return nil
+        }
+    }
+
     /// The negotiated parameters, once established.
     package var negotiated: Handshake.Negotiated? {
         switch self.state {

@@ -112,18 +112,28 @@ extension Frame {
         public var timeout: Duration?
         /// The request's content.
         public var body: ByteBuffer
+        /// The caller's trace (W3C Trace Context: `traceparent`, `tracestate`), with the
+        /// negotiated ``Features/traceContext``; `nil` for none.
+        public var traceContext: TraceContext?
 
-        public init(id: UInt64, method: String, timeout: Duration? = nil, body: ByteBuffer = ByteBuffer()) {
+        public init(
+            id: UInt64,
+            method: String,
+            timeout: Duration? = nil,
+            body: ByteBuffer = ByteBuffer(),
+            traceContext: TraceContext? = nil
+        ) {
             self.id = id
             self.method = method
             self.timeout = timeout
             self.body = body
+            self.traceContext = traceContext
         }
 
         /// The size of the frame body this request encodes to, which the peer's maximum body
-        /// size limits: the timeout, the method with its length, and the body.
+        /// size limits: the timeout, the method with its length, the trace context and the body.
         @inlinable
-        public var bodySize: Int { 6 + self.method.utf8.count + self.body.readableBytes }
+        public var bodySize: Int { 6 + self.method.utf8.count + self.body.readableBytes + (self.traceContext?.encodedSize ?? 0) }
     }
 
     /// RESPONSE: the outcome of the request with the same id.
@@ -270,6 +280,9 @@ extension Frame {
         public var expired: Bool
         /// The message's content.
         public var body: ByteBuffer
+        /// The sender's trace (W3C Trace Context), with the negotiated ``Features/traceContext``;
+        /// `nil` for none.
+        public var traceContext: TraceContext?
 
         public init(
             id: UInt64,
@@ -278,7 +291,8 @@ extension Frame {
             sequence: UInt64,
             ttl: Duration? = nil,
             expired: Bool = false,
-            body: ByteBuffer = ByteBuffer()
+            body: ByteBuffer = ByteBuffer(),
+            traceContext: TraceContext? = nil
         ) {
             self.id = id
             self.topic = topic
@@ -287,6 +301,7 @@ extension Frame {
             self.ttl = ttl
             self.expired = expired
             self.body = body
+            self.traceContext = traceContext
         }
     }
 
@@ -370,7 +385,10 @@ public struct Features: OptionSet, Hashable, Sendable {
     /// Payloads may be compressed with DEFLATE, each on its own (the COMPRESSED flag,
     /// PROTOCOL.md, section 2.5).
     public static let compression = Features(rawValue: 1 << 3)
+    /// REQUEST and MESSAGE may carry the sender's trace context (the TRACE_CONTEXT flag,
+    /// PROTOCOL.md, section 4.14).
+    public static let traceContext = Features(rawValue: 1 << 4)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression]
+    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression, .traceContext]
 }

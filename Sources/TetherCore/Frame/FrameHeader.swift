@@ -158,6 +158,11 @@ public struct FrameFlags: OptionSet, Hashable, Sendable {
     /// and cleared by the decoder when it inflates; it never appears in ``Frame/flags``.
     public static let compressed = FrameFlags(rawValue: 0x0004)
 
+    /// On REQUEST and MESSAGE, once ``Features/traceContext`` was negotiated: the body holds a
+    /// trace context field. Set and read through the frames' `traceContext`; it never appears
+    /// in ``Frame/flags``.
+    public static let traceContext = FrameFlags(rawValue: 0x0008)
+
     /// Every flag this implementation knows.
-    public static let known: FrameFlags = [.checksum, .expired, .compressed]
+    public static let known: FrameFlags = [.checksum, .expired, .compressed, .traceContext]
 }

@@ -32,14 +32,25 @@ package struct OutboxMachine: Sendable {
         package var body: ByteBuffer
         /// The driver's token for whoever waits for this send's receipt.
         package var token: UInt64
+        /// The sender's trace, sent with the message while this process runs.
+        package var traceContext: TraceContext?
 
-        package init(topic: String, conversation: String, priority: MessagePriority, expiresAt: Int64?, body: ByteBuffer, token: UInt64) {
+        package init(
+            topic: String,
+            conversation: String,
+            priority: MessagePriority,
+            expiresAt: Int64?,
+            body: ByteBuffer,
+            token: UInt64,
+            traceContext: TraceContext? = nil
+        ) {
             self.topic = topic
             self.conversation = conversation
             self.priority = priority
             self.expiresAt = expiresAt
             self.body = body
             self.token = token
+            self.traceContext = traceContext
         }
     }
 
@@ -106,7 +117,11 @@ package struct OutboxMachine: Sendable {
     }
 
     /// Whether a message could be admitted now.
-    package var hasRoom: Bool { self.records.count + self.queued.count + self.inCommit < self.capacity }
+    package var hasRoom: Bool { self.depth < self.capacity }
+
+    /// The messages the outbox holds: accepted and not finished (tombstones included), queued,
+    /// and being committed.
+    package var depth: Int { self.records.count + self.queued.count + self.inCommit }
 
     // MARK: Accepting
 
@@ -143,7 +158,8 @@ package struct OutboxMachine: Sendable {
                     sequence: sequence,
                     priority: send.priority,
                     expiresAt: send.expiresAt,
-                    body: send.body
+                    body: send.body,
+                    traceContext: send.traceContext
                 )
             )
             nextID += 1

@@ -25,6 +25,10 @@ public struct OutboxRecord: Sendable, Hashable {
     /// The time to live ran out: only a tombstone remains, sent until acknowledged.
     public var expired: Bool
     public var body: ByteBuffer
+    /// The sender's trace (``TetherCore/TraceContext``), sent with the message. Kept in memory
+    /// only: outbox stores do not persist it, so a message sent again after a restart starts a
+    /// trace of its own on the gateway.
+    public var traceContext: TraceContext?
 
     public init(
         id: UInt64,
@@ -34,7 +38,8 @@ public struct OutboxRecord: Sendable, Hashable {
         priority: MessagePriority,
         expiresAt: Int64?,
         expired: Bool = false,
-        body: ByteBuffer
+        body: ByteBuffer,
+        traceContext: TraceContext? = nil
     ) {
         self.id = id
         self.topic = topic
@@ -44,6 +49,7 @@ public struct OutboxRecord: Sendable, Hashable {
         self.expiresAt = expiresAt
         self.expired = expired
         self.body = body
+        self.traceContext = traceContext
     }
 }
 

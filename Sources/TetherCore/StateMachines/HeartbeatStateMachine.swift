@@ -93,7 +93,7 @@ package struct HeartbeatStateMachine: Sendable {
     private var lastReceived: TetherInstant
     private var lastSent: TetherInstant
     /// This round's interval: the configured one, less the jitter.
-    private var currentInterval: Duration
+    private(set) var currentInterval: Duration
     /// When the unanswered PING was sent and how long it may wait; `nil` if the link proved
     /// alive since.
     private var awaiting: (since: TetherInstant, timeout: Duration)?

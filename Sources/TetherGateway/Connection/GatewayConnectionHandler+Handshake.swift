@@ -67,6 +67,16 @@ extension GatewayConnectionHandler {
         self.pushes?.drain()
         self.write(.welcome(session.welcome), flags: .checksum)  // the WELCOME carries one, whatever was negotiated
         self.io.maxInboundBodySize = self.services.configuration.limits.maxBodySize
+        self.io.acceptsTraceContext = session.negotiated.features.contains(.traceContext)
+        if session.negotiated.features.contains(.compression), let compression = self.services.configuration.compression {
+            do {
+                self.io.compression = try compression.makeCodecs()
+            } catch {
+                self.logger.error("cannot set up compression; closing the connection", metadata: ["error": "\(error)"])
+                self.closeNow()
+                return
+            }
+        }
         self.scope = self.scope(of: session.info)
         self.services.registry.established(session.info)  // pushes reach it from now on, after the WELCOME
         self.flushNow()

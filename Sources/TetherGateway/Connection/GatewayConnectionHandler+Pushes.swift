@@ -14,7 +14,10 @@ extension GatewayConnectionHandler {
         guard let context = self.context, self.machine.isEstablished, let limit = self.machine.peerMaxBodySize else { return false }
         guard self.keepsUp(context: context) else { return false }
         let flushOwed = self.io.flushOwed
-        if self.io.framing == .byteStream, push.largestBody <= limit {
+        // A push encoded once is sent as it is, unless this connection compresses it: then each
+        // push is encoded (and compressed) for it.
+        let compresses = self.io.compression.map { push.largestBody >= $0.deflater.threshold } ?? false
+        if self.io.framing == .byteStream, push.largestBody <= limit, !compresses {
             let bytes = self.machine.outboundFlags.contains(.checksum) ? push.checksummed : push.plain
             self.io.write(encoded: bytes, context: context)
         } else {

@@ -18,7 +18,8 @@ extension GatewayConnectionHandler {
             executor: self.executor,
             logger: self.logger,
             handle: self.handle,
-            timeLimit: token
+            timeLimit: token,
+            tracer: self.services.tracer
         )
         self.machine.taskStarted()
         let size = (messages: batch.count, since: batch.first?.receivedAt ?? self.services.clock.now)

@@ -1,6 +1,7 @@
 import Logging
 import NIOCore
 import TetherCore
+import Tracing
 
 /// Runs one batch of a connection's reliable messages through its outbox's lane: holds the
 /// lane, and performs what the ``ReliableLaneMachine`` asks for — the store's reads, the
@@ -23,6 +24,8 @@ struct LaneDriver: Sendable {
     let handle: ConnectionHandle
     /// The connection's time-limit token for this batch's handlers.
     let timeLimit: UInt64
+    /// Where message spans go; `nil`: no tracing.
+    let tracer: (any Tracer)?
 
     /// Processes `batch` in order.
     /// - Parameter answers: Whether the client takes `unavailable` answers.
@@ -99,6 +102,14 @@ struct LaneDriver: Sendable {
             return .processed(.unknownMethod, deliveries: [])
         }
         if Task.isCancelled { return .transient }  // an earlier handler of the batch ran past its limit
+        return await GatewayServices.traced(message, by: self.tracer) { await self.runHandler(handler, message) }
+    }
+
+    /// Runs the handler of one message (permitted, routed) under the handler time limit.
+    private func runHandler(
+        _ handler: @escaping Gateway.MessageHandler,
+        _ message: Frame.Message
+    ) async -> ReliableLaneMachine.HandlerOutcome {
         let context = MessageContext(connection: self.connection, base: self.logger, message: message, pushes: self.pushes)
         let reliableMessage = ReliableMessage(
             id: message.id,

@@ -14,6 +14,15 @@ extension GatewayServices {
     /// a cancelled handler's answer is not sent.
     /// - Returns: The RESPONSE, or `nil` if the task was cancelled meanwhile.
     func run(_ request: Frame.Request, handler: Gateway.Handler, scope: ConnectionScope, deadline: TetherInstant) async -> Frame.Response? {
+        await self.traced(request) { await self.runUntraced(request, handler: handler, scope: scope, deadline: deadline) }
+    }
+
+    private func runUntraced(
+        _ request: Frame.Request,
+        handler: Gateway.Handler,
+        scope: ConnectionScope,
+        deadline: TetherInstant
+    ) async -> Frame.Response? {
         let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
         let started = self.clock.now
         let outcome: Outcome
@@ -46,17 +55,19 @@ extension GatewayServices {
             self.unknownMethodMetrics.ended(.unknownMethod, nanoseconds: nil)
             return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for '\(request.method)'")
         }
-        let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
-        let started = self.clock.now
-        let outcome: Outcome
-        do {
-            outcome = .replied(try handler(self.gatewayRequest(request), context))
-        } catch {
-            outcome = .threw(error)
+        return self.tracedInline(request) {
+            let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+            let started = self.clock.now
+            let outcome: Outcome
+            do {
+                outcome = .replied(try handler(self.gatewayRequest(request), context))
+            } catch {
+                outcome = .threw(error)
+            }
+            let response = self.response(to: request, outcome: outcome, logger: context.logger)
+            self.requestMetrics(request.method).ended(response.status, nanoseconds: (self.clock.now - started).nanoseconds)
+            return response
         }
-        let response = self.response(to: request, outcome: outcome, logger: context.logger)
-        self.requestMetrics(request.method).ended(response.status, nanoseconds: (self.clock.now - started).nanoseconds)
-        return response
     }
 
     private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {

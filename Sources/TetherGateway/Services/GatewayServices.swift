@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import TetherCore
 import TetherNIO
+import Tracing
 
 /// What a gateway's connections share, composed once when the gateway starts: its
 /// configuration and clock, the frozen ``Router``, the registry of connections, the limits,
@@ -28,6 +29,8 @@ final class GatewayServices: Sendable {
     /// Every connection's machine starts from this.
     let connectionConfiguration: GatewayConnectionStateMachine.SharedConfiguration
     let metrics: GatewayMetrics
+    /// Where request and message spans go; `nil`: no tracing.
+    let tracer: (any Tracer)?
     /// The metrics of each method the router knows, `$auth`'s, and ``unknownMethodMetrics``.
     private let requestMetrics: [String: RequestMetrics]
     /// The metrics of requests for methods the router does not know (one label for them all).
@@ -49,6 +52,7 @@ final class GatewayServices: Sendable {
         reliable: ReliableServices?,
         executors: EventLoopTaskExecutors?,
         metrics: GatewayMetrics,
+        tracer: (any Tracer)?,
         logger: Logger
     ) {
         self.configuration = configuration
@@ -65,6 +69,7 @@ final class GatewayServices: Sendable {
         self.executors = executors
         self.connectionConfiguration = .init(configuration.connectionConfiguration)
         self.metrics = metrics
+        self.tracer = tracer
         var requestMetrics: [String: RequestMetrics] = [:]
         for method in router.routes.keys + [GatewayConnectionHandler.refreshCredentialsMethod] {
             requestMetrics[method] = metrics.requests(method)

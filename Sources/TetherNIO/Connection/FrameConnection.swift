@@ -77,6 +77,12 @@ package final class FrameConnection {
     /// How the transport delivers frames.
     package var framing: Framing { self.reader.framing }
 
+    /// Whether REQUEST and MESSAGE may carry a trace context (negotiated in the handshake).
+    package var acceptsTraceContext: Bool {
+        get { self.reader.acceptsTraceContext }
+        set { self.reader.acceptsTraceContext = newValue }
+    }
+
     /// The largest frame body accepted; raised once the handshake is done.
     package var maxInboundBodySize: Int {
         get { self.reader.maxBodySize }
