@@ -168,6 +168,9 @@ enum TetherPeer {
         configuration.limits.handshakesPerSecond = 1_000_000
         configuration.limits.handshakesPerSecondPerAddress = 1_000_000
         configuration.limits.requestsPerSecondPerConnection = .max  // no limit: the benchmarks are floods
+        if let level = ProcessInfo.processInfo.environment["TETHER_BENCH_COMPRESSION_LEVEL"].flatMap(Int.init) {
+            configuration.compression = try Compression(level: level)  // `tether-bench compression --level`
+        }
         var node: (store: PostgresMessageStore, cluster: PostgresCluster)?
         if let cluster { node = try await cluster.join() }
         let gateway = try Gateway(

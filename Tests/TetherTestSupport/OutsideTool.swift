@@ -29,6 +29,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case curl
     /// PostgreSQL's server (initdb, pg_ctl): the cluster tests start a private one.
     case postgresql
+    /// Prometheus' server: it scrapes a gateway's `/metrics` and checks the dashboard's queries.
+    case prometheus
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -40,6 +42,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .nginx: "apt-get install nginx"
         case .curl: "apt-get install curl"
         case .postgresql: "apt-get install postgresql"
+        case .prometheus: "apt-get install prometheus"
         }
     }
 
@@ -101,6 +104,11 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         return nil
     }
 
+    /// Where Prometheus' server is (Debian: /usr/bin/prometheus).
+    package static var prometheusExecutable: String? {
+        ["/usr/bin/prometheus", "/usr/local/bin/prometheus"].first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
     /// Squid's helper that checks Basic credentials against an htpasswd file.
     package static let squidBasicAuth = "/usr/lib/squid/basic_ncsa_auth"
 
@@ -126,6 +134,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
             return Self.run(["curl", "--version"]) ? nil : "curl is not installed"
         case .postgresql:
             return Self.postgresBinaries == nil ? "PostgreSQL's server (initdb, pg_ctl) is not installed" : nil
+        case .prometheus:
+            return Self.prometheusExecutable == nil ? "Prometheus' server is not installed" : nil
         }
     }
 

@@ -26,7 +26,12 @@ public final class PayloadDeflater {
     public init(threshold: Int, level: Int32 = 6) throws(ProtocolError) {
         self.threshold = max(1, threshold)
         do {
-            self.compressor = try ZlibCompressor(algorithm: .deflate, configuration: .init(compressionLevel: level))
+            // A small hash table (memory level 4: 4 KiB, not 64): it is cleared before every
+            // payload, and Tether's payloads are mostly a few KiB, where a larger one gains little.
+            self.compressor = try ZlibCompressor(
+                algorithm: .deflate,
+                configuration: .init(windowSize: 15, compressionLevel: level, memoryLevel: 4)
+            )
         } catch {
             throw ProtocolError(code: .protocolError, message: "cannot set up compression: \(error)")
         }

@@ -101,6 +101,7 @@ final class GatewayMetrics: Sendable {
         self.handshakeResults = LabelledCounters(Names.handshakes, factory: factory)
         self.refusals = LabelledCounters(Names.limitRefusals, factory: factory)
         self.pushKinds = LabelledCounters(Names.pushes, factory: factory)
+        for kind in ["connection", "client", "room", "all"] { _ = self.pushKinds.counter([("target", kind)]) }
         self.pushFanout = Recorder(label: Names.pushFanout, factory: factory)
         self.processed = Counter(label: Names.reliableProcessed, factory: factory)
         self.duplicates = Counter(label: Names.reliableDuplicates, factory: factory)
