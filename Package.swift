@@ -16,6 +16,9 @@ import PackageDescription
 //   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
 //   tether         the command-line tool (serve, call, chat, demo)
+//
+// Integrations/ is a package of its own: Tether with OpenTelemetry (swift-otel), whose long
+// first build only CI pays.
 
 let strictSwift6: [SwiftSetting] = [
     .swiftLanguageMode(.v6),
@@ -190,6 +193,7 @@ let package = Package(
                 "Tether",
                 "TetherPostgres",
                 "TetherTesting",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

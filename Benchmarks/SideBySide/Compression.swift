@@ -36,7 +36,9 @@ struct CompressionBench: AsyncParsableCommand {
         var items: [String] = []
         var index = 0
         while items.joined(separator: ",").utf8.count < size {
-            items.append(#"{"id":\#(1000 + index),"user":"user-\#(index % 7)","text":"hello there","price":\#(100 + index % 13).25,"ts":17000000\#(index)}"#)
+            items.append(
+                #"{"id":\#(1000 + index),"user":"user-\#(index % 7)","text":"hello there","price":\#(100 + index % 13).25,"ts":17000000\#(index)}"#
+            )
             index += 1
         }
         return ByteBuffer(string: String(("[" + items.joined(separator: ",")).prefix(size)))

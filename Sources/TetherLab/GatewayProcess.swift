@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
@@ -21,6 +22,10 @@ final class GatewayProcess: @unchecked Sendable {
     let listenerArguments: [String]
     /// A cluster node's database and name (`tether serve --postgres`), instead of the SQLite store.
     let postgres: (url: String, node: String)?
+    /// The admin listener's port (`/metrics`), if the lab reads the gateway's own view.
+    let adminPort: Int?
+    /// How many times the process was started.
+    private(set) var starts = 0
     private let lock = NIOLock()
     private var process: Process?
 
@@ -34,9 +39,11 @@ final class GatewayProcess: @unchecked Sendable {
         transport: Endpoint.Transport = .tcp,
         certificate: LabCertificate? = nil,
         httpPort: Int? = nil,
-        postgres: (url: String, node: String)? = nil
+        postgres: (url: String, node: String)? = nil,
+        adminPort: Int? = nil
     ) {
         self.postgres = postgres
+        self.adminPort = adminPort
         self.executable = executable
         self.port = port
         self.store = store
@@ -61,6 +68,7 @@ final class GatewayProcess: @unchecked Sendable {
             ] + (self.postgres.map { ["--postgres", $0.url, "--node-name", $0.node] } ?? ["--store", self.store]) + [
                 "--heartbeat", "\(self.heartbeat.totalSeconds)", "--log-level", "warning",
             ] + self.listenerArguments + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
+            + (self.adminPort.map { ["--admin-port", "\($0)"] } ?? [])
         if !FileManager.default.fileExists(atPath: self.logFile) {
             FileManager.default.createFile(atPath: self.logFile, contents: nil)
         }
@@ -69,7 +77,10 @@ final class GatewayProcess: @unchecked Sendable {
         process.standardOutput = log
         process.standardError = log
         try process.run()
-        self.lock.withLock { self.process = process }
+        self.lock.withLock {
+            self.process = process
+            self.starts += 1
+        }
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             guard process.isRunning else {
@@ -79,6 +90,24 @@ final class GatewayProcess: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(10))
         }
         throw Failure(description: "the gateway did not listen on port \(self.port) within 20 s; see \(self.logFile)")
+    }
+
+    /// The gateway's metrics (`GET /metrics` on its admin listener) by series, `name{labels}`.
+    func metrics() async throws -> [String: Double] {
+        guard let port = self.adminPort else { throw Failure(description: "the gateway has no admin listener") }
+        let response = try await HTTPClient.shared.execute(
+            HTTPClientRequest(url: "http://127.0.0.1:\(port)/metrics"),
+            timeout: .seconds(10)
+        )
+        guard response.status == .ok else { throw Failure(description: "GET /metrics answered \(response.status)") }
+        let text = String(buffer: try await response.body.collect(upTo: 4 << 20))
+        // The exposition format: one sample per line, `name{labels} value`; comments start with #.
+        var samples: [String: Double] = [:]
+        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            samples[String(line[..<space])] = value
+        }
+        return samples
     }
 
     /// Kills the gateway with SIGKILL (no goodbye to its clients) and waits for it to exit.

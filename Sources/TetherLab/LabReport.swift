@@ -194,6 +194,30 @@ public enum LabReport {
             lines.append("- A message sent into the blackhole with a 5 s TTL ended as: \(probe)")
         }
         lines.append("")
+        let views = results.filter { $0.gateway != nil }
+        if !views.isEmpty {
+            lines.append("## The gateway's own view (its /metrics), beside the lab's")
+            lines.append("")
+            lines.append("Read once every client was connected again at the end. A restarted gateway's counters cover its last process.")
+            lines.append("")
+            lines.append(
+                "| Scenario | connections (gateway / lab) | handshakes | echo answered (gateway / lab) | messages processed (gateway / lab) "
+                    + "| duplicates dropped | deliveries sent / acknowledged | agree |"
+            )
+            lines.append("|---|---|---|---|---|---|---|---|")
+            for result in views {
+                let view = result.gateway!
+                let lab = (result.requests?.succeeded).map(String.init) ?? "–"
+                let messages = (result.delivery?.accepted).map(String.init) ?? "–"
+                lines.append(
+                    "| \(result.name)\(view.restarted ? " (restarted)" : "") | \(view.connectionsOpen) / \(view.clients) | \(view.handshakes) "
+                        + "| \(view.echoAnswered) / \(lab) | \(view.messagesProcessed) / \(messages) | \(view.duplicatesDropped) "
+                        + "| \(view.deliveriesSent) / \(view.deliveriesAcknowledged) "
+                        + "| \(view.disagreements.isEmpty ? "✅" : "❌ " + view.disagreements.joined(separator: "; ")) |"
+                )
+            }
+            lines.append("")
+        }
         return lines.joined(separator: "\n")
     }
 

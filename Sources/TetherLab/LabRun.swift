@@ -88,7 +88,8 @@ struct ScenarioRun: Sendable {
             heartbeat: scenario.heartbeatInterval,
             logFile: "\(self.directory)/gateway.log",
             transport: scenario.transport,
-            certificate: certificate
+            certificate: certificate,
+            adminPort: try await GatewayProcess.freePort()
         )
         try await gateway.start()
         defer { gateway.kill() }
@@ -181,6 +182,12 @@ struct ScenarioRun: Sendable {
             // None may fail for good: wait for every client to be connected again.
             await self.waitUntil(seconds: 60) {
                 everyone.allSatisfy { if case .connected = $0.1.connectionState { true } else { false } }
+            }
+            let connected = everyone.filter { if case .connected = $0.1.connectionState { true } else { false } }.count
+            do {
+                result.gateway = try await self.gatewayView(gateway, clients: connected)
+            } catch {
+                self.say("could not read the gateway's metrics: \(error)")
             }
             for (_, client) in everyone { client.shutdown() }
             try await group.waitForAll()
@@ -346,5 +353,49 @@ struct ScenarioRun: Sendable {
         while !condition(), self.recorder.now() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
+    }
+}
+
+extension ScenarioRun {
+    /// What the gateway counted itself. Its connections count is read until it equals the
+    /// lab's for up to 2 s (a closed connection is counted when the gateway sees it close).
+    func gatewayView(_ gateway: GatewayProcess, clients: Int) async throws -> ScenarioResult.GatewayView {
+        var samples = try await gateway.metrics()
+        let deadline = ContinuousClock.now + .seconds(2)
+        while Int(samples.filter { $0.key.hasPrefix("tether_connections_open{") }.values.reduce(0, +)) != clients,
+            ContinuousClock.now < deadline
+        {
+            try await Task.sleep(for: .milliseconds(50))
+            samples = try await gateway.metrics()
+        }
+        func total(_ prefix: String) -> Int {
+            Int(samples.filter { $0.key == prefix || $0.key.hasPrefix(prefix + "{") }.values.reduce(0, +))
+        }
+        var view = ScenarioResult.GatewayView(
+            restarted: gateway.starts > 1,
+            connectionsOpen: total("tether_connections_open"),
+            clients: clients,
+            handshakes: Int(samples[#"tether_handshakes_total{result="ok"}"#] ?? 0),
+            echoAnswered: Int(samples[#"tether_requests_total{method="echo",status="ok"}"#] ?? 0),
+            messagesProcessed: total("tether_reliable_messages_processed_total"),
+            duplicatesDropped: total("tether_reliable_duplicates_total"),
+            deliveriesSent: total("tether_reliable_deliveries_sent_total"),
+            deliveriesAcknowledged: total("tether_reliable_deliveries_acknowledged_total"),
+            disagreements: []
+        )
+        if view.connectionsOpen != clients {
+            view.disagreements.append("the gateway holds \(view.connectionsOpen) connections, the lab has \(clients) clients connected")
+        }
+        let accepted = self.recorder.acceptedCount
+        let succeeded = self.recorder.requestsSucceeded
+        if !view.restarted {
+            if view.messagesProcessed != accepted {
+                view.disagreements.append("the gateway processed \(view.messagesProcessed) messages, alice sent \(accepted)")
+            }
+            if view.echoAnswered < succeeded {
+                view.disagreements.append("the gateway answered \(view.echoAnswered) echo requests, alice got \(succeeded) answers")
+            }
+        }
+        return view
     }
 }

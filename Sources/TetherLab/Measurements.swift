@@ -128,6 +128,12 @@ final class LabRecorder: Sendable {
     }
 
     var snapshot: State { self.state.withLockedValue { $0 } }
+
+    /// Messages alice's `send` accepted so far.
+    var acceptedCount: Int { self.state.withLockedValue { $0.messages.count } }
+
+    /// Requests that got their answer so far.
+    var requestsSucceeded: Int { self.state.withLockedValue { $0.requests.filter { $0.latency != nil }.count } }
 }
 
 /// When the path broke and when it came back, in seconds since the scenario started.

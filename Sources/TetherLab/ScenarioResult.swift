@@ -141,11 +141,40 @@ public struct ScenarioResult: Codable, Sendable {
     public var overheadBytesPerMessage: Double?
     /// A message with a 5 s TTL sent into the blackhole: its outcome (should be "expired").
     public var ttlProbe: String?
+    /// What the gateway counted itself (its `/metrics`), at the end, beside the lab's figures.
+    public var gateway: GatewayView?
     /// Disconnections by reason.
     public var disconnects: [String: Int] = [:]
     public var windows: [DisruptionWindow] = []
     /// [accepted, delivered or -1] per message, seconds since the start (for the plots).
     public var messages: [[Double]] = []
+
+    /// The gateway's own view of a scenario, from its `/metrics` once every client was
+    /// connected again at the end. Its counters start with the gateway process: in scenarios
+    /// that restart it, they cover only the last process.
+    public struct GatewayView: Codable, Sendable {
+        /// The gateway was restarted during the scenario (its counters cover the last process).
+        public var restarted: Bool
+        /// `tether_connections_open`: must equal ``clients``.
+        public var connectionsOpen: Int
+        /// Clients the lab had connected at that moment.
+        public var clients: Int
+        /// `tether_handshakes_total{result="ok"}`.
+        public var handshakes: Int
+        /// `tether_requests_total{method="echo",status="ok"}`; the lab's successes are at most
+        /// this (an answer can be lost on its way back).
+        public var echoAnswered: Int
+        /// `tether_reliable_messages_processed_total`: without a restart, exactly the lab's
+        /// messages (each processed once).
+        public var messagesProcessed: Int
+        /// `tether_reliable_duplicates_total`: retransmissions the gateway answered without
+        /// running the handler again.
+        public var duplicatesDropped: Int
+        public var deliveriesSent: Int
+        public var deliveriesAcknowledged: Int
+        /// Whether the two views agree (see each field), and if not, why.
+        public var disagreements: [String]
+    }
 
     public init(name: String, summary: String, skipped: String? = nil) {
         self.name = name

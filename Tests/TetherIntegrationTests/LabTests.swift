@@ -43,6 +43,17 @@ extension IntegrationTests {
                 let results = try await Self.run(["clean", "switch", "herd"] + restricted, in: harness)
                 for name in ["clean", "switch", "herd"] + restricted { try Self.expectEverythingDelivered(results[name]) }
 
+                // The gateway's own view (its /metrics) agrees with what the lab measured.
+                for name in ["clean", "switch", "herd"] {
+                    let view = try #require(results[name]?.gateway, "\(name): no gateway view")
+                    #expect(view.disagreements.isEmpty, "\(name): \(view.disagreements)")
+                    #expect(view.connectionsOpen == view.clients && view.clients > 0, "\(name)")
+                }
+                let clean = try #require(results["clean"]?.gateway)
+                #expect(!clean.restarted && clean.messagesProcessed == results["clean"]?.delivery?.accepted)
+                #expect(clean.deliveriesAcknowledged > 0 && clean.deliveriesAcknowledged <= clean.deliveriesSent)
+                #expect(results["herd"]?.gateway?.restarted == true)
+
                 // The raw port rejected (or blackholed) and WebSocket refused: every client's first
                 // request succeeds over the HTTP stream within 2 s (3 s), and every client is back
                 // on the raw port within one heartbeat interval of it opening.

@@ -33,7 +33,11 @@ extension IntegrationTests {
             case value(String)
             init(from decoder: any Decoder) throws {
                 let container = try decoder.singleValueContainer()
-                if let time = try? container.decode(Double.self) { self = .time(time) } else { self = .value(try container.decode(String.self)) }
+                if let time = try? container.decode(Double.self) {
+                    self = .time(time)
+                } else {
+                    self = .value(try container.decode(String.self))
+                }
             }
         }
 
@@ -41,7 +45,10 @@ extension IntegrationTests {
         static func query(_ prometheus: String, _ expression: String) async throws -> QueryAnswer {
             var components = URLComponents(string: prometheus + "/api/v1/query")!
             components.queryItems = [URLQueryItem(name: "query", value: expression)]
-            let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: components.url!.absoluteString), timeout: .seconds(10))
+            let response = try await HTTPClient.shared.execute(
+                HTTPClientRequest(url: components.url!.absoluteString),
+                timeout: .seconds(10)
+            )
             let body = try await response.body.collect(upTo: 1 << 20)
             return try JSONDecoder().decode(QueryAnswer.self, from: Data(buffer: body))
         }
@@ -133,7 +140,10 @@ extension IntegrationTests {
                 let appearWithTheFirst: Set = ["tether_connections_closed_total", "tether_limit_refusals_total"]
                 for expression in expressions {
                     for name in Self.metricNames(in: expression) where !appearWithTheFirst.contains(name) {
-                        #expect(exported.contains("# TYPE \(name.replacingOccurrences(of: "_bucket", with: ""))"), "\(name) is not exported")
+                        #expect(
+                            exported.contains("# TYPE \(name.replacingOccurrences(of: "_bucket", with: ""))"),
+                            "\(name) is not exported"
+                        )
                     }
                 }
             }

@@ -137,7 +137,7 @@ final class GatewayMetrics: Sendable {
         self.refusals.counter([("limit", limit)]).increment()
     }
 
-    /// A push was made to `kind` (`connection`, `client`, `room`, `broadcast`), reaching
+    /// A push was made to `kind` (`connection`, `client`, `room`, `all`), reaching
     /// `recipients` connections of this node.
     func pushed(_ kind: String, recipients: Int) {
         self.pushKinds.counter([("target", kind)]).increment()
