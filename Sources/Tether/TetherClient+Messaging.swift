@@ -36,29 +36,21 @@ extension TetherClient {
         ttl: Duration? = nil
     ) async throws(TetherError) -> MessageReceipt {
         let engine = try self.reliableEngine()
-        guard let tracer = self.tracer else {
-            return try await engine.send(topic: topic, body: body, conversation: conversation, priority: priority, ttl: ttl)
-        }
         // A producer span for accepting the message; the gateway's span for processing it is its child.
-        do {
-            return try await tracer.withSpan(topic, ofKind: .producer) { span in
-                span.attributes["messaging.system"] = "tether"
-                span.attributes["messaging.destination.name"] = topic
-                var fields: [String: String] = [:]
-                tracer.inject(span.context, into: &fields, using: TraceContextInjector())
-                return try await engine.send(
-                    topic: topic,
-                    body: body,
-                    conversation: conversation,
-                    priority: priority,
-                    ttl: ttl,
-                    traceContext: fields.isEmpty ? nil : TraceContext(fields)
-                )
-            }
-        } catch let error as TetherError {
-            throw error
-        } catch {
-            throw TetherError.wrapping(error, as: .storage, "sending a '\(topic)' message failed")
+        return try await self.withSpan(
+            topic,
+            ofKind: .producer,
+            attributes: ["messaging.system": "tether", "messaging.destination.name": topic]
+        ) {
+            traceContext throws(TetherError) in
+            try await engine.send(
+                topic: topic,
+                body: body,
+                conversation: conversation,
+                priority: priority,
+                ttl: ttl,
+                traceContext: traceContext
+            )
         }
     }
 

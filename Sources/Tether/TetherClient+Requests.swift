@@ -30,41 +30,18 @@ extension TetherClient {
     ///   ``TetherError/Code/invalidArgument``.
     public func request(_ method: String, body: ByteBuffer = ByteBuffer(), timeout: Duration? = nil) async throws(TetherError) -> ByteBuffer
     {
-        let call = try self.prepareRequest(method, timeout: timeout)
+        var call = try self.prepareRequest(method, timeout: timeout)
         do {
-            let reply = try await self.tracedPerform(call, body: body)
+            let reply = try await self.withSpan(method, ofKind: .client, attributes: ["rpc.system": "tether", "rpc.method": method]) {
+                traceContext throws(TetherError) in
+                call.traceContext = traceContext
+                return try await self.perform(call, body: body)
+            }
             self.recorder.requestEnded(nil, after: self.clock.now - call.preparedAt)
             return reply
         } catch {
             self.recorder.requestEnded(error, after: self.clock.now - call.preparedAt)
             throw error
-        }
-    }
-
-    /// ``perform(_:body:)`` in a client span, with its context in the REQUEST, if the client traces.
-    private func tracedPerform(_ call: PreparedRequest, body: ByteBuffer) async throws(TetherError) -> ByteBuffer {
-        var call = call
-        let method = call.method
-        guard let tracer = self.tracer else { return try await self.perform(call, body: body) }
-        do {
-            return try await tracer.withSpan(method, ofKind: .client) { span in
-                span.attributes["rpc.system"] = "tether"
-                span.attributes["rpc.method"] = method
-                var fields: [String: String] = [:]
-                tracer.inject(span.context, into: &fields, using: TraceContextInjector())
-                if !fields.isEmpty { call.traceContext = TraceContext(fields) }
-                do {
-                    return try await self.perform(call, body: body)
-                } catch let error as TetherError {
-                    span.attributes["tether.error"] = "\(error.code)"
-                    if let status = error.status { span.attributes["tether.status"] = "\(status)" }
-                    throw error
-                }
-            }
-        } catch let error as TetherError {
-            throw error
-        } catch {
-            throw TetherError.wrapping(error, as: .connectionLost, "request '\(method)' failed")
         }
     }
 
@@ -229,12 +206,5 @@ extension TetherClient {
             timer.cancel()
             continuation.resume(throwing: TetherError(code: .cancelled, message: "request '\(method)' was cancelled"))
         }
-    }
-}
-
-/// Writes a tracer's propagation fields into a REQUEST's trace context.
-struct TraceContextInjector: Injector {
-    func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) {
-        carrier[key] = value
     }
 }
