@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TetherCore
+import TetherTesting
 
 /// A `tether serve` process with an SQLite store, which the lab can kill and start again.
 final class GatewayProcess: @unchecked Sendable {
@@ -92,22 +93,15 @@ final class GatewayProcess: @unchecked Sendable {
         throw Failure(description: "the gateway did not listen on port \(self.port) within 20 s; see \(self.logFile)")
     }
 
-    /// The gateway's metrics (`GET /metrics` on its admin listener) by series, `name{labels}`.
-    func metrics() async throws -> [String: Double] {
+    /// The gateway's metrics (`GET /metrics` on its admin listener).
+    func metrics() async throws -> MetricsSamples {
         guard let port = self.adminPort else { throw Failure(description: "the gateway has no admin listener") }
         let response = try await HTTPClient.shared.execute(
             HTTPClientRequest(url: "http://127.0.0.1:\(port)/metrics"),
             timeout: .seconds(10)
         )
         guard response.status == .ok else { throw Failure(description: "GET /metrics answered \(response.status)") }
-        let text = String(buffer: try await response.body.collect(upTo: 4 << 20))
-        // The exposition format: one sample per line, `name{labels} value`; comments start with #.
-        var samples: [String: Double] = [:]
-        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-            samples[String(line[..<space])] = value
-        }
-        return samples
+        return MetricsSamples(parsing: String(buffer: try await response.body.collect(upTo: 4 << 20)))
     }
 
     /// Kills the gateway with SIGKILL (no goodbye to its clients) and waits for it to exit.

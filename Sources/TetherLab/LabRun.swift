@@ -360,17 +360,17 @@ extension ScenarioRun {
     /// What the gateway counted itself. Its connections count is read until it equals the
     /// lab's for up to 2 s (a closed connection is counted when the gateway sees it close).
     func gatewayView(_ gateway: GatewayProcess, clients: Int) async throws -> ScenarioResult.GatewayView {
+        // The lab's counts first: the gateway counts an answer before it sends it, so a request
+        // answered while the metrics are read is in the gateway's count, never only in the lab's.
+        let accepted = self.recorder.acceptedCount
+        let succeeded = self.recorder.requestsSucceeded
         var samples = try await gateway.metrics()
         let deadline = ContinuousClock.now + .seconds(2)
-        while Int(samples.filter { $0.key.hasPrefix("tether_connections_open{") }.values.reduce(0, +)) != clients,
-            ContinuousClock.now < deadline
-        {
+        while Int(samples.total("tether_connections_open")) != clients, ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(50))
             samples = try await gateway.metrics()
         }
-        func total(_ prefix: String) -> Int {
-            Int(samples.filter { $0.key == prefix || $0.key.hasPrefix(prefix + "{") }.values.reduce(0, +))
-        }
+        func total(_ name: String) -> Int { Int(samples.total(name)) }
         var view = ScenarioResult.GatewayView(
             restarted: gateway.starts > 1,
             connectionsOpen: total("tether_connections_open"),
@@ -386,8 +386,6 @@ extension ScenarioRun {
         if view.connectionsOpen != clients {
             view.disagreements.append("the gateway holds \(view.connectionsOpen) connections, the lab has \(clients) clients connected")
         }
-        let accepted = self.recorder.acceptedCount
-        let succeeded = self.recorder.requestsSucceeded
         if !view.restarted {
             if view.messagesProcessed != accepted {
                 view.disagreements.append("the gateway processed \(view.messagesProcessed) messages, alice sent \(accepted)")

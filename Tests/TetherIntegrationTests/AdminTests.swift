@@ -5,6 +5,7 @@ import Testing
 import Tether
 import TetherGateway
 import TetherTestSupport
+import TetherTesting
 
 extension IntegrationTests {
     @Suite("The admin listener: /health, /ready and /metrics", .timeLimit(.minutes(2)))
@@ -51,12 +52,7 @@ extension IntegrationTests {
 
         /// The samples of a Prometheus text exposition, by series (`name{labels}`).
         static func samples(_ text: String) -> [String: Double] {
-            var samples: [String: Double] = [:]
-            for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-                guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-                samples[String(line[..<space])] = value
-            }
-            return samples
+            MetricsSamples(parsing: text).values
         }
 
         /// `/metrics` once `condition` holds of its samples (or after 10 s, as it is then).

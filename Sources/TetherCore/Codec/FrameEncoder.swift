@@ -74,8 +74,7 @@ public struct FrameEncoder: Sendable {
 
         let bodyStart = buffer.writerIndex
         let payload = try Self.writeBody(frame.payload, into: &buffer)
-        if let payload, let deflater, let compressed = deflater.deflate(payload, allocator: ByteBufferAllocator()) {
-            buffer.writeImmutableBuffer(compressed)
+        if let payload, let deflater, deflater.deflate(payload, into: &buffer) {
             flags.insert(.compressed)
             buffer.setInteger(flags.rawValue, at: start + FrameHeader.flagsOffset)
         } else if let payload {

@@ -12,7 +12,7 @@ public import NIOCore
 ///
 /// ```swift
 /// let deflater = try PayloadDeflater(threshold: 512)
-/// if let smaller = deflater.deflate(body, allocator: allocator) { /* set COMPRESSED, send smaller */ }
+/// if deflater.deflate(body, into: &frameBuffer) { /* set COMPRESSED */ } else { frameBuffer.writeImmutableBuffer(body) }
 /// ```
 public final class PayloadDeflater {
     /// The smallest payload worth compressing.
@@ -37,18 +37,27 @@ public final class PayloadDeflater {
         }
     }
 
-    /// The compressed form of `payload`, or `nil` if it is below the threshold or does not shrink.
-    public func deflate(_ payload: ByteBuffer, allocator: ByteBufferAllocator) -> ByteBuffer? {
-        guard payload.readableBytes >= self.threshold else { return nil }
+    /// Writes the compressed form of `payload` at the end of `buffer`, where the frame's body
+    /// goes, without a buffer of its own in between.
+    /// - Returns: `false`, with `buffer` as it was, if `payload` is below the threshold or does
+    ///   not shrink: the caller writes it as it is.
+    public func deflate(_ payload: ByteBuffer, into buffer: inout ByteBuffer) -> Bool {
+        guard payload.readableBytes >= self.threshold else { return false }
+        let start = buffer.writerIndex
         var input = payload
-        var output = allocator.buffer(capacity: self.compressor.maxSize(from: input))
+        buffer.reserveCapacity(minimumWritableBytes: self.compressor.maxSize(from: input))
         do {
             try self.compressor.reset()
-            try self.compressor.deflate(from: &input, to: &output, flush: .finish)
+            try self.compressor.deflate(from: &input, to: &buffer, flush: .finish)
         } catch {
-            return nil  // sent as it is
+            buffer.moveWriterIndex(to: start)
+            return false  // sent as it is
         }
-        return output.readableBytes < payload.readableBytes ? output : nil
+        guard buffer.writerIndex - start < payload.readableBytes else {
+            buffer.moveWriterIndex(to: start)
+            return false
+        }
+        return true
     }
 }
 

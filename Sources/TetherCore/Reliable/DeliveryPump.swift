@@ -23,10 +23,13 @@ package struct DeliveryPump: Sendable, Hashable {
         package var send: [StoredDelivery] = []
         /// Write that every delivery up to this one is acknowledged, then call ``recordFinished(_:)``.
         package var record: UInt64?
+        /// How many deliveries sent on this connection a DELIVERY_ACK acknowledged for the first
+        /// time (for the metrics).
+        package var newlyAcknowledged = 0
 
         package static func == (lhs: Actions, rhs: Actions) -> Bool {
             lhs.fetch?.after == rhs.fetch?.after && lhs.fetch?.limit == rhs.fetch?.limit && lhs.send == rhs.send
-                && lhs.record == rhs.record
+                && lhs.record == rhs.record && lhs.newlyAcknowledged == rhs.newlyAcknowledged
         }
 
         package func hash(into hasher: inout Hasher) {
@@ -34,6 +37,7 @@ package struct DeliveryPump: Sendable, Hashable {
             hasher.combine(self.fetch?.limit)
             hasher.combine(self.send)
             hasher.combine(self.record)
+            hasher.combine(self.newlyAcknowledged)
         }
     }
 
@@ -135,9 +139,11 @@ package struct DeliveryPump: Sendable, Hashable {
     package mutating func acknowledged(upTo sequence: UInt64) -> Actions {
         let upTo = min(sequence, self.lastSent)  // the client cannot have what was not sent
         guard upTo > self.acknowledged else { return Actions() }
+        let newlyAcknowledged = Int(upTo - self.acknowledged)
         self.acknowledged = upTo
         var actions = self.fetchIfNeeded()
         actions.record = self.recordIfNeeded()
+        actions.newlyAcknowledged = newlyAcknowledged
         return actions
     }
 

@@ -87,7 +87,6 @@ extension GatewayConnectionHandler {
     func pump(_ actions: DeliveryPump.Actions) {
         if !actions.send.isEmpty {
             self.services.metrics.deliveriesSent.increment(by: actions.send.count)
-            if self.acknowledgedUpTo == nil { self.acknowledgedUpTo = actions.send[0].sequence - 1 }
             self.pushes?.drain()
             for delivery in actions.send {
                 self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)))
@@ -103,11 +102,8 @@ extension GatewayConnectionHandler {
                 handle.execute { $0.fetched(result, limit: fetch.limit) }
             }
         }
+        if actions.newlyAcknowledged > 0 { self.services.metrics.deliveriesAcknowledged.increment(by: actions.newlyAcknowledged) }
         if let upTo = actions.record {
-            if let counted = self.acknowledgedUpTo, upTo > counted {
-                self.services.metrics.deliveriesAcknowledged.increment(by: Int(upTo - counted))
-                self.acknowledgedUpTo = upTo
-            }
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.writer.commit(StoreWrite(acknowledgements: [recipient: upTo])) }

@@ -41,8 +41,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// What the connection's last frame said (a status or GOAWAY reason), for the metrics of
     /// closed connections; `nil` while none was written.
     var closeCode: String?
-    /// The last delivery sequence the client acknowledged, as far as the metrics counted.
-    var acknowledgedUpTo: UInt64?
     /// The gateway's logger; ``logger`` adds the connection's id when it is used, so that an
     /// idle connection holds no copy of it.
     let baseLogger: Logger
@@ -436,38 +434,3 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
 
 @available(*, unavailable)
 extension GatewayConnectionHandler: Sendable {}
-
-/// How a connection's tasks (the handshake, request handlers, reliable batches) and other event
-/// loops reach its handler: every call runs on the connection's event loop, at once if the
-/// caller already runs there (the default execution), else queued on it.
-struct ConnectionHandle: Sendable {
-    let handler: NIOLoopBound<GatewayConnectionHandler>
-
-    init(_ handler: NIOLoopBound<GatewayConnectionHandler>) {
-        self.handler = handler
-    }
-
-    /// Runs `body` with the handler on its event loop.
-    func execute(_ body: @escaping @Sendable (GatewayConnectionHandler) -> Void) {
-        self.handler.execute(body)
-    }
-
-    /// Runs `body` on the event loop and returns its value, without a hop from a task already
-    /// on the connection's loop; `nil` if the loop no longer runs.
-    func onLoop<T: Sendable>(_ body: @escaping @Sendable (GatewayConnectionHandler) -> T) async -> T? {
-        if self.handler.eventLoop.inEventLoop { return body(self.handler.value) }
-        let handler = self.handler
-        return try? await self.handler.eventLoop.submit { body(handler.value) }.get()
-    }
-}
-
-extension Frame.Payload {
-    /// What a last frame says, as a metric label: an ERROR's code, `goaway_` and a GOAWAY's reason.
-    var closeCode: String {
-        switch self {
-        case .error(let report): report.code.metricLabel
-        case .goAway(let goAway): "goaway_" + goAway.reason.description.replacingOccurrences(of: " ", with: "_")
-        default: "none"
-        }
-    }
-}

@@ -219,3 +219,14 @@ extension StatusCode {
         return name.replacingOccurrences(of: " ", with: "_")
     }
 }
+
+extension Frame.Payload {
+    /// What a last frame says, as a metric label: an ERROR's code, `goaway_` and a GOAWAY's reason.
+    var closeCode: String {
+        switch self {
+        case .error(let report): report.code.metricLabel
+        case .goAway(let goAway): "goaway_" + goAway.reason.description.replacingOccurrences(of: " ", with: "_")
+        default: "none"
+        }
+    }
+}

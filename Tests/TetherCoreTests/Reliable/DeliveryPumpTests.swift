@@ -34,6 +34,8 @@ struct DeliveryPumpTests {
         let acked = pump.acknowledged(upTo: 3)
         #expect(acked.fetch?.after == 3 && acked.fetch?.limit == 3, "the rest is read from the store")
         #expect(acked.record == 3)
+        #expect(acked.newlyAcknowledged == 3)
+        #expect(pump.acknowledged(upTo: 99).newlyAcknowledged == 0, "nothing beyond what was sent")
     }
 
     @Test("a gap, or an offer while a read is under way, makes it read from the store instead")
