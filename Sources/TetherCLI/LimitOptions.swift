@@ -54,6 +54,15 @@ struct LimitOptions: ParsableArguments {
     @Option(help: "Bytes of deliveries a recipient may have waiting in the store (default \(Self.defaults.maxDeliveryBytesPerRecipient)).")
     var maxDeliveryBytesPerRecipient: Int?
 
+    @Option(
+        help: """
+            Bytes all connections together may make the gateway hold (frames and messages read in part, POST bodies, \
+            reliable messages waiting, what clients do not read); at three quarters connections holding bytes pause and new \
+            ones are refused (default \(Self.defaults.memoryBudget)).
+            """
+    )
+    var memoryBudget: Int?
+
     /// Sets the limits given on the command line.
     /// - Throws: `ValidationError` naming the limit if the result is not a valid configuration.
     func apply(to limits: inout GatewayConfiguration.Limits) throws {
@@ -69,6 +78,7 @@ struct LimitOptions: ParsableArguments {
             (\.maxBufferedInboundBytes, self.maxBufferedInboundBytes),
             (\.maxDeliveriesPerRecipient, self.maxDeliveriesPerRecipient),
             (\.maxDeliveryBytesPerRecipient, self.maxDeliveryBytesPerRecipient),
+            (\.memoryBudget, self.memoryBudget),
         ]
         for case (let limit, let value?) in options { limits[keyPath: limit] = value }
         do {

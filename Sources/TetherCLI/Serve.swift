@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import Logging
 import PostgresNIO
 import ServiceLifecycle
@@ -46,6 +47,12 @@ struct Serve: AsyncParsableCommand {
     )
     var handshakeSeconds: Double?
 
+    @Option(
+        name: .customLong("body-timeout"),
+        help: "Refuse a frame or a POST body that takes longer than this many seconds to arrive once begun (default: 30)."
+    )
+    var bodySeconds: Double?
+
     @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
     var store = "tether-gateway.sqlite"
 
@@ -92,6 +99,17 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "With --admin-port: the admin listener's address (loopback by default: keep it private).")
     var adminHost = "127.0.0.1"
 
+    @Option(
+        help: """
+            With --admin-port: a file holding the token every admin request must carry (Authorization: Bearer TOKEN, \
+            at least 16 characters); needed to serve the admin listener beyond loopback.
+            """
+    )
+    var adminTokenFile: String?
+
+    @Flag(help: "With --admin-port: serve the admin listener beyond loopback without a token (anyone there may read its metrics).")
+    var adminInsecureOpen = false
+
     @Flag(
         help: """
             Without --jwt-key, listen beyond loopback anyway (--host 0.0.0.0 …): any client may then claim any \
@@ -134,13 +152,30 @@ struct Serve: AsyncParsableCommand {
         configuration.timeouts.idle =
             try self.idleSeconds.map { try duration(seconds: $0, option: "idle-timeout") } ?? configuration.timeouts.heartbeatInterval * 3
         if let handshakeSeconds { configuration.timeouts.handshake = try duration(seconds: handshakeSeconds, option: "handshake-timeout") }
+        if let bodySeconds { configuration.timeouts.body = try duration(seconds: bodySeconds, option: "body-timeout") }
         try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
         try self.limits.apply(to: &configuration.limits)
         let logger = Logger(label: "tether.serve")
         var authenticator: JWTAuthenticator?
         configuration.insecureOpen = self.insecureOpen
-        configuration.admin = self.adminPort.map { GatewayConfiguration.Admin(host: self.adminHost, port: $0) }
+        var adminToken: String?
+        if let adminTokenFile {
+            guard let text = try? String(contentsOfFile: adminTokenFile, encoding: .utf8) else {
+                throw ValidationError("--admin-token-file: cannot read \(adminTokenFile)")
+            }
+            adminToken = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        configuration.admin = self.adminPort.map {
+            GatewayConfiguration.Admin(host: self.adminHost, port: $0, token: adminToken, insecureOpen: self.adminInsecureOpen)
+        }
+        if let admin = configuration.admin {
+            do {
+                try admin.validate()
+            } catch {
+                throw ValidationError(error.message)
+            }
+        }
         if self.jwtKeys.isEmpty {
             if self.jwtIssuer != nil || self.jwtAudience != nil { throw ValidationError("--jwt-issuer and --jwt-audience need --jwt-key") }
             if let host = configuration.nonLoopbackHosts.first, !self.insecureOpen {

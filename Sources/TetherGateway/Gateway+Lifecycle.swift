@@ -127,6 +127,7 @@ extension Gateway {
                 }
             }
             await withTaskGroup { group in
+                group.addTask { await self.reportMemory() }
                 if let reliable = self.reliable {
                     group.addTask { await self.forgetStaleOutboxes(in: reliable) }
                 }
@@ -157,6 +158,21 @@ extension Gateway {
         self.logger.info("stopped")
     }
 
+    /// Until cancelled, samples what the connections hold of the memory budget into the metrics,
+    /// every second (the connections publish to the budget per read, not to the metrics).
+    private func reportMemory() async {
+        self.metrics.memoryBudget.record(self.memoryBudget.limit)
+        while !Task.isCancelled {
+            self.sampleMemory()
+            try? await self.clock.sleep(for: .seconds(1))
+        }
+    }
+
+    /// Records what the connections hold of the memory budget now.
+    func sampleMemory() {
+        self.metrics.memoryHeld.record(self.memoryBudget.usedBytes)
+    }
+
     /// Until cancelled, forgets the outboxes away for longer than the retention, every half
     /// retention (at most hourly); the connected ones count as seen now.
     private func forgetStaleOutboxes(in reliable: ReliableServices) async {
@@ -179,7 +195,16 @@ extension Gateway {
 
     /// Adds the connection handler to a channel whose pipeline reads and writes bytes. Runs on
     /// the channel's event loop.
-    func configure(_ channel: any Channel, framing: Framing, transport: ConnectionTransport) throws {
+    /// - Parameter admitted: The connection's ticket if the listener admitted it already (its
+    ///   refusals are HTTP answers); `nil`: the handler asks as the connection becomes active.
+    func configure(
+        _ channel: any Channel,
+        framing: Framing,
+        transport: ConnectionTransport,
+        admitted: ConnectionAdmission.Ticket? = nil
+    )
+        throws
+    {
         let id = self.connectionIDs.loadThenWrappingIncrement(ordering: .relaxed)
         let handler = GatewayConnectionHandler(
             services: self.services,
@@ -188,9 +213,38 @@ extension Gateway {
             transport: transport,
             eventLoop: channel.eventLoop,
             pushes: self.pushBatchers[ObjectIdentifier(channel.eventLoop)],
+            admitted: admitted,
             logger: self.logger
         )
-        try channel.pipeline.syncOperations.addHandler(handler)
+        do {
+            try channel.pipeline.syncOperations.addHandler(handler)
+        } catch {
+            if let admitted { self.admission.left(admitted) }  // the handler that would have given it back is not there
+            throw error
+        }
+    }
+
+    /// Admits a connection of the HTTP listener before it is answered: a GET that opens an HTTP
+    /// stream, a WebSocket upgrade, a connection's first POST. The refusal is the HTTP answer:
+    /// `503` (a count, or the gateway shutting down) or `429` (a rate), with `Retry-After`.
+    func admitHTTP(_ channel: any Channel, kind: ConnectionAdmission.Kind) -> Result<ConnectionAdmission.Ticket, HTTPRefusal> {
+        if self.lifecycle.withLockedValue({ $0.shuttingDown }) {
+            return .failure(.shuttingDown(retryAfter: self.configuration.goAway.retryAfter))
+        }
+        let address = channel.remoteAddress?.ipAddress
+        switch self.admission.admit(address, kind: kind, now: self.clock.now) {
+        case .success(let ticket):
+            return .success(ticket)
+        case .failure(let refusal):
+            self.refusalLog.log(
+                self.logger,
+                .warning,
+                "refusing connections",
+                metadata: ["reason": "\(refusal.report.message)", "remote": "\(address ?? "-")"]
+            )
+            self.metrics.refused(refusal.limit)
+            return .failure(refusal.http)
+        }
     }
 
     /// Settles the address of `listener` for those waiting for it (the first result stands).

@@ -80,7 +80,7 @@ extension Gateway {
         let bootstrap = self.serverBootstrap(reusePort: false)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    guard let stopWaiting = self.admitHTTPConnection(channel, timeout: upgradeTimeout) else { return }
+                    guard let stopWaiting = try self.admitHTTPConnection(channel, timeout: upgradeTimeout, tls: tls != nil) else { return }
                     guard let tls else {
                         try self.configureHTTP1(channel, settings: settings, stopWaiting: stopWaiting)
                         return
@@ -137,20 +137,37 @@ extension Gateway {
     /// Counts a new connection of the HTTP listener among those not serving Tether yet, capped
     /// at the limit of unauthenticated connections, and closes it if it has not upgraded or
     /// opened an HTTP stream within `timeout`.
-    /// - Returns: What to call once it serves Tether; `nil` if it was refused (and closed).
-    private func admitHTTPConnection(_ channel: any Channel, timeout: TimeAmount) -> (@Sendable () -> Void)? {
+    /// - Returns: What to call once it serves Tether; `nil` if it was refused: a plain HTTP
+    ///   connection is then answered `503` (by an ``HTTPRefusalHandler``, at most
+    ///   ``maxRefusing`` at once), a TLS one closed.
+    private func admitHTTPConnection(_ channel: any Channel, timeout: TimeAmount, tls: Bool) throws -> (@Sendable () -> Void)? {
         // Connections that have not upgraded yet are not Tether connections, so the admission
         // limits do not see them: cap them here, at the limit of unauthenticated connections.
+        let address = channel.remoteAddress?.ipAddress
+        if self.admission.isOverRate(address, now: self.clock.now) {
+            // Its new connections (or, over HTTP/2, its resets) came faster than its rate.
+            let rate = self.configuration.limits.handshakesPerSecondPerAddress
+            let reason = "more than \(rate) new connections (or HTTP/2 resets) per second from \(address ?? "-")"
+            self.refusalLog.log(self.logger, .warning, "refusing HTTP connections", metadata: ["reason": "\(reason)"])
+            self.metrics.refused("handshake_rate_per_address")
+            try self.refuse(
+                channel,
+                HTTPRefusal(status: .tooManyRequests, message: "\(reason); try again later", retryAfter: .seconds(1)),
+                tls: tls
+            )
+            return nil
+        }
         let limit = self.configuration.limits.maxUnauthenticatedConnections
         guard self.pendingUpgrades.loadThenWrappingIncrement(ordering: .relaxed) < limit else {
             self.pendingUpgrades.wrappingDecrement(ordering: .relaxed)
-            self.refusalLog.log(
-                self.logger,
-                .warning,
-                "refusing WebSocket connections",
-                metadata: ["reason": "\(limit) connections are waiting to upgrade"]
+            let reason = "\(limit) HTTP connections are waiting to upgrade or open a stream"
+            self.refusalLog.log(self.logger, .warning, "refusing HTTP connections", metadata: ["reason": "\(reason)"])
+            self.metrics.refused("unauthenticated")
+            try self.refuse(
+                channel,
+                HTTPRefusal(status: .serviceUnavailable, message: "\(reason); try again later", retryAfter: .seconds(5)),
+                tls: tls
             )
-            channel.close(promise: nil)
             return nil
         }
         // Waiting ends once: with the upgrade, or with the connection closing first.
@@ -168,6 +185,23 @@ extension Gateway {
         return stopWaiting
     }
 
+    /// Connections of the HTTP listener refused at once and being answered, at most.
+    static let maxRefusing = 256
+
+    /// Answers a refused plain-HTTP connection's request with `refusal` and closes it; closes a
+    /// TLS connection (a handshake is not worth a refusal), and any beyond ``maxRefusing``.
+    private func refuse(_ channel: any Channel, _ refusal: HTTPRefusal, tls: Bool) throws {
+        guard !tls, self.refusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxRefusing else {
+            if !tls { self.refusing.wrappingDecrement(ordering: .relaxed) }
+            channel.close(promise: nil)
+            return
+        }
+        let refusing = self.refusing
+        channel.closeFuture.whenComplete { _ in refusing.wrappingDecrement(ordering: .relaxed) }
+        try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+        try channel.pipeline.syncOperations.addHandler(HTTPRefusalHandler(refusal, timeout: .seconds(2)))
+    }
+
     /// How long a connection carrying POSTs may stay idle: as configured, or twice the idle
     /// timeout of Tether connections (a live client's heartbeats come more often).
     private func postIdleTimeout(of stream: GatewayConfiguration.HTTPStream) -> Duration {
@@ -177,8 +211,8 @@ extension Gateway {
     /// How this node's HTTP streams reach the other nodes': a POST for a session another node
     /// holds goes to that node through `cluster`.
     static func streamForwarding(through cluster: any GatewayCluster, nodeKey: UInt64) -> HTTPStreamSessions.Forwarding {
-        HTTPStreamSessions.Forwarding(nodeKey: nodeKey) { token, owner, body in
-            let post = ClusterStreamPost(token: token, body: body, nodeKey: owner, forwardedBy: nodeKey)
+        HTTPStreamSessions.Forwarding(nodeKey: nodeKey) { token, owner, body, proof in
+            let post = ClusterStreamPost(token: token, proof: proof, body: body, nodeKey: owner, forwardedBy: nodeKey)
             return await cluster.forwardStreamPost(post).map { answer in
                 .init(status: HTTPResponseStatus(statusCode: answer.status), message: answer.message)
             }
@@ -198,9 +232,17 @@ extension Gateway {
     }
 
     /// The stream's handler for one HTTP connection (HTTP/1.1) or one HTTP/2 stream.
+    /// - Parameters:
+    ///   - refusal: The handler that answers other requests: it leaves once a stream opens.
+    ///   - admitPosts: Admits the connection's POSTs (an HTTP/2 stream asks its connection's).
+    ///   - opened: Called with the channel once a GET opened a stream on it.
+    ///   - served: Called once the connection serves the stream (a GET, an admitted POST).
     private func makeStreamHandler(
         _ stream: GatewayConfiguration.HTTPStream,
+        on eventLoop: any EventLoop,
+        http2: Bool,
         refusal: NIOLoopBound<WebSocketUpgradeRefusal>,
+        admitPosts: @escaping (any Channel) -> HTTPStreamServerHandler.Admission,
         opened: @escaping (any Channel) -> Void = { _ in },
         served: @escaping @Sendable () -> Void
     ) -> HTTPStreamServerHandler {
@@ -208,17 +250,43 @@ extension Gateway {
             settings: .init(
                 path: stream.path,
                 maxPostBodySize: stream.maxPostBodySize,
-                postIdleTimeout: TimeAmount(self.postIdleTimeout(of: stream))
+                postIdleTimeout: TimeAmount(self.postIdleTimeout(of: stream)),
+                bytesInFlightWhilePaused: http2 ? HTTPStreamBinding.gatewayStreamWindow : 0
             ),
             sessions: self.httpStreams,
-            startConnection: { channel in
-                // The refusal reads HTTP requests; what follows the stream's handler reads frames.
-                channel.pipeline.syncOperations.removeHandler(refusal.value, promise: nil)
-                try self.configure(channel, framing: .byteStream, transport: .httpStream)
-                opened(channel)
+            admit: { channel, purpose in
+                switch purpose {
+                case .posts:
+                    return admitPosts(channel)
+                case .stream:
+                    switch self.admitHTTP(channel, kind: .tether) {
+                    case .failure(let refusal):
+                        return .refused(refusal)
+                    case .success(let ticket):
+                        return .admitted {
+                            // The refusal reads HTTP requests; what follows the stream's handler reads frames.
+                            channel.pipeline.syncOperations.removeHandler(refusal.value, promise: nil)
+                            try self.configure(channel, framing: .byteStream, transport: .httpStream, admitted: ticket)
+                            opened(channel)
+                        }
+                    }
+                }
             },
-            served: served
+            served: served,
+            intake: self.intakeMonitors[ObjectIdentifier(eventLoop)]
         )
+    }
+
+    /// Admits the POSTs of `channel` (an HTTP/1.1 connection, or an HTTP/2 connection for all of
+    /// its streams): they count as a connection until it closes.
+    private func admitPosts(of channel: any Channel) -> HTTPStreamServerHandler.Admission {
+        switch self.admitHTTP(channel, kind: .posts) {
+        case .failure(let refusal):
+            return .refused(refusal)
+        case .success(let ticket):
+            let admission = self.admission
+            return .admitted { channel.closeFuture.whenComplete { _ in admission.left(ticket) } }
+        }
     }
 
     /// An HTTP/1.1 pipeline that upgrades to a Tether WebSocket on `settings.path`, serves the
@@ -230,16 +298,48 @@ extension Gateway {
     ) throws {
         let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
         let boundRefusal = NIOLoopBound(refusal, eventLoop: channel.eventLoop)
-        let streamHandler = settings.stream.map { self.makeStreamHandler($0, refusal: boundRefusal, served: stopWaiting) }
-        let boundStreamHandler = NIOLoopBound(streamHandler, eventLoop: channel.eventLoop)
-        let upgrader = self.makeWebSocketUpgrader(path: settings.path, allowedOrigins: settings.allowedOrigins) { channel in
-            stopWaiting()
-            // The HTTP handlers of this pipeline leave: what follows reads WebSocket frames.
-            channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
-            if let streamHandler = boundStreamHandler.value {
-                channel.pipeline.syncOperations.removeHandler(streamHandler, promise: nil)
-            }
+        let streamHandler = settings.stream.map {
+            self.makeStreamHandler(
+                $0,
+                on: channel.eventLoop,
+                http2: false,
+                refusal: boundRefusal,
+                admitPosts: { self.admitPosts(of: $0) },
+                served: stopWaiting
+            )
         }
+        let boundStreamHandler = NIOLoopBound(streamHandler, eventLoop: channel.eventLoop)
+        // An upgrade is admitted before the 101, so that a refusal is an HTTP answer; the ticket
+        // waits here for the connection's handler, and is given back if the upgrade never happens.
+        let ticket = NIOLoopBoundBox(ConnectionAdmission.Ticket?.none, eventLoop: channel.eventLoop)
+        let admission = self.admission
+        channel.closeFuture.whenComplete { _ in
+            if let unused = ticket.value { admission.left(unused) }
+        }
+        let upgrader = self.makeWebSocketUpgrader(
+            path: settings.path,
+            allowedOrigins: settings.allowedOrigins,
+            admit: { channel in
+                switch self.admitHTTP(channel, kind: .tether) {
+                case .success(let admitted):
+                    ticket.value = admitted
+                    return true
+                case .failure(let refused):
+                    boundRefusal.value.admissionRefusal = refused
+                    return false
+                }
+            },
+            upgraded: { channel in
+                stopWaiting()
+                // The HTTP handlers of this pipeline leave: what follows reads WebSocket frames.
+                channel.pipeline.syncOperations.removeHandler(boundRefusal.value, promise: nil)
+                if let streamHandler = boundStreamHandler.value {
+                    channel.pipeline.syncOperations.removeHandler(streamHandler, promise: nil)
+                }
+                defer { ticket.value = nil }
+                return ticket.value
+            }
+        )
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withServerUpgrade: (upgraders: [upgrader], completionHandler: { _ in }),
             withErrorHandling: true
@@ -275,19 +375,54 @@ extension Gateway {
             }
         }
         let boundOpened = NIOLoopBound(opened, eventLoop: channel.eventLoop)
+        // The connection's POSTs are admitted once, as one connection, at its first POST.
+        let postsAdmitted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        let connection = channel
+        let admitPosts = { (_: any Channel) -> HTTPStreamServerHandler.Admission in
+            if postsAdmitted.value { return .admitted {} }
+            let admission = self.admitPosts(of: connection)
+            if case .admitted = admission { postsAdmitted.value = true }
+            return admission
+        }
+        let boundAdmitPosts = NIOLoopBound(admitPosts, eventLoop: channel.eventLoop)
+        // Each stream that ends in a reset costs the address a new connection's token; past its
+        // rate, the connection is closed (and new ones from the address turned away).
+        let charge = {
+            guard !self.admission.charge(connection.remoteAddress?.ipAddress, now: self.clock.now) else { return }
+            self.refusalLog.log(
+                self.logger,
+                .warning,
+                "closing an HTTP/2 connection whose streams end in resets faster than its address's rate",
+                metadata: ["remote": "\(connection.remoteAddress?.ipAddress ?? "-")"]
+            )
+            self.metrics.refused("http2_resets")
+            connection.close(promise: nil)
+        }
+        let boundCharge = NIOLoopBound(charge, eventLoop: channel.eventLoop)
         _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
             mode: .server,
-            connectionConfiguration: HTTPStreamBinding.http2Connection,
-            streamConfiguration: HTTPStreamBinding.http2Stream,
+            connectionConfiguration: HTTPStreamBinding.gatewayHTTP2Connection,
+            streamConfiguration: HTTPStreamBinding.gatewayHTTP2Stream,
             inboundStreamInitializer: { child in
                 child.eventLoop.makeCompletedFuture {
                     let refusal = WebSocketUpgradeRefusal(path: settings.path, allowedOrigins: settings.allowedOrigins)
                     let boundRefusal = NIOLoopBound(refusal, eventLoop: child.eventLoop)
                     let pipeline = child.pipeline.syncOperations
+                    try pipeline.addHandler(HTTP2ResetMeter(reset: boundCharge.value))
                     try pipeline.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
                     // Only a GET that opens a stream makes the connection a Tether connection (its
                     // POSTs come on the same connection): `opened`, not `served`.
-                    try pipeline.addHandler(self.makeStreamHandler(stream, refusal: boundRefusal, opened: boundOpened.value, served: {}))
+                    try pipeline.addHandler(
+                        self.makeStreamHandler(
+                            stream,
+                            on: child.eventLoop,
+                            http2: true,
+                            refusal: boundRefusal,
+                            admitPosts: boundAdmitPosts.value,
+                            opened: boundOpened.value,
+                            served: {}
+                        )
+                    )
                     try pipeline.addHandler(refusal)
                 }
             }
@@ -320,19 +455,28 @@ extension Gateway {
         path: String = Endpoint.defaultWebSocketPath,
         allowedOrigins: Set<String>? = nil
     ) -> any HTTPServerProtocolUpgrader & Sendable {
-        self.makeWebSocketUpgrader(path: path, allowedOrigins: allowedOrigins) { _ in }
+        // The connection's handler asks the admission limits itself (a refusal: ERROR and a close).
+        self.makeWebSocketUpgrader(path: path, allowedOrigins: allowedOrigins, admit: { _ in true }, upgraded: { _ in nil })
     }
 
+    /// - Parameters:
+    ///   - admit: Whether the gateway takes the connection (a request the upgrade would
+    ///     accept); `false` declines the upgrade, and the request goes on to be refused.
+    ///   - upgraded: Called once upgraded, before the connection's handler is added; returns
+    ///     the connection's admission ticket, if it was admitted already.
     private func makeWebSocketUpgrader(
         path: String,
         allowedOrigins: Set<String>?,
-        upgraded: @escaping @Sendable (any Channel) throws -> Void
+        admit: @escaping @Sendable (any Channel) -> Bool,
+        upgraded: @escaping @Sendable (any Channel) throws -> ConnectionAdmission.Ticket?
     ) -> NIOWebSocketServerUpgrader {
-        NIOWebSocketServerUpgrader(
-            maxFrameSize: WebSocketBinding.maxFrameSize,
+        // A WebSocket message holds one Tether frame: no larger than the largest body accepted.
+        let maxMessageSize = FrameHeader.size + self.configuration.limits.maxBodySize
+        return NIOWebSocketServerUpgrader(
+            maxFrameSize: maxMessageSize,
             automaticErrorHandling: true,
             shouldUpgrade: { channel, head in
-                guard WebSocketUpgradeRefusal.refusal(of: head, path: path, allowedOrigins: allowedOrigins) == nil else {
+                guard WebSocketUpgradeRefusal.refusal(of: head, path: path, allowedOrigins: allowedOrigins) == nil, admit(channel) else {
                     return channel.eventLoop.makeSucceededFuture(nil)
                 }
                 var headers = HTTPHeaders()
@@ -341,9 +485,14 @@ extension Gateway {
             },
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
-                    try upgraded(channel)
-                    try WebSocketBinding.addMessageHandlers(to: channel, role: .server)
-                    try self.configure(channel, framing: .messages, transport: .webSocket)
+                    let ticket = try upgraded(channel)
+                    try WebSocketBinding.addMessageHandlers(
+                        to: channel,
+                        role: .server,
+                        maxMessageSize: maxMessageSize,
+                        intake: self.intakeMonitors[ObjectIdentifier(channel.eventLoop)]
+                    )
+                    try self.configure(channel, framing: .messages, transport: .webSocket, admitted: ticket)
                 }
             }
         )
@@ -352,14 +501,17 @@ extension Gateway {
 
 /// Answers an HTTP request the WebSocket upgrader declined with a status that says why, then
 /// closes: `404` for another path, `426` for a request that is not a WebSocket upgrade, `400`
-/// without the `tether.v1` subprotocol, `403` for an origin not allowed.
+/// without the `tether.v1` subprotocol, `403` for an origin not allowed, and the admission's
+/// refusal (`503` or `429` with `Retry-After`) for an upgrade over a limit.
 final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
 
     private let path: String
     private let allowedOrigins: Set<String>?
-    private var refusal: (status: HTTPResponseStatus, message: String)?
+    private var refusal: (head: HTTPRequestHead, refusal: HTTPRefusal)?
+    /// Set by the upgrader when the admission limits refused the upgrade of the current request.
+    var admissionRefusal: HTTPRefusal?
 
     init(path: String, allowedOrigins: Set<String>?) {
         self.path = path
@@ -393,25 +545,25 @@ final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHand
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch Self.unwrapInboundIn(data) {
         case .head(let head):
-            self.refusal =
-                Self.refusal(of: head, path: self.path, allowedOrigins: self.allowedOrigins)
-                ?? (.badRequest, "invalid WebSocket upgrade (Sec-WebSocket-Key and Sec-WebSocket-Version 13 are required)")
+            if let refused = self.admissionRefusal {
+                self.refusal = (head, refused)
+            } else {
+                let (status, message) =
+                    Self.refusal(of: head, path: self.path, allowedOrigins: self.allowedOrigins)
+                    ?? (.badRequest, "invalid WebSocket upgrade (Sec-WebSocket-Key and Sec-WebSocket-Version 13 are required)")
+                self.refusal = (head, HTTPRefusal(status: status, message: message))
+            }
+            self.admissionRefusal = nil
         case .body:
             break
         case .end:
-            guard let refusal = self.refusal else { return }
+            guard let (head, refusal) = self.refusal else { return }
             self.refusal = nil
-            var body = context.channel.allocator.buffer(capacity: refusal.message.utf8.count + 1)
-            body.writeString(refusal.message + "\n")
-            var headers = HTTPHeaders()
-            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-            headers.add(name: "Content-Length", value: "\(body.readableBytes)")
-            headers.add(name: "Connection", value: "close")
+            var (responseHead, body) = refusal.response(version: head.version, keepAlive: false, allocator: context.channel.allocator)
             if refusal.status == .upgradeRequired {
-                headers.add(name: "Upgrade", value: "websocket")
+                responseHead.headers.add(name: "Upgrade", value: "websocket")
             }
-            let head = HTTPResponseHead(version: .http1_1, status: refusal.status, headers: headers)
-            context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
+            context.write(Self.wrapOutboundOut(.head(responseHead)), promise: nil)
             context.write(Self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
             context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
         }
@@ -437,3 +589,30 @@ final class ServerTLSContexts: Sendable {
         }
     }
 }
+
+/// Tells when the HTTP/2 stream it sits on ends in a reset (by the client, or refused by the
+/// gateway), so that the connection's address is charged a new-connection token for it: a client
+/// that opens and resets streams, over one connection or by reconnecting, is paced like one that
+/// opens connections.
+final class HTTP2ResetMeter: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Any
+
+    private let reset: () -> Void
+
+    init(reset: @escaping () -> Void) {
+        self.reset = reset
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        context.fireChannelRead(data)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // NIOHTTP2 tells a stream's channel of a reset this way, then closes it.
+        if error is NIOHTTP2Errors.StreamClosed { self.reset() }
+        context.fireErrorCaught(error)
+    }
+}
+
+@available(*, unavailable)
+extension HTTP2ResetMeter: Sendable {}

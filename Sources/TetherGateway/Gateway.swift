@@ -65,6 +65,10 @@ public final class Gateway: Service, Sendable {
     let executors: EventLoopTaskExecutors?
     /// The ``PushBatcher`` of each loop of ``eventLoopGroup``.
     let pushBatchers: [ObjectIdentifier: PushBatcher]
+    /// What all connections together may make the gateway hold (``GatewayConfiguration/Limits-swift.struct/memoryBudget``).
+    let memoryBudget: MemoryBudget
+    /// The ``IntakeMonitor`` of each loop of ``eventLoopGroup``: bodies in progress and paused connections.
+    let intakeMonitors: [ObjectIdentifier: IntakeMonitor]
     let logger: Logger
     let authenticator: (any ClientAuthenticator)?
     /// The routes while they are registered; once the gateway starts, what its connections share.
@@ -82,6 +86,10 @@ public final class Gateway: Service, Sendable {
     let connectionIDs = ManagedAtomic<UInt64>(1)
     /// Connections of the HTTP listener that have not upgraded or served the HTTP stream yet.
     let pendingUpgrades = ManagedAtomic<Int>(0)
+    /// Connections of the HTTP and admin listeners refused at once and being answered.
+    let refusing = ManagedAtomic<Int>(0)
+    /// Connections of the admin listener.
+    let adminConnections = ManagedAtomic<Int>(0)
     /// The HTTP streams open on the HTTP listener, by session token.
     let httpStreams: HTTPStreamSessions
     /// In a cluster, the key that opens this node's HTTP-stream tokens (``ClusterNode/streamKey``).
@@ -163,10 +171,20 @@ public final class Gateway: Service, Sendable {
         case .globalExecutor: self.executors = nil
         }
         var pushBatchers: [ObjectIdentifier: PushBatcher] = [:]
+        let memoryBudget = MemoryBudget(limit: configuration.limits.memoryBudget)
+        var intakeMonitors: [ObjectIdentifier: IntakeMonitor] = [:]
         for loop in self.eventLoopGroup.makeIterator() {
             pushBatchers[ObjectIdentifier(loop)] = PushBatcher(loop: loop)
+            intakeMonitors[ObjectIdentifier(loop)] = IntakeMonitor(
+                budget: memoryBudget,
+                bodyTimeout: configuration.timeouts.body,
+                clock: clock,
+                eventLoop: loop
+            )
         }
         self.pushBatchers = pushBatchers
+        self.memoryBudget = memoryBudget
+        self.intakeMonitors = intakeMonitors
         self.authenticator = authenticator
         self.clock = clock
         let gatewayMetrics = GatewayMetrics(factory: metrics.factory)
@@ -197,7 +215,7 @@ public final class Gateway: Service, Sendable {
                 ]
             )
         }
-        self.admission = ConnectionAdmission(limits: admissionLimits, now: clock.now)
+        self.admission = ConnectionAdmission(limits: admissionLimits, now: clock.now, budget: memoryBudget)
         self.refusalLog = RateLimitedLog(clock: clock)
         self.registry = ConnectionRegistry(
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
@@ -326,6 +344,7 @@ public final class Gateway: Service, Sendable {
                     authenticator: self.authenticator,
                     admission: self.admission,
                     refusalLog: self.refusalLog,
+                    intakeMonitors: self.intakeMonitors,
                     reliable: self.reliable,
                     executors: self.executors,
                     metrics: self.metrics,

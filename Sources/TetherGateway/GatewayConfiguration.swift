@@ -145,9 +145,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             }
         }
         if let admin = self.admin {
-            guard !admin.host.isEmpty, (0...65535).contains(admin.port) else {
-                throw ConfigurationError("admin needs a host and a port from 0 to 65535")
-            }
+            try admin.validate()
             for (name, host, port) in [
                 ("listen", self.listen?.host, self.listen?.port), ("webSocket", self.webSocket?.host, self.webSocket?.port),
             ]
@@ -163,23 +161,73 @@ public struct GatewayConfiguration: Sendable, Hashable {
     /// The admin listener: plain HTTP for operators, on loopback unless told otherwise.
     ///
     /// - `GET /health`: `200` while the process serves (JSON: whether it is draining, its
-    ///   connections, whether it is open to any client id).
-    /// - `GET /ready`: `200` while it accepts connections and its message store answers;
-    ///   `503` with the reasons while it starts, drains (a graceful shutdown) or cannot reach
-    ///   its store. A load balancer or an orchestrator stops sending clients on `503`.
+    ///   connections, whether it is open to any client id, its memory budget and use).
+    /// - `GET /ready`: `200` while it accepts connections, its message store answers and its
+    ///   memory budget has room; `503` with the reasons while it starts, drains (a graceful
+    ///   shutdown), cannot reach its store or is at its memory budget. A load balancer or an
+    ///   orchestrator stops sending clients on `503`.
+    /// - `GET /metrics`: the Prometheus text format.
+    ///
+    /// It holds at most ``maxConnections`` connections (the others get `503`), and closes one
+    /// that sends no complete request for ``idleTimeout``. Beyond loopback it requires a
+    /// ``token`` (`Authorization: Bearer …`, `401` without it), or ``insecureOpen``.
     ///
     /// ```swift
     /// configuration.admin = .init(port: 9090)   // curl 127.0.0.1:9090/ready
+    /// configuration.admin = .init(host: "0.0.0.0", port: 9090, token: secret)   // curl -H "Authorization: Bearer …"
     /// ```
     public struct Admin: Sendable, Hashable {
         /// The address to bind; loopback by default (what it says is for operators).
         public var host: String
         /// The port; 0 picks a free one (see ``Gateway/adminAddress``).
         public var port: Int
+        /// The bearer token every request must carry (`Authorization: Bearer <token>`); `nil`
+        /// requires none. At least 16 characters.
+        public var token: String?
+        /// Lets the admin listener serve beyond loopback without a ``token``. Off by default:
+        /// a gateway configured so refuses to start.
+        public var insecureOpen: Bool
+        /// Connections held at once; one more is answered `503` and closed.
+        public var maxConnections: Int
+        /// A connection with no complete request for this long is closed (a request's head and
+        /// body must arrive within it).
+        public var idleTimeout: Duration
 
-        public init(host: String = "127.0.0.1", port: Int) {
+        public init(
+            host: String = "127.0.0.1",
+            port: Int,
+            token: String? = nil,
+            insecureOpen: Bool = false,
+            maxConnections: Int = 64,
+            idleTimeout: Duration = .seconds(10)
+        ) {
             self.host = host
             self.port = port
+            self.token = token
+            self.insecureOpen = insecureOpen
+            self.maxConnections = maxConnections
+            self.idleTimeout = idleTimeout
+        }
+
+        /// Checks every value, and that it does not serve beyond loopback without a token unless
+        /// ``insecureOpen``.
+        /// - Throws: ``ConfigurationError`` naming the first invalid value.
+        public func validate() throws(ConfigurationError) {
+            guard !self.host.isEmpty, (0...65535).contains(self.port) else {
+                throw ConfigurationError("admin needs a host and a port from 0 to 65535")
+            }
+            if let token = self.token, token.count < 16 || token.contains(where: { $0.isWhitespace }) {
+                throw ConfigurationError("admin.token must be at least 16 characters, without spaces")
+            }
+            guard self.maxConnections >= 1 else { throw ConfigurationError("admin.maxConnections must be at least 1") }
+            guard self.idleTimeout > .zero else { throw ConfigurationError("admin.idleTimeout must be positive") }
+            if self.token == nil, !self.insecureOpen, !GatewayConfiguration.isLoopback(self.host) {
+                throw ConfigurationError(
+                    "the admin listener would serve \(self.host) with no token: anyone there could read the gateway's metrics. "
+                        + "Give it a token (tether serve --admin-token-file), keep it on loopback, or allow it with admin.insecureOpen "
+                        + "(tether serve --admin-insecure-open)"
+                )
+            }
         }
     }
 
@@ -256,6 +304,11 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// and past 4,096 waiting (or ``maxBufferedInboundBytes``) the gateway stops reading it;
         /// none is refused or needs sending again. `Int.max`: no limit.
         public var messagesPerSecondPerConnection: Int
+        /// Payload bytes one connection's compression may inflate and deflate per second (in a
+        /// burst up to as many): what a compressed request and its compressed reply cost in
+        /// zlib. Beyond, the connection is paced: the gateway stops reading it until the rate
+        /// allows; nothing is refused. `Int.max`: no limit.
+        public var compressionBytesPerSecondPerConnection: Int
         /// Rooms one connection may be in; a join beyond fails (``RequestContext/join(_:)``
         /// returns `false`).
         public var maxRoomsPerConnection: Int
@@ -268,6 +321,14 @@ public struct GatewayConfiguration: Sendable, Hashable {
         public var maxDeliveriesPerRecipient: Int
         /// The body bytes of the deliveries a recipient may have waiting in the store.
         public var maxDeliveryBytesPerRecipient: Int
+        /// The bytes all connections together may make the gateway hold: frames and WebSocket
+        /// messages read in part, POST bodies arriving, reliable messages waiting to be
+        /// processed, what a client does not read. At the limit, a connection holding bytes
+        /// stops reading (TCP then slows its client), new connections are refused (ERROR
+        /// `resource exhausted`, HTTP `503`), and `/ready` answers `503`; a body paused for
+        /// longer than ``GatewayConfiguration/Timeouts-swift.struct/body`` is refused. At least
+        /// twice ``maxBufferedInboundBytes``.
+        public var memoryBudget: Int
 
         public init(
             maxBodySize: Int = 1 << 20,
@@ -283,10 +344,12 @@ public struct GatewayConfiguration: Sendable, Hashable {
             handshakesPerSecondPerAddress: Int = 500,
             requestsPerSecondPerConnection: Int = 20_000,
             messagesPerSecondPerConnection: Int = 5_000,
+            compressionBytesPerSecondPerConnection: Int = 8 << 20,
             maxRoomsPerConnection: Int = 1_000,
             maxMembersPerRoom: Int = 100_000,
             maxDeliveriesPerRecipient: Int = 10_000,
-            maxDeliveryBytesPerRecipient: Int = 64 << 20
+            maxDeliveryBytesPerRecipient: Int = 64 << 20,
+            memoryBudget: Int = 512 << 20
         ) {
             self.maxBodySize = maxBodySize
             self.maxConcurrentRequestsPerConnection = maxConcurrentRequestsPerConnection
@@ -301,10 +364,12 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.handshakesPerSecondPerAddress = handshakesPerSecondPerAddress
             self.requestsPerSecondPerConnection = requestsPerSecondPerConnection
             self.messagesPerSecondPerConnection = messagesPerSecondPerConnection
+            self.compressionBytesPerSecondPerConnection = compressionBytesPerSecondPerConnection
             self.maxRoomsPerConnection = maxRoomsPerConnection
             self.maxMembersPerRoom = maxMembersPerRoom
             self.maxDeliveriesPerRecipient = maxDeliveriesPerRecipient
             self.maxDeliveryBytesPerRecipient = maxDeliveryBytesPerRecipient
+            self.memoryBudget = memoryBudget
         }
 
         public static var defaults: Limits { Limits() }
@@ -325,6 +390,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
             guard self.maxBufferedInboundBytes >= 2 * self.maxBodySize else {
                 throw ConfigurationError("limits.maxBufferedInboundBytes must be at least twice limits.maxBodySize")
             }
+            guard self.memoryBudget >= 2 * self.maxBufferedInboundBytes else {
+                throw ConfigurationError("limits.memoryBudget must be at least twice limits.maxBufferedInboundBytes")
+            }
             guard (1...Int(UInt16.max)).contains(self.maxClientIDLength) else {
                 throw ConfigurationError("limits.maxClientIDLength must be from 1 to 65535")
             }
@@ -334,6 +402,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 ("handshakesPerSecond", self.handshakesPerSecond), ("handshakesPerSecondPerAddress", self.handshakesPerSecondPerAddress),
                 ("requestsPerSecondPerConnection", self.requestsPerSecondPerConnection),
                 ("messagesPerSecondPerConnection", self.messagesPerSecondPerConnection),
+                ("compressionBytesPerSecondPerConnection", self.compressionBytesPerSecondPerConnection),
                 ("maxRoomsPerConnection", self.maxRoomsPerConnection), ("maxMembersPerRoom", self.maxMembersPerRoom),
                 ("maxDeliveriesPerRecipient", self.maxDeliveriesPerRecipient),
                 ("maxDeliveryBytesPerRecipient", self.maxDeliveryBytesPerRecipient),
@@ -369,6 +438,11 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// (``ClientIdentity/expiresAt``) before the gateway ends it with GOAWAY
         /// `credentials expired`.
         public var credentialGrace: Duration
+        /// The longest a body may take to arrive once its first byte did: a frame (or a
+        /// WebSocket message) read in part, a POST's body. Past it, the connection is refused
+        /// (ERROR `resource exhausted`; `408` for a POST) and closed: a peer that trickles its
+        /// bytes cannot hold them for longer. Time paused by a full memory budget counts too.
+        public var body: Duration
 
         public init(
             handshake: Duration = .seconds(10),
@@ -378,7 +452,8 @@ public struct GatewayConfiguration: Sendable, Hashable {
             shutdownGracePeriod: Duration = .seconds(10),
             outboxRetention: Duration = .seconds(90 * 24 * 3600),
             credentialGrace: Duration = .seconds(30),
-            closeTimeout: Duration = .seconds(2)
+            closeTimeout: Duration = .seconds(2),
+            body: Duration = .seconds(30)
         ) {
             self.handshake = handshake
             self.handler = handler
@@ -388,6 +463,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.outboxRetention = outboxRetention
             self.credentialGrace = credentialGrace
             self.closeTimeout = closeTimeout
+            self.body = body
         }
 
         public static var defaults: Timeouts { Timeouts() }
@@ -402,6 +478,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
             }
             guard self.shutdownGracePeriod >= .zero else { throw ConfigurationError("timeouts.shutdownGracePeriod must not be negative") }
             guard self.closeTimeout > .zero else { throw ConfigurationError("timeouts.closeTimeout must be positive") }
+            guard self.body > .zero else { throw ConfigurationError("timeouts.body must be positive") }
             guard self.credentialGrace >= .zero else { throw ConfigurationError("timeouts.credentialGrace must not be negative") }
             guard self.outboxRetention >= .seconds(1) else {
                 throw ConfigurationError("timeouts.outboxRetention must be at least 1 second")

@@ -26,6 +26,7 @@ extension PostgresCluster {
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: HTTPStreamBinding.sessionHeader, value: post.token)
+        request.headers.add(name: HTTPStreamBinding.proofHeader, value: post.proof)
         request.headers.add(name: HTTPStreamBinding.forwardedHeader, value: String(post.forwardedBy, radix: 16))
         request.headers.add(name: "Content-Type", value: HTTPStreamBinding.contentType)
         request.headers.add(name: "Content-Length", value: "\(post.body.readableBytes)")

@@ -471,9 +471,19 @@ final class WellBehavedCalls: Sendable {
 
     /// The 99th percentile of the round trips from call `start` on.
     func p99(since start: Int) -> Duration {
+        self.percentile(99, since: start)
+    }
+
+    /// The `percent`th percentile of the round trips from call `start` on.
+    func percentile(_ percent: Int, since start: Int) -> Duration {
         let rtts = self.state.withLockedValue { Array($0.rtts.dropFirst(min(start, $0.rtts.count))) }.sorted()
         guard !rtts.isEmpty else { return .zero }
-        return rtts[min(rtts.count - 1, rtts.count * 99 / 100)]
+        return rtts[min(rtts.count - 1, rtts.count * percent / 100)]
+    }
+
+    /// The round trips and failures from call `start` on.
+    func calls(since start: Int) -> (count: Int, failures: Int) {
+        self.state.withLockedValue { ($0.rtts.count - min(start, $0.rtts.count), $0.failures.count) }
     }
 
     /// Stops calling; every call's figures.

@@ -38,7 +38,7 @@ extension IntegrationTests {
 
         /// Opens a stream with a GET to `url`, read until cancelled.
         /// - Returns: The session's token, and the task that reads the stream.
-        static func openStream(_ url: String) async throws -> (token: String, stream: Task<Void, any Error>) {
+        static func openStream(_ url: String) async throws -> (token: String, key: String, stream: Task<Void, any Error>) {
             let opened = AsyncStream.makeStream(of: String.self)
             let stream = Task {
                 defer { opened.continuation.finish() }
@@ -50,11 +50,11 @@ extension IntegrationTests {
                 }
             }
             var lines = opened.stream.makeAsyncIterator()
-            guard let token = await lines.next() else {
-                Issue.record("no token line from \(url)")
+            guard let line = await lines.next(), let (token, key) = HTTPStreamBinding.parseSessionLine(line) else {
+                Issue.record("no session line from \(url)")
                 throw CancellationError()
             }
-            return (token, stream)
+            return (token, key, stream)
         }
 
         @Test("behind a load balancer without affinity, the stream's GET on node A and its POSTs on node B: B forwards them to A")
@@ -106,13 +106,25 @@ extension IntegrationTests {
                 let http = HTTPClient.shared
 
                 // A stream opened on A; its token names A.
-                let (token, stream) = try await Self.openStream(onA)
+                let (token, key, stream) = try await Self.openStream(onA)
                 #expect(HTTPStreamBinding.isWellFormedToken(token))
 
-                @Sendable func post(_ url: String, token: String, forwarded: Bool = false) async throws -> (Int, String) {
+                /// POSTs an empty body, proven as the session's POST number `number` with `key`
+                /// (another key for sessions the test does not read).
+                @Sendable func post(
+                    _ url: String,
+                    token: String,
+                    key: String = HTTPStreamBinding.makeKey(),
+                    number: UInt64 = 0,
+                    forwarded: Bool = false
+                ) async throws -> (Int, String) {
                     var request = HTTPClientRequest(url: url)
                     request.method = .POST
                     request.headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
+                    request.headers.add(
+                        name: HTTPStreamBinding.proofHeader,
+                        value: HTTPStreamBinding.proof(key: key, post: number, body: ByteBuffer())!
+                    )
                     if forwarded { request.headers.add(name: HTTPStreamBinding.forwardedHeader, value: "1") }
                     request.body = .bytes(ByteBuffer())
                     let response = try await http.execute(request, timeout: .seconds(30))
@@ -120,24 +132,28 @@ extension IntegrationTests {
                     return (Int(response.status.code), String(buffer: body))
                 }
 
-                // An empty POST through B reaches A's stream.
-                #expect(try await post(onB, token: token).0 == 204)
+                // An empty POST through B reaches A's stream, its proof checked by A.
+                #expect(try await post(onB, token: token, key: key, number: 0).0 == 204)
+                // One with the token but not the key: A's 403 comes back through B.
+                let (forbidden, why403) = try await post(onB, token: token, number: 1)
+                #expect(forbidden == 403 && why403.contains(HTTPStreamBinding.proofHeader), "\(forbidden) \(why403)")
+                #expect(try await post(onB, token: token, key: key, number: 1).0 == 204)
                 // A POST another node already forwarded is not forwarded again.
-                #expect(try await post(onB, token: token, forwarded: true).0 == 404)
+                #expect(try await post(onB, token: token, key: key, number: 2, forwarded: true).0 == 404)
                 // A's key with a session A does not have: A's 404 comes back through B.
-                let key = try #require(HTTPStreamBinding.nodeKey(of: token))
-                let (status, message) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: key))
+                let nodeKey = try #require(HTTPStreamBinding.nodeKey(of: token))
+                let (status, message) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: nodeKey))
                 #expect(status == 404 && message.contains("no such session"), "\(status) \(message)")
                 // A key no node has.
-                #expect(try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: key &+ 1)).0 == 404)
+                #expect(try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: nodeKey &+ 1)).0 == 404)
 
                 // The stream ends (its client closes it): A says 410 through B.
                 stream.cancel()
                 _ = await stream.result
                 try await eventually("A remembers the stream ended") {
-                    (try? await post(onA, token: token).0) == 410
+                    (try? await post(onA, token: token, key: key, number: 2).0) == 410
                 }
-                #expect(try await post(onB, token: token).0 == 410)
+                #expect(try await post(onB, token: token, key: key, number: 2).0 == 410)
 
                 // Node C registered a stream URL where nothing listens: a POST for its stream
                 // that B receives gets 502, with a sentence.

@@ -25,15 +25,19 @@ extension IntegrationTests {
             return buffer
         }
 
-        /// The token line and the frames after it in what curl saved of the stream at `path`.
-        static func read(_ path: String) throws -> (token: String, frames: [Frame])? {
+        /// The session line (token and key) and the frames after it in what curl saved of the
+        /// stream at `path`.
+        static func read(_ path: String) throws -> (token: String, key: String, frames: [Frame])? {
             guard let data = FileManager.default.contents(atPath: path), let newline = data.firstIndex(of: 0x0A) else { return nil }
-            let token = String(decoding: data[..<newline], as: UTF8.self)
+            guard let (token, key) = HTTPStreamBinding.parseSessionLine(String(decoding: data[..<newline], as: UTF8.self)) else {
+                Issue.record("not a session line: \(String(decoding: data[..<newline], as: UTF8.self))")
+                return nil
+            }
             var rest = ByteBuffer(bytes: data[(newline + 1)...])
             var decoder = FrameDecoder(maxBodySize: 1 << 20)
             var frames: [Frame] = []
             while let frame = try decoder.decodeFrame(from: &rest) { frames.append(frame) }
-            return (token, frames)
+            return (token, key, frames)
         }
 
         @Test("curl reads the stream: the token line, then WELCOME and RESPONSE for a HELLO and a REQUEST it POSTs", .requires(.curl))
@@ -48,8 +52,15 @@ extension IntegrationTests {
 
                 let stream = "\(directory)/stream"
                 _ = try ChildProcess(executable: "/usr/bin/env", ["curl", "-sN", "--max-time", "30", "-o", stream, url], in: harness)
-                try await eventually("curl has the token line") { (try? Self.read(stream)) != nil }
-                let token = try #require(try Self.read(stream)).token
+                try await eventually("curl has the session line") { (try? Self.read(stream)) != nil }
+                let (token, key, _) = try #require(try Self.read(stream))
+                var posts: UInt64 = 0
+                /// The headers of the session's next POST of `frames`: its token and proof.
+                func proven(_ frames: [Frame.Payload]) throws -> [String] {
+                    defer { posts += 1 }
+                    let proof = HTTPStreamBinding.proof(key: key, post: posts, body: try Self.encoded(frames))!
+                    return ["Tether-Session: \(token)", "Tether-Proof: \(proof)"]
+                }
                 #expect(HTTPStreamBinding.isWellFormedToken(token))
 
                 func post(_ frames: [Frame.Payload], name: String, headers: [String] = []) async throws -> String {
@@ -63,9 +74,10 @@ extension IntegrationTests {
                     return process.lines.last ?? ""
                 }
                 let hello = Frame.Payload.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "curl"))
-                #expect(try await post([hello], name: "hello", headers: ["Tether-Session: \(token)"]) == "204")
+                #expect(try await post([hello], name: "hello", headers: try proven([hello])) == "204")
                 let request = Frame.Payload.request(.init(id: 1, method: "echo", body: ByteBuffer(string: "from curl")))
-                #expect(try await post([request], name: "request", headers: ["Tether-Session: \(token)"]) == "204")
+                #expect(try await post([request], name: "stolen", headers: ["Tether-Session: \(token)", "Tether-Proof: \(key)"]) == "403")
+                #expect(try await post([request], name: "request", headers: try proven([request])) == "204")
 
                 try await eventually("WELCOME and RESPONSE on the stream") { ((try? Self.read(stream))??.frames.count ?? 0) >= 2 }
                 let frames = try #require(try Self.read(stream)).frames
@@ -83,7 +95,11 @@ extension IntegrationTests {
                 // The statuses a peer sees: no token, an unknown one.
                 #expect(try await post([request], name: "no-token") == "400")
                 #expect(
-                    try await post([request], name: "unknown", headers: ["Tether-Session: \(String(repeating: "A", count: 43))"]) == "404"
+                    try await post(
+                        [request],
+                        name: "unknown",
+                        headers: ["Tether-Session: \(String(repeating: "A", count: 43))", "Tether-Proof: \(key)"]
+                    ) == "404"
                 )
             }
         }

@@ -305,7 +305,9 @@ extension IntegrationTests {
             }
         }
 
-        @Test("connections to the WebSocket listener that never upgrade are capped and closed at the handshake timeout")
+        @Test(
+            "connections to the WebSocket listener that never upgrade are capped and closed at the handshake timeout; those beyond the cap are answered 503"
+        )
         func idleUpgradesCapped() async throws {
             try await withHarness { harness in
                 let (_, endpoint) = try await harness.gateway(
@@ -318,18 +320,23 @@ extension IntegrationTests {
                 )
                 let closed = NIOLockedValueBox(0)
                 var idle: [any Channel] = []
-                for _ in 0..<8 {
+                for _ in 0..<5 {
                     let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                         .connect(host: "127.0.0.1", port: endpoint.port).get()
                     channel.closeFuture.whenComplete { _ in closed.withLockedValue { $0 += 1 } }
                     idle.append(channel)
                 }
-                try await eventually("the 3 beyond the cap are closed at once", timeout: .milliseconds(800)) {
-                    closed.withLockedValue { $0 } >= 3
+                try await Task.sleep(for: .milliseconds(100))
+                for _ in 0..<3 {
+                    let refused = try await HTTPPeer.connect(port: endpoint.port)
+                    let response = try await refused.send(.GET, Endpoint.defaultWebSocketPath).wait(timeout: .milliseconds(800))
+                    #expect(response.status == .serviceUnavailable)
+                    #expect(response.headers["Retry-After"] == ["5"])
+                    try await eventually("the refused connection is closed") { !refused.isActive }
                 }
-                #expect(closed.withLockedValue { $0 } == 3, "the 5 within the cap wait for their upgrade")
+                #expect(closed.withLockedValue { $0 } == 0, "the 5 within the cap wait for their upgrade")
                 try await eventually("the others are closed at the handshake timeout", timeout: .seconds(5)) {
-                    closed.withLockedValue { $0 } == 8
+                    closed.withLockedValue { $0 } == 5
                 }
                 let client = try harness.client([endpoint])
                 #expect(try await client.request("echo", body: ByteBuffer(string: "room again")).string == "room again")
@@ -388,7 +395,8 @@ extension IntegrationTests {
                     results[check] = (ok, object["detail"] as? String ?? "")
                 }
                 for check in [
-                    "upgrade", "handshake", "request", "ping", "close-code", "text-1003", "http-404", "http-426", "http-400", "http-403",
+                    "upgrade", "handshake", "request", "ping", "fragments", "fragments-1", "fragments-ping", "close-code", "text-1003",
+                    "http-404", "http-426", "http-400", "http-403",
                 ] {
                     let result = results[check]
                     #expect(result?.ok == true, "\(check): \(result?.detail ?? "not reported"); output:\n\(output.joined(separator: "\n"))")

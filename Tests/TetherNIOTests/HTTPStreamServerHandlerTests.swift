@@ -46,15 +46,29 @@ struct HTTPStreamServerHandlerTests {
     static let maxPostBodySize = 1000
 
     /// A connection of the HTTP listener: the stream's handler, then what a stream adds above it.
-    private func connection(_ sessions: HTTPStreamSessions, reader: Reader = Reader(), passed: Passed = Passed()) throws -> EmbeddedChannel
-    {
+    private func connection(
+        _ sessions: HTTPStreamSessions,
+        reader: Reader = Reader(),
+        passed: Passed = Passed(),
+        refusing refusal: HTTPRefusal? = nil
+    ) throws -> EmbeddedChannel {
         let channel = EmbeddedChannel()
         let handler = HTTPStreamServerHandler(
             settings: .init(path: Self.path, maxPostBodySize: Self.maxPostBodySize, postIdleTimeout: .seconds(60)),
             sessions: sessions,
-            startConnection: { channel in
-                try channel.pipeline.syncOperations.removeHandler(passed).wait()
-                try channel.pipeline.syncOperations.addHandler(reader)
+            admit: { channel, purpose in
+                if let refusal { return .refused(refusal) }
+                switch purpose {
+                case .posts:
+                    return .admitted {}
+                case .stream:
+                    return .admitted {
+                        // Whatever the connection's handler writes as it is added goes after the head.
+                        try channel.pipeline.syncOperations.removeHandler(passed).wait()
+                        try channel.pipeline.syncOperations.addHandler(reader)
+                        channel.write(ByteBuffer(string: "written as added"), promise: nil)
+                    }
+                }
             },
             served: {}
         )
@@ -93,8 +107,30 @@ struct HTTPStreamServerHandlerTests {
         return (head.status, head.headers, body)
     }
 
-    /// Opens a stream; returns its channel and token.
-    private func openStream(_ sessions: HTTPStreamSessions, reader: Reader) throws -> (EmbeddedChannel, String) {
+    /// An open stream as its reader knows it: the session line's token and key, and the POSTs
+    /// sent so far.
+    private final class OpenStream {
+        let channel: EmbeddedChannel
+        let token: String
+        let key: String
+        var posts: UInt64 = 0
+
+        init(channel: EmbeddedChannel, token: String, key: String) {
+            self.channel = channel
+            self.token = token
+            self.key = key
+        }
+
+        /// The headers of the session's next POST of `body`, with its proof.
+        func headers(_ body: String) -> [(String, String)] {
+            defer { self.posts += 1 }
+            let proof = HTTPStreamBinding.proof(key: self.key, post: self.posts, body: ByteBuffer(string: body))!
+            return [(HTTPStreamBinding.sessionHeader, self.token), (HTTPStreamBinding.proofHeader, proof)]
+        }
+    }
+
+    /// Opens a stream.
+    private func openStream(_ sessions: HTTPStreamSessions, reader: Reader) throws -> OpenStream {
         let stream = try self.connection(sessions, reader: reader)
         try self.send(self.request(.GET), to: stream)
         guard case .head(let head)? = try stream.readOutbound(as: HTTPServerResponsePart.self) else {
@@ -110,11 +146,19 @@ struct HTTPStreamServerHandlerTests {
         }
         let line = String(buffer: first)
         #expect(line.hasSuffix("\n"))
-        let token = String(line.dropLast())
-        #expect(HTTPStreamBinding.isWellFormedToken(token))
+        guard let (token, key) = HTTPStreamBinding.parseSessionLine(line.dropLast()) else {
+            Issue.record("not a session line: \(line)")
+            throw CancellationError()
+        }
         #expect(head.headers[HTTPStreamBinding.sessionHeader] == [token])
+        #expect(!head.headers.contains { $0.value.contains(key) }, "the key is in no header")
+        guard case .body(.byteBuffer(let added))? = try stream.readOutbound(as: HTTPServerResponsePart.self) else {
+            Issue.record("what the connection's handler wrote as it was added is not in the body")
+            throw CancellationError()
+        }
+        #expect(String(buffer: added) == "written as added")
         stream.read()  // as autoRead does once the connection is set up
-        return (stream, token)
+        return OpenStream(channel: stream, token: token, key: key)
     }
 
     @Test(
@@ -123,7 +167,8 @@ struct HTTPStreamServerHandlerTests {
     func openAndEnd() throws {
         let sessions = HTTPStreamSessions(remembered: 10)
         let reader = Reader()
-        let (stream, token) = try self.openStream(sessions, reader: reader)
+        let open = try self.openStream(sessions, reader: reader)
+        let (stream, token) = (open.channel, open.token)
         guard case .live = sessions.lookup(token) else {
             Issue.record("the session is not registered")
             return
@@ -146,35 +191,37 @@ struct HTTPStreamServerHandlerTests {
     }
 
     @Test(
-        "a POST's body is read by the stream's connection, and answered 204 only then: a connection that holds reads holds the POST; a second POST meanwhile gets 409"
+        "a POST's body is answered 204 only once the stream's connection has read it (it asks for more): a connection that holds reads holds the POST; a second POST meanwhile gets 409"
     )
     func postBackpressure() throws {
         let sessions = HTTPStreamSessions(remembered: 10)
         let reader = Reader()
-        let (stream, token) = try self.openStream(sessions, reader: reader)
-        reader.holding = true  // reads after the one the connection asked for when it was set up
+        let open = try self.openStream(sessions, reader: reader)
+        let stream = open.channel
+        reader.holding = true  // it takes the next bytes, then holds (its limits pace the client)
         let post = try self.connection(sessions)
-        try self.send(self.request(.POST, headers: [(HTTPStreamBinding.sessionHeader, token)], body: "frames"), to: post)
+        try self.send(self.request(.POST, headers: open.headers("frames"), body: "frames"), to: post)
         try stream.embeddedEventLoop.run()
         try post.embeddedEventLoop.run()
-        // The read asked for when the connection was set up is still outstanding: the body is read.
+        // The read asked for when the connection was set up was outstanding: the body went up,
+        // but the connection holds its next read: it has not read it all, and the POST waits.
         #expect(reader.reads.map { String(buffer: $0) } == ["frames"])
-        #expect(try self.response(of: post)?.status == .noContent)
-
-        // Now the connection holds reads: the next POST waits.
-        try self.send(self.request(.POST, headers: [(HTTPStreamBinding.sessionHeader, token)], body: "more"), to: post)
-        try stream.embeddedEventLoop.run()
-        try post.embeddedEventLoop.run()
-        #expect(reader.reads.count == 1)
         #expect(try self.response(of: post) == nil)
 
         let second = try self.connection(sessions)
-        try self.send(self.request(.POST, headers: [(HTTPStreamBinding.sessionHeader, token)], body: "meanwhile"), to: second)
+        try self.send(self.request(.POST, headers: open.headers("meanwhile"), body: "meanwhile"), to: second)
+        open.posts -= 1  // refused: it did not count
         try stream.embeddedEventLoop.run()
         try second.embeddedEventLoop.run()
         #expect(try self.response(of: second)?.status == .conflict)
 
-        reader.release()
+        reader.release()  // the connection read what it held and asks for more
+        try stream.embeddedEventLoop.run()
+        try post.embeddedEventLoop.run()
+        #expect(try self.response(of: post)?.status == .noContent)
+
+        // A connection that does not hold reads answers at once.
+        try self.send(self.request(.POST, headers: open.headers("more"), body: "more"), to: post)
         try stream.embeddedEventLoop.run()
         try post.embeddedEventLoop.run()
         #expect(reader.reads.map { String(buffer: $0) } == ["frames", "more"])
@@ -182,25 +229,60 @@ struct HTTPStreamServerHandlerTests {
     }
 
     @Test(
+        "a GET or a first POST the gateway does not admit gets the refusal's status, its reason and Retry-After, then a close; no stream opens"
+    )
+    func refusedAdmission() throws {
+        let sessions = HTTPStreamSessions(remembered: 10)
+        let refusal = HTTPRefusal(status: .serviceUnavailable, message: "the gateway holds its maximum", retryAfter: .milliseconds(1500))
+        let post = [
+            (HTTPStreamBinding.sessionHeader, HTTPStreamBinding.makeToken()), (HTTPStreamBinding.proofHeader, HTTPStreamBinding.makeKey()),
+        ]
+        for parts in [self.request(.GET), self.request(.POST, headers: post, body: "x")] {
+            let channel = try self.connection(sessions, refusing: refusal)
+            try self.send(parts, to: channel)
+            try channel.embeddedEventLoop.run()
+            let response = try self.response(of: channel)
+            #expect(response?.status == .serviceUnavailable)
+            #expect(response?.headers["Retry-After"] == ["2"], "whole seconds, rounded up")
+            #expect(response?.headers["Connection"] == ["close"])
+            #expect(response?.body == "the gateway holds its maximum\n")
+            #expect(!channel.isActive, "closed after the answer")
+        }
+        #expect(sessions.liveCount == 0)
+        let rate = try self.connection(
+            sessions,
+            refusing: HTTPRefusal(status: .tooManyRequests, message: "too fast", retryAfter: .seconds(1))
+        )
+        try self.send(self.request(.GET), to: rate)
+        let response = try self.response(of: rate)
+        #expect(response?.status == .tooManyRequests)
+        #expect(response?.headers["Retry-After"] == ["1"])
+    }
+
+    @Test(
         "clear statuses: 404 unknown session, 410 ended, 409 a second GET for a live session, 400 no token, 413 over the cap, 405 another method; other paths pass on"
     )
     func statuses() throws {
         let sessions = HTTPStreamSessions(remembered: 10)
-        let (stream, token) = try self.openStream(sessions, reader: Reader())
+        let open = try self.openStream(sessions, reader: Reader())
+        let (stream, token) = (open.channel, open.token)
         let unknown = String(repeating: "A", count: HTTPStreamBinding.tokenLength)
         let session = HTTPStreamBinding.sessionHeader
+        let proof = (HTTPStreamBinding.proofHeader, HTTPStreamBinding.makeKey())
         let cases: [(String, [HTTPServerRequestPart], HTTPResponseStatus)] = [
-            ("unknown session", self.request(.POST, headers: [(session, unknown)], body: "x"), .notFound),
+            ("unknown session", self.request(.POST, headers: [(session, unknown), proof], body: "x"), .notFound),
             ("second GET", self.request(.GET, headers: [(session, token)]), .conflict),
-            ("no token", self.request(.POST, body: "x"), .badRequest),
-            ("malformed token", self.request(.POST, headers: [(session, "short")], body: "x"), .badRequest),
+            ("no token", self.request(.POST, headers: [proof], body: "x"), .badRequest),
+            ("malformed token", self.request(.POST, headers: [(session, "short"), proof], body: "x"), .badRequest),
+            ("no proof", self.request(.POST, headers: [(session, token)], body: "x"), .badRequest),
             (
-                "declared too large", self.request(.POST, headers: [(session, token), ("Content-Length", "\(Self.maxPostBodySize + 1)")]),
+                "declared too large",
+                self.request(.POST, headers: [(session, token), proof, ("Content-Length", "\(Self.maxPostBodySize + 1)")]),
                 .payloadTooLarge
             ),
             (
                 "too large",
-                self.request(.POST, headers: [(session, token)], body: String(repeating: "x", count: Self.maxPostBodySize + 1)),
+                self.request(.POST, headers: [(session, token), proof], body: String(repeating: "x", count: Self.maxPostBodySize + 1)),
                 .payloadTooLarge
             ),
             ("another method", self.request(.PUT), .methodNotAllowed),
@@ -217,7 +299,7 @@ struct HTTPStreamServerHandlerTests {
 
         _ = try? stream.close().wait()
         let late = try self.connection(sessions)
-        try self.send(self.request(.POST, headers: [(session, token)], body: "late"), to: late)
+        try self.send(self.request(.POST, headers: open.headers("late"), body: "late"), to: late)
         try late.embeddedEventLoop.run()
         #expect(try self.response(of: late)?.status == .gone)
 
@@ -227,6 +309,58 @@ struct HTTPStreamServerHandlerTests {
         #expect(passed.parts.count == 2)
         #expect(try other.readOutbound(as: HTTPServerResponsePart.self) == nil)
     }
+
+    @Test(
+        "a POST with the token but without the key's proof (a stolen token), or replaying an earlier POST's proof, is refused 403 and the stream never sees it; its reader's POSTs go on"
+    )
+    func stolenToken() throws {
+        let sessions = HTTPStreamSessions(remembered: 10)
+        let reader = Reader()
+        let open = try self.openStream(sessions, reader: reader)
+        let first = open.headers("HELLO")
+        let post = try self.connection(sessions)
+        try self.send(self.request(.POST, headers: first, body: "HELLO"), to: post)
+        try open.channel.embeddedEventLoop.run()
+        #expect(try self.response(of: post)?.status == .noContent)
+
+        let forged = HTTPStreamBinding.proof(key: HTTPStreamBinding.makeKey(), post: open.posts, body: ByteBuffer(string: "garbage"))!
+        let attempts: [(String, [(String, String)], String)] = [
+            ("another key", [(HTTPStreamBinding.sessionHeader, open.token), (HTTPStreamBinding.proofHeader, forged)], "garbage"),
+            ("a replayed proof", first, "HELLO"),
+            ("a proof for another body", open.headers("REQUEST"), "garbage"),
+        ]
+        open.posts -= 1
+        for (name, headers, body) in attempts {
+            let thief = try self.connection(sessions)
+            try self.send(self.request(.POST, headers: headers, body: body), to: thief)
+            try open.channel.embeddedEventLoop.run()
+            let response = try self.response(of: thief)
+            #expect(response?.status == .forbidden, "\(name): \(String(describing: response))")
+            #expect(response?.body.contains(HTTPStreamBinding.proofHeader) == true)
+            #expect(!thief.isActive)
+        }
+        #expect(reader.reads.map { String(buffer: $0) } == ["HELLO"], "the stream saw none of them")
+        try self.send(self.request(.POST, headers: open.headers("REQUEST"), body: "REQUEST"), to: post)
+        try open.channel.embeddedEventLoop.run()
+        #expect(try self.response(of: post)?.status == .noContent)
+        #expect(reader.reads.map { String(buffer: $0) } == ["HELLO", "REQUEST"])
+        #expect(open.channel.isActive)
+    }
+
+    @Test(
+        "the proof is HMAC-SHA256 of the POST's number (8 bytes, big-endian) and its body, keyed with the session key (PROTOCOL.md vector)"
+    )
+    func proofVector() {
+        // The key is 32 bytes 0x00…0x1F; POST 1 carries "TH".
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+        #expect(HTTPStreamBinding.proof(key: key, post: 1, body: ByteBuffer(string: "TH")) == Self.vectorProof)
+        #expect(HTTPStreamBinding.proof(key: "short", post: 1, body: ByteBuffer()) == nil)
+        #expect(HTTPStreamBinding.parseSessionLine("\(String(repeating: "A", count: 43)) \(key)\r")?.key == key)
+        #expect(HTTPStreamBinding.parseSessionLine(String(repeating: "A", count: 43)) == nil, "a line without a key")
+    }
+
+    /// The proof of the vector above, as computed independently (Python's hmac module).
+    static let vectorProof = "iFIMBGYayGnL5d8V9L-tgp8ojM8LjQpxhNTjq_O8vHk"
 
     @Test("session tokens are 43 base64url characters from the system's random source, all different")
     func tokens() {
@@ -247,14 +381,14 @@ struct HTTPStreamServerHandlerTests {
 
         let sessions = HTTPStreamSessions(
             remembered: 0,
-            forwarding: .init(nodeKey: 7) { token, owner, body in
-                .init(status: .noContent, message: "\(owner) \(HTTPStreamBinding.nodeKey(of: token)!) \(body.readableBytes)")
+            forwarding: .init(nodeKey: 7) { token, owner, body, proof in
+                .init(status: .noContent, message: "\(owner) \(HTTPStreamBinding.nodeKey(of: token)!) \(body.readableBytes) \(proof)")
             }
         )
         #expect(HTTPStreamBinding.nodeKey(of: sessions.makeToken()) == 7)
         #expect(sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 7)) == nil, "a token of this node's own")
         let forward = sessions.forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8))
-        #expect(await forward?(ByteBuffer(string: "abc"))?.message == "8 8 3")
+        #expect(await forward?(ByteBuffer(string: "abc"), "proof")?.message == "8 8 3 proof")
         #expect(HTTPStreamSessions(remembered: 0).forwarder(for: HTTPStreamBinding.makeToken(nodeKey: 8)) == nil, "no cluster")
     }
 }

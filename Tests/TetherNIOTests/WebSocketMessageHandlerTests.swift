@@ -21,10 +21,16 @@ private final class ErrorCatcher: ChannelInboundHandler {
 
 @Suite("WebSocket message handler")
 struct WebSocketMessageHandlerTests {
-    private func channel(_ role: WebSocketMessageHandler.Role) throws -> (EmbeddedChannel, ErrorCatcher) {
+    private func channel(_ role: WebSocketMessageHandler.Role, maxMessageSize: Int? = nil) throws -> (EmbeddedChannel, ErrorCatcher) {
         let channel = EmbeddedChannel()
         let catcher = ErrorCatcher()
-        try channel.pipeline.syncOperations.addHandler(WebSocketMessageHandler(role: role))
+        let handler =
+            if let maxMessageSize {
+                WebSocketMessageHandler(role: role, maxMessageSize: maxMessageSize)
+            } else {
+                WebSocketMessageHandler(role: role)
+            }
+        try channel.pipeline.syncOperations.addHandler(handler)
         try channel.pipeline.syncOperations.addHandler(catcher)
         try channel.connect(to: .init(ipAddress: "127.0.0.1", port: 1)).wait()
         return (channel, catcher)
@@ -37,12 +43,24 @@ struct WebSocketMessageHandlerTests {
     }
 
     /// A frame as NIOWebSocket's decoder delivers it: with a masking key, its data is masked.
-    private func frame(_ opcode: WebSocketOpcode, _ data: ByteBuffer, masked: Bool) -> WebSocketFrame {
-        guard masked else { return WebSocketFrame(fin: true, opcode: opcode, data: data) }
+    private func frame(_ opcode: WebSocketOpcode, _ data: ByteBuffer, masked: Bool, fin: Bool = true) -> WebSocketFrame {
+        guard masked else { return WebSocketFrame(fin: fin, opcode: opcode, data: data) }
         let key = WebSocketMaskingKey.random()
         var maskedData = data
         maskedData.webSocketMask(key)
-        return WebSocketFrame(fin: true, opcode: opcode, maskKey: key, data: maskedData)
+        return WebSocketFrame(fin: fin, opcode: opcode, maskKey: key, data: maskedData)
+    }
+
+    /// `message` as a client sends it in fragments of `sizes` bytes (the last takes the rest):
+    /// a binary frame, then continuations, each masked with a key of its own.
+    private func fragments(of message: ByteBuffer, sizes: [Int]) -> [WebSocketFrame] {
+        var rest = message
+        var frames: [WebSocketFrame] = []
+        for size in sizes where rest.readableBytes > size {
+            frames.append(self.frame(frames.isEmpty ? .binary : .continuation, rest.readSlice(length: size)!, masked: true, fin: false))
+        }
+        frames.append(self.frame(frames.isEmpty ? .binary : .continuation, rest, masked: true, fin: true))
+        return frames
     }
 
     /// The close code of a frame the handler wrote (written frames hold plain data: the
@@ -131,6 +149,68 @@ struct WebSocketMessageHandlerTests {
         let error = try #require(catcher.errors.first as? TransportError)
         #expect(error.code == .webSocketClosed && error.webSocketCloseCode == 1001)
         #expect(error.message.contains("going away") && error.message.contains("restarting"))
+        #expect(!channel.isActive)
+    }
+
+    @Test("a message in two masked fragments, or one byte per fragment, goes up whole, once")
+    func fragmented() throws {
+        let request = try self.encoded(.request(.init(id: 9, method: "echo", body: ByteBuffer(string: "in pieces"))))
+        for sizes in [[10], Array(repeating: 1, count: request.readableBytes - 1)] {
+            let (channel, catcher) = try self.channel(.server)
+            for fragment in self.fragments(of: request, sizes: sizes) {
+                #expect(catcher.reads.isEmpty, "nothing goes up before the last fragment")
+                try channel.writeInbound(fragment)
+            }
+            #expect(catcher.reads == [request])
+            #expect(catcher.errors.isEmpty)
+            #expect(try channel.readOutbound(as: WebSocketFrame.self) == nil, "no CLOSE")
+            #expect(channel.isActive)
+        }
+    }
+
+    @Test("a PING between the fragments of a message is answered at once; the message goes up whole after its last fragment")
+    func pingBetweenFragments() throws {
+        let request = try self.encoded(.request(.init(id: 3, method: "echo", body: ByteBuffer(string: "ping in between"))))
+        let (channel, catcher) = try self.channel(.server)
+        let fragments = self.fragments(of: request, sizes: [20])
+        try channel.writeInbound(fragments[0])
+        try channel.writeInbound(self.frame(.ping, ByteBuffer(string: "still there?"), masked: true))
+        let pong = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+        #expect(pong.opcode == .pong && pong.data == ByteBuffer(string: "still there?"))
+        #expect(catcher.reads.isEmpty)
+        try channel.writeInbound(fragments[1])
+        #expect(catcher.reads == [request])
+    }
+
+    @Test(
+        "refused with close 1002: an unmasked continuation, a continuation without a message, a new message before the last ended; with 1009: a message over the limit, counted over all its fragments",
+        arguments: ["unmasked continuation", "orphan continuation", "interleaved message", "over the limit"]
+    )
+    func fragmentRefusals(_ case: String) throws {
+        let message = ByteBuffer(repeating: 0x41, count: 100)
+        let (channel, catcher) = try self.channel(.server, maxMessageSize: 150)
+        let first = self.frame(.binary, message, masked: true, fin: false)
+        let expected: UInt16
+        switch `case` {
+        case "unmasked continuation":
+            try channel.writeInbound(first)
+            try channel.writeInbound(self.frame(.continuation, message, masked: false, fin: true))
+            expected = 1002
+        case "orphan continuation":
+            try channel.writeInbound(self.frame(.continuation, message, masked: true, fin: true))
+            expected = 1002
+        case "interleaved message":
+            try channel.writeInbound(first)
+            try channel.writeInbound(self.frame(.binary, message, masked: true, fin: true))
+            expected = 1002
+        default:
+            try channel.writeInbound(first)
+            try channel.writeInbound(self.frame(.continuation, message, masked: true, fin: false))
+            expected = 1009
+        }
+        #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == expected)
+        #expect(catcher.reads.isEmpty, "nothing went up")
+        #expect((catcher.errors.first as? TransportError)?.webSocketCloseCode == expected)
         #expect(!channel.isActive)
     }
 }

@@ -56,6 +56,10 @@ public struct FrameReader: Sendable {
     /// Whether bytes of a frame not yet complete are held.
     public var hasPartialFrame: Bool { (self.cumulation?.readableBytes ?? 0) > 0 }
 
+    /// The bytes read and not decoded yet: part of a frame, or frames left while their reader
+    /// held reads.
+    public var bufferedBytes: Int { self.cumulation?.readableBytes ?? 0 }
+
     /// Takes the bytes of one read (a slice of the stream, or one whole message).
     public mutating func append(_ bytes: ByteBuffer) {
         guard !self.failed else { return }

@@ -18,6 +18,8 @@ public final class PayloadDeflater {
     /// The smallest payload worth compressing.
     public let threshold: Int
     private let compressor: ZlibCompressor
+    /// Payload bytes given to zlib since ``takeWork()``: what compressing cost.
+    private var work = 0
 
     /// - Parameters:
     ///   - threshold: Payloads shorter than this go as they are.
@@ -43,6 +45,7 @@ public final class PayloadDeflater {
     ///   not shrink: the caller writes it as it is.
     public func deflate(_ payload: ByteBuffer, into buffer: inout ByteBuffer) -> Bool {
         guard payload.readableBytes >= self.threshold else { return false }
+        self.work += payload.readableBytes
         let start = buffer.writerIndex
         var input = payload
         buffer.reserveCapacity(minimumWritableBytes: self.compressor.maxSize(from: input))
@@ -53,11 +56,20 @@ public final class PayloadDeflater {
             buffer.moveWriterIndex(to: start)
             return false  // sent as it is
         }
-        guard buffer.writerIndex - start < payload.readableBytes else {
+        let compressed = buffer.writerIndex - start
+        // Not smaller: not worth it. Smaller than the receiver accepts (PROTOCOL.md 2.5: at most
+        // 64 times smaller): sent as it is.
+        guard compressed < payload.readableBytes, payload.readableBytes <= compressed * Compression.maximumRatio else {
             buffer.moveWriterIndex(to: start)
             return false
         }
         return true
+    }
+
+    /// The payload bytes given to zlib since the last call: what compressing cost.
+    public func takeWork() -> Int {
+        defer { self.work = 0 }
+        return self.work
     }
 }
 
@@ -66,10 +78,14 @@ extension PayloadDeflater: Sendable {}
 
 /// Inflates the payloads of a connection's inbound COMPRESSED frames, each on its own, never
 /// past a limit: a payload that would inflate beyond the receiver's maximum body size is
-/// refused (`frame too large`) once that many bytes came out, whatever it claims or holds (a
-/// "zip bomb" costs the receiver at most the limit).
+/// refused (`frame too large`) once that many bytes came out, and one that would inflate to
+/// more than ``Compression/maximumRatio`` times its size is refused (`protocol error`) as soon
+/// as it does, whatever it claims or holds (a "zip bomb" costs the receiver at most the limit,
+/// and at most 64 bytes for each byte it carried).
 public final class PayloadInflater {
     private let decompressor: ZlibDecompressor
+    /// Bytes inflated since ``takeWork()``: what decompressing cost.
+    private var work = 0
 
     /// - Throws: ``ProtocolError`` if zlib cannot allocate its state.
     public init() throws(ProtocolError) {
@@ -88,6 +104,22 @@ public final class PayloadInflater {
     /// - Throws: ``ProtocolError``: `frame too large` past `limit`, `protocol error` for data
     ///   that is not one complete DEFLATE stream.
     public func inflate(_ payload: ByteBuffer, limit: Int, of type: FrameType) throws(ProtocolError) -> ByteBuffer {
+        // The tighter of the two: the receiver's body limit, and 64 bytes per compressed byte.
+        let ratioLimit = payload.readableBytes * Compression.maximumRatio
+        let ratioBinds = ratioLimit < limit
+        let limit = min(limit, ratioLimit)
+        func beyond() -> ProtocolError {
+            ratioBinds
+                ? ProtocolError(
+                    code: .protocolError,
+                    message:
+                        "compressed \(type) payload of \(payload.readableBytes) bytes inflates to more than \(Compression.maximumRatio) times its size"
+                )
+                : ProtocolError(
+                    code: .frameTooLarge,
+                    message: "compressed \(type) payload of \(payload.readableBytes) bytes inflates beyond the limit of \(limit) bytes"
+                )
+        }
         var input = payload
         // DEFLATE shrinks typical payloads 3 to 10 times; the buffer grows (to the limit) if not.
         var output = ByteBufferAllocator().buffer(capacity: min(limit, max(1024, payload.readableBytes * 4)))
@@ -110,10 +142,8 @@ public final class PayloadInflater {
             } catch let error as CompressNIOError where error == .bufferOverflow {
                 // More output than room: grow, unless the limit is reached.
                 guard output.readableBytes < limit else {
-                    throw ProtocolError(
-                        code: .frameTooLarge,
-                        message: "compressed \(type) payload of \(payload.readableBytes) bytes inflates beyond the limit of \(limit) bytes"
-                    )
+                    self.work += output.readableBytes
+                    throw beyond()
                 }
                 output.reserveCapacity(minimumWritableBytes: min(limit - output.readableBytes, max(4096, output.readableBytes)))
             } catch let error as CompressNIOError where error == .inputBufferOverflow {
@@ -122,16 +152,18 @@ public final class PayloadInflater {
                 throw ProtocolError(code: .protocolError, message: "compressed \(type) payload is not valid DEFLATE data: \(error)")
             }
         }
-        guard output.readableBytes <= limit else {
-            throw ProtocolError(
-                code: .frameTooLarge,
-                message: "compressed \(type) payload of \(payload.readableBytes) bytes inflates beyond the limit of \(limit) bytes"
-            )
-        }
+        self.work += output.readableBytes
+        guard output.readableBytes <= limit else { throw beyond() }
         guard input.readableBytes == 0 else {
             throw ProtocolError(code: .protocolError, message: "compressed \(type) payload has bytes after its DEFLATE stream")
         }
         return output
+    }
+
+    /// The bytes inflated since the last call: what decompressing cost.
+    public func takeWork() -> Int {
+        defer { self.work = 0 }
+        return self.work
     }
 }
 
@@ -162,6 +194,11 @@ public struct Compression: Sendable, Hashable {
 
     /// Payloads of 512 bytes or more, at zlib's default level 6.
     public static var defaults: Compression { try! Compression() }
+
+    /// The most a compressed payload may inflate: 64 times its compressed size (PROTOCOL.md
+    /// 2.5). A sender sends a payload that would compress more than that as it is; a receiver
+    /// refuses one that inflates more (`protocol error`).
+    public static let maximumRatio = 64
 
     public func validate() throws(ConfigurationError) {
         guard self.threshold >= 1 else { throw ConfigurationError("compression.threshold must be at least 1 byte") }

@@ -135,6 +135,7 @@ extension GatewayConnectionStateMachine {
     package mutating func timerFired(now: TetherInstant) -> OnTimer {
         var result = OnTimer()
         for token in self.expireTimeLimits(now: now) { result.cancelTimeLimited.append(token) }
+        self.compressionTimerFired(now: now)
         switch self.state {
         case .handshaking(let handshaking):
             guard now >= handshaking.deadline else { break }

@@ -38,6 +38,9 @@ package struct GatewayConnectionStateMachine: Sendable {
         package var inbox: MessageInbox.Limits
         /// Deliveries sent and not acknowledged at most.
         package var deliveryWindow: Int
+        /// Bytes of payload one connection's compression may inflate and deflate per second;
+        /// beyond, it stops reading until the rate allows (`nil`: no limit).
+        package var compressionBytesPerSecond: Int?
 
         package init(
             handshakeTimeout: Duration,
@@ -46,7 +49,8 @@ package struct GatewayConnectionStateMachine: Sendable {
             closeTimeout: Duration = .seconds(2),
             requests: GatewayRequestTable.Limits,
             inbox: MessageInbox.Limits,
-            deliveryWindow: Int
+            deliveryWindow: Int,
+            compressionBytesPerSecond: Int? = nil
         ) {
             self.handshakeTimeout = handshakeTimeout
             self.idleTimeout = idleTimeout
@@ -55,6 +59,7 @@ package struct GatewayConnectionStateMachine: Sendable {
             self.requests = requests
             self.inbox = inbox
             self.deliveryWindow = deliveryWindow
+            self.compressionBytesPerSecond = compressionBytesPerSecond
         }
     }
 
@@ -153,11 +158,21 @@ package struct GatewayConnectionStateMachine: Sendable {
 
     /// Whether nothing more is written (closing or closed).
     package private(set) var isClosing = false
+    /// Requests or reliable messages wait at their limits.
+    private var limitsHoldReads = false
+    /// The connection's compression went beyond its rate: reads pause until then.
+    package private(set) var compressionPausedUntil: TetherInstant?
+    /// Paces the connection's compression work, once it compresses.
+    private var compressionPacer: WorkPacer?
+
     /// Whether the connection must stop reading: requests or reliable messages wait at their
-    /// limits.
-    package private(set) var holdsReads = false
+    /// limits, or its compression went beyond its rate.
+    package var holdsReads: Bool { self.limitsHoldReads || self.compressionPausedUntil != nil }
     /// Requests read and not answered.
     package private(set) var requestsInFlight = 0
+    /// The body bytes of the reliable messages waiting for the lane: what the connection holds
+    /// of the gateway's memory besides what it has not decoded yet.
+    package private(set) var reliableBytesWaiting = 0
 
     /// Reliable messages waiting for the lane (not counting the batch being processed).
     package var reliableMessagesWaiting: Int {
@@ -175,9 +190,24 @@ package struct GatewayConnectionStateMachine: Sendable {
         }
     }
 
+    /// The connection inflated or deflated `bytes` of payload: charged to its compression rate.
+    /// Past the rate, ``holdsReads`` until the rate has paid for it.
+    package mutating func compressed(_ bytes: Int, now: TetherInstant) {
+        guard let perSecond = self.configuration.compressionBytesPerSecond, bytes > 0, !self.isClosing else { return }
+        if self.compressionPacer == nil { self.compressionPacer = WorkPacer(perSecond: perSecond, now: now) }
+        self.compressionPausedUntil = self.compressionPacer!.charge(bytes, now: now)
+    }
+
+    /// Ends a compression pause that is over.
+    mutating func compressionTimerFired(now: TetherInstant) {
+        guard let until = self.compressionPausedUntil, now >= until else { return }
+        self.compressionPausedUntil = self.compressionPacer?.charge(0, now: now)
+    }
+
     /// When the timer must fire next.
     package mutating func nextDeadline(now: TetherInstant) -> TetherInstant? {
         var next = self.timeLimits.earliest
+        if let until = self.compressionPausedUntil { next = min(next ?? until, until) }
         func consider(_ deadline: TetherInstant?) {
             if let deadline { next = min(next ?? deadline, deadline) }
         }
@@ -321,7 +351,8 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Puts the established connection's data back, and updates what the handler reads.
     private mutating func put(_ active: consuming Active, draining: Bool) {
         self.requestsInFlight = active.requests.count
-        self.holdsReads = active.requests.holdsReads || active.reliable?.value.inbox.holdsReads == true
+        self.limitsHoldReads = active.requests.holdsReads || active.reliable?.value.inbox.holdsReads == true
+        self.reliableBytesWaiting = active.reliable?.value.inbox.byteCount ?? 0
         if draining {
             self.state = .draining(consume active)
         } else {
@@ -334,7 +365,9 @@ package struct GatewayConnectionStateMachine: Sendable {
         self.state = .closing(closing)
         self.isClosing = true
         self.requestsInFlight = 0
-        self.holdsReads = false
+        self.reliableBytesWaiting = 0
+        self.limitsHoldReads = false
+        self.compressionPausedUntil = nil
     }
 
     mutating func established(_ active: Active) {

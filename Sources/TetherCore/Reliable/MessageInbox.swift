@@ -54,6 +54,9 @@ package struct MessageInbox: Sendable {
     /// Messages waiting.
     package var count: Int { self.queue?.count ?? 0 }
 
+    /// The body bytes of the messages waiting.
+    package var byteCount: Int { self.bytes }
+
     /// Whether a batch is being processed.
     package var isProcessing: Bool { self.processing != nil }
 

@@ -1,3 +1,4 @@
+import Atomics
 import Foundation
 public import NIOCore
 import NIOHTTP1
@@ -31,6 +32,10 @@ extension Gateway {
         public var open: Bool
         /// Open, and listening beyond loopback (``GatewayConfiguration/insecureOpen``).
         public var insecureOpen: Bool
+        /// What the connections hold of the memory budget now, in bytes.
+        public var memoryHeld: Int
+        /// The memory budget (``GatewayConfiguration/Limits-swift.struct/memoryBudget``).
+        public var memoryBudget: Int
     }
 
     /// How long `/ready` waits for the message store to answer.
@@ -42,6 +47,12 @@ extension Gateway {
         let (started, shuttingDown) = self.lifecycle.withLockedValue { ($0.accepting || $0.shuttingDown, $0.shuttingDown) }
         if !started { reasons.append("starting") }
         if shuttingDown { reasons.append("draining") }
+        if self.memoryBudget.isExhausted {
+            reasons.append(
+                "memory budget exhausted: connections hold \(self.memoryBudget.usedBytes) bytes of \(self.memoryBudget.limit) "
+                    + "(new connections are refused from \(self.memoryBudget.threshold))"
+            )
+        }
         if let store = self.reliable?.store {
             do {
                 let timeout = Self.storeProbeTimeout
@@ -63,7 +74,9 @@ extension Gateway {
             draining: self.lifecycle.withLockedValue { $0.shuttingDown },
             connections: self.registry.established.count,
             open: open,
-            insecureOpen: open && !self.configuration.nonLoopbackHosts.isEmpty
+            insecureOpen: open && !self.configuration.nonLoopbackHosts.isEmpty,
+            memoryHeld: self.memoryBudget.usedBytes,
+            memoryBudget: self.memoryBudget.limit
         )
     }
 
@@ -82,12 +95,34 @@ extension Gateway {
     /// Binds the admin listener. It stays open while the gateway drains (so that `/ready`
     /// says so) and closes when ``run()`` ends.
     func bindAdmin(_ admin: GatewayConfiguration.Admin) async throws -> any Channel {
+        let connections = self.adminConnections
         let bootstrap = ServerBootstrap(group: self.eventLoopGroup)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-                    try channel.pipeline.syncOperations.addHandler(AdminHTTPHandler(gateway: self))
+                    guard connections.loadThenWrappingIncrement(ordering: .relaxed) < admin.maxConnections else {
+                        connections.wrappingDecrement(ordering: .relaxed)
+                        let refusal = HTTPRefusal(
+                            status: .serviceUnavailable,
+                            message: "the admin listener holds its maximum of \(admin.maxConnections) connections; try again later",
+                            retryAfter: .seconds(1)
+                        )
+                        // Counted with the HTTP listener's refusals: as many at once, each for 2 s at most.
+                        guard self.refusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxRefusing else {
+                            self.refusing.wrappingDecrement(ordering: .relaxed)
+                            channel.close(promise: nil)
+                            return
+                        }
+                        let refusing = self.refusing
+                        channel.closeFuture.whenComplete { _ in refusing.wrappingDecrement(ordering: .relaxed) }
+                        try channel.pipeline.syncOperations.addHandler(HTTPRefusalHandler(refusal, timeout: .seconds(2)))
+                        return
+                    }
+                    channel.closeFuture.whenComplete { _ in connections.wrappingDecrement(ordering: .relaxed) }
+                    try channel.pipeline.syncOperations.addHandler(
+                        AdminHTTPHandler(gateway: self, token: admin.token, idleTimeout: TimeAmount(admin.idleTimeout))
+                    )
                 }
             }
         let server: any Channel
@@ -110,16 +145,38 @@ extension Gateway {
 }
 
 /// Answers the admin listener's requests: `GET /health`, `GET /ready` and `GET /metrics`;
-/// `404` otherwise.
+/// `404` otherwise, `401` without the token (if it has one). A connection with no complete
+/// request within the idle timeout is closed.
 final class AdminHTTPHandler: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
 
     private let gateway: Gateway
+    /// `Bearer <token>`, as an `Authorization` header must say it; `nil` takes any request.
+    private let authorization: [UInt8]?
+    private let idleTimeout: TimeAmount
     private var request: HTTPRequestHead?
+    private var idle: Scheduled<Void>?
 
-    init(gateway: Gateway) {
+    init(gateway: Gateway, token: String?, idleTimeout: TimeAmount) {
         self.gateway = gateway
+        self.authorization = token.map { Array("Bearer \($0)".utf8) }
+        self.idleTimeout = idleTimeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.waitForRequest(context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.idle?.cancel()
+    }
+
+    /// Closes the connection unless a whole request arrives within the idle timeout.
+    private func waitForRequest(context: ChannelHandlerContext) {
+        self.idle?.cancel()
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        self.idle = context.eventLoop.scheduleTask(in: self.idleTimeout) { loopBound.value.close(promise: nil) }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -131,11 +188,32 @@ final class AdminHTTPHandler: ChannelInboundHandler {
         case .end:
             guard let head = self.request else { return }
             self.request = nil
+            self.idle?.cancel()
+            self.idle = nil
             self.answer(head, context: context)
         }
     }
 
+    /// Whether the request carries the token (compared in a time that does not depend on where it differs).
+    private func authorized(_ head: HTTPRequestHead) -> Bool {
+        guard let expected = self.authorization else { return true }
+        let given = Array((head.headers.first(name: "Authorization") ?? "").utf8)
+        guard given.count == expected.count else { return false }
+        var difference: UInt8 = 0
+        for index in given.indices { difference |= given[index] ^ expected[index] }
+        return difference == 0
+    }
+
     private func answer(_ head: HTTPRequestHead, context: ChannelHandlerContext) {
+        guard self.authorized(head) else {
+            self.respond(
+                .unauthorized,
+                text: "the admin listener takes requests with its token: Authorization: Bearer <token>\n",
+                head: head,
+                context: context
+            )
+            return
+        }
         guard head.method == .GET || head.method == .HEAD else {
             self.respond(.methodNotAllowed, text: "the admin listener takes GET\n", head: head, context: context)
             return
@@ -151,6 +229,7 @@ final class AdminHTTPHandler: ChannelInboundHandler {
                 handler.respond(readiness.ready ? .ok : .serviceUnavailable, json: readiness, head: head, context: context)
             }
         case "/metrics":
+            self.gateway.sampleMemory()
             guard let registry = self.gateway.metricsRegistry else {
                 self.respond(
                     .notFound,
@@ -191,6 +270,7 @@ final class AdminHTTPHandler: ChannelInboundHandler {
         headers.add(name: "Content-Type", value: contentType)
         headers.add(name: "Content-Length", value: "\(text.utf8.count)")
         headers.add(name: "Cache-Control", value: "no-store")
+        if status == .unauthorized { headers.add(name: "WWW-Authenticate", value: "Bearer") }
         if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
         context.write(Self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
         if head.method != .HEAD {
@@ -200,6 +280,7 @@ final class AdminHTTPHandler: ChannelInboundHandler {
         context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
             if !keepAlive { context.close(promise: nil) }
         }
+        if keepAlive { self.waitForRequest(context: context) }
     }
 }
 

@@ -65,6 +65,9 @@ extension GatewayCluster {
 public struct ClusterStreamPost: Sendable {
     /// The session's token (`Tether-Session`).
     public var token: String
+    /// Its proof that it comes from the stream's reader (`Tether-Proof`), checked by the node
+    /// that holds the stream.
+    public var proof: String
     /// The frames it carries.
     public var body: ByteBuffer
     /// The key of the node that made the token, which holds the stream (see ``ClusterNode/streamKey``).
@@ -73,8 +76,9 @@ public struct ClusterStreamPost: Sendable {
     /// receiving node never forwards it again.
     public var forwardedBy: UInt64
 
-    public init(token: String, body: ByteBuffer, nodeKey: UInt64, forwardedBy: UInt64) {
+    public init(token: String, proof: String, body: ByteBuffer, nodeKey: UInt64, forwardedBy: UInt64) {
         self.token = token
+        self.proof = proof
         self.body = body
         self.nodeKey = nodeKey
         self.forwardedBy = forwardedBy

@@ -60,9 +60,9 @@ extension GatewayConnectionHandler {
         guard self.context != nil, case .some(let pumpStart) = self.machine.handshakeSucceeded(established, now: now) else {
             return  // the connection closed meanwhile
         }
-        if self.admitted?.authenticated == false {
-            self.admitted?.authenticated = true
-            self.services.admission.authenticated()
+        if var ticket = self.admitted {
+            self.services.admission.authenticated(&ticket)
+            self.admitted = ticket
         }
         self.pushes?.drain()
         self.write(.welcome(session.welcome), flags: .checksum)  // the WELCOME carries one, whatever was negotiated

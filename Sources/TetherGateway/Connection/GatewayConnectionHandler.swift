@@ -66,12 +66,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     var limitedTasks: [UInt64: Task<Void, Never>] = [:]
     /// With reliable delivery: the client's outbox and its lane.
     var lane: (outbox: OutboxID, lane: ReliableLanes.Lane)?
-    /// Whether the connection counts against the admission limits, from which address.
-    var admitted: (address: String?, authenticated: Bool)?
+    /// The connection's place in the admission limits, while it counts there.
+    var admitted: ConnectionAdmission.Ticket?
+    /// Admitted before the handler was added (an HTTP stream's GET, a WebSocket upgrade: their
+    /// refusals are HTTP answers): it is not asked again.
+    private let preadmitted: Bool
     /// Whether the connection is in the registry (and counted by the gateway's activity).
     var registered = false
     /// Frames are being handled (``decodeFrames(now:)`` is under way).
     private var decoding = false
+    /// The connection's share of the gateway's memory budget; `nil` on a loop without one.
+    var account: BudgetAccount?
+    /// Reads are paused until the memory budget has room.
+    var budgetPaused = false
 
     init(
         services: GatewayServices,
@@ -80,8 +87,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         transport: ConnectionTransport = .accepted,
         eventLoop: any EventLoop,
         pushes: PushBatcher?,
+        admitted: ConnectionAdmission.Ticket? = nil,
         logger: Logger
     ) {
+        self.admitted = admitted
+        self.preadmitted = admitted != nil
         self.machine = GatewayConnectionStateMachine(configuration: services.connectionConfiguration, now: services.clock.now)
         self.io = FrameConnection(framing: framing, holdsReadsWhileUnwritable: true)
         let metrics = services.metrics.transport(transport)
@@ -115,6 +125,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         self.io.handlerAdded(context: context)
+        self.account = self.services.intakeMonitor(for: context.eventLoop)?.account(for: self)
         if context.channel.isActive { self.register(context: context) }
         self.armTimer(now: self.services.clock.now)
     }
@@ -146,8 +157,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             self.drain(goAway)
             return
         }
+        guard !self.preadmitted else { return }
         let address = context.channel.remoteAddress?.ipAddress
-        if let refusal = self.services.admission.admit(address, now: self.services.clock.now) {
+        switch self.services.admission.admit(address, now: self.services.clock.now) {
+        case .success(let ticket):
+            self.admitted = ticket
+        case .failure(let refusal):
             self.services.refusalLog.log(
                 self.logger,
                 .warning,
@@ -159,20 +174,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
                 .error(refusal.report),
                 settle: self.machine.startClosing(writingLastFrame: true, now: self.services.clock.now)
             )
-        } else {
-            self.admitted = (address, false)
         }
     }
 
     /// The channel closed: settle the requests (cancelling their handlers), leave the registry
     /// and the admission counts. Reliable batches under way still commit.
     private func closed() {
+        self.account?.close()
         guard let closed = self.machine.channelClosed() else { return }
         self.cancelHandlers(closed.settled)
         for task in self.handlerTasks.values { task.cancel() }
         self.handlerTasks.removeAll()
         if let admitted = self.admitted {
-            self.services.admission.left(admitted.address, authenticated: admitted.authenticated)
+            self.services.admission.left(admitted)
             self.admitted = nil
         }
         if self.registered {
@@ -237,8 +251,18 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     func channelReadComplete(context: ChannelHandlerContext) {
         self.pushes?.drain()
         self.io.channelReadComplete(context: context)
+        let work = self.io.takeCompressionWork()
+        if work > 0 {
+            self.machine.compressed(work, now: self.services.clock.now)
+            self.armTimer(now: self.services.clock.now)
+        }
+        self.publishHoldings()
         context.fireChannelReadComplete()
     }
+
+    /// Whether reads are held: requests or messages wait at their limits, or the memory budget
+    /// is exhausted while the connection holds bytes.
+    private var holdsReads: Bool { self.machine.holdsReads || self.budgetPaused }
 
     func perform(_ action: GatewayConnectionStateMachine.OnFrame, now: TetherInstant) {
         switch action {
@@ -275,13 +299,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        let writable = self.io.writabilityChanged(context: context, ownerHolds: self.machine.holdsReads)
+        let writable = self.io.writabilityChanged(context: context, ownerHolds: self.holdsReads)
         if let actions = self.machine.writabilityChanged(writable) { self.pump(actions) }
+        self.publishHoldings()
         context.fireChannelWritabilityChanged()
     }
 
     func read(context: ChannelHandlerContext) {
-        self.io.read(context: context, ownerHolds: self.machine.holdsReads)
+        _ = self.pausesForBudget()
+        self.io.read(context: context, ownerHolds: self.holdsReads)
     }
 
     /// Reading may resume: something that held it (requests or messages waiting) is gone. What
@@ -291,8 +317,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         if self.io.hasBufferedBytes {
             self.decodeFrames(now: self.services.clock.now)
             self.flushSoon()
+            self.publishHoldings()
         }
-        self.io.resumeReading(context: context, ownerHolds: self.machine.holdsReads)
+        self.io.resumeReading(context: context, ownerHolds: self.holdsReads)
     }
 
     // MARK: Time

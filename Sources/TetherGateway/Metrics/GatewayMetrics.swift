@@ -44,6 +44,9 @@ final class GatewayMetrics: Sendable {
         static let storeFailures = "tether_store_failures_total"
         static let slowConsumers = "tether_slow_consumer_closes_total"
         static let limitRefusals = "tether_limit_refusals_total"
+        static let memoryHeld = "tether_memory_held_bytes"
+        static let memoryBudget = "tether_memory_budget_bytes"
+        static let budgetPauses = "tether_memory_budget_pauses_total"
     }
 
     static let durationBuckets: [Duration] = [
@@ -81,6 +84,12 @@ final class GatewayMetrics: Sendable {
     let commitWrites: Recorder
     let storeFailures: Counter
     let slowConsumers: Counter
+    /// What the connections hold of the memory budget, sampled (``Gateway/reportMemory()``).
+    let memoryHeld: Gauge
+    /// The memory budget's limit.
+    let memoryBudget: Gauge
+    /// Connections that paused their reads because the memory budget was exhausted.
+    let budgetPauses: Counter
 
     /// - Parameter factory: Where they go; `nil` for swift-metrics' global factory.
     init(factory: (any MetricsFactory)?) {
@@ -115,6 +124,9 @@ final class GatewayMetrics: Sendable {
         self.commitWrites = Recorder(label: Names.storeCommitWrites, factory: factory)
         self.storeFailures = Counter(label: Names.storeFailures, factory: factory)
         self.slowConsumers = Counter(label: Names.slowConsumers, factory: factory)
+        self.memoryHeld = Gauge(label: Names.memoryHeld, factory: factory)
+        self.memoryBudget = Gauge(label: Names.memoryBudget, factory: factory)
+        self.budgetPauses = Counter(label: Names.budgetPauses, factory: factory)
     }
 
     func transport(_ transport: ConnectionTransport) -> PerTransport {
@@ -132,7 +144,8 @@ final class GatewayMetrics: Sendable {
     }
 
     /// A limit refused something: `connections`, `connections_per_address`,
-    /// `unauthenticated`, `handshake_rate`, `store_quota`, `reply_size`, `push_size`, `body_size`.
+    /// `unauthenticated`, `handshake_rate`, `store_quota`, `reply_size`, `push_size`, `body_size`,
+    /// `memory` (the memory budget), `body_timeout` (a body that did not arrive in time).
     func refused(_ limit: String) {
         self.refusals.counter([("limit", limit)]).increment()
     }

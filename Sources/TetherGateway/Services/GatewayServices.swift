@@ -20,6 +20,8 @@ final class GatewayServices: Sendable {
     let authenticator: (any ClientAuthenticator)?
     let admission: ConnectionAdmission
     let refusalLog: RateLimitedLog
+    /// The ``IntakeMonitor`` of each event loop (the gateway's memory budget and body timeout).
+    private let intakeMonitors: [ObjectIdentifier: IntakeMonitor]
     /// What the gateway offers in WELCOME.
     let handshakePolicy: Handshake.GatewayPolicy
     /// Reliable delivery, if the gateway has a message store.
@@ -49,6 +51,7 @@ final class GatewayServices: Sendable {
         authenticator: (any ClientAuthenticator)?,
         admission: ConnectionAdmission,
         refusalLog: RateLimitedLog,
+        intakeMonitors: [ObjectIdentifier: IntakeMonitor],
         reliable: ReliableServices?,
         executors: EventLoopTaskExecutors?,
         metrics: GatewayMetrics,
@@ -64,6 +67,7 @@ final class GatewayServices: Sendable {
         self.authenticator = authenticator
         self.admission = admission
         self.refusalLog = refusalLog
+        self.intakeMonitors = intakeMonitors
         self.handshakePolicy = configuration.handshakePolicy(deliveryEpoch: reliable?.store.epoch)
         self.reliable = reliable
         self.executors = executors
@@ -83,6 +87,12 @@ final class GatewayServices: Sendable {
     /// The metrics of `method`'s requests.
     func requestMetrics(_ method: String) -> RequestMetrics {
         self.requestMetrics[method] ?? self.unknownMethodMetrics
+    }
+
+    /// The intake monitor of `eventLoop`; `nil` for a loop outside the gateway's group (a
+    /// channel given to ``Gateway/accept(_:framing:)``): its connections are not budgeted.
+    func intakeMonitor(for eventLoop: any EventLoop) -> IntakeMonitor? {
+        self.intakeMonitors[ObjectIdentifier(eventLoop)]
     }
 
     /// Where a connection's tasks run: its event loop, or the global executor (`nil`).
@@ -136,7 +146,9 @@ extension GatewayConfiguration {
                 maxBatch: 256,
                 messagesPerSecond: self.limits.messagesPerSecondPerConnection == .max ? nil : self.limits.messagesPerSecondPerConnection
             ),
-            deliveryWindow: self.limits.deliveryWindow
+            deliveryWindow: self.limits.deliveryWindow,
+            compressionBytesPerSecond: self.compression == nil || self.limits.compressionBytesPerSecondPerConnection == .max
+                ? nil : self.limits.compressionBytesPerSecondPerConnection
         )
     }
 }

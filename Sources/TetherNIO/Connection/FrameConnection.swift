@@ -108,6 +108,9 @@ package final class FrameConnection {
     /// owner held reads).
     package var hasBufferedBytes: Bool { self.reader.hasPartialFrame }
 
+    /// How many bytes were read and not decoded yet.
+    package var bufferedBytes: Int { self.reader.bufferedBytes }
+
     /// The next frame decoded from what was read, or the violation that ends the connection.
     package func next() -> Inbound? {
         do {
@@ -123,6 +126,13 @@ package final class FrameConnection {
         self.reader.readComplete()
         if self.flushOwed { self.flush(context: context) }
         self.tellByteCounts()
+    }
+
+    /// The payload bytes the connection's compression inflated and deflated since the last
+    /// call: what it cost, to pace.
+    package func takeCompressionWork() -> Int {
+        guard let compression = self.compression else { return 0 }
+        return compression.deflater.takeWork() + compression.inflater.takeWork()
     }
 
     /// Tells ``countBytes`` what was read and written since it was last told.

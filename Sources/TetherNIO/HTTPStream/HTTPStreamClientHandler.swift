@@ -1,3 +1,4 @@
+import Crypto
 import NIOCore
 import NIOHTTP1
 import TetherCore
@@ -5,11 +6,12 @@ import TetherCore
 /// The client's end of an HTTP stream (PROTOCOL.md, section 11.5), in the pipeline of the
 /// connection that carries the stream, after NIOHTTP1's client handlers.
 ///
-/// - It sends `GET <path>` once added, reads the session token from the first line of the
-///   response's body, and passes the rest of the body up as a byte stream of Tether frames.
+/// - It sends `GET <path>` once added, reads the session token and key from the first line of
+///   the response's body, and passes the rest of the body up as a byte stream of Tether frames.
 /// - What the Tether handler writes is sent in `POST <path>` bodies on a second connection
 ///   (``HTTPStreamPostHandler``), one POST at a time: writes made while a POST is out wait and
-///   go together in the next one (at most ``HTTPStreamBinding/clientPostBodySize`` bytes each).
+///   go together in the next one (at most ``HTTPStreamBinding/clientPostBodySize`` bytes each),
+///   each with its proof (``HTTPStreamBinding/proof(key:post:body:)``).
 ///   A write's promise succeeds once the gateway has answered the POST that carried it.
 /// - A POST answered with an error status, or whose connection closes before the answer, ends
 ///   the stream with a ``TransportError`` (code ``TransportError/Code/httpStreamFailed``); an
@@ -27,11 +29,18 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
     private enum Phase {
         /// The GET is sent; waiting for the response and its first line.
         case opening(line: ByteBuffer?)
-        /// The token is read; frames that arrive wait until the Tether handler is in place.
-        case opened(token: String, early: ByteBuffer?)
+        /// The session line is read; frames that arrive wait until the Tether handler is in place.
+        case opened(Session, early: ByteBuffer?)
         /// Frames go up as they arrive.
-        case streaming(token: String)
+        case streaming(Session)
         case ended
+    }
+
+    /// The stream's session: its token, its key, and how many POSTs it sent.
+    private struct Session {
+        var token: String
+        var key: SymmetricKey
+        var posts: UInt64 = 0
     }
 
     private let endpoint: Endpoint
@@ -118,11 +127,11 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
     /// The Tether handler is in place and the first POST connection open: frames go up from now on.
     func start(post: any Channel, context: ChannelHandlerContext) {
         self.post = post
-        guard case .opened(let token, let early) = self.phase else {
+        guard case .opened(let session, let early) = self.phase else {
             post.close(promise: nil)
             return
         }
-        self.phase = .streaming(token: token)
+        self.phase = .streaming(session)
         if let early, early.readableBytes > 0 {
             context.fireChannelRead(Self.wrapInboundOut(early))
             context.fireChannelReadComplete()
@@ -153,10 +162,10 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
                 line.setOrWriteBuffer(&bytes)
                 self.phase = .opening(line: line)
                 self.readToken(context: context)
-            case .opened(let token, var early):
+            case .opened(let session, var early):
                 self.phase = .ended
                 early.setOrWriteBuffer(&bytes)
-                self.phase = .opened(token: token, early: early)
+                self.phase = .opened(session, early: early)
             case .streaming:
                 context.fireChannelRead(Self.wrapInboundOut(bytes))
             case .ended:
@@ -175,7 +184,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         }
     }
 
-    /// Reads `token\n` from the start of the stream.
+    /// Reads `token key\n` from the start of the stream.
     private func readToken(context: ChannelHandlerContext) {
         guard case .opening(var line?) = self.phase else { return }
         guard let newline = line.readableBytesView.firstIndex(of: UInt8(ascii: "\n")) else {
@@ -183,20 +192,19 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
             return
         }
         let length = newline - line.readerIndex
-        var text = line.readString(length: length) ?? ""
+        let text = line.readString(length: length) ?? ""
         line.moveReaderIndex(forwardBy: 1)
-        if text.hasSuffix("\r") { text.removeLast() }
-        guard HTTPStreamBinding.isWellFormedToken(text) else {
+        guard let (token, key) = HTTPStreamBinding.parseSessionLine(text), let keyBytes = HTTPStreamBinding.symmetricKey(key) else {
             self.fail(self.notAStream, context: context)
             return
         }
         self.timeout?.cancel()
-        self.phase = .opened(token: text, early: line.readableBytes > 0 ? line : nil)
-        self.opened.succeed(text)
+        self.phase = .opened(Session(token: token, key: keyBytes), early: line.readableBytes > 0 ? line : nil)
+        self.opened.succeed(token)
     }
 
     private var notAStream: TransportError {
-        TransportError(code: .httpStreamFailed, message: "\(self.endpoint) is not a Tether HTTP stream (no session token)")
+        TransportError(code: .httpStreamFailed, message: "\(self.endpoint) is not a Tether HTTP stream (no session line: token and key)")
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -263,7 +271,7 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     /// Sends what is pending in a POST, unless one is out.
     private func sendIfPossible() {
-        guard case .streaming(let token) = self.phase, self.inFlight == nil, var pending = self.pending, pending.readableBytes > 0 else {
+        guard case .streaming(var session) = self.phase, self.inFlight == nil, var pending = self.pending, pending.readableBytes > 0 else {
             return
         }
         guard let post = self.post, post.isActive else {
@@ -282,7 +290,13 @@ final class HTTPStreamClientHandler: ChannelDuplexHandler, RemovableChannelHandl
         }
         var head = HTTPRequestHead(version: .http1_1, method: .POST, uri: self.path)
         head.headers.add(name: "Host", value: self.endpoint.authority)
-        head.headers.add(name: HTTPStreamBinding.sessionHeader, value: token)
+        head.headers.add(name: HTTPStreamBinding.sessionHeader, value: session.token)
+        head.headers.add(
+            name: HTTPStreamBinding.proofHeader,
+            value: HTTPStreamBinding.proof(key: session.key, post: session.posts, body: body)
+        )
+        session.posts += 1
+        self.phase = .streaming(session)
         head.headers.add(name: "Content-Type", value: HTTPStreamBinding.contentType)
         head.headers.add(name: "Content-Length", value: "\(size)")
         self.inFlightPost = post

@@ -26,13 +26,13 @@ package final class HTTPStreamSessions: Sendable {
         /// This node's key, the first 8 bytes of the tokens it makes.
         package var nodeKey: UInt64
         /// Hands a POST's body to the node that holds `token`'s stream (the node whose key the
-        /// token starts with, `owner`) and returns its answer; `nil` when no node of the cluster
-        /// has that key.
-        package var forward: @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer) async -> Answer?
+        /// token starts with, `owner`) with its proof, and returns its answer; `nil` when no node
+        /// of the cluster has that key.
+        package var forward: @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer, _ proof: String) async -> Answer?
 
         package init(
             nodeKey: UInt64,
-            forward: @escaping @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer) async -> Answer?
+            forward: @escaping @Sendable (_ token: String, _ owner: UInt64, _ body: ByteBuffer, _ proof: String) async -> Answer?
         ) {
             self.nodeKey = nodeKey
             self.forward = forward
@@ -74,11 +74,11 @@ package final class HTTPStreamSessions: Sendable {
     /// Where a POST for `token`, a session this gateway does not hold, may be forwarded:
     /// `nil` outside a cluster, and for a token of this node's own (an ended or unknown
     /// session of this node stays unknown).
-    package func forwarder(for token: String) -> (@Sendable (ByteBuffer) async -> Forwarding.Answer?)? {
+    package func forwarder(for token: String) -> (@Sendable (ByteBuffer, String) async -> Forwarding.Answer?)? {
         guard let forwarding = self.forwarding, let key = HTTPStreamBinding.nodeKey(of: token), key != forwarding.nodeKey else {
             return nil
         }
-        return { body in await forwarding.forward(token, key, body) }
+        return { body, proof in await forwarding.forward(token, key, body, proof) }
     }
 
     /// Sessions open now.
@@ -122,6 +122,9 @@ package final class HTTPStreamSession: Sendable {
         case busy
         /// The stream has ended.
         case ended
+        /// Its proof does not match: it is not from the stream's reader (or it replays one);
+        /// the stream expects its POST number `post`.
+        case forbidden(post: UInt64)
     }
 
     package let token: String
@@ -132,11 +135,12 @@ package final class HTTPStreamSession: Sendable {
         self.handler = handler
     }
 
-    /// Hands `body` to the stream's connection; succeeds once it has been read (or refused).
-    package func deliver(_ body: ByteBuffer) -> EventLoopFuture<Delivery> {
+    /// Hands `body` to the stream's connection if `proof` shows it comes from the stream's
+    /// reader; succeeds once it has been read (or refused).
+    package func deliver(_ body: ByteBuffer, proof: String) -> EventLoopFuture<Delivery> {
         let handler = self.handler
         // Over HTTP/2 (and often over HTTP/1.1) the POST arrives on the stream's own event loop.
-        if handler.eventLoop.inEventLoop { return handler.value.deliver(body, on: handler.eventLoop) }
-        return handler.eventLoop.flatSubmit { handler.value.deliver(body, on: handler.eventLoop) }
+        if handler.eventLoop.inEventLoop { return handler.value.deliver(body, proof: proof, on: handler.eventLoop) }
+        return handler.eventLoop.flatSubmit { handler.value.deliver(body, proof: proof, on: handler.eventLoop) }
     }
 }

@@ -354,17 +354,24 @@ extension WebSocketBinding {
     /// The largest WebSocket frame accepted: the largest Tether frame (16 MiB body and its header).
     package static let maxFrameSize = FrameHeader.size + FrameHeader.absoluteMaximumBodySize
 
-    /// Adds the frame aggregator and the ``WebSocketMessageHandler`` to a channel NIOWebSocket
-    /// has just upgraded.
-    package static func addMessageHandlers(to channel: any Channel, role: WebSocketMessageHandler.Role) throws {
+    /// Adds the ``WebSocketMessageHandler`` (which reassembles fragmented messages) to a channel
+    /// NIOWebSocket has just upgraded; on the gateway, with `intake`, also the budget's
+    /// ``WebSocketIntake/Meter`` below NIOWebSocket's decoder.
+    /// - Parameters:
+    ///   - maxMessageSize: The largest message accepted, all its fragments together.
+    ///   - intake: On the gateway, the monitor of the channel's loop.
+    package static func addMessageHandlers(
+        to channel: any Channel,
+        role: WebSocketMessageHandler.Role,
+        maxMessageSize: Int = Self.maxFrameSize,
+        intake: IntakeMonitor? = nil
+    ) throws {
         let pipeline = channel.pipeline.syncOperations
-        try pipeline.addHandler(
-            NIOWebSocketFrameAggregator(
-                minNonFinalFragmentSize: 0,
-                maxAccumulatedFrameCount: 1 << 12,
-                maxAccumulatedFrameSize: Self.maxFrameSize
-            )
-        )
-        try pipeline.addHandler(WebSocketMessageHandler(role: role))
+        let webSocketIntake = intake.map { WebSocketIntake(intake: $0) }
+        if let webSocketIntake {
+            let decoder = try pipeline.handler(type: ByteToMessageHandler<WebSocketFrameDecoder>.self)
+            try pipeline.addHandler(webSocketIntake.makeMeter(), position: .before(decoder))
+        }
+        try pipeline.addHandler(WebSocketMessageHandler(role: role, maxMessageSize: maxMessageSize, intake: webSocketIntake))
     }
 }

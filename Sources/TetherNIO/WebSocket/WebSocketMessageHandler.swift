@@ -6,12 +6,15 @@ import TetherCore
 /// Carries Tether frames as WebSocket messages: one frame per binary message (PROTOCOL.md,
 /// "Transport bindings").
 ///
-/// It sits between NIOWebSocket's frame codec (and its ``NIOWebSocketFrameAggregator``, so
-/// that fragmented messages arrive whole) and a Tether connection handler in
+/// It sits between NIOWebSocket's frame codec and a Tether connection handler in
 /// ``Framing/messages`` mode:
-/// - reads: a binary message's payload goes on as one `ByteBuffer`; a PING is answered with
-///   a PONG; a text message is refused (close 1003); a CLOSE is answered and reported as a
-///   ``TransportError`` with code ``TransportError/Code/webSocketClosed``.
+/// - reads: a binary message's payload goes on as one `ByteBuffer`, reassembled from however
+///   many fragments it came in (RFC 6455, 5.4), with control frames between them; a PING is
+///   answered with a PONG; a text message is refused (close 1003); a message over
+///   `maxMessageSize` with close 1009; on the server, any unmasked client frame, a continuation
+///   without a message, or a new message before the last one ended with close 1002; a CLOSE is
+///   answered and reported as a ``TransportError`` with code
+///   ``TransportError/Code/webSocketClosed``.
 /// - writes: each `ByteBuffer` (one Tether frame) becomes one binary message, masked when
 ///   this side is the client.
 /// - close: a CLOSE frame goes first, with the code that matches the last Tether frame sent:
@@ -31,6 +34,13 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     }
 
     private let role: Role
+    /// The largest message accepted, all its fragments together.
+    private let maxMessageSize: Int
+    /// The fragments of a message received so far, joined; `nil` between messages.
+    private var message: ByteBuffer?
+    /// Where the bytes below it (a frame NIOWebSocket's decoder has in part) and the message
+    /// being reassembled count against the gateway's memory budget; `nil` on the client.
+    let intake: WebSocketIntake?
     /// Where a client's masking keys come from.
     private var maskingKeys = MaskingKeys()
     /// The type byte of the last Tether frame written, and the code of the last ERROR.
@@ -40,22 +50,43 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     private var closeReceived = false
 
     /// - Parameter role: Whether this end is the client (it masks its frames) or the server.
-    public init(role: Role) {
+    public convenience init(role: Role) {
+        self.init(role: role, maxMessageSize: WebSocketBinding.maxFrameSize)
+    }
+
+    /// - Parameters:
+    ///   - role: Whether this end is the client (it masks its frames) or the server.
+    ///   - maxMessageSize: The largest message accepted, all its fragments together: 26 plus
+    ///     the largest Tether body this end accepts.
+    ///   - intake: On the gateway, the memory budget's account of the connection, shared with
+    ///     the ``WebSocketIntake/Meter`` below NIOWebSocket's decoder.
+    package init(role: Role, maxMessageSize: Int, intake: WebSocketIntake? = nil) {
         self.role = role
+        self.maxMessageSize = maxMessageSize
+        self.intake = intake
+    }
+
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        self.message = nil
     }
 
     // MARK: Reads
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = Self.unwrapInboundIn(data)
-        if self.role == .server, frame.maskKey == nil, frame.opcode != .connectionClose {
+        self.intake?.decoded(frame)
+        if self.role == .server, frame.maskKey == nil {
             // RFC 6455, 5.1: a server must close the connection on an unmasked client frame.
             self.sendClose(code: .protocolError, reason: "client frames must be masked", context: context)
             return
         }
+        if frame.rsv1 || frame.rsv2 || frame.rsv3 {
+            self.sendClose(code: .protocolError, reason: "reserved bits set without a negotiated extension", context: context)
+            return
+        }
         switch frame.opcode {
-        case .binary:
-            context.fireChannelRead(Self.wrapInboundOut(frame.unmaskedData))
+        case .binary, .continuation:
+            self.received(fragment: frame, context: context)
         case .ping:
             guard !self.closeSent else { return }
             let pong = WebSocketFrame(fin: true, opcode: .pong, maskKey: self.maskKey(), data: frame.unmaskedData)
@@ -69,6 +100,46 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         default:
             self.sendClose(code: .protocolError, reason: "unexpected WebSocket opcode \(frame.opcode)", context: context)
         }
+    }
+
+    /// A binary frame, or a continuation: passed on once the message it ends is whole.
+    private func received(fragment frame: WebSocketFrame, context: ChannelHandlerContext) {
+        guard !self.closeSent else { return }  // what follows our CLOSE is not read
+        let continuation = frame.opcode == .continuation
+        guard continuation == (self.message != nil) else {
+            let reason =
+                continuation
+                ? "a continuation frame without a message to continue" : "a new message began before the last one ended"
+            self.sendClose(code: .protocolError, reason: reason, context: context)
+            return
+        }
+        let size = (self.message?.readableBytes ?? 0) + frame.length
+        guard size <= self.maxMessageSize else {
+            self.message = nil
+            self.intake?.assembling(0)
+            self.sendClose(
+                code: .messageTooLarge,
+                reason: "a message of more than \(self.maxMessageSize) bytes (the largest Tether frame accepted)",
+                context: context
+            )
+            return
+        }
+        if frame.fin, self.message == nil {
+            context.fireChannelRead(Self.wrapInboundOut(frame.unmaskedData))  // a message in one frame: no copy
+            return
+        }
+        var data = frame.unmaskedData
+        if self.message == nil {
+            self.message = context.channel.allocator.buffer(capacity: frame.fin ? data.readableBytes : max(data.readableBytes * 2, 256))
+        }
+        self.message!.writeBuffer(&data)
+        guard frame.fin, let message = self.message else {
+            self.intake?.assembling(self.message?.readableBytes ?? 0)
+            return
+        }
+        self.message = nil
+        self.intake?.assembling(0)
+        context.fireChannelRead(Self.wrapInboundOut(message))
     }
 
     private func received(close frame: WebSocketFrame, context: ChannelHandlerContext) {

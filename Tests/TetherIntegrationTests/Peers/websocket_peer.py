@@ -12,6 +12,9 @@ It checks, in order, and prints one JSON object per line, {"check": ..., "ok": .
   handshake   a HELLO it frames itself gets a WELCOME
   request     a REQUEST `echo` gets a RESPONSE with status 0 and the same body
   ping        a WebSocket PING gets a PONG
+  fragments   a REQUEST sent as a message of three fragments gets its RESPONSE (RFC 6455 5.4)
+  fragments-1 a REQUEST sent one byte per fragment gets its RESPONSE
+  fragments-ping  a REQUEST in two fragments with a PING between them gets the PONG and its RESPONSE
   close-code  a binary message that is not a Tether frame gets ERROR, then close code 1002
   text-1003   a text message after a handshake gets close code 1003 (PROTOCOL.md 11.3)
   http-404    a GET on another path gets HTTP 404
@@ -122,6 +125,16 @@ async def conversation(url, context):
         pong = await ws.ping(b"are you there")
         await asyncio.wait_for(pong, 10)
         report("ping", True, "PONG received")
+        await echo_in_fragments(ws, "fragments", 8, lambda data: [data[:10], data[10:30], data[30:]])
+        await echo_in_fragments(ws, "fragments-1", 9, lambda data: [data[i:i + 1] for i in range(len(data))])
+
+        async def with_ping(data):
+            yield data[:20]
+            pong = await ws.ping(b"between fragments")
+            yield data[20:]
+            await asyncio.wait_for(pong, 10)
+
+        await echo_in_fragments(ws, "fragments-ping", 10, with_ping)
         await ws.send(b"this is not a Tether frame")
         got_error = False
         try:
@@ -131,6 +144,19 @@ async def conversation(url, context):
         except ConnectionClosed as closed:
             code = closed.rcvd.code if closed.rcvd else None
             report("close-code", got_error and code == 1002, "ERROR frame: %s, close code %s" % (got_error, code))
+
+
+async def echo_in_fragments(ws, check, request_id, split):
+    """Sends an `echo` REQUEST as one message in the fragments `split` makes of its frame."""
+    payload = ("fragmented %d" % request_id).encode()
+    await ws.send(split(frame(REQUEST, request_id, request_body("echo", payload))))
+    frame_type, frame_id, body = parse(await asyncio.wait_for(ws.recv(), 10))
+    (message_length,) = struct.unpack(">H", body[2:4]) if len(body) >= 4 else (0,)
+    report(
+        check,
+        frame_type == RESPONSE and frame_id == request_id and body[4 + message_length:] == payload,
+        "type 0x%02x id %d payload %r" % (frame_type, frame_id, body[4 + message_length:]),
+    )
 
 
 def raw_http(url, context, request_line, headers):

@@ -1,0 +1,180 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOHTTP2
+import NIOPosix
+import NIOSSL
+import Testing
+import TetherTestSupport
+
+/// An HTTP client of the tests' own, driven by hand: requests as a peer would send them to the
+/// gateway's HTTP listener (HTTP/1.1, over TLS or not, or HTTP/2 over TLS), and what it answers.
+///
+/// Over HTTP/1.1 each ``send(_:_:headers:body:)`` goes on the one connection, after the last;
+/// over HTTP/2 each is a stream of its own.
+final class HTTPPeer: Sendable {
+    /// What one request got so far.
+    struct Response: Sendable {
+        var status: HTTPResponseStatus
+        var headers: HTTPHeaders
+        var bytes: ByteBuffer
+        /// The body as text.
+        var body: String { String(buffer: self.bytes) }
+        /// The response ended (its `end` arrived).
+        var ended: Bool
+    }
+
+    /// One request's response, as it arrives.
+    final class Exchange: Sendable {
+        fileprivate let state = NIOLockedValueBox<Response?>(nil)
+        /// The stream (HTTP/2) or connection (HTTP/1.1) it went on.
+        let channel: any Channel
+
+        fileprivate init(channel: any Channel) {
+            self.channel = channel
+        }
+
+        /// The response so far; `nil` before its head.
+        var response: Response? { self.state.withLockedValue { $0 } }
+
+        /// The response once its head arrived and, if `ended`, once it ended.
+        func wait(ended: Bool = true, timeout: Duration = .seconds(10)) async throws -> Response {
+            try await eventually("an HTTP response\(ended ? " that ends" : "")", timeout: timeout) {
+                guard let response = self.response else { return false }
+                return !ended || response.ended
+            }
+            return self.response!
+        }
+    }
+
+    let connection: any Channel
+    private let multiplexer: NIOHTTP2Handler.StreamMultiplexer?
+    /// Over HTTP/1.1: the exchange of the last request, where the connection's responses go.
+    private let current: NIOLockedValueBox<Exchange?>
+    private let port: Int
+
+    private init(connection: any Channel, multiplexer: NIOHTTP2Handler.StreamMultiplexer?, current: NIOLockedValueBox<Exchange?>, port: Int)
+    {
+        self.connection = connection
+        self.multiplexer = multiplexer
+        self.current = current
+        self.port = port
+    }
+
+    /// A connection to 127.0.0.1:`port`: plain, TLS trusting the test CA, or HTTP/2 (TLS, ALPN `h2`).
+    static func connect(port: Int, tls: Bool = false, http2: Bool = false) async throws -> HTTPPeer {
+        var context: NIOSSLContext?
+        if tls || http2 {
+            var configuration = NIOSSL.TLSConfiguration.makeClientConfiguration()
+            configuration.trustRoots = .certificates([
+                try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
+            ])
+            configuration.applicationProtocols = http2 ? ["h2"] : ["http/1.1"]
+            context = try NIOSSLContext(configuration: configuration)
+        }
+        let multiplexer = NIOLockedValueBox<NIOHTTP2Handler.StreamMultiplexer?>(nil)
+        let current = NIOLockedValueBox<Exchange?>(nil)
+        let connection = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let context {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: nil))
+                    }
+                    if http2 {
+                        let streams = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+                            mode: .client,
+                            connectionConfiguration: .init(),
+                            streamConfiguration: .init(),
+                            inboundStreamInitializer: { $0.close() }
+                        )
+                        multiplexer.withLockedValue { $0 = streams }
+                    } else {
+                        try channel.pipeline.syncOperations.addHTTPClientHandlers()
+                        try channel.pipeline.syncOperations.addHandler(Collector { current.withLockedValue { $0 } })
+                    }
+                }
+            }
+            .connect(host: "127.0.0.1", port: port).get()
+        return HTTPPeer(connection: connection, multiplexer: multiplexer.withLockedValue { $0 }, current: current, port: port)
+    }
+
+    /// Sends a request; its response arrives in the exchange returned.
+    func send(
+        _ method: HTTPMethod,
+        _ path: String,
+        headers: [(String, String)] = [],
+        body: ByteBuffer? = nil,
+        end: Bool = true
+    ) async throws -> Exchange {
+        var head = HTTPRequestHead(version: .http1_1, method: method, uri: path)
+        head.headers.add(name: "Host", value: "127.0.0.1:\(self.port)")
+        for (name, value) in headers { head.headers.add(name: name, value: value) }
+        if let body, !head.headers.contains(name: "Content-Length") {
+            head.headers.add(name: "Content-Length", value: "\(body.readableBytes)")
+        }
+        let channel: any Channel
+        let exchange: Exchange
+        if let multiplexer = self.multiplexer {
+            let box = NIOLockedValueBox<Exchange?>(nil)
+            channel = try await multiplexer.createStreamChannel { child in
+                child.eventLoop.makeCompletedFuture {
+                    try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
+                    try child.pipeline.syncOperations.addHandler(Collector { box.withLockedValue { $0 } })
+                }
+            }.get()
+            exchange = Exchange(channel: channel)
+            box.withLockedValue { $0 = exchange }
+        } else {
+            channel = self.connection
+            exchange = Exchange(channel: channel)
+            self.current.withLockedValue { $0 = exchange }
+        }
+        channel.write(HTTPClientRequestPart.head(head), promise: nil)
+        if let body { channel.write(HTTPClientRequestPart.body(.byteBuffer(body)), promise: nil) }
+        if end {
+            try await channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
+        } else {
+            channel.flush()
+        }
+        return exchange
+    }
+
+    /// Sends more of a request's body, on the channel its exchange went on.
+    func sendBody(_ bytes: ByteBuffer, of exchange: Exchange) async throws {
+        try await exchange.channel.writeAndFlush(HTTPClientRequestPart.body(.byteBuffer(bytes))).get()
+    }
+
+    var isActive: Bool { self.connection.isActive }
+
+    func close() {
+        self.connection.close(promise: nil)
+    }
+
+    /// Puts each response part in the exchange `target` names.
+    private final class Collector: ChannelInboundHandler, Sendable {
+        typealias InboundIn = HTTPClientResponsePart
+        let target: @Sendable () -> Exchange?
+
+        init(_ target: @escaping @Sendable () -> Exchange?) {
+            self.target = target
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            guard let exchange = self.target() else { return }
+            switch Self.unwrapInboundIn(data) {
+            case .head(let head):
+                exchange.state.withLockedValue {
+                    $0 = Response(status: head.status, headers: head.headers, bytes: ByteBuffer(), ended: false)
+                }
+            case .body(var bytes):
+                exchange.state.withLockedValue { $0?.bytes.writeBuffer(&bytes) }
+            case .end:
+                exchange.state.withLockedValue { $0?.ended = true }
+            }
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            context.close(promise: nil)
+        }
+    }
+}
