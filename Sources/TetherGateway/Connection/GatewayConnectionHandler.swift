@@ -244,16 +244,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             case .violation(let error):
                 self.perform(self.machine.violation(error, now: now), now: now)
             }
+            self.chargeCompression(now: now)  // past its rate, the next frame waits
         }
         self.armTimer(now: now)  // for the deadlines of the requests just read
+    }
+
+    /// Charges what the connection's compression inflated and deflated since it was last
+    /// charged to its rate (the machine then holds reads while it pays for it).
+    private func chargeCompression(now: TetherInstant) {
+        guard self.io.compression != nil else { return }
+        let work = self.io.takeCompressionWork()
+        if work > 0 { self.machine.compressed(work, now: now) }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
         self.pushes?.drain()
         self.io.channelReadComplete(context: context)
-        let work = self.io.takeCompressionWork()
-        if work > 0 {
-            self.machine.compressed(work, now: self.services.clock.now)
+        if self.io.compression != nil {
+            // What the replies written during the read deflated.
+            self.chargeCompression(now: self.services.clock.now)
             self.armTimer(now: self.services.clock.now)
         }
         self.publishHoldings()

@@ -115,6 +115,37 @@ struct PayloadCompressionTests {
         #expect(ContinuousClock.now - started < .seconds(2), "refused after the limit, not after inflating it all")
     }
 
+    @Test(
+        "at most 64 times: a payload that inflates more is a protocol error as soon as it does; a sender sends one that would compress more as it is"
+    )
+    func ratio() throws {
+        let zeros = ByteBuffer(repeating: 0, count: 1 << 20)
+        let compressor = try ZlibCompressor(algorithm: .deflate, configuration: .init(compressionLevel: 9))
+        var input = zeros
+        var compressed = ByteBuffer()
+        compressed.reserveCapacity(minimumWritableBytes: compressor.maxSize(from: input))
+        try compressor.deflate(from: &input, to: &compressed, flush: .finish)
+        #expect(compressed.readableBytes * Compression.maximumRatio < zeros.readableBytes, "\(compressed.readableBytes) bytes")
+        let inflater = try PayloadInflater()
+        let error = try #require(throws: ProtocolError.self) { try inflater.inflate(compressed, limit: 16 << 20, of: .request) }
+        #expect(error.code == .protocolError)
+        #expect(error.message.contains("more than 64 times its size"), "\(error.message)")
+        #expect(inflater.takeWork() <= compressed.readableBytes * Compression.maximumRatio + 64 * 1024, "it stopped at the ratio")
+
+        var buffer = ByteBuffer()
+        let deflater = try PayloadDeflater(threshold: 512)
+        #expect(!deflater.deflate(zeros, into: &buffer), "compressing 1 MiB of zeros beats 64:1: sent as it is")
+        #expect(buffer.readableBytes == 0)
+        #expect(deflater.takeWork() == zeros.readableBytes, "the attempt cost zlib the payload")
+        // Compressible within the ratio: compressed, and inflated back.
+        var text = ""
+        var generator = SplitMix64(seed: 7)
+        while text.utf8.count < 64 * 1024 { text += "\(generator.next() % 1000) " }
+        let json = ByteBuffer(string: text)
+        #expect(deflater.deflate(json, into: &buffer))
+        #expect(try inflater.inflate(buffer, limit: 1 << 20, of: .request) == json)
+    }
+
     @Test("a truncated DEFLATE stream, or bytes after its end, are protocol errors")
     func corrupt() throws {
         let deflater = try PayloadDeflater(threshold: 1)
