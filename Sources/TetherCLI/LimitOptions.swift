@@ -54,6 +54,32 @@ struct LimitOptions: ParsableArguments {
     @Option(help: "Bytes of deliveries a recipient may have waiting in the store (default \(Self.defaults.maxDeliveryBytesPerRecipient)).")
     var maxDeliveryBytesPerRecipient: Int?
 
+    @Option(help: "Deliveries the whole store may have waiting, every recipient together (default \(Self.defaults.maxStoredDeliveries)).")
+    var maxStoredDeliveries: Int?
+
+    @Option(help: "Bytes of deliveries the whole store may have waiting (default \(Self.defaults.maxStoredDeliveryBytes)).")
+    var maxStoredDeliveryBytes: Int?
+
+    @Option(
+        help: "Deliveries one sender's messages may store per minute (default \(Self.defaults.maxDeliveriesPerSenderPerMinute))."
+    )
+    var maxDeliveriesPerSenderPerMinute: Int?
+
+    @Option(
+        help:
+            "Bytes of deliveries one sender's messages may store per minute (default \(Self.defaults.maxDeliveryBytesPerSenderPerMinute))."
+    )
+    var maxDeliveryBytesPerSenderPerMinute: Int?
+
+    @Option(
+        name: .customLong("compression-bytes-per-second"),
+        help: """
+            Payload bytes one connection's compression may inflate and deflate per second before the gateway paces it \
+            (default \(Self.defaults.compressionBytesPerSecondPerConnection)).
+            """
+    )
+    var compressionBytesPerSecondPerConnection: Int?
+
     @Option(
         help: """
             Bytes all connections together may make the gateway hold (frames and messages read in part, POST bodies, \
@@ -79,6 +105,11 @@ struct LimitOptions: ParsableArguments {
             (\.maxDeliveriesPerRecipient, self.maxDeliveriesPerRecipient),
             (\.maxDeliveryBytesPerRecipient, self.maxDeliveryBytesPerRecipient),
             (\.memoryBudget, self.memoryBudget),
+            (\.maxStoredDeliveries, self.maxStoredDeliveries),
+            (\.maxStoredDeliveryBytes, self.maxStoredDeliveryBytes),
+            (\.maxDeliveriesPerSenderPerMinute, self.maxDeliveriesPerSenderPerMinute),
+            (\.maxDeliveryBytesPerSenderPerMinute, self.maxDeliveryBytesPerSenderPerMinute),
+            (\.compressionBytesPerSecondPerConnection, self.compressionBytesPerSecondPerConnection),
         ]
         for case (let limit, let value?) in options { limits[keyPath: limit] = value }
         do {

@@ -119,6 +119,8 @@ extension Gateway {
                 do {
                     // First: it says "starting" until the others listen.
                     if let settings = self.configuration.admin { admin = try await self.bindAdmin(settings) }
+                    // The store's usage first, so that the store-wide quota holds from the first message.
+                    if let reliable = self.reliable { await reliable.quotas.refresh(from: reliable.store) }
                     servers = try await self.bindListeners()
                 } catch {
                     try? await admin?.close()
@@ -130,6 +132,7 @@ extension Gateway {
                 group.addTask { await self.reportMemory() }
                 if let reliable = self.reliable {
                     group.addTask { await self.forgetStaleOutboxes(in: reliable) }
+                    group.addTask { await self.countStore(reliable) }
                 }
                 if let cluster = self.cluster {
                     let node = ClusterNode(
@@ -156,6 +159,14 @@ extension Gateway {
             self.stopNow()
         }
         self.logger.info("stopped")
+    }
+
+    /// Until cancelled, reads the store's usage every second, for the store-wide quota.
+    private func countStore(_ reliable: ReliableServices) async {
+        while !Task.isCancelled {
+            await reliable.quotas.refresh(from: reliable.store)
+            try? await self.clock.sleep(for: .seconds(1))
+        }
     }
 
     /// Until cancelled, samples what the connections hold of the memory budget into the metrics,

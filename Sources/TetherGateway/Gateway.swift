@@ -193,7 +193,14 @@ public final class Gateway: Service, Sendable {
         let tracer = tracer ?? InstrumentationSystem.tracer
         self.tracer = tracer is NoOpTracer ? nil : tracer
         self.reliable = messageStore.map {
-            ReliableServices(store: $0, limits: configuration.limits, cluster: cluster, metrics: gatewayMetrics, clock: clock)
+            ReliableServices(
+                store: $0,
+                limits: configuration.limits,
+                compression: configuration.compression,
+                cluster: cluster,
+                metrics: gatewayMetrics,
+                clock: clock
+            )
         }
         self.cluster = cluster
         var admissionLimits = ConnectionAdmission.Limits(

@@ -319,8 +319,22 @@ public struct GatewayConfiguration: Sendable, Hashable {
         /// `resource exhausted` (its MESSAGE_ACK says so; its deliveries are not stored), and
         /// ``Gateway/deliver(to:topic:body:)`` throws.
         public var maxDeliveriesPerRecipient: Int
-        /// The body bytes of the deliveries a recipient may have waiting in the store.
+        /// The body bytes of the deliveries a recipient may have waiting in the store (as stored:
+        /// compressed where the payload was worth it).
         public var maxDeliveryBytesPerRecipient: Int
+        /// Deliveries the whole store may have waiting, every recipient together. A message
+        /// whose handler delivers beyond it is refused for good with `resource exhausted`, as
+        /// over a recipient's quota. The store's count is read about once a second
+        /// (``MessageStore/totalUsage()``); a store that cannot tell is not held to it.
+        public var maxStoredDeliveries: Int
+        /// The body bytes (as stored) the whole store may have waiting.
+        public var maxStoredDeliveryBytes: Int
+        /// Deliveries one sender's messages may store per minute (refilled continuously; all
+        /// its outboxes together). Beyond, its message is refused for good with `resource
+        /// exhausted`: a client cannot fill the store by writing to many recipients.
+        public var maxDeliveriesPerSenderPerMinute: Int
+        /// The body bytes one sender's messages may store per minute.
+        public var maxDeliveryBytesPerSenderPerMinute: Int
         /// The bytes all connections together may make the gateway hold: frames and WebSocket
         /// messages read in part, POST bodies arriving, reliable messages waiting to be
         /// processed, what a client does not read. At the limit, a connection holding bytes
@@ -349,6 +363,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
             maxMembersPerRoom: Int = 100_000,
             maxDeliveriesPerRecipient: Int = 10_000,
             maxDeliveryBytesPerRecipient: Int = 64 << 20,
+            maxStoredDeliveries: Int = 10_000_000,
+            maxStoredDeliveryBytes: Int = 8 << 30,
+            maxDeliveriesPerSenderPerMinute: Int = 100_000,
+            maxDeliveryBytesPerSenderPerMinute: Int = 256 << 20,
             memoryBudget: Int = 512 << 20
         ) {
             self.maxBodySize = maxBodySize
@@ -369,6 +387,10 @@ public struct GatewayConfiguration: Sendable, Hashable {
             self.maxMembersPerRoom = maxMembersPerRoom
             self.maxDeliveriesPerRecipient = maxDeliveriesPerRecipient
             self.maxDeliveryBytesPerRecipient = maxDeliveryBytesPerRecipient
+            self.maxStoredDeliveries = maxStoredDeliveries
+            self.maxStoredDeliveryBytes = maxStoredDeliveryBytes
+            self.maxDeliveriesPerSenderPerMinute = maxDeliveriesPerSenderPerMinute
+            self.maxDeliveryBytesPerSenderPerMinute = maxDeliveryBytesPerSenderPerMinute
             self.memoryBudget = memoryBudget
         }
 
@@ -406,6 +428,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
                 ("maxRoomsPerConnection", self.maxRoomsPerConnection), ("maxMembersPerRoom", self.maxMembersPerRoom),
                 ("maxDeliveriesPerRecipient", self.maxDeliveriesPerRecipient),
                 ("maxDeliveryBytesPerRecipient", self.maxDeliveryBytesPerRecipient),
+                ("maxStoredDeliveries", self.maxStoredDeliveries), ("maxStoredDeliveryBytes", self.maxStoredDeliveryBytes),
+                ("maxDeliveriesPerSenderPerMinute", self.maxDeliveriesPerSenderPerMinute),
+                ("maxDeliveryBytesPerSenderPerMinute", self.maxDeliveryBytesPerSenderPerMinute),
             ] where value < 1 {
                 throw ConfigurationError("limits.\(name) must be at least 1")
             }

@@ -198,6 +198,7 @@ struct GroupCommit {
         }
         statement.deliveryTopics = deliveries.map(\.topic)
         statement.deliveryBodies = deliveries.map(\.body)
+        statement.deliveryCompressed = deliveries.map(\.compressed)
         statement.node = self.node ?? 0
         let rows = try await connection.execute(statement, logger: self.logger)
         var firsts: [String: UInt64] = [:]

@@ -95,7 +95,7 @@ struct GroupWriteStatement: PostgresPreparedStatement {
         ),
         acked AS (SELECT recipient, count(*)::bigint AS n, sum(bytes)::bigint AS bytes FROM ad GROUP BY recipient),
         d AS (
-            SELECT * FROM unnest($16::text[], $17::int8[], $18::text[], $19::bytea[]) AS d(recipient, k, topic, body)
+            SELECT * FROM unnest($16::text[], $17::int8[], $18::text[], $19::bytea[], $21::bool[]) AS d(recipient, k, topic, body, compressed)
         ),
         counts AS (SELECT recipient, count(*)::bigint AS n, sum(length(body))::bigint AS bytes FROM d GROUP BY recipient),
         changes AS (
@@ -112,8 +112,8 @@ struct GroupWriteStatement: PostgresPreparedStatement {
         ),
         firsts AS (SELECT s.recipient, s.next_sequence - counts.n AS first FROM s JOIN counts USING (recipient)),
         di AS (
-            INSERT INTO tether_deliveries (recipient, sequence, topic, body)
-            SELECT d.recipient, firsts.first + d.k - 1, d.topic, d.body FROM d JOIN firsts USING (recipient)
+            INSERT INTO tether_deliveries (recipient, sequence, topic, body, compressed)
+            SELECT d.recipient, firsts.first + d.k - 1, d.topic, d.body, d.compressed FROM d JOIN firsts USING (recipient)
         ),
         w AS (
             INSERT INTO tether_signals (node, kind, key)
@@ -146,11 +146,12 @@ struct GroupWriteStatement: PostgresPreparedStatement {
     var deliveryOrdinals: [Int64] = []
     var deliveryTopics: [String] = []
     var deliveryBodies: [ByteBuffer] = []
+    var deliveryCompressed: [Bool] = []
     /// This node's id in the cluster; 0 outside one (no signals).
     var node: Int64 = 0
 
     func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 20)
+        var bindings = PostgresBindings(capacity: 21)
         bindings.append(self.outcomeClients)
         bindings.append(self.outcomeEpochs)
         bindings.append(self.outcomeConversations)
@@ -171,6 +172,7 @@ struct GroupWriteStatement: PostgresPreparedStatement {
         bindings.append(self.deliveryTopics)
         bindings.append(self.deliveryBodies)
         bindings.append(self.node)
+        bindings.append(self.deliveryCompressed)
         return bindings
     }
 

@@ -133,17 +133,32 @@ public final class PostgresMessageStore: MessageStore {
         try await self.storage {
             let rows = try await self.client.query(
                 """
-                SELECT sequence, topic, body FROM tether_deliveries
+                SELECT sequence, topic, body, compressed FROM tether_deliveries
                 WHERE recipient = \(recipient) AND sequence > \(Int64(bitPattern: sequence))
                 ORDER BY sequence LIMIT \(max(0, limit))
                 """,
                 logger: self.logger
             )
             var deliveries: [StoredDelivery] = []
-            for try await (sequence, topic, body) in rows.decode((Int64, String, ByteBuffer).self) {
-                deliveries.append(StoredDelivery(sequence: UInt64(bitPattern: sequence), topic: topic, body: body))
+            for try await (sequence, topic, body, compressed) in rows.decode((Int64, String, ByteBuffer, Bool).self) {
+                deliveries.append(StoredDelivery(sequence: UInt64(bitPattern: sequence), topic: topic, body: body, compressed: compressed))
             }
             return deliveries
+        }
+    }
+
+    public func totalUsage() async throws -> StreamUsage? {
+        try await self.storage {
+            // The stream rows keep their counts: a row per recipient, not per delivery.
+            let rows = try await self.client.query(
+                "SELECT coalesce(sum(waiting), 0)::int8, coalesce(sum(waiting_bytes), 0)::int8 FROM tether_streams",
+                logger: self.logger
+            )
+            var total = StreamUsage(deliveries: 0, bytes: 0)
+            for try await (count, bytes) in rows.decode((Int64, Int64).self) {
+                total = StreamUsage(deliveries: Int(count), bytes: Int(bytes))
+            }
+            return total
         }
     }
 

@@ -63,6 +63,10 @@ enum PostgresSchema {
         ALTER TABLE tether_nodes ADD COLUMN stream_key bigint, ADD COLUMN stream_url text;
         CREATE INDEX tether_nodes_stream_key ON tether_nodes (stream_key);
         """,
+        // 3: payloads worth it are stored compressed (raw DEFLATE), and sent so.
+        """
+        ALTER TABLE tether_deliveries ADD COLUMN compressed boolean NOT NULL DEFAULT false;
+        """,
     ]
 
     /// Brings the database's schema up to date.

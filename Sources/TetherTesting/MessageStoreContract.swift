@@ -49,6 +49,8 @@ public enum MessageStoreContract {
         Check("dedupState answers what was asked: last processed (0 if none) and the outcomes still known", dedupState),
         Check("deliveries are numbered per recipient from 1, kept until acknowledged, never renumbered", deliveries),
         Check("usage: the deliveries each recipient has waiting and their bytes, less what it acknowledged", usage),
+        Check("total usage: every recipient's waiting deliveries and bytes together, less what they acknowledged", totalUsage),
+        Check("a compressed delivery's payload and flag are kept as they were written", compressedDeliveries),
         Check("each outbox of a client id has conversations of its own", outboxesOfOneClient),
         Check("outboxes not seen since a time are forgotten with their state; the others are kept", forgetting),
     ]
@@ -201,6 +203,38 @@ public enum MessageStoreContract {
         )
         try await store.acknowledge(recipient: "b", upTo: 1)
         try expect(try await store.usage(of: "b") == StreamUsage(deliveries: 1, bytes: 3), "less what b acknowledged")
+    }
+
+    @Sendable static func totalUsage(_ store: any MessageStore) async throws {
+        try expect(try await store.totalUsage() == StreamUsage(deliveries: 0, bytes: 0), "an empty store holds nothing")
+        _ = try await store.commit(
+            StoreWrite(deliveries: [
+                NewDelivery(recipient: "b", topic: "t", body: body("12345")), NewDelivery(recipient: "b", topic: "t", body: body("123")),
+                NewDelivery(recipient: "c", topic: "t", body: body("1")),
+            ])
+        )
+        try expect(try await store.totalUsage() == StreamUsage(deliveries: 3, bytes: 9), "every recipient together")
+        try await store.acknowledge(recipient: "b", upTo: 1)
+        let total = try await store.totalUsage()
+        try expect(total == StreamUsage(deliveries: 2, bytes: 4), "less what was acknowledged: \(String(describing: total))")
+    }
+
+    @Sendable static func compressedDeliveries(_ store: any MessageStore) async throws {
+        _ = try await store.commit(
+            StoreWrite(deliveries: [
+                NewDelivery(recipient: "b", topic: "t", body: body("deflated"), compressed: true),
+                NewDelivery(recipient: "b", topic: "t", body: body("plain")),
+            ])
+        )
+        let stored = try await store.deliveries(for: "b", after: 0, limit: 10)
+        try expect(
+            stored == [
+                StoredDelivery(sequence: 1, topic: "t", body: body("deflated"), compressed: true),
+                StoredDelivery(sequence: 2, topic: "t", body: body("plain"), compressed: false),
+            ],
+            "kept as written: \(stored)"
+        )
+        try expect(try await store.usage(of: "b") == StreamUsage(deliveries: 2, bytes: 13), "counted as stored")
     }
 
     @Sendable static func outboxesOfOneClient(_ store: any MessageStore) async throws {

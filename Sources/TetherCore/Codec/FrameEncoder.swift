@@ -51,6 +51,8 @@ public struct FrameEncoder: Sendable {
         deflater: PayloadDeflater? = nil
     ) throws(FrameEncodingError) {
         var flags = frame.flags.intersection(.checksum)
+        // A payload compressed already (a delivery stored so): written as it is.
+        if frame.flags.contains(.compressed), frame.type.mayCompress { flags.insert(.compressed) }
         switch frame.payload {
         case .message(let message):
             if message.expired { flags.insert(.expired) }
@@ -74,7 +76,7 @@ public struct FrameEncoder: Sendable {
 
         let bodyStart = buffer.writerIndex
         let payload = try Self.writeBody(frame.payload, into: &buffer)
-        if let payload, let deflater, deflater.deflate(payload, into: &buffer) {
+        if let payload, !flags.contains(.compressed), let deflater, deflater.deflate(payload, into: &buffer) {
             flags.insert(.compressed)
             buffer.setInteger(flags.rawValue, at: start + FrameHeader.flagsOffset)
         } else if let payload {

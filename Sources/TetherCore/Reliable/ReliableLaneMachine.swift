@@ -52,6 +52,31 @@ package struct ReliableLaneMachine: Sendable {
         }
     }
 
+    /// What a batch may add to the store beyond each recipient's quota: the room left in the
+    /// store-wide quota, and in its sender's. Deliveries beyond are refused for good, as over a
+    /// recipient's quota.
+    package struct Allowance: Sendable, Hashable {
+        package var deliveries: Int
+        package var bytes: Int
+        /// What the refusal says, given which of the two ran out.
+        package var refusal: @Sendable (_ deliveries: Bool) -> String
+
+        package init(deliveries: Int, bytes: Int, refusal: @escaping @Sendable (_ deliveries: Bool) -> String) {
+            self.deliveries = deliveries
+            self.bytes = bytes
+            self.refusal = refusal
+        }
+
+        package static func == (lhs: Allowance, rhs: Allowance) -> Bool {
+            lhs.deliveries == rhs.deliveries && lhs.bytes == rhs.bytes
+        }
+
+        package func hash(into hasher: inout Hasher) {
+            hasher.combine(self.deliveries)
+            hasher.combine(self.bytes)
+        }
+    }
+
     /// A MESSAGE as a connection received it.
     package struct Received: Sendable, Hashable {
         package var message: Frame.Message
@@ -157,6 +182,8 @@ package struct ReliableLaneMachine: Sendable {
         var staged: [NewDelivery] = []
         /// Each recipient's usage: the store's, plus what this batch staged.
         var usage: [String: StreamUsage] = [:]
+        /// What the batch may still add: to the whole store, and as its sender.
+        var allowances: [Allowance] = []
         /// The message whose handler runs, or whose deliveries wait for their quota check.
         var running: Frame.Message?
         var pending: (status: StatusCode, deliveries: [NewDelivery])?
@@ -196,9 +223,12 @@ package struct ReliableLaneMachine: Sendable {
     ///   - answers: Whether the connection takes `unavailable` answers (the `message answers`
     ///     feature); without it, a message not taken now gets no answer.
     ///   - now: The clock's time, against which time-to-live is checked.
-    package mutating func begin(_ messages: [Received], answers: Bool, now: TetherInstant) -> Step {
+    /// - Parameter allowances: What the batch may add to the store, beyond each recipient's
+    ///   quota (the store-wide quota's room, the sender's); none: only the recipients' quotas.
+    package mutating func begin(_ messages: [Received], answers: Bool, now: TetherInstant, allowances: [Allowance] = []) -> Step {
         precondition(self.batch == nil, "a lane runs one batch at a time")
         var batch = Batch(messages: messages, answers: answers, now: now)
+        batch.allowances = allowances
         var query = Query(conversations: [], outcomes: [])
         for received in messages {
             let message = received.message
@@ -307,7 +337,7 @@ package struct ReliableLaneMachine: Sendable {
         done.tally.expired = batch.processed.count { $0.status == .deadlineExceeded }
         for (delivery, receipt) in zip(batch.staged, receipts) {
             done.stored[receipt.recipient, default: []].append(
-                StoredDelivery(sequence: receipt.sequence, topic: delivery.topic, body: delivery.body)
+                StoredDelivery(sequence: receipt.sequence, topic: delivery.topic, body: delivery.body, compressed: delivery.compressed)
             )
         }
         return done
@@ -446,11 +476,34 @@ package struct ReliableLaneMachine: Sendable {
             added = []
             break
         }
+        if !deliveries.isEmpty, let refusal = self.takeAllowances(for: deliveries) {
+            // Over the store's quota or the sender's: refused for good, like a recipient's.
+            self.batch!.notes.append(.quotaExceeded(refusal))
+            status = .resourceExhausted
+            deliveries = []
+            added = []
+        }
         for (recipient, usage) in added { self.batch!.usage[recipient] = usage }
         self.batch!.running = nil
         self.batch!.pending = nil
         self.record(message, status: status, deliveries: deliveries)
         return self.advance()
+    }
+
+    /// Takes what `deliveries` need from every allowance of the batch, if they all have it.
+    /// - Returns: `nil` if they did (and took it), else why not.
+    private mutating func takeAllowances(for deliveries: [NewDelivery]) -> String? {
+        let count = deliveries.count
+        let bytes = deliveries.reduce(0) { $0 + $1.body.readableBytes }
+        for allowance in self.batch!.allowances {
+            if count > allowance.deliveries { return allowance.refusal(true) }
+            if bytes > allowance.bytes { return allowance.refusal(false) }
+        }
+        for index in self.batch!.allowances.indices {
+            self.batch!.allowances[index].deliveries -= count
+            self.batch!.allowances[index].bytes -= bytes
+        }
+        return nil
     }
 
     private mutating func record(_ message: Frame.Message, status: StatusCode, deliveries: [NewDelivery]) {

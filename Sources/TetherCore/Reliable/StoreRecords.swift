@@ -84,12 +84,18 @@ public struct NewDelivery: Sendable, Hashable {
     /// The recipient's client id.
     public var recipient: String
     public var topic: String
+    /// The payload, as it is stored: raw DEFLATE if ``compressed``.
     public var body: ByteBuffer
+    /// Whether ``body`` is the payload compressed (PROTOCOL.md 2.5): the gateway stores a
+    /// payload worth it compressed, and sends it as it is to a client that negotiated
+    /// compression (inflated to one that did not).
+    public var compressed: Bool
 
-    public init(recipient: String, topic: String, body: ByteBuffer) {
+    public init(recipient: String, topic: String, body: ByteBuffer, compressed: Bool = false) {
         self.recipient = recipient
         self.topic = topic
         self.body = body
+        self.compressed = compressed
     }
 }
 
@@ -97,12 +103,16 @@ public struct NewDelivery: Sendable, Hashable {
 public struct StoredDelivery: Sendable, Hashable {
     public var sequence: UInt64
     public var topic: String
+    /// The payload, as it is stored: raw DEFLATE if ``compressed``.
     public var body: ByteBuffer
+    /// Whether ``body`` is the payload compressed.
+    public var compressed: Bool
 
-    public init(sequence: UInt64, topic: String, body: ByteBuffer) {
+    public init(sequence: UInt64, topic: String, body: ByteBuffer, compressed: Bool = false) {
         self.sequence = sequence
         self.topic = topic
         self.body = body
+        self.compressed = compressed
     }
 }
 

@@ -83,13 +83,40 @@ extension GatewayConnectionHandler {
         self.pump(actions)
     }
 
+    /// Writes a stored delivery: a compressed payload as it is (COMPRESSED) to a client that
+    /// negotiated compression, inflated for one that did not.
+    /// - Returns: `false` if a compressed payload cannot be inflated (the store holds what the
+    ///   gateway never wrote): the connection is then closed, as on any failure of the store.
+    func write(_ delivery: StoredDelivery) -> Bool {
+        let frame = Frame.Delivery(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)
+        guard delivery.compressed else {
+            self.write(.delivery(frame))
+            return true
+        }
+        if self.io.compression != nil {
+            self.write(.delivery(frame), flags: self.machine.outboundFlags.union(.compressed))
+            return true
+        }
+        do {
+            if self.deliveryInflater == nil { self.deliveryInflater = try PayloadInflater() }
+            let limit = self.machine.peerMaxBodySize ?? FrameHeader.absoluteMaximumBodySize
+            let body = try self.deliveryInflater!.inflate(delivery.body, limit: limit, of: .delivery)
+            self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: body)))
+            return true
+        } catch {
+            self.logger.error("a stored delivery cannot be inflated", metadata: ["sequence": "\(delivery.sequence)", "error": "\(error)"])
+            self.closeNow()
+            return false
+        }
+    }
+
     /// Carries out what the delivery pump decided: reads, sends, acknowledgement writes.
     func pump(_ actions: DeliveryPump.Actions) {
         if !actions.send.isEmpty {
             self.services.metrics.deliveriesSent.increment(by: actions.send.count)
             self.pushes?.drain()
-            for delivery in actions.send {
-                self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)))
+            for delivery in actions.send where self.write(delivery) == false {
+                return  // a stored payload that cannot be inflated: the connection is closing
             }
             self.flushSoon()
         }

@@ -79,6 +79,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     var account: BudgetAccount?
     /// Reads are paused until the memory budget has room.
     var budgetPaused = false
+    /// Inflates stored deliveries that were compressed, for a client that did not negotiate
+    /// compression; made on first use.
+    var deliveryInflater: PayloadInflater?
 
     init(
         services: GatewayServices,

@@ -118,23 +118,37 @@ extension Gateway {
                 message: "the delivery is refused: '\(recipient)' has \(limits.maxDeliveriesPerRecipient) deliveries waiting"
             )
         }
-        if usage.bytes + body.readableBytes > limits.maxDeliveryBytesPerRecipient {
+        var compressor = DeliveryCompressor(reliable.compression)
+        let delivery = compressor.compress([NewDelivery(recipient: recipient, topic: topic, body: body)])[0]
+        if usage.bytes + delivery.body.readableBytes > limits.maxDeliveryBytesPerRecipient {
             throw GatewayError(
                 code: .quotaExceeded,
                 message:
                     "the delivery is refused: '\(recipient)' has over \(limits.maxDeliveryBytesPerRecipient) bytes of deliveries waiting"
             )
         }
+        if let stored = reliable.quotas.storeUsage {
+            if stored.deliveries + 1 > limits.maxStoredDeliveries
+                || stored.bytes + delivery.body.readableBytes > limits.maxStoredDeliveryBytes
+            {
+                throw GatewayError(
+                    code: .quotaExceeded,
+                    message:
+                        "the delivery is refused: the store holds its maximum of \(limits.maxStoredDeliveries) deliveries or \(limits.maxStoredDeliveryBytes) bytes waiting"
+                )
+            }
+        }
         let receipts: [DeliveryReceipt]
         do {
-            receipts = try await reliable.writer.commit(
-                StoreWrite(deliveries: [NewDelivery(recipient: recipient, topic: topic, body: body)])
-            )
+            receipts = try await reliable.writer.commit(StoreWrite(deliveries: [delivery]))
         } catch {
             throw GatewayError(code: .storage, message: "could not store the delivery: \(error)")
         }
         let sequence = receipts[0].sequence
-        self.registry.offer([recipient: [StoredDelivery(sequence: sequence, topic: topic, body: body)]])
+        reliable.quotas.stored(by: nil, deliveries: 1, bytes: delivery.body.readableBytes, now: self.clock.now)
+        self.registry.offer(
+            [recipient: [StoredDelivery(sequence: sequence, topic: topic, body: delivery.body, compressed: delivery.compressed)]]
+        )
         return sequence
     }
 

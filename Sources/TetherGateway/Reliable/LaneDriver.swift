@@ -33,7 +33,28 @@ struct LaneDriver: Sendable {
     func process(_ batch: [ReliableLaneMachine.Received], answers: Bool) async -> ReliableLaneMachine.Done {
         await self.lane.turn.acquire()
         defer { self.lane.turn.release() }
-        var step = self.lane.machine.begin(batch, answers: answers, now: self.clock.now)
+        let sender = self.lane.machine.configuration.outbox.client
+        let done = await self.run(batch, answers: answers, sender: sender)
+        // What the batch stored counts against the store-wide quota and its sender's.
+        let stored = done.stored.values.joined()
+        self.reliable.quotas.stored(
+            by: sender,
+            deliveries: stored.count,
+            bytes: stored.reduce(0) { $0 + $1.body.readableBytes },
+            now: self.clock.now
+        )
+        return done
+    }
+
+    /// The batch's steps, with the lane's turn held.
+    private func run(_ batch: [ReliableLaneMachine.Received], answers: Bool, sender: String) async -> ReliableLaneMachine.Done {
+        var step = self.lane.machine.begin(
+            batch,
+            answers: answers,
+            now: self.clock.now,
+            allowances: self.reliable.quotas.allowances(for: sender, now: self.clock.now)
+        )
+        var compressor = DeliveryCompressor(self.reliable.compression)
         while true {
             switch step {
             case .load(let query):
@@ -58,7 +79,12 @@ struct LaneDriver: Sendable {
                     step = self.lane.machine.loadFailed()
                 }
             case .run(let message):
-                step = self.lane.machine.handled(await self.run(message))
+                var outcome = await self.run(message)
+                if case .processed(let status, let deliveries) = outcome, !deliveries.isEmpty {
+                    // Stored (and counted against the quotas) compressed where it is worth it.
+                    outcome = .processed(status, deliveries: compressor.compress(deliveries))
+                }
+                step = self.lane.machine.handled(outcome)
             case .loadUsage(let recipients):
                 do {
                     step = self.lane.machine.usageLoaded(try await self.reliable.store.usage(of: recipients))

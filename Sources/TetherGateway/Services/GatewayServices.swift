@@ -109,15 +109,22 @@ struct ReliableServices: Sendable {
     let lanes: ReliableLanes
     /// The cluster whose nodes share the store, if the gateway is one of several.
     let cluster: (any GatewayCluster)?
+    /// How delivery payloads are compressed before they are stored; `nil`: they are not.
+    let compression: Compression?
+    /// The store-wide quota and the senders'.
+    let quotas: StoreQuotas
 
     init(
         store: any MessageStore,
         limits: GatewayConfiguration.Limits,
+        compression: Compression?,
         cluster: (any GatewayCluster)?,
         metrics: GatewayMetrics,
         clock: any TetherClock
     ) {
         self.store = store
+        self.compression = compression
+        self.quotas = StoreQuotas(limits: limits)
         self.writer = StoreWriter(store: store, metrics: metrics, clock: clock)
         self.lanes = ReliableLanes(limits: limits, cluster: cluster)
         self.cluster = cluster

@@ -94,7 +94,9 @@ public final class InMemoryMessageStore: MessageStore {
             var stream = state.streams[delivery.recipient] ?? Stream()
             let sequence = stream.next
             stream.next += 1
-            stream.deliveries.append(StoredDelivery(sequence: sequence, topic: delivery.topic, body: delivery.body))
+            stream.deliveries.append(
+                StoredDelivery(sequence: sequence, topic: delivery.topic, body: delivery.body, compressed: delivery.compressed)
+            )
             state.streams[delivery.recipient] = stream
             return DeliveryReceipt(recipient: delivery.recipient, sequence: sequence)
         }
@@ -108,6 +110,17 @@ public final class InMemoryMessageStore: MessageStore {
         self.state.withLockedValue { state in
             guard let stream = state.streams[recipient] else { return [] }
             return Array(stream.deliveries.lazy.filter { $0.sequence > sequence }.prefix(max(0, limit)))
+        }
+    }
+
+    public func totalUsage() async throws -> StreamUsage? {
+        self.state.withLockedValue { state in
+            var total = StreamUsage(deliveries: 0, bytes: 0)
+            for stream in state.streams.values {
+                total.deliveries += stream.deliveries.count
+                total.bytes += stream.deliveries.reduce(0) { $0 + $1.body.readableBytes }
+            }
+            return total
         }
     }
 

@@ -63,6 +63,12 @@ public protocol MessageStore: Sendable {
     /// quota counts (``GatewayConfiguration/Limits-swift.struct/maxDeliveriesPerRecipient``).
     func usage(of recipients: [String]) async throws -> [String: StreamUsage]
 
+    /// The deliveries every recipient has waiting, together, and their body bytes: what the
+    /// store-wide quota counts (``GatewayConfiguration/Limits-swift.struct/maxStoredDeliveries``).
+    /// The gateway asks about once a second, so it should not scan what it can count. `nil`: the
+    /// store cannot tell (the default), and the store-wide quota is not enforced.
+    func totalUsage() async throws -> StreamUsage?
+
     /// Records that `outboxes` are in use at `time`, creating the records of those not known
     /// yet: an outbox's conversation state is kept until it has not been seen for the gateway's
     /// retention (``forgetOutboxes(notSeenSince:)``).
@@ -100,6 +106,9 @@ extension MessageStore {
     public func acknowledge(recipient: String, upTo sequence: UInt64) async throws {
         _ = try await self.commit(StoreWrite(acknowledgements: [recipient: sequence]))
     }
+
+    /// A store that cannot tell: the store-wide quota is not enforced with it.
+    public func totalUsage() async throws -> StreamUsage? { nil }
 
     /// How many deliveries `recipient` has waiting, and their body bytes.
     public func usage(of recipient: String) async throws -> StreamUsage {

@@ -126,6 +126,10 @@ public final class SQLiteMessageStore: MessageStore {
                     """
             )
         }
+        // Payloads worth it are stored compressed (raw DEFLATE), and sent so.
+        migrator.registerMigration("v4: compressed deliveries") { db in
+            try db.execute(sql: "ALTER TABLE deliveries ADD COLUMN compressed INTEGER NOT NULL DEFAULT 0")
+        }
         return migrator
     }
 
@@ -252,7 +256,10 @@ public final class SQLiteMessageStore: MessageStore {
         try await self.read { db in
             try Row.fetchAll(
                 db.cachedStatement(
-                    sql: "SELECT sequence, topic, body FROM deliveries WHERE recipient = ? AND sequence > ? ORDER BY sequence LIMIT ?"
+                    sql: """
+                        SELECT sequence, topic, body, compressed FROM deliveries
+                        WHERE recipient = ? AND sequence > ? ORDER BY sequence LIMIT ?
+                        """
                 ),
                 arguments: [recipient, Int64(bitPattern: sequence), max(0, limit)]
             ).map { row in
@@ -260,9 +267,17 @@ public final class SQLiteMessageStore: MessageStore {
                 return StoredDelivery(
                     sequence: UInt64(bitPattern: row["sequence"] as Int64),
                     topic: row["topic"],
-                    body: ByteBuffer(bytes: body)
+                    body: ByteBuffer(bytes: body),
+                    compressed: row["compressed"]
                 )
             }
+        }
+    }
+
+    public func totalUsage() async throws -> StreamUsage? {
+        try await self.read { db in
+            let row = try Row.fetchOne(db, sql: "SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries")
+            return StreamUsage(deliveries: row?["n"] ?? 0, bytes: row?["bytes"] ?? 0)
         }
     }
 
@@ -313,9 +328,10 @@ public final class SQLiteMessageStore: MessageStore {
                 )
                 sequence = stored.map { UInt64(bitPattern: $0) } ?? 1
             }
-            try db.cachedStatement(sql: "INSERT INTO deliveries (recipient, sequence, topic, body) VALUES (?, ?, ?, ?)")
+            try db.cachedStatement(sql: "INSERT INTO deliveries (recipient, sequence, topic, body, compressed) VALUES (?, ?, ?, ?, ?)")
                 .execute(arguments: [
                     delivery.recipient, Int64(bitPattern: sequence), delivery.topic, Data(delivery.body.readableBytesView),
+                    delivery.compressed,
                 ])
             next[delivery.recipient] = sequence + 1
             receipts.append(DeliveryReceipt(recipient: delivery.recipient, sequence: sequence))
