@@ -117,6 +117,48 @@ enum SampleFrames {
         ("delivery-ack", Frame(.deliveryAck(.init(sequence: 7)), flags: .checksum)),
     ]
 
+    /// Frames that need a negotiated feature: compression, trace context.
+    static let negotiated: [(name: String, frame: Frame)] = [
+        // With compression negotiated: the payload "hello" six times, as raw DEFLATE (zlib level 6).
+        (
+            "request-compressed",
+            Frame(
+                .request(
+                    .init(
+                        id: 9,
+                        method: "echo",
+                        body: ByteBuffer(bytes: [0xcb, 0x48, 0xcd, 0xc9, 0xc9, 0x57, 0xc8, 0xc0, 0x47, 0x02, 0x00])
+                    )
+                ),
+                flags: [.checksum, .compressed]
+            )
+        ),
+        // With trace context negotiated: a W3C traceparent.
+        (
+            "request-traced",
+            Frame(
+                .request(
+                    .init(
+                        id: 10,
+                        method: "echo",
+                        body: ByteBuffer(string: "hi"),
+                        traceContext: TraceContext(["traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+    ]
+
+    /// What the samples decode to, where it is not the sample itself: a COMPRESSED payload is
+    /// inflated.
+    static let decoded: [String: Frame] = [
+        "request-compressed": Frame(
+            .request(.init(id: 9, method: "echo", body: ByteBuffer(string: "hello hello hello hello hello hello"))),
+            flags: .checksum
+        )
+    ]
+
     static func encode(_ frame: Frame) throws -> ByteBuffer {
         var buffer = ByteBuffer()
         try FrameEncoder().encode(frame, into: &buffer)
