@@ -11,6 +11,7 @@ let tether = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletin
 //   .build/debug/FuzzFrameDecoder Corpus/FrameDecoder -max_total_time=300
 //   .build/debug/FuzzGatewayConnection Corpus/GatewayConnection -max_total_time=600
 //   .build/debug/FuzzClientConnection Corpus/ClientConnection -max_total_time=600
+//   .build/debug/FuzzHTTPListener Corpus/HTTPListener -max_total_time=600
 //
 // No -parse-as-library: each target's main.swift calls LLVMFuzzerRunDriver itself, which
 // sidesteps SwiftPM's renamed entry point for executables. The toolset selects lld because
@@ -52,6 +53,20 @@ let package = Package(
                 .product(name: "TetherGateway", package: tether),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .executableTarget(
+            name: "FuzzHTTPListener",
+            dependencies: [
+                "CLibFuzzer",
+                .product(name: "TetherCore", package: tether),
+                .product(name: "TetherNIO", package: tether),
+                .product(name: "TetherGateway", package: tether),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             swiftSettings: [.swiftLanguageMode(.v5)]
         ),

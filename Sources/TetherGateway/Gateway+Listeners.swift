@@ -140,34 +140,22 @@ extension Gateway {
     /// - Returns: What to call once it serves Tether; `nil` if it was refused: a plain HTTP
     ///   connection is then answered `503` (by an ``HTTPRefusalHandler``, at most
     ///   ``maxRefusing`` at once), a TLS one closed.
-    private func admitHTTPConnection(_ channel: any Channel, timeout: TimeAmount, tls: Bool) throws -> (@Sendable () -> Void)? {
-        // Connections that have not upgraded yet are not Tether connections, so the admission
-        // limits do not see them: cap them here, at the limit of unauthenticated connections.
+    func admitHTTPConnection(_ channel: any Channel, timeout: TimeAmount, tls: Bool) throws -> (@Sendable () -> Void)? {
         let address = channel.remoteAddress?.ipAddress
         if self.admission.isOverRate(address, now: self.clock.now) {
             // Its new connections (or, over HTTP/2, its resets) came faster than its rate.
             let rate = self.configuration.limits.handshakesPerSecondPerAddress
             let reason = "more than \(rate) new connections (or HTTP/2 resets) per second from \(address ?? "-")"
-            self.refusalLog.log(self.logger, .warning, "refusing HTTP connections", metadata: ["reason": "\(reason)"])
-            self.metrics.refused("handshake_rate_per_address")
-            try self.refuse(
-                channel,
-                HTTPRefusal(status: .tooManyRequests, message: "\(reason); try again later", retryAfter: .seconds(1)),
-                tls: tls
-            )
+            try self.refuse(channel, .tooManyRequests, reason, limit: "handshake_rate_per_address", retryAfter: .seconds(1), tls: tls)
             return nil
         }
+        // Connections that have not upgraded yet are not Tether connections, so the admission
+        // limits do not see them: cap them here, at the limit of unauthenticated connections.
         let limit = self.configuration.limits.maxUnauthenticatedConnections
         guard self.pendingUpgrades.loadThenWrappingIncrement(ordering: .relaxed) < limit else {
             self.pendingUpgrades.wrappingDecrement(ordering: .relaxed)
             let reason = "\(limit) HTTP connections are waiting to upgrade or open a stream"
-            self.refusalLog.log(self.logger, .warning, "refusing HTTP connections", metadata: ["reason": "\(reason)"])
-            self.metrics.refused("unauthenticated")
-            try self.refuse(
-                channel,
-                HTTPRefusal(status: .serviceUnavailable, message: "\(reason); try again later", retryAfter: .seconds(5)),
-                tls: tls
-            )
+            try self.refuse(channel, .serviceUnavailable, reason, limit: "unauthenticated", retryAfter: .seconds(5), tls: tls)
             return nil
         }
         // Waiting ends once: with the upgrade, or with the connection closing first.
@@ -187,6 +175,20 @@ extension Gateway {
 
     /// Connections of the HTTP listener refused at once and being answered, at most.
     static let maxRefusing = 256
+
+    /// Refuses a new connection of the HTTP listener by `limit` (a metric label), logged.
+    private func refuse(
+        _ channel: any Channel,
+        _ status: HTTPResponseStatus,
+        _ reason: String,
+        limit: String,
+        retryAfter: Duration,
+        tls: Bool
+    ) throws {
+        self.refusalLog.log(self.logger, .warning, "refusing HTTP connections", metadata: ["reason": "\(reason)"])
+        self.metrics.refused(limit)
+        try self.refuse(channel, HTTPRefusal(status: status, message: "\(reason); try again later", retryAfter: retryAfter), tls: tls)
+    }
 
     /// Answers a refused plain-HTTP connection's request with `refusal` and closes it; closes a
     /// TLS connection (a handshake is not worth a refusal), and any beyond ``maxRefusing``.
@@ -291,7 +293,7 @@ extension Gateway {
 
     /// An HTTP/1.1 pipeline that upgrades to a Tether WebSocket on `settings.path`, serves the
     /// HTTP stream on its path, and answers anything else with an HTTP error.
-    private func configureHTTP1(
+    func configureHTTP1(
         _ channel: any Channel,
         settings: GatewayConfiguration.WebSocket,
         stopWaiting: @escaping @Sendable () -> Void
@@ -355,7 +357,7 @@ extension Gateway {
     /// the same connection. WebSocket is not spoken over HTTP/2 (`426`). The connection counts
     /// as serving Tether once a GET opened a stream on it, and closes
     /// ``GatewayConfiguration/HTTPStream/postIdleTimeout`` after its last stream ended.
-    private func configureHTTP2(
+    func configureHTTP2(
         _ channel: any Channel,
         settings: GatewayConfiguration.WebSocket,
         stream: GatewayConfiguration.HTTPStream,

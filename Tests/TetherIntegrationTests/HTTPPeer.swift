@@ -61,17 +61,19 @@ final class HTTPPeer: Sendable {
         self.port = port
     }
 
+    /// A client TLS context that trusts the test CA and offers `protocols` (ALPN).
+    static func tlsContext(offering protocols: [String]) throws -> NIOSSLContext {
+        var configuration = NIOSSL.TLSConfiguration.makeClientConfiguration()
+        configuration.trustRoots = .certificates([
+            try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
+        ])
+        configuration.applicationProtocols = protocols
+        return try NIOSSLContext(configuration: configuration)
+    }
+
     /// A connection to 127.0.0.1:`port`: plain, TLS trusting the test CA, or HTTP/2 (TLS, ALPN `h2`).
     static func connect(port: Int, tls: Bool = false, http2: Bool = false) async throws -> HTTPPeer {
-        var context: NIOSSLContext?
-        if tls || http2 {
-            var configuration = NIOSSL.TLSConfiguration.makeClientConfiguration()
-            configuration.trustRoots = .certificates([
-                try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
-            ])
-            configuration.applicationProtocols = http2 ? ["h2"] : ["http/1.1"]
-            context = try NIOSSLContext(configuration: configuration)
-        }
+        let context = tls || http2 ? try Self.tlsContext(offering: http2 ? ["h2"] : ["http/1.1"]) : nil
         let multiplexer = NIOLockedValueBox<NIOHTTP2Handler.StreamMultiplexer?>(nil)
         let current = NIOLockedValueBox<Exchange?>(nil)
         let connection = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)

@@ -384,12 +384,7 @@ extension IntegrationTests {
                     transport: .secureHTTPStream,
                     configure: { $0.webSocket?.stream?.postIdleTimeout = .milliseconds(300) }
                 )
-                var tls = NIOSSL.TLSConfiguration.makeClientConfiguration()
-                tls.trustRoots = .certificates([
-                    try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
-                ])
-                tls.applicationProtocols = ["h2"]
-                let context = try NIOSSLContext(configuration: tls)
+                let context = try HTTPPeer.tlsContext(offering: ["h2"])
                 let multiplexer = NIOLockedValueBox<NIOHTTP2Handler.StreamMultiplexer?>(nil)
                 let connection = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                     .channelInitializer { channel in

@@ -63,12 +63,7 @@ final class UnfinishedPosts: Sendable {
     /// POST streams each.
     static func http2(connections: Int, streams: Int, port: Int, token: String, declared: Int) async throws -> UnfinishedPosts {
         let flood = UnfinishedPosts(group: MultiThreadedEventLoopGroup(numberOfThreads: 1))
-        var configuration = NIOSSL.TLSConfiguration.makeClientConfiguration()
-        configuration.trustRoots = .certificates([
-            try NIOSSLCertificate(bytes: Array(TestCertificates.shared.authority.certificatePEM.utf8), format: .pem)
-        ])
-        configuration.applicationProtocols = ["h2"]
-        let context = try NIOSSLContext(configuration: configuration)
+        let context = try HTTPPeer.tlsContext(offering: ["h2"])
         let body = ByteBuffer(repeating: 0x54, count: declared - 1)
         var head = HTTPRequestHead(version: .http1_1, method: .POST, uri: Endpoint.defaultHTTPStreamPath)
         head.headers.add(name: "Host", value: "127.0.0.1:\(port)")

@@ -1,0 +1,1 @@
+../../../Tests/TetherGatewayTests/Fuzz/HTTPListenerProgram.swift
