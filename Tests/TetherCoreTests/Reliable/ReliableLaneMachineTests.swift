@@ -35,6 +35,7 @@ struct ReliableLaneMachineTests {
         _ batch: [ReliableLaneMachine.Received],
         on lane: inout ReliableLaneMachine,
         answers: Bool = true,
+        allowances: [ReliableLaneMachine.Allowance] = [],
         store: DedupState = DedupState(),
         outcome: (Frame.Message) -> ReliableLaneMachine.HandlerOutcome = { _ in .processed(.ok, deliveries: []) },
         commitFails: Bool = false
@@ -42,7 +43,7 @@ struct ReliableLaneMachineTests {
         var ran: [UInt64] = []
         var loads: [ReliableLaneMachine.Query] = []
         var write: StoreWrite?
-        var step = lane.begin(batch, answers: answers, now: Self.now)
+        var step = lane.begin(batch, answers: answers, now: Self.now, allowances: allowances)
         while true {
             switch step {
             case .load(let query):
@@ -187,6 +188,33 @@ struct ReliableLaneMachineTests {
         #expect(result.write?.processed.map(\.status) == [.ok, .resourceExhausted])
         #expect(result.done.stored["bob"]?.map(\.sequence) == [1])
         #expect(result.done.notes.count == 1)
+    }
+
+    @Test(
+        "a batch's allowances (the store's room, its sender's): the deliveries of a message that would pass one are dropped and it is refused, saying which; the others go on"
+    )
+    func allowances() {
+        var lane = Self.lane()
+        let small = NewDelivery(recipient: "bob", topic: "dm", body: ByteBuffer(string: "xx"))
+        let large = NewDelivery(recipient: "carol", topic: "dm", body: ByteBuffer(repeating: 0x61, count: 10))
+        let store = ReliableLaneMachine.Allowance(deliveries: 3, bytes: 100) { $0 ? "store: deliveries" : "store: bytes" }
+        let sender = ReliableLaneMachine.Allowance(deliveries: 100, bytes: 13) { $0 ? "sender: deliveries" : "sender: bytes" }
+        let result = Self.run(
+            [Self.message(1, 1), Self.message(2, 2), Self.message(3, 3), Self.message(4, 4)],
+            on: &lane,
+            allowances: [store, sender],
+            outcome: { message in
+                switch message.id {
+                case 1: .processed(.ok, deliveries: [small, small])  // 2 deliveries, 4 bytes
+                case 2: .processed(.ok, deliveries: [large])  // 14 bytes: past the sender's 13
+                case 3: .processed(.ok, deliveries: [small])  // the store's third
+                default: .processed(.ok, deliveries: [small])  // past the store's 3
+                }
+            }
+        )
+        #expect(result.write?.processed.map(\.status) == [.ok, .resourceExhausted, .ok, .resourceExhausted])
+        #expect(result.write?.deliveries == [small, small, small])
+        #expect(result.done.notes == [.quotaExceeded("sender: bytes"), .quotaExceeded("store: deliveries")])
     }
 
     @Test("remembered outcomes are bounded: past the limit, the oldest are asked of the store")
