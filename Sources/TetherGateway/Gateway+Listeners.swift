@@ -534,6 +534,13 @@ final class WebSocketUpgradeRefusal: ChannelInboundHandler, RemovableChannelHand
         guard head.method == .GET, upgrade else {
             return (.upgradeRequired, "\(path) speaks Tether over WebSocket only: send a GET with 'Upgrade: websocket'")
         }
+        // An opening handshake has no body (RFC 6455, 4.1). NIO's upgrade handler waits for a
+        // body's end to upgrade, and a connection that closes first leaves that wait (and the
+        // handler) behind: a peer could leak memory with each one. Refused before it waits.
+        let declared = head.headers.first(name: "Content-Length").map { $0.trimmingCharacters(in: .whitespaces) != "0" } ?? false
+        if declared || head.headers.contains(name: "Transfer-Encoding") {
+            return (.badRequest, "a WebSocket upgrade request has no body (RFC 6455, 4.1)")
+        }
         if let allowedOrigins, let origin = head.headers.first(name: "Origin"), !allowedOrigins.contains(origin) {
             return (.forbidden, "the origin \(origin) may not connect")
         }

@@ -71,6 +71,7 @@ final class HTTPListenerProgram {
         guard let setup = input.popFirst() else { return nil }
         let http2 = setup & 1 != 0
         var connections: [EmbeddedChannel] = []
+        var upgraders: [Weak<HTTPServerUpgradeHandler>] = []
         var session: Session?
 
         func open() {
@@ -88,6 +89,9 @@ final class HTTPListenerProgram {
                         )
                     } else {
                         try self.gateway.configureHTTP1(channel, settings: self.settings, stopWaiting: stopWaiting)
+                        if let upgrader = try? channel.pipeline.syncOperations.handler(type: HTTPServerUpgradeHandler.self) {
+                            upgraders.append(Weak(upgrader))
+                        }
                     }
                 }
             } catch {
@@ -140,8 +144,16 @@ final class HTTPListenerProgram {
         self.loop.run()
         self.loop.advanceTime(by: .seconds(600))
         self.loop.run()
+        // Nothing may keep a closed connection alive (a retain cycle through its pipeline).
+        let alive = connections.map { Weak($0) }
+        connections.removeAll()
+        self.loop.run()
+        let leaked = alive.filter { $0.value != nil }.count
+        let leakedUpgraders = upgraders.filter { $0.value != nil }.count
 
         var left: [String] = []
+        if leaked > 0 { left.append("\(leaked) closed connections still alive (a retain cycle)") }
+        if leakedUpgraders > 0 { left.append("\(leakedUpgraders) upgrade handlers of closed connections still alive (a retain cycle)") }
         let counts = self.gateway.admission.counts
         if counts != (0, 0) { left.append("admitted connections \(counts)") }
         let pending = self.gateway.pendingUpgrades.load(ordering: .relaxed)
@@ -152,6 +164,12 @@ final class HTTPListenerProgram {
         if self.gateway.memoryBudget.usedBytes != 0 { left.append("\(self.gateway.memoryBudget.usedBytes) bytes of the memory budget") }
         if self.gateway.activity.active != 0 { left.append("activity \(self.gateway.activity.active)") }
         return left.isEmpty ? nil : "once every connection closed, the gateway still counts: " + left.joined(separator: ", ")
+    }
+
+    /// A reference that does not keep its object alive.
+    private struct Weak<Object: AnyObject> {
+        weak var value: Object?
+        init(_ value: Object) { self.value = value }
     }
 
     /// A request of the grammar, its parts chosen by the next bytes: the method, the path, the
