@@ -234,6 +234,54 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a POST carrying more requests than the connection runs at once is answered 204 only once its frames are read")
+        func postAnsweredAfterRead() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    transport: .httpStream,
+                    configure: { $0.limits.maxConcurrentRequestsPerConnection = 2 },
+                    routes: { gateway in
+                        gateway.handle("slow") { request, _ in
+                            try await Task.sleep(for: .milliseconds(200))
+                            return request.body
+                        }
+                    }
+                )
+                let stream = try await HTTPPeer.connect(port: endpoint.port)
+                defer { stream.close() }
+                let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
+                let line = try await opened.wait(ended: false).body.prefix { $0 != "\n" }
+                let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
+                let posts = try await HTTPPeer.connect(port: endpoint.port)
+                defer { posts.close() }
+                var number: UInt64 = 0
+                func post(_ frames: [Frame.Payload]) async throws -> HTTPPeer.Exchange {
+                    var body = ByteBuffer()
+                    for payload in frames { try FrameEncoder().encode(Frame(payload, flags: .checksum), into: &body) }
+                    defer { number += 1 }
+                    let proof = try #require(HTTPStreamBinding.proof(key: key, post: number, body: body))
+                    return try await posts.send(
+                        .POST,
+                        Endpoint.defaultHTTPStreamPath,
+                        headers: [(HTTPStreamBinding.sessionHeader, token), (HTTPStreamBinding.proofHeader, proof)],
+                        body: body
+                    )
+                }
+                let hello = Frame.Payload.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "poster"))
+                #expect(try await post([hello]).wait().status == .noContent)
+                // 40 requests: 2 run and 16 wait; the gateway stops reading with 22 still in the body.
+                let requests = (1...40).map {
+                    Frame.Payload.request(.init(id: UInt64($0), method: "slow", body: ByteBuffer(string: "\($0)")))
+                }
+                let started = ContinuousClock.now
+                let answered = try await post(requests).wait(timeout: .seconds(30))
+                let elapsed = ContinuousClock.now - started
+                #expect(answered.status == .noContent)
+                // The last 22 are read as the first ones finish: 11 rounds of two 200 ms handlers.
+                #expect(elapsed >= .milliseconds(1800), "answered after \(elapsed): before the connection read the body")
+            }
+        }
+
         @Test(
             "a WebSocket upgrade request with a body is refused 400 (the fuzz target found that NIO's upgrade handler, waiting for a body's end, leaks if the connection closes first)"
         )
