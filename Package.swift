@@ -150,6 +150,7 @@ let package = Package(
             name: "TetherPostgres",
             dependencies: [
                 "TetherCore",
+                "TetherNIO",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -191,6 +192,7 @@ let package = Package(
             name: "TetherLab",
             dependencies: [
                 "TetherCore",
+                "TetherNIO",
                 "Tether",
                 "TetherPostgres",
                 "TetherTesting",
@@ -206,6 +208,7 @@ let package = Package(
             name: "TetherCLI",
             dependencies: [
                 "Tether",
+                "TetherNIO",
                 "TetherGateway",
                 "TetherJWT",
                 "TetherPostgres",
@@ -224,6 +227,21 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
         // Tests mirror the sources: one folder per module, then the loopback integration tests.
+        // Counts the locks a request, a push and a reliable message take, in a process of its
+        // own; LockBudgetTests runs it and holds the counts to their budgets (debug builds).
+        .executableTarget(
+            name: "tether-lock-probe",
+            dependencies: [
+                "Tether",
+                "TetherGateway",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/TetherLockProbe",
+            swiftSettings: strictSwift6
+        ),
         .target(
             name: "TetherTestSupport",
             dependencies: [

@@ -1,5 +1,5 @@
 public import Foundation
-public import NIOCore
+import NIOCore
 import NIOFoundationCompat
 public import TetherCore
 

@@ -1,7 +1,7 @@
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
+import TetherNIO
 
 // Establishing a connection: racing endpoints, the transport, the handshake.
 extension TetherClient {
@@ -197,7 +197,7 @@ extension TetherClient {
             )
         }
         // Cancelling the task (a lost connection race) closes the channel, whatever stage it is at.
-        let cancellation = NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>((false, nil))
+        let cancellation = TetherLock<(cancelled: Bool, channel: (any Channel)?)>((false, nil))
         return try await withTaskCancellationHandler {
             try await self.establish(
                 endpoint,
@@ -220,13 +220,13 @@ extension TetherClient {
         _ endpoint: Endpoint,
         handlerConfiguration: ClientConnectionStateMachine.Configuration,
         callbacks: ClientConnectionHandler.Callbacks,
-        cancellation: NIOLockedValueBox<(cancelled: Bool, channel: (any Channel)?)>,
+        cancellation: TetherLock<(cancelled: Bool, channel: (any Channel)?)>,
         credentialValidFor: Duration?,
         connectTimeout: Duration
     ) async throws -> ClientConnection {
         let established = self.eventLoop.makePromise(of: Handshake.Negotiated.self)
         let closed = self.eventLoop.makePromise(of: ConnectionClosure.self)
-        let handlerBox = NIOLockedValueBox<NIOLoopBound<ClientConnectionHandler>?>(nil)
+        let handlerBox = TetherLock<NIOLoopBound<ClientConnectionHandler>?>(nil)
         let logger = self.logger
         let clock = self.clock
 

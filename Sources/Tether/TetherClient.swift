@@ -1,7 +1,6 @@
 import Atomics
 public import CoreMetrics
 public import Logging
-import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
 public import ServiceLifecycle
@@ -41,7 +40,7 @@ public final class TetherClient: Service, Sendable {
     /// racing, endpoint penalties, retransmissions, message expiry) is an instant on it.
     public let clock: any TetherClock
     let logger: Logger
-    let state: NIOLockedValueBox<State>
+    let state: TetherLock<State>
     let requestIDs = ManagedAtomic<UInt64>(1)
     let waiterIDs = ManagedAtomic<UInt64>(1)
     let droppedPushCount = ManagedAtomic<Int>(0)
@@ -102,7 +101,7 @@ public final class TetherClient: Service, Sendable {
         )
         var state = State(machine: machine, endpointPenalty: configuration.connection.failedEndpointPenalty)
         state.natProber = configuration.heartbeat.natProbing.map { NATTimeoutProber(configuration: $0) }
-        self.state = NIOLockedValueBox(state)
+        self.state = TetherLock(state)
         self.pushRouter = PushRouter(bufferSize: configuration.pushes.bufferSize)
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
         let eventLoop = self.eventLoop

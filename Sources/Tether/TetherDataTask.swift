@@ -1,6 +1,6 @@
-import NIOConcurrencyHelpers
 public import NIOCore
 import TetherCore
+import TetherNIO
 
 /// A request in the style of `URLSessionDataTask`, for callback-based code.
 ///
@@ -50,7 +50,7 @@ public final class TetherDataTask: Sendable {
         var completion: (@Sendable (Result<ByteBuffer, TetherError>) -> Void)?
     }
 
-    private let inner: NIOLockedValueBox<Inner>
+    private let inner: TetherLock<Inner>
     private let client: TetherClient
     private let method: String
     private let body: ByteBuffer
@@ -67,7 +67,7 @@ public final class TetherDataTask: Sendable {
         self.method = method
         self.body = body
         self.timeout = timeout
-        self.inner = NIOLockedValueBox(Inner(completion: completion))
+        self.inner = TetherLock(Inner(completion: completion))
     }
 
     /// The task's current state.

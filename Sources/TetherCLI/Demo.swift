@@ -1,11 +1,11 @@
 import ArgumentParser
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import Tether
 import TetherCore
 import TetherGateway
+import TetherNIO
 import TetherTesting
 
 struct Demo: AsyncParsableCommand {
@@ -340,7 +340,7 @@ final class EventLog: Sendable {
 
 /// What bob's app received as reliable deliveries.
 final class ReliableTally: Sendable {
-    private let state = NIOLockedValueBox((bodies: [String](), verdict: "not run"))
+    private let state = TetherLock((bodies: [String](), verdict: "not run"))
 
     func received(_ body: String) { self.state.withLockedValue { $0.bodies.append(body) } }
     var bodies: [String] { self.state.withLockedValue { $0.bodies } }

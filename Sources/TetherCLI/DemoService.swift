@@ -1,8 +1,8 @@
 import Foundation
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
 import TetherGateway
+import TetherNIO
 
 /// The handlers `tether serve` and `tether demo` install: echo, time, a chat room, and a slow
 /// method for trying timeouts and cancellation.
@@ -104,7 +104,7 @@ enum DemoService {
 
 /// A thread-safe counter.
 final class Counter: Sendable {
-    private let value = NIOLockedValueBox(0)
+    private let value = TetherLock(0)
     func increment(by amount: Int = 1) { self.value.withLockedValue { $0 += amount } }
     var count: Int { self.value.withLockedValue { $0 } }
 }

@@ -1,5 +1,5 @@
 public import Foundation
-public import NIOCore
+import NIOCore
 import NIOFoundationCompat
 
 // `Data` and `Codable` beside `ByteBuffer`: the same calls, for code that works in Foundation
@@ -48,7 +48,7 @@ extension Gateway {
     ///     return Entered(members: gateway.members(of: enter.room).count)
     /// }
     /// ```
-    public func handle<Request: Decodable & Sendable, Response: Encodable>(
+    public func handle<Request: Decodable & Sendable, Response: Encodable & Sendable>(
         _ method: String,
         json type: Request.Type,
         decoder: JSONDecoder = JSONDecoder(),

@@ -1,7 +1,7 @@
 import Atomics
 import Foundation
 import NIOCore
-public import NIOHTTP1
+import NIOHTTP1
 import NIOHTTP2
 import NIOPosix
 import NIOSSL

@@ -1,6 +1,6 @@
 import Foundation
 public import NIOCore
-public import ServiceLifecycle
+import ServiceLifecycle
 import TetherCore
 import TetherNIO
 

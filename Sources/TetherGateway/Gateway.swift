@@ -1,7 +1,6 @@
 import Atomics
 import Foundation
 public import Logging
-import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
 import Prometheus
@@ -72,7 +71,7 @@ public final class Gateway: Service, Sendable {
     let logger: Logger
     let authenticator: (any ClientAuthenticator)?
     /// The routes while they are registered; once the gateway starts, what its connections share.
-    private let routing = NIOLockedValueBox(Routing.building(Router()))
+    private let routing = TetherLock(Routing.building(Router()))
     /// Reliable delivery: the store, its writer, the outboxes' lanes; `nil` without a store.
     let reliable: ReliableServices?
     /// The other nodes, when the gateway is one of several sharing a store.
@@ -94,7 +93,7 @@ public final class Gateway: Service, Sendable {
     let httpStreams: HTTPStreamSessions
     /// In a cluster, the key that opens this node's HTTP-stream tokens (``ClusterNode/streamKey``).
     let streamKey: UInt64
-    let lifecycle = NIOLockedValueBox(Lifecycle())
+    let lifecycle = TetherLock(Lifecycle())
     /// What ``run()`` waits for: accepting, connections, and the tasks serving them.
     let activity = ActivityTracker()
     /// The TLS contexts of the listeners that speak TLS, made from ``GatewayConfiguration/tls``.

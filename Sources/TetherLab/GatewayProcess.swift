@@ -1,9 +1,9 @@
 import AsyncHTTPClient
 import Foundation
-import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TetherCore
+import TetherNIO
 import TetherTesting
 
 /// A `tether serve` process with an SQLite store, which the lab can kill and start again.
@@ -25,10 +25,11 @@ final class GatewayProcess: @unchecked Sendable {
     let postgres: (url: String, node: String)?
     /// The admin listener's port (`/metrics`), if the lab reads the gateway's own view.
     let adminPort: Int?
+    /// The running process, and how many times it was started.
+    private let running = TetherLock<(process: Process?, starts: Int)>((nil, 0))
+
     /// How many times the process was started.
-    private(set) var starts = 0
-    private let lock = NIOLock()
-    private var process: Process?
+    var starts: Int { self.running.withLockedValue { $0.starts } }
 
     init(
         executable: String,
@@ -71,16 +72,16 @@ final class GatewayProcess: @unchecked Sendable {
             ] + self.listenerArguments + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
             + (self.adminPort.map { ["--admin-port", "\($0)"] } ?? [])
         if !FileManager.default.fileExists(atPath: self.logFile) {
-            FileManager.default.createFile(atPath: self.logFile, contents: nil)
+            _ = FileManager.default.createFile(atPath: self.logFile, contents: nil)
         }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: self.logFile))
         log.seekToEndOfFile()
         process.standardOutput = log
         process.standardError = log
         try process.run()
-        self.lock.withLock {
-            self.process = process
-            self.starts += 1
+        self.running.withLockedValue {
+            $0.process = process
+            $0.starts += 1
         }
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
@@ -106,12 +107,12 @@ final class GatewayProcess: @unchecked Sendable {
 
     /// Kills the gateway with SIGKILL (no goodbye to its clients) and waits for it to exit.
     func kill() {
-        guard let process = self.lock.withLock({ self.process }) else { return }
+        guard let process = self.running.withLockedValue({ $0.process }) else { return }
         if process.isRunning {
             Foundation.kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
-        self.lock.withLock { self.process = nil }
+        self.running.withLockedValue { $0.process = nil }
     }
 
     private static func accepts(port: Int) async -> Bool {

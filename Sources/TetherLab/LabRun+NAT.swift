@@ -1,8 +1,8 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import Tether
 import TetherCore
+import TetherNIO
 import TetherTesting
 
 extension ScenarioRun {
@@ -47,7 +47,7 @@ extension ScenarioRun {
         )
 
         // When every probing client had settled, and the bytes through their NAT then.
-        let settledSample = NIOLockedValueBox<(time: Double, bytes: Int)?>(nil)
+        let settledSample = TetherLock<(time: Double, bytes: Int)?>(nil)
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
             group.addTask {

@@ -1,9 +1,9 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import Tether
 import TetherCore
+import TetherNIO
 import TetherPostgres
 
 extension ScenarioRun {
@@ -52,9 +52,9 @@ extension ScenarioRun {
 
         let killed = endpoints[0]
         let first = nodes[0]
-        let affected = NIOLockedValueBox<Set<String>>([])
-        let back = NIOLockedValueBox<[String: Double]>([:])
-        let killedAt = NIOLockedValueBox<Double?>(nil)
+        let affected = TetherLock<Set<String>>([])
+        let back = TetherLock<[String: Double]>([:])
+        let killedAt = TetherLock<Double?>(nil)
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
             group.addTask { await self.recordDeliveries(to: bob) }

@@ -1,9 +1,9 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import Tether
 import TetherCore
+import TetherNIO
 import TetherTesting
 
 extension ScenarioRun {
@@ -63,10 +63,10 @@ extension ScenarioRun {
                 + "\(clients.count) clients; the raw port opens at \(restricted.liftAt.totalSeconds) s"
         )
 
-        let firstRequests = NIOLockedValueBox<[String: Double]>([:])
-        let firstTransports = NIOLockedValueBox<[String: Int]>([:])
-        let movedUp = NIOLockedValueBox<[String: Double]>([:])
-        let lifted = NIOLockedValueBox<Double?>(nil)
+        let firstRequests = TetherLock<[String: Double]>([:])
+        let firstTransports = TetherLock<[String: Int]>([:])
+        let movedUp = TetherLock<[String: Double]>([:])
+        let lifted = TetherLock<Double?>(nil)
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
             group.addTask { await self.recordDeliveries(to: bob) }

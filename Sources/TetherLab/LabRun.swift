@@ -1,9 +1,9 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
-public import NIOCore
+import NIOCore
 import Tether
 import TetherCore
+import TetherNIO
 import TetherPostgres
 import TetherTesting
 
@@ -135,7 +135,7 @@ struct ScenarioRun: Sendable {
         let allProxies = Array(proxies.values)
         let everyone = clients
         var result = ScenarioResult(name: scenario.name, summary: scenario.summary)
-        let ttlProbe = NIOLockedValueBox<String?>(nil)  // set by the blackhole scenario
+        let ttlProbe = TetherLock<String?>(nil)  // set by the blackhole scenario
         try await withThrowingTaskGroup(of: Void.self) { group in
             self.run(everyone, in: &group)
             group.addTask { await self.recordDeliveries(to: bob) }
@@ -145,7 +145,7 @@ struct ScenarioRun: Sendable {
             let steadyEnd = scenario.steadyDuration.totalSeconds
             group.addTask { await self.requests(alice, until: steadyEnd) }
             // Carol does nothing but keep her connection alive: her bytes are the heartbeat's.
-            let idleStart = NIOLockedValueBox<(time: Double, bytes: Int)?>(nil)
+            let idleStart = TetherLock<(time: Double, bytes: Int)?>(nil)
             if scenario.loss == 0, scenario.disruption == nil {
                 group.addTask {
                     await self.waitUntil(seconds: 10) { if case .connected = carol.connectionState { true } else { false } }
@@ -290,7 +290,7 @@ struct ScenarioRun: Sendable {
         ports: [Int],
         path: ManualNetworkPathMonitor,
         alice: TetherClient,
-        ttl: NIOLockedValueBox<String?>
+        ttl: TetherLock<String?>
     ) async throws {
         switch self.scenario.disruption {
         case nil:

@@ -1,5 +1,5 @@
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// Percentiles of a set of samples (in the unit the samples are in).
 public struct Percentiles: Codable, Sendable, Hashable {
@@ -83,7 +83,7 @@ final class LabRecorder: Sendable {
     }
 
     let start = ContinuousClock.now
-    let state = NIOLockedValueBox(State())
+    let state = TetherLock(State())
 
     /// Seconds since the scenario started.
     func now() -> Double {

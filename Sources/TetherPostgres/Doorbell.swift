@@ -1,4 +1,4 @@
-import NIOConcurrencyHelpers
+import TetherNIO
 
 /// Wakes one waiting loop: ``ring()`` from anywhere, ``wait(upTo:)`` in the loop. A ring while
 /// nobody waits is kept for the next wait (several rings count as one).
@@ -8,7 +8,7 @@ final class Doorbell: Sendable {
         var waiter: CheckedContinuation<Void, Never>?
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     func ring() {
         let waiter = self.state.withLockedValue { state -> CheckedContinuation<Void, Never>? in

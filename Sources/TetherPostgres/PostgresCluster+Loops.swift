@@ -24,29 +24,31 @@ extension PostgresCluster {
                     "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
                     logger: self.logger
                 )
-                let signals = try await connection.listen("tether_node_\(id)")
-                let pushes = try await connection.listen("tether_pushes")
-                if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
-                failures = 0
-                // Whatever was missed while away: presence written again, signals and pushes read.
-                self.state.withLockedValue { $0.resyncPresence = true }
-                self.writes.ring()
-                self.signals.ring()
-                self.pushes.ring()
-                // Closing the connection ends both sequences, whichever way this ends (a dropped
-                // connection, or the node leaving).
-                try await withTaskCancellationHandler {
-                    try await withThrowingTaskGroup { group in
-                        group.addTask { for try await _ in signals { self.signals.ring() } }
-                        group.addTask { for try await _ in pushes { self.pushes.ring() } }
-                        defer {
-                            group.cancelAll()
+                try await connection.listen(on: "tether_node_\(id)") { signals in
+                    try await connection.listen(on: "tether_pushes") { pushes in
+                        if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
+                        failures = 0
+                        // Whatever was missed while away: presence written again, signals and pushes read.
+                        self.state.withLockedValue { $0.resyncPresence = true }
+                        self.writes.ring()
+                        self.signals.ring()
+                        self.pushes.ring()
+                        // Closing the connection ends both sequences, whichever way this ends (a dropped
+                        // connection, or the node leaving).
+                        try await withTaskCancellationHandler {
+                            try await withThrowingTaskGroup { group in
+                                group.addTask { for try await _ in signals { self.signals.ring() } }
+                                group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                                defer {
+                                    group.cancelAll()
+                                    connection.close().whenComplete { _ in }
+                                }
+                                try await group.next()
+                            }
+                        } onCancel: {
                             connection.close().whenComplete { _ in }
                         }
-                        try await group.next()
                     }
-                } onCancel: {
-                    connection.close().whenComplete { _ in }
                 }
                 throw MessageStoreError(code: .storage, message: "the listening connection ended")
             } catch {

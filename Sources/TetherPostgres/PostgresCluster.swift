@@ -1,7 +1,6 @@
 import AsyncHTTPClient
 import Foundation
 public import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -9,6 +8,7 @@ public import NIOSSL
 public import PostgresNIO
 public import TetherCore
 public import TetherGateway
+import TetherNIO
 
 /// Several gateways (nodes) sharing one PostgreSQL database: pushes reach every node's
 /// connections, reliable deliveries reach a recipient on whichever node it is connected to,
@@ -110,7 +110,7 @@ public final class PostgresCluster: GatewayCluster {
     let store: PostgresMessageStore
     var client: PostgresClient { self.store.client }
     let logger: Logger
-    let state = NIOLockedValueBox(State())
+    let state = TetherLock(State())
     /// Wakes the loop that writes presence, releases and pushes.
     let writes = Doorbell()
     /// Wakes the loop that reads this node's signals.

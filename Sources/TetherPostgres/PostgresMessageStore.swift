@@ -1,10 +1,10 @@
 public import Foundation
 public import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 public import PostgresNIO
 public import TetherCore
 public import TetherGateway
+import TetherNIO
 
 /// A ``MessageStore`` in PostgreSQL, which several gateways (the nodes of a cluster) can share.
 ///
@@ -32,7 +32,7 @@ public final class PostgresMessageStore: MessageStore {
     let concurrentGroups: Int
     /// The node this store's gateway is, once its ``PostgresCluster`` registered it: deliveries
     /// for recipients connected to other nodes then wake those nodes.
-    let node = NIOLockedValueBox<Int64?>(nil)
+    let node = TetherLock<Int64?>(nil)
 
     /// Opens the store: migrates the schema and reads (or creates) the store's epoch.
     /// - Parameters:
@@ -186,7 +186,7 @@ public final class PostgresMessageStore: MessageStore {
         let unique = Array(Set(outboxes))
         guard !unique.isEmpty else { return }
         let seen = Int64(time.timeIntervalSince1970.rounded(.down))
-        try await self.storage {
+        _ = try await self.storage {
             try await self.client.query(
                 """
                 INSERT INTO tether_outboxes (client, epoch, last_seen)
@@ -287,8 +287,8 @@ public final class PostgresMessageStore: MessageStore {
     /// itself if it overruns (it holds its pooled connection until then).
     func withDeadline<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
         let timeout = self.operationTimeout
-        let settle = NIOLockedValueBox<CheckedContinuation<T, any Error>?>(nil)
-        let tasks = NIOLockedValueBox<(work: Task<Void, Never>?, timer: Task<Void, Never>?)>((nil, nil))
+        let settle = TetherLock<CheckedContinuation<T, any Error>?>(nil)
+        let tasks = TetherLock<(work: Task<Void, Never>?, timer: Task<Void, Never>?)>((nil, nil))
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
                 settle.withLockedValue { $0 = continuation }

@@ -1,6 +1,6 @@
-import NIOConcurrencyHelpers
 import NIOCore
 public import TetherCore
+import TetherNIO
 
 /// Breaks the connections of a ``LocalNetwork`` on demand.
 ///
@@ -29,7 +29,7 @@ public final class FaultController: Sendable {
         var channels: [ObjectIdentifier: any Channel] = [:]
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     public init() {}
 

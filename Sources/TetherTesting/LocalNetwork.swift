@@ -1,4 +1,3 @@
-import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
 public import TetherCore
@@ -27,7 +26,7 @@ public import TetherNIO
 public final class LocalNetwork: Sendable {
     /// Breaks the links of this network.
     public let faults = FaultController()
-    private let gateways = NIOLockedValueBox<[Endpoint: Gateway]>([:])
+    private let gateways = TetherLock<[Endpoint: Gateway]>([:])
     private let eventLoopGroup: any EventLoopGroup
 
     /// - Parameter eventLoopGroup: Where the gateways' ends of the connections run.

@@ -1,6 +1,6 @@
-import NIOConcurrencyHelpers
 public import NIOCore
 public import TetherCore
+import TetherNIO
 
 /// A clock that moves only when told to: inject it into a `TetherClient` or a `Gateway` and
 /// every deadline they have — backoff, racing, requests, heartbeats, handshakes, idle
@@ -36,7 +36,7 @@ public final class ManualClock: TetherClock, Sendable {
         var sleeperWaiters: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
     /// The wall-clock time (milliseconds since 1970) at the clock's zero.
     public let wallClockOrigin: Int64
 
@@ -87,7 +87,7 @@ public final class ManualClock: TetherClock, Sendable {
         on eventLoop: any EventLoop,
         handler: some NIOScheduledCallbackHandler & AnyObject
     ) -> ClockCallback? {
-        let bound = NIOLoopBound(handler, eventLoop: eventLoop)
+        let bound = NIOLoopBound(handler as any NIOScheduledCallbackHandler, eventLoop: eventLoop)
         return self.schedule(at: deadline, on: eventLoop) { bound.value.handleScheduledCallback(eventLoop: eventLoop) }
     }
 

@@ -1,6 +1,6 @@
-import NIOConcurrencyHelpers
 public import Tether
 public import TetherCore
+import TetherNIO
 
 /// A ``NetworkPathMonitor`` driven by the test: it reports whatever path the test sets.
 ///
@@ -17,11 +17,11 @@ public final class ManualNetworkPathMonitor: NetworkPathMonitor {
         var nextID = 0
     }
 
-    private let state: NIOLockedValueBox<State>
+    private let state: TetherLock<State>
 
     /// Starts with `initial` (by default an available network called "wifi").
     public init(initial: NetworkPath = NetworkPath(isAvailable: true, identity: "wifi")) {
-        self.state = NIOLockedValueBox(State(current: initial))
+        self.state = TetherLock(State(current: initial))
     }
 
     /// The path reported now.

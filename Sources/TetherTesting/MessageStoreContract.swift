@@ -1,5 +1,5 @@
-public import Foundation
-public import NIOCore
+import Foundation
+import NIOCore
 public import TetherGateway
 
 /// The contract every ``MessageStore`` meets (see the protocol's documentation), as checks to

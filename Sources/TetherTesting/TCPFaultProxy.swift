@@ -1,7 +1,7 @@
-import NIOConcurrencyHelpers
 public import NIOCore
 import NIOPosix
 public import TetherCore
+import TetherNIO
 
 /// A TCP proxy between clients and a gateway that can degrade or break the path on demand:
 /// add latency, jitter and a bandwidth cap, stop forwarding while keeping connections open (a
@@ -82,7 +82,7 @@ public final class TCPFaultProxy: Sendable {
     /// The gateways the proxy forwards to, a connection to each in turn.
     public let upstreams: [Endpoint]
     private let group: any EventLoopGroup
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     /// - Parameters:
     ///   - upstream: Where to forward to.

@@ -35,7 +35,7 @@ final class ChildProcess: @unchecked Sendable {
     init(executable: String, _ arguments: [String], in harness: Harness) throws {
         self.arguments = arguments
         self.outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("tether-child-\(UUID().uuidString).out").path
-        FileManager.default.createFile(atPath: self.outputPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: self.outputPath, contents: nil)
         let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.outputPath))
         try self.process.withLockedValue { process in
             process.executableURL = URL(fileURLWithPath: executable)

@@ -106,7 +106,7 @@ extension IntegrationTests {
         @Test("without negotiated checksums, frames without one are served")
         func checksumsOff() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 let connection = try await RawConnection.connect(to: endpoint)
@@ -208,7 +208,7 @@ extension IntegrationTests {
         @Test("frames out of order, unknown types and duplicate request ids are protocol errors")
         func outOfOrder() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handle("wait") { _, _ in
                         try await Task.sleep(for: .seconds(30))
                         return ByteBuffer()
@@ -239,7 +239,7 @@ extension IntegrationTests {
         @Test("an unknown extension frame is ignored")
         func extensionIgnored() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 let connection = try await RawConnection.connect(to: endpoint)
@@ -394,7 +394,7 @@ extension IntegrationTests {
         func concurrencyLimit() async throws {
             try await withHarness { harness in
                 let running = NIOLockedValueBox((now: 0, peak: 0))
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     configure: { $0.limits.maxConcurrentRequestsPerConnection = 2 },
                     routes: { gateway in
                         gateway.handle("work") { request, _ in
@@ -425,7 +425,7 @@ extension IntegrationTests {
         func cancelWhileSaturated() async throws {
             try await withHarness { harness in
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     configure: { $0.limits.maxConcurrentRequestsPerConnection = 2 },
                     routes: { gateway in
                         gateway.handle("block", block.handler)
@@ -462,7 +462,7 @@ extension IntegrationTests {
         func inlineHandlerTakesNoSlot() async throws {
             try await withHarness { harness in
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     configure: { $0.limits.maxConcurrentRequestsPerConnection = 1 },
                     routes: { gateway in
                         gateway.handle("block", block.handler)
@@ -492,7 +492,7 @@ extension IntegrationTests {
         func readsStopWhenManyWait() async throws {
             try await withHarness { harness in
                 let block = WaitingHandler(waitsFor: .seconds(60))
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     configure: { $0.limits.maxConcurrentRequestsPerConnection = 1 },
                     routes: { gateway in gateway.handle("block", block.handler) }
                 )

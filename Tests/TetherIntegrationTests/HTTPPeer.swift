@@ -169,7 +169,7 @@ final class HTTPPeer: Sendable {
                     $0 = Response(status: head.status, headers: head.headers, bytes: ByteBuffer(), ended: false)
                 }
             case .body(var bytes):
-                exchange.state.withLockedValue { $0?.bytes.writeBuffer(&bytes) }
+                _ = exchange.state.withLockedValue { $0?.bytes.writeBuffer(&bytes) }
             case .end:
                 exchange.state.withLockedValue { $0?.ended = true }
             }

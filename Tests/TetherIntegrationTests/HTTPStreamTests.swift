@@ -402,7 +402,7 @@ extension IntegrationTests {
                     .connect(host: "127.0.0.1", port: endpoint.port).get()
                 harness.onExit { connection.close(promise: nil) }
                 let collector = BodyCollector()
-                let stream = try await try #require(multiplexer.withLockedValue { $0 }).createStreamChannel { child in
+                let stream = try await #require(multiplexer.withLockedValue { $0 }).createStreamChannel { child in
                     child.eventLoop.makeCompletedFuture {
                         try child.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ClientCodec(httpProtocol: .https))
                         try child.pipeline.syncOperations.addHandler(collector)

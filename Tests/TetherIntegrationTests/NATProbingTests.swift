@@ -29,7 +29,7 @@ extension IntegrationTests {
         @Test("in the background, the client learns how long the NAT keeps an idle connection, then stops losing it")
         func learnsTheNATTimeout() async throws {
             try await withHarness { harness in
-                let (gateway, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(10))
+                let (_, nat, endpoint) = try await Self.gatewayBehindNAT(harness, idle: .seconds(10))
                 let path = ManualNetworkPathMonitor(initial: NetworkPath(isAvailable: true, identity: "wifi"))
                 let client = try harness.client([endpoint]) { configuration in
                     configuration.pathMonitor = path

@@ -35,7 +35,7 @@ extension IntegrationTests {
         func connectedClient(_ harness: Harness) async throws -> Setup {
             let network = LocalNetwork()
             let endpoint = Endpoint(host: "gateway", port: 1)
-            let gateway = try harness.localGateway(
+            _ = try harness.localGateway(
                 network: network,
                 at: endpoint,
                 routes: { gateway in

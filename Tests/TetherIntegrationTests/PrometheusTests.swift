@@ -94,7 +94,7 @@ extension IntegrationTests {
                     "--web.listen-address=127.0.0.1:\(port)",
                 ]
                 let log = directory.appendingPathComponent("prometheus.log")
-                FileManager.default.createFile(atPath: log.path, contents: nil)
+                _ = FileManager.default.createFile(atPath: log.path, contents: nil)
                 let logHandle = try FileHandle(forWritingTo: log)
                 process.standardOutput = logHandle
                 process.standardError = logHandle

@@ -120,7 +120,7 @@ final class RawConnection: @unchecked Sendable {
 
     /// Stops reading from the socket, as a client that hangs would.
     func stopReading() async throws {
-        try await self.channel.setOption(ChannelOptions.autoRead, value: false)
+        try await self.channel.setOption(ChannelOptions.autoRead, value: false).get()
     }
 
     private final class Collector: ChannelInboundHandler, @unchecked Sendable {

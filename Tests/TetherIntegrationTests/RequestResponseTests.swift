@@ -16,7 +16,7 @@ extension IntegrationTests {
         )
         func basics(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     transport: transport,
                     routes: { gateway in
                         gateway.handle("echo") { request, _ in request.body }
@@ -49,7 +49,7 @@ extension IntegrationTests {
         @Test("inline handlers answer with the statuses of task handlers; a synchronous closure given to handle() still runs in a task")
         func inlineHandlers() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handleInline("echo") { request, _ in request.body }
                     gateway.handleInline("whoami") { _, context in ByteBuffer(string: context.connection.clientID) }
                     gateway.handleInline("reject") { _, _ in throw RequestError(.permissionDenied, "not you") }
@@ -240,7 +240,7 @@ extension IntegrationTests {
         @Test("the data task API: suspended until resumed, completes once, cancellable")
         func dataTasks() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                     gateway.handle("wait") { _, _ in
                         try await Task.sleep(for: .seconds(60))
@@ -289,7 +289,7 @@ extension IntegrationTests {
         @Test("a data task on a connected client needs no Swift task: its completion runs on the event loop and may send the next")
         func dataTasksOnTheLoop() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handleInline("echo") { request, _ in request.body }
                 })
                 let client = try harness.client([endpoint])
@@ -327,7 +327,7 @@ extension IntegrationTests {
         func dataTaskCancellationReachesGateway() async throws {
             try await withHarness { harness in
                 let wait = WaitingHandler()
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handleInline("echo") { request, _ in request.body }
                     gateway.handle("wait", wait.handler)
                 })
@@ -353,7 +353,7 @@ extension IntegrationTests {
         @Test("a data task handed to a connection that no longer takes requests is sent on the next connection")
         func dataTaskOnDrainedConnection() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handleInline("echo") { request, _ in request.body }
                 })
                 let client = try harness.client([endpoint])
@@ -378,7 +378,7 @@ extension IntegrationTests {
         @Test("invalid arguments are refused locally with clear errors")
         func invalidArguments() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     configure: { $0.limits.maxBodySize = 4096 },
                     routes: { gateway in gateway.handle("echo") { request, _ in request.body } }
                 )

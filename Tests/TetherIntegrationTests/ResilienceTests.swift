@@ -30,7 +30,7 @@ extension IntegrationTests {
         )
         func silentGateway(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(
+                let (_, endpoint) = try await harness.gateway(
                     transport: transport,
                     configure: Self.fastHeartbeat,
                     routes: { gateway in
@@ -71,7 +71,7 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(
+                _ = try harness.localGateway(
                     network: network,
                     at: endpoint,
                     configure: Self.fastHeartbeat,
@@ -100,7 +100,7 @@ extension IntegrationTests {
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
                 let hang = WaitingHandler()
-                let gateway = try harness.localGateway(
+                _ = try harness.localGateway(
                     network: network,
                     at: endpoint,
                     routes: { gateway in
@@ -134,7 +134,7 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(
+                _ = try harness.localGateway(
                     network: network,
                     at: endpoint,
                     routes: { gateway in
@@ -223,7 +223,7 @@ extension IntegrationTests {
         @Test("an abruptly killed gateway (no GOAWAY) is replaced the same way")
         func abruptRestart() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(routes: { gateway in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 let proxy = TCPFaultProxy(upstream: endpoint)
@@ -249,7 +249,7 @@ extension IntegrationTests {
         @Test("endpoints are tried in turn: a dead first endpoint fails over to the second")
         func failover() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                let (_, live) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 let dead = try await Self.unusedEndpoint()
@@ -359,7 +359,7 @@ extension IntegrationTests {
         @Test("racing: a refused endpoint hands over to the next within the same attempt")
         func racingFailover() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                let (_, live) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 let dead = try await Self.unusedEndpoint()
@@ -376,7 +376,7 @@ extension IntegrationTests {
         @Test("racing: a silent endpoint does not hold the attempt up; the first handshake wins, the others close")
         func racingSilentEndpoint() async throws {
             try await withHarness { harness in
-                let (gateway, live) = try await harness.gateway(routes: { gateway in
+                let (_, live) = try await harness.gateway(routes: { gateway in
                     gateway.handle("echo") { request, _ in request.body }
                 })
                 // A proxy that accepts and then drops every byte: connects, never answers HELLO.
@@ -438,7 +438,7 @@ extension IntegrationTests {
         @Test("GOAWAY with an alternate endpoint moves the client there", arguments: Endpoint.Transport.allCases)
         func goAwayRedirect(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (second, secondEndpoint) = try await harness.gateway(
+                let (_, secondEndpoint) = try await harness.gateway(
                     transport: transport,
                     routes: { second in
                         second.handle("who") { _, _ in ByteBuffer(string: "second") }
@@ -498,7 +498,7 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let network = LocalNetwork()
                 let endpoint = Endpoint(host: "gateway", port: 1)
-                let gateway = try harness.localGateway(
+                _ = try harness.localGateway(
                     network: network,
                     at: endpoint,
                     routes: { gateway in

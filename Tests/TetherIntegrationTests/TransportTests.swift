@@ -418,7 +418,7 @@ private final class HealthHandler: ChannelInboundHandler, RemovableChannelHandle
         headers.add(name: "Connection", value: "close")
         context.write(Self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
         context.write(Self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "ok")))), promise: nil)
-        context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+        context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 }
 

@@ -201,8 +201,8 @@ struct HTTPStreamServerHandlerTests {
         reader.holding = true  // it takes the next bytes, then holds (its limits pace the client)
         let post = try self.connection(sessions)
         try self.send(self.request(.POST, headers: open.headers("frames"), body: "frames"), to: post)
-        try stream.embeddedEventLoop.run()
-        try post.embeddedEventLoop.run()
+        stream.embeddedEventLoop.run()
+        post.embeddedEventLoop.run()
         // The read asked for when the connection was set up was outstanding: the body went up,
         // but the connection holds its next read: it has not read it all, and the POST waits.
         #expect(reader.reads.map { String(buffer: $0) } == ["frames"])
@@ -211,19 +211,19 @@ struct HTTPStreamServerHandlerTests {
         let second = try self.connection(sessions)
         try self.send(self.request(.POST, headers: open.headers("meanwhile"), body: "meanwhile"), to: second)
         open.posts -= 1  // refused: it did not count
-        try stream.embeddedEventLoop.run()
-        try second.embeddedEventLoop.run()
+        stream.embeddedEventLoop.run()
+        second.embeddedEventLoop.run()
         #expect(try self.response(of: second)?.status == .conflict)
 
         reader.release()  // the connection read what it held and asks for more
-        try stream.embeddedEventLoop.run()
-        try post.embeddedEventLoop.run()
+        stream.embeddedEventLoop.run()
+        post.embeddedEventLoop.run()
         #expect(try self.response(of: post)?.status == .noContent)
 
         // A connection that does not hold reads answers at once.
         try self.send(self.request(.POST, headers: open.headers("more"), body: "more"), to: post)
-        try stream.embeddedEventLoop.run()
-        try post.embeddedEventLoop.run()
+        stream.embeddedEventLoop.run()
+        post.embeddedEventLoop.run()
         #expect(reader.reads.map { String(buffer: $0) } == ["frames", "more"])
         #expect(try self.response(of: post)?.status == .noContent)
     }
@@ -240,7 +240,7 @@ struct HTTPStreamServerHandlerTests {
         for parts in [self.request(.GET), self.request(.POST, headers: post, body: "x")] {
             let channel = try self.connection(sessions, refusing: refusal)
             try self.send(parts, to: channel)
-            try channel.embeddedEventLoop.run()
+            channel.embeddedEventLoop.run()
             let response = try self.response(of: channel)
             #expect(response?.status == .serviceUnavailable)
             #expect(response?.headers["Retry-After"] == ["2"], "whole seconds, rounded up")
@@ -290,8 +290,8 @@ struct HTTPStreamServerHandlerTests {
         for (name, parts, status) in cases {
             let channel = try self.connection(sessions)
             try self.send(parts, to: channel)
-            try stream.embeddedEventLoop.run()
-            try channel.embeddedEventLoop.run()
+            stream.embeddedEventLoop.run()
+            channel.embeddedEventLoop.run()
             let response = try self.response(of: channel)
             #expect(response?.status == status, "\(name): \(String(describing: response))")
             #expect(response?.body.isEmpty == false, "\(name): the status comes with a sentence")
@@ -300,7 +300,7 @@ struct HTTPStreamServerHandlerTests {
         _ = try? stream.close().wait()
         let late = try self.connection(sessions)
         try self.send(self.request(.POST, headers: open.headers("late"), body: "late"), to: late)
-        try late.embeddedEventLoop.run()
+        late.embeddedEventLoop.run()
         #expect(try self.response(of: late)?.status == .gone)
 
         let passed = Passed()
@@ -320,7 +320,7 @@ struct HTTPStreamServerHandlerTests {
         let first = open.headers("HELLO")
         let post = try self.connection(sessions)
         try self.send(self.request(.POST, headers: first, body: "HELLO"), to: post)
-        try open.channel.embeddedEventLoop.run()
+        open.channel.embeddedEventLoop.run()
         #expect(try self.response(of: post)?.status == .noContent)
 
         let forged = HTTPStreamBinding.proof(key: HTTPStreamBinding.makeKey(), post: open.posts, body: ByteBuffer(string: "garbage"))!
@@ -333,7 +333,7 @@ struct HTTPStreamServerHandlerTests {
         for (name, headers, body) in attempts {
             let thief = try self.connection(sessions)
             try self.send(self.request(.POST, headers: headers, body: body), to: thief)
-            try open.channel.embeddedEventLoop.run()
+            open.channel.embeddedEventLoop.run()
             let response = try self.response(of: thief)
             #expect(response?.status == .forbidden, "\(name): \(String(describing: response))")
             #expect(response?.body.contains(HTTPStreamBinding.proofHeader) == true)
@@ -341,7 +341,7 @@ struct HTTPStreamServerHandlerTests {
         }
         #expect(reader.reads.map { String(buffer: $0) } == ["HELLO"], "the stream saw none of them")
         try self.send(self.request(.POST, headers: open.headers("REQUEST"), body: "REQUEST"), to: post)
-        try open.channel.embeddedEventLoop.run()
+        open.channel.embeddedEventLoop.run()
         #expect(try self.response(of: post)?.status == .noContent)
         #expect(reader.reads.map { String(buffer: $0) } == ["HELLO", "REQUEST"])
         #expect(open.channel.isActive)

@@ -1,4 +1,4 @@
-public import Crypto
+import Crypto
 import Foundation
 import SwiftASN1
 public import X509

@@ -1,7 +1,10 @@
 import Atomics
-import NIOConcurrencyHelpers
+import TetherNIO
 
 /// Fans elements out to any number of `AsyncStream` subscribers.
+///
+/// Publishing takes no lock: it reads the subscribers from a snapshot that subscribing and
+/// unsubscribing (rare) replace under the lock.
 final class Broadcaster<Element: Sendable>: Sendable {
     private struct State {
         var nextID = 0
@@ -9,9 +12,15 @@ final class Broadcaster<Element: Sendable>: Sendable {
         var finished = false
     }
 
-    private let state = NIOLockedValueBox(State())
-    /// The number of subscribers, written under the lock: publishing to nobody takes no lock.
-    private let subscriberCount = ManagedAtomic<Int>(0)
+    /// The subscribers as ``yield(_:)`` reads them.
+    private final class Snapshot: AtomicReference, Sendable {
+        let subscribers: [AsyncStream<Element>.Continuation]
+        init(_ subscribers: [AsyncStream<Element>.Continuation]) { self.subscribers = subscribers }
+    }
+
+    private let state = TetherLock(State())
+    /// Written under the lock, each time the subscribers change.
+    private let snapshot = ManagedAtomic(Snapshot([]))
     private let bufferSize: Int
     private let onLastSubscriberGone: (@Sendable () -> Void)?
 
@@ -32,7 +41,7 @@ final class Broadcaster<Element: Sendable>: Sendable {
             let id = state.nextID
             state.nextID += 1
             state.subscribers[id] = continuation
-            self.subscriberCount.store(state.subscribers.count, ordering: .releasing)
+            self.snapshot.store(Snapshot(Array(state.subscribers.values)), ordering: .releasing)
             return id
         }
         guard let id else {
@@ -43,7 +52,7 @@ final class Broadcaster<Element: Sendable>: Sendable {
             guard let self else { return }
             let empty = self.state.withLockedValue { state in
                 state.subscribers.removeValue(forKey: id)
-                self.subscriberCount.store(state.subscribers.count, ordering: .releasing)
+                self.snapshot.store(Snapshot(Array(state.subscribers.values)), ordering: .releasing)
                 return state.subscribers.isEmpty && !state.finished
             }
             if empty { self.onLastSubscriberGone?() }
@@ -55,23 +64,21 @@ final class Broadcaster<Element: Sendable>: Sendable {
     /// - Returns: How many subscribers had to drop an element because they fell behind.
     @discardableResult
     func yield(_ element: Element) -> Int {
-        guard self.subscriberCount.load(ordering: .acquiring) > 0 else { return 0 }
-        let subscribers = self.state.withLockedValue { Array($0.subscribers.values) }
         var dropped = 0
-        for subscriber in subscribers {
+        for subscriber in self.snapshot.load(ordering: .acquiring).subscribers {
             if case .dropped = subscriber.yield(element) { dropped += 1 }
         }
         return dropped
     }
 
     /// Whether anyone is subscribed.
-    var hasSubscribers: Bool { self.subscriberCount.load(ordering: .acquiring) > 0 }
+    var hasSubscribers: Bool { !self.snapshot.load(ordering: .acquiring).subscribers.isEmpty }
 
     /// Ends every stream; later subscriptions end at once.
     func finish() {
         let subscribers = self.state.withLockedValue { state in
             state.finished = true
-            self.subscriberCount.store(0, ordering: .releasing)
+            self.snapshot.store(Snapshot([]), ordering: .releasing)
             defer { state.subscribers.removeAll() }
             return Array(state.subscribers.values)
         }

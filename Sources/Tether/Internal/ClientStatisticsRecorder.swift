@@ -1,15 +1,51 @@
+import Atomics
 import CoreMetrics
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// Keeps a client's ``ConnectionStatistics`` and its swift-metrics, and raises its alerts: one
 /// per client, told by the connection loop, the connection handler and the reliable engine.
 /// Everything it counts is per event (a connection, a PING, a request, a flush), never per byte.
+///
+/// What the hot paths count (bytes per read and per flush, requests, reliable messages) are
+/// atomic counters: no lock. The lock keeps what changes with the connection (connects,
+/// heartbeats, alerts), which happens seconds apart.
 final class ClientStatisticsRecorder: Sendable {
     private struct State {
         var statistics = ConnectionStatistics()
         var connectedAt: TetherInstant?
         var alerts: AlertMonitor
+    }
+
+    /// The counts of the hot paths.
+    private struct Counts: Sendable {
+        let bytesSent = ManagedAtomic(0)
+        let bytesReceived = ManagedAtomic(0)
+        let protocolErrors = ManagedAtomic(0)
+        let requests = ManagedAtomic(0)
+        let requestsFailed = ManagedAtomic(0)
+        let requestsTimedOut = ManagedAtomic(0)
+        let messagesSent = ManagedAtomic(0)
+        let messagesRetransmitted = ManagedAtomic(0)
+        let messagesAcknowledged = ManagedAtomic(0)
+        let messagesExpired = ManagedAtomic(0)
+        let outboxDepth = ManagedAtomic(0)
+        let heartbeatsSent = ManagedAtomic(0)
+
+        func add(to statistics: inout ConnectionStatistics) {
+            statistics.bytesSent = self.bytesSent.load(ordering: .relaxed)
+            statistics.bytesReceived = self.bytesReceived.load(ordering: .relaxed)
+            statistics.protocolErrors = self.protocolErrors.load(ordering: .relaxed)
+            statistics.requests = self.requests.load(ordering: .relaxed)
+            statistics.requestsFailed = self.requestsFailed.load(ordering: .relaxed)
+            statistics.requestsTimedOut = self.requestsTimedOut.load(ordering: .relaxed)
+            statistics.messagesSent = self.messagesSent.load(ordering: .relaxed)
+            statistics.messagesRetransmitted = self.messagesRetransmitted.load(ordering: .relaxed)
+            statistics.messagesAcknowledged = self.messagesAcknowledged.load(ordering: .relaxed)
+            statistics.messagesExpired = self.messagesExpired.load(ordering: .relaxed)
+            statistics.outboxDepth = self.outboxDepth.load(ordering: .relaxed)
+            statistics.heartbeatsSent = self.heartbeatsSent.load(ordering: .relaxed)
+        }
     }
 
     /// The metrics' names (`tether_client_*`); no label names a client, method or topic.
@@ -34,7 +70,8 @@ final class ClientStatisticsRecorder: Sendable {
         static let alerts = "tether_client_alerts_total"
     }
 
-    private let state: NIOLockedValueBox<State>
+    private let state: TetherLock<State>
+    private let counts = Counts()
     private let clock: any TetherClock
     private let factory: any MetricsFactory
     private let connectAttempts: Counter
@@ -51,11 +88,14 @@ final class ClientStatisticsRecorder: Sendable {
     private let messagesAcknowledged: Counter
     private let messagesExpired: Counter
     private let outboxDepth: Meter
+    /// `tether_client_requests_total{outcome="ok"}`, made at once: the one a request that
+    /// succeeds counts, without a lookup.
+    private let requestsOK: Counter
     /// Counters whose label is one of a small fixed set (a transport, a status, a reason), made on first use.
-    private let labelled = NIOLockedValueBox<[String: Counter]>([:])
+    private let labelled = TetherLock<[String: Counter]>([:])
 
     init(alerts: AlertMonitor.Thresholds, clock: any TetherClock, factory: (any MetricsFactory)?) {
-        self.state = NIOLockedValueBox(State(alerts: AlertMonitor(thresholds: alerts)))
+        self.state = TetherLock(State(alerts: AlertMonitor(thresholds: alerts)))
         self.clock = clock
         let factory = factory ?? MetricsSystem.factory
         self.factory = factory
@@ -73,6 +113,7 @@ final class ClientStatisticsRecorder: Sendable {
         self.messagesAcknowledged = Counter(label: Names.messagesAcknowledged, factory: factory)
         self.messagesExpired = Counter(label: Names.messagesExpired, factory: factory)
         self.outboxDepth = Meter(label: Names.outboxDepth, factory: factory)
+        self.requestsOK = Counter(label: Names.requests, dimensions: [("outcome", "ok")], factory: factory)
     }
 
     /// The statistics now, the current connection's time included.
@@ -80,6 +121,7 @@ final class ClientStatisticsRecorder: Sendable {
         let now = self.clock.now
         return self.state.withLockedValue { state in
             var statistics = state.statistics
+            self.counts.add(to: &statistics)
             if let since = state.connectedAt, let transport = statistics.currentTransport {
                 statistics.timeConnected[transport, default: .zero] += now - since
             }
@@ -152,7 +194,7 @@ final class ClientStatisticsRecorder: Sendable {
 
     func pingSent() {
         self.heartbeatsSent.increment()
-        self.state.withLockedValue { $0.statistics.heartbeatsSent += 1 }
+        self.counts.heartbeatsSent.wrappingIncrement(ordering: .relaxed)
     }
 
     /// A PONG arrived.
@@ -171,22 +213,18 @@ final class ClientStatisticsRecorder: Sendable {
     func bytes(read: Int, written: Int) {
         if read > 0 { self.bytesReceived.increment(by: read) }
         if written > 0 { self.bytesSent.increment(by: written) }
-        self.state.withLockedValue {
-            $0.statistics.bytesReceived += read
-            $0.statistics.bytesSent += written
-        }
+        if read > 0 { self.counts.bytesReceived.wrappingIncrement(by: read, ordering: .relaxed) }
+        if written > 0 { self.counts.bytesSent.wrappingIncrement(by: written, ordering: .relaxed) }
     }
 
     func protocolError() {
         self.protocolErrors.increment()
-        self.state.withLockedValue { $0.statistics.protocolErrors += 1 }
+        self.counts.protocolErrors.wrappingIncrement(ordering: .relaxed)
     }
 
     func messageSent(first: Bool) {
         (first ? self.messagesSent : self.messagesRetransmitted).increment()
-        self.state.withLockedValue { state in
-            if first { state.statistics.messagesSent += 1 } else { state.statistics.messagesRetransmitted += 1 }
-        }
+        (first ? self.counts.messagesSent : self.counts.messagesRetransmitted).wrappingIncrement(ordering: .relaxed)
     }
 
     // MARK: Requests and the outbox
@@ -194,28 +232,26 @@ final class ClientStatisticsRecorder: Sendable {
     /// A request ended: `error` is `nil` on success.
     func requestEnded(_ error: TetherError?, after duration: Duration) {
         self.requestDuration.recordNanoseconds(duration.nanoseconds)
-        let outcome = error.map { "\($0.code)".replacingOccurrences(of: " ", with: "_") } ?? "ok"
-        self.counter(Names.requests, [("outcome", outcome)]).increment()
-        self.state.withLockedValue { state in
-            state.statistics.requests += 1
-            if let error {
-                state.statistics.requestsFailed += 1
-                if error.code == .timedOut { state.statistics.requestsTimedOut += 1 }
-            }
+        self.counts.requests.wrappingIncrement(ordering: .relaxed)
+        guard let error else {
+            self.requestsOK.increment()
+            return
         }
+        let outcome = "\(error.code)".replacingOccurrences(of: " ", with: "_")
+        self.counter(Names.requests, [("outcome", outcome)]).increment()
+        self.counts.requestsFailed.wrappingIncrement(ordering: .relaxed)
+        if error.code == .timedOut { self.counts.requestsTimedOut.wrappingIncrement(ordering: .relaxed) }
     }
 
     /// A reliable message ended: acknowledged (whatever its status) or expired.
     func messageEnded(expired: Bool) {
         (expired ? self.messagesExpired : self.messagesAcknowledged).increment()
-        self.state.withLockedValue { state in
-            if expired { state.statistics.messagesExpired += 1 } else { state.statistics.messagesAcknowledged += 1 }
-        }
+        (expired ? self.counts.messagesExpired : self.counts.messagesAcknowledged).wrappingIncrement(ordering: .relaxed)
     }
 
     func outbox(depth: Int) {
         self.outboxDepth.set(depth)
-        self.state.withLockedValue { $0.statistics.outboxDepth = depth }
+        self.counts.outboxDepth.store(depth, ordering: .relaxed)
     }
 
     private func raise(_ alert: ClientAlert?, in state: inout State) -> ClientAlert? {

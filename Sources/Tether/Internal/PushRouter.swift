@@ -1,11 +1,23 @@
-import NIOConcurrencyHelpers
+import Atomics
 import NIOCore
+import TetherNIO
 
 /// Routes pushes to the subscribers of their topic, and to the subscribers of all topics.
+///
+/// Routing takes no lock: it reads the topics from a snapshot that subscribing to a new topic
+/// and dropping one (rare) replace under the lock.
 final class PushRouter: Sendable {
-    private let topics = NIOLockedValueBox<[String: Broadcaster<Push>]>([:])
+    /// The topics as ``route(_:)`` reads them.
+    private final class Snapshot: AtomicReference, Sendable {
+        let topics: [String: Broadcaster<Push>]
+        init(_ topics: [String: Broadcaster<Push>]) { self.topics = topics }
+    }
+
+    private let topics = TetherLock<[String: Broadcaster<Push>]>([:])
+    /// Written under the lock of ``topics`` each time a topic is added or dropped.
+    private let snapshot = ManagedAtomic(Snapshot([:]))
     private let everything: Broadcaster<Push>
-    private let finished = NIOLockedValueBox(false)
+    private let finished = TetherLock(false)
     private let bufferSize: Int
 
     init(bufferSize: Int) {
@@ -24,6 +36,7 @@ final class PushRouter: Sendable {
             }
             if self.finished.withLockedValue({ $0 }) { created.finish() }
             topics[topic] = created
+            self.snapshot.store(Snapshot(topics), ordering: .releasing)
             return created.subscribe()
         }
     }
@@ -36,6 +49,7 @@ final class PushRouter: Sendable {
         self.topics.withLockedValue { topics in
             if let broadcaster = topics[topic], !broadcaster.hasSubscribers {
                 topics[topic] = nil
+                self.snapshot.store(Snapshot(topics), ordering: .releasing)
             }
         }
     }
@@ -43,7 +57,7 @@ final class PushRouter: Sendable {
     /// Delivers a push.
     /// - Returns: How many subscribers had to drop an old push to make room.
     func route(_ push: Push) -> Int {
-        let broadcaster = self.topics.withLockedValue { $0[push.topic] }
+        let broadcaster = self.snapshot.load(ordering: .acquiring).topics[push.topic]
         return (broadcaster?.yield(push) ?? 0) + self.everything.yield(push)
     }
 

@@ -1,4 +1,4 @@
-import NIOConcurrencyHelpers
+import TetherNIO
 
 /// A one-shot signal that interrupts the run loop's backoff sleep (for example on shutdown).
 ///
@@ -10,7 +10,7 @@ final class Wakeup: Sendable {
         case signalled
     }
 
-    private let state = NIOLockedValueBox(State.idle)
+    private let state = TetherLock(State.idle)
 
     /// Returns when signalled or when the task is cancelled.
     func wait() async {

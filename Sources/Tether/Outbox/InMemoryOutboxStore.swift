@@ -1,12 +1,12 @@
-import NIOConcurrencyHelpers
+import TetherNIO
 
 /// An ``OutboxStore`` in memory: messages survive reconnects, not the process.
 public final class InMemoryOutboxStore: OutboxStore {
-    private let state: NIOLockedValueBox<OutboxSnapshot>
+    private let state: TetherLock<OutboxSnapshot>
 
     /// An empty outbox with a random epoch.
     public init() {
-        self.state = NIOLockedValueBox(
+        self.state = TetherLock(
             OutboxSnapshot(epoch: UInt64.random(in: 1...UInt64.max), nextID: 1, conversations: [:], records: [], checkpoint: nil)
         )
     }

@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// Where a client keeps the messages it accepted until the gateway acknowledges them, and how
 /// far it processed its deliveries (PROTOCOL.md, section 9).

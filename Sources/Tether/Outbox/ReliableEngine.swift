@@ -1,8 +1,8 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
+import TetherNIO
 
 /// The client's reliable messaging (PROTOCOL.md, section 9): the storage I/O and the waiting
 /// callers around two pure machines, ``OutboxMachine`` (messages accepted durably, kept until
@@ -58,7 +58,7 @@ final class ReliableEngine: Sendable {
     let logger: Logger
     /// The client's statistics: finished messages and the outbox's depth.
     let statistics: ClientStatisticsRecorder?
-    let state = NIOLockedValueBox(State())
+    let state = TetherLock(State())
     let events = Broadcaster<MessageEvent>(bufferSize: 100_000)
     /// Wakes ``runMaintenance()``: storage work or a checkpoint may be due.
     let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))

@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// A distributed trace's context as a REQUEST or MESSAGE carries it (PROTOCOL.md, section
 /// 4.14): the fields a tracer injects, named as W3C Trace Context's HTTP headers

@@ -1,4 +1,4 @@
-package import NIOCore
+import NIOCore
 
 /// The client's side of reliable deliveries (PROTOCOL.md, section 9.2): which DELIVERY is new,
 /// a duplicate or past a gap; which one the application holds; how far it processed; what to

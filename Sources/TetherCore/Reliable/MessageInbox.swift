@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// The reliable messages one gateway connection received and has not handed to its lane yet
 /// (PROTOCOL.md, section 9.1), and the pace at which it hands them over.

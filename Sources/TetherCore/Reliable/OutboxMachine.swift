@@ -1,4 +1,4 @@
-public import NIOCore
+package import NIOCore
 
 /// The client's outbox (PROTOCOL.md, section 9.1), with no I/O: which messages are accepted and
 /// not finished, how the next ones are numbered, which wait to be committed to storage, when

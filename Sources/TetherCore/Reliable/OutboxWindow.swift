@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// The window of reliable messages on one connection: which message it sends next, which are
 /// in flight, which to send again (PROTOCOL.md, section 9.1).

@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// The gateway's processing of one outbox's reliable messages (PROTOCOL.md, section 9.1), with
 /// no I/O: which messages are new, duplicates, conflicting duplicates or past a gap; which

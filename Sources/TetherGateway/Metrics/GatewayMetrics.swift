@@ -1,7 +1,7 @@
 import CoreMetrics
 import Foundation
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// How a connection reached the gateway: a metric label.
 enum ConnectionTransport: String, Sendable, CaseIterable {
@@ -71,6 +71,8 @@ final class GatewayMetrics: Sendable {
     private let handshakeResults: LabelledCounters
     private let refusals: LabelledCounters
     private let pushKinds: LabelledCounters
+    /// The counters of the four targets, made at once: a push counts without a lookup (and no lock).
+    private let pushTargets: [String: Counter]
     let pushFanout: Recorder
     let processed: Counter
     let duplicates: Counter
@@ -109,8 +111,11 @@ final class GatewayMetrics: Sendable {
         self.closes = LabelledCounters(Names.connectionsClosed, factory: factory)
         self.handshakeResults = LabelledCounters(Names.handshakes, factory: factory)
         self.refusals = LabelledCounters(Names.limitRefusals, factory: factory)
-        self.pushKinds = LabelledCounters(Names.pushes, factory: factory)
-        for kind in ["connection", "client", "room", "all"] { _ = self.pushKinds.counter([("target", kind)]) }
+        let pushKinds = LabelledCounters(Names.pushes, factory: factory)
+        self.pushKinds = pushKinds
+        self.pushTargets = Dictionary(
+            uniqueKeysWithValues: ["connection", "client", "room", "all"].map { ($0, pushKinds.counter([("target", $0)])) }
+        )
         self.pushFanout = Recorder(label: Names.pushFanout, factory: factory)
         self.processed = Counter(label: Names.reliableProcessed, factory: factory)
         self.duplicates = Counter(label: Names.reliableDuplicates, factory: factory)
@@ -153,7 +158,7 @@ final class GatewayMetrics: Sendable {
     /// A push was made to `kind` (`connection`, `client`, `room`, `all`), reaching
     /// `recipients` connections of this node.
     func pushed(_ kind: String, recipients: Int) {
-        self.pushKinds.counter([("target", kind)]).increment()
+        (self.pushTargets[kind] ?? self.pushKinds.counter([("target", kind)])).increment()
         self.pushFanout.record(recipients)
     }
 
@@ -203,7 +208,7 @@ final class RequestMetrics: Sendable {
 final class LabelledCounters: Sendable {
     private let label: String
     private let factory: any MetricsFactory
-    private let counters = NIOLockedValueBox<[[String]: Counter]>([:])
+    private let counters = TetherLock<[[String]: Counter]>([:])
 
     init(_ label: String, factory: any MetricsFactory) {
         self.label = label

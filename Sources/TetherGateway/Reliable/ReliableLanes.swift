@@ -1,6 +1,6 @@
 import Atomics
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// The lanes of the outboxes whose clients are connected: one ``ReliableLaneMachine`` per
 /// outbox, whose batches run one at a time across all of the outbox's connections.
@@ -33,7 +33,7 @@ final class ReliableLanes: Sendable {
         }
     }
 
-    private let lanes = NIOLockedValueBox<[OutboxID: (lane: Lane, users: Int)]>([:])
+    private let lanes = TetherLock<[OutboxID: (lane: Lane, users: Int)]>([:])
     private let limits: GatewayConfiguration.Limits
     private let cluster: (any GatewayCluster)?
 
@@ -92,7 +92,7 @@ final class ReliableLanes: Sendable {
 final class LaneTurn: Sendable {
     /// 0: free; 1: held; 2: held, and batches wait.
     private let state = ManagedAtomic<Int>(0)
-    private let waiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
+    private let waiters = TetherLock<[CheckedContinuation<Void, Never>]>([])
 
     /// Takes the turn, waiting for it if another batch holds it. Not cancellable: a batch that
     /// waits must run (its messages were taken from the connection).

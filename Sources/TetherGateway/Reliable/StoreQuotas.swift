@@ -1,6 +1,6 @@
 import Atomics
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// The quotas on what reliable deliveries may take of the store besides each recipient's: the
 /// whole store's (deliveries and bytes waiting, ``GatewayConfiguration/Limits-swift.struct/maxStoredDeliveries``)
@@ -16,7 +16,7 @@ final class StoreQuotas: Sendable {
     private let storedDeliveries = ManagedAtomic<Int>(-1)
     private let storedBytes = ManagedAtomic<Int>(0)
     /// What each sender may still store, refilled continuously at its quota per minute.
-    private let senders = NIOLockedValueBox<[String: SenderRoom]>([:])
+    private let senders = TetherLock<[String: SenderRoom]>([:])
 
     private struct SenderRoom {
         var deliveries: Double

@@ -1,5 +1,5 @@
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// Writes to the gateway's message store with **group commit**: the writes that arrive while
 /// one is under way — every connection's batches, and the acknowledgements of deliveries —
@@ -35,7 +35,7 @@ final class StoreWriter: Sendable {
         var waiting: [Waiting] = []
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
     /// How many rounds may be under way at once.
     private let slots: Int
     /// Where each round's duration, size and failure are counted.

@@ -1,4 +1,4 @@
-import NIOConcurrencyHelpers
+import TetherNIO
 
 /// Counts what ``Gateway/run()`` must wait for before it returns: the listener, and each
 /// connection until it closed and its last task (a handshake, a request's handler, the loops of
@@ -14,7 +14,7 @@ final class ActivityTracker: Sendable {
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     /// Something started.
     func enter() {

@@ -1,4 +1,3 @@
-import NIOConcurrencyHelpers
 import TetherCore
 import TetherNIO
 
@@ -50,14 +49,14 @@ final class ConnectionAdmission: Sendable {
     }
 
     let limits: Limits
-    private let state: NIOLockedValueBox<State>
+    private let state: TetherLock<State>
     /// While it is exhausted, every new connection is refused.
     private let budget: MemoryBudget?
 
     init(limits: Limits, now: TetherInstant, budget: MemoryBudget? = nil) {
         self.limits = limits
         self.budget = budget
-        self.state = NIOLockedValueBox(State(bucket: TokenBucket(perSecond: limits.handshakesPerSecond, now: now), lastSweep: now))
+        self.state = TetherLock(State(bucket: TokenBucket(perSecond: limits.handshakesPerSecond, now: now), lastSweep: now))
     }
 
     /// A connection from `address` was accepted.

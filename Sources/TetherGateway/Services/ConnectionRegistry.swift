@@ -1,6 +1,6 @@
-import NIOConcurrencyHelpers
 import NIOCore
 import TetherCore
+import TetherNIO
 
 /// The index of the gateway's live connections: by id, by client id and by room, so that a push
 /// finds its recipients and a shutdown finds every connection.
@@ -81,7 +81,7 @@ final class ConnectionRegistry: Sendable {
         }
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
     private let limits: (roomsPerConnection: Int, membersPerRoom: Int)
 
     init(roomsPerConnection: Int = .max, membersPerRoom: Int = .max) {

@@ -1,6 +1,6 @@
 import Logging
-import NIOConcurrencyHelpers
 import TetherCore
+import TetherNIO
 
 /// Logs a recurring event at most once per interval, with how many were not logged since: a
 /// flood of refusals costs a few lines, not one per refusal.
@@ -12,7 +12,7 @@ final class RateLimitedLog: Sendable {
 
     private let interval: Duration
     private let clock: any TetherClock
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     init(clock: any TetherClock, interval: Duration = .seconds(10)) {
         self.clock = clock

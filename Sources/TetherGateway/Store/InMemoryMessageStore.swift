@@ -1,7 +1,7 @@
 public import Foundation
-import NIOConcurrencyHelpers
 import NIOCore
 public import TetherCore
+import TetherNIO
 
 /// A ``MessageStore`` in memory, for tests and for gateways that may lose their state on restart.
 public final class InMemoryMessageStore: MessageStore {
@@ -23,7 +23,7 @@ public final class InMemoryMessageStore: MessageStore {
     }
 
     public let epoch: UInt64
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
 
     /// Creates an empty store with a random epoch.
     public init() {

@@ -1,5 +1,5 @@
 public import Foundation
-public import NIOCore
+import NIOCore
 public import TetherCore
 
 /// Where the gateway keeps the state of reliable delivery (PROTOCOL.md, section 9): which

@@ -1,4 +1,4 @@
-package import TetherCore
+import TetherCore
 
 /// What one connection (or one HTTP/2 stream) is told by its loop's ``IntakeMonitor``.
 package protocol BudgetAccountOwner: AnyObject {

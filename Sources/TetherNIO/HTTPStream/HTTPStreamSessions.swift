@@ -54,7 +54,7 @@ package final class HTTPStreamSessions: Sendable {
         var nextSlot = 0
     }
 
-    private let state = NIOLockedValueBox(State())
+    private let state = TetherLock(State())
     private let remembered: Int
     private let forwarding: Forwarding?
 

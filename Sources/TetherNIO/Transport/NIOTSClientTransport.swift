@@ -102,7 +102,7 @@
                     }
                 }
             // The verify block's verdict on the pins, to report a mismatch as such.
-            let pinFailure = NIOLockedValueBox<TransportError?>(nil)
+            let pinFailure = TetherLock<TransportError?>(nil)
             if endpoint.transport.isSecure {
                 bootstrap = bootstrap.tlsOptions(self.tlsOptions(for: endpoint, pinFailure: pinFailure))
             }
@@ -129,7 +129,7 @@
 
         /// Network.framework's TLS options for `endpoint`: ALPN, TLS 1.2+, the server name, and
         /// a verify block for extra roots and pins.
-        private func tlsOptions(for endpoint: Endpoint, pinFailure: NIOLockedValueBox<TransportError?>) -> NWProtocolTLS.Options {
+        private func tlsOptions(for endpoint: Endpoint, pinFailure: TetherLock<TransportError?>) -> NWProtocolTLS.Options {
             let options = NWProtocolTLS.Options()
             let security = options.securityProtocolOptions
             sec_protocol_options_add_tls_application_protocol(security, TLSApplicationProtocols.offered(over: endpoint.transport))

@@ -304,7 +304,7 @@ public struct TCPClientTransport: ClientTransport {
 /// the system's trust roots takes a while) and shared by its connections.
 final class ClientTLSContexts: Sendable {
     let configuration: ClientTLSConfiguration
-    private let contexts = NIOLockedValueBox<[String: NIOSSLContext]>([:])
+    private let contexts = TetherLock<[String: NIOSSLContext]>([:])
 
     init(configuration: ClientTLSConfiguration) {
         self.configuration = configuration

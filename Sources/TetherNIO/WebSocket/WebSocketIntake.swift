@@ -1,5 +1,5 @@
 package import NIOCore
-package import NIOWebSocket
+import NIOWebSocket
 import TetherCore
 
 /// What one gateway WebSocket holds of the memory budget before its frames reach the Tether

@@ -15,7 +15,7 @@ struct LinkHealthTests {
             now = now + .milliseconds(10)
         }
         for index in 0..<3 {
-            #expect(health.record(failed: true, at: now) == nil, "\\(index + 1) of \\(37 + index): fewer than 40")
+            #expect(health.record(failed: true, at: now) == nil, "\(index + 1) failed of \(37 + index): fewer than 40 requests")
         }
         #expect(health.record(failed: true, at: now) == LinkHealth.Failing(failed: 4, total: 40))
         // Successes dilute the share below 10 %: 4 of 41 is not failing, and a success never is.

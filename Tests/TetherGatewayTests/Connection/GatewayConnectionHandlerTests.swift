@@ -78,7 +78,7 @@ final class GatewayHandlerFixture {
     ) throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = nil
-        configuration.timeouts = try .init(handshake: handshake, handler: handler, idle: idle, shutdownGracePeriod: .seconds(5))
+        configuration.timeouts = .init(handshake: handshake, handler: handler, idle: idle, shutdownGracePeriod: .seconds(5))
         configuration.limits.maxConcurrentRequestsPerConnection = maxConcurrentRequests
         try configure(&configuration)
         self.gateway = try Gateway(

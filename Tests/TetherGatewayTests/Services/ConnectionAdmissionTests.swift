@@ -106,7 +106,7 @@ struct ConnectionAdmissionTests {
         #expect(perAddress?.report.message.contains("2 new connections per second from a") == true)
         #expect(perAddress?.limit == "handshake_rate_per_address")
         self.admitted(admission, "b")  // another address has its own rate
-        self.refusal(admission, "a", at: Self.start + .milliseconds(499))  // half a token is not enough
+        _ = self.refusal(admission, "a", at: Self.start + .milliseconds(499))  // half a token is not enough
         self.admitted(admission, "a", at: Self.start + .milliseconds(500))
     }
 
@@ -116,7 +116,7 @@ struct ConnectionAdmissionTests {
         for _ in 0..<2 {
             if let ticket = self.admitted(admission, "a") { admission.left(ticket) }
         }
-        self.refusal(admission, "a", at: Self.start + .milliseconds(100))
+        _ = self.refusal(admission, "a", at: Self.start + .milliseconds(100))
         // A second later the idle, refilled address is forgotten, and starts afresh.
         self.admitted(admission, "b", at: Self.start + .seconds(2))
         self.admitted(admission, "a", at: Self.start + .seconds(2))
