@@ -81,7 +81,6 @@ extension TetherClient {
                 throw TetherError(code: .cancelled, message: "request '\(call.method)' was cancelled")
             }
             let connection: ClientConnection
-            _ = self.state.withLockedValue { $0.run }  // SCRATCH: a second lock per request, to see LockBudgetTests fail
             if let ready = self.readyConnection {
                 connection = ready
             } else {
