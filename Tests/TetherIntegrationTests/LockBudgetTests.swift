@@ -34,9 +34,10 @@ struct LockBudgetTests {
         Budget(operation: "push", module: "TetherGateway", budget: 1),
         Budget(operation: "push", module: "Tether", budget: 0),
         // A reliable message (send, MESSAGE_ACK, delivery to another client, its DELIVERY_ACK),
-        // with the in-memory stores: what it takes today. Issue 41's target is 8 in all; the
-        // client's reliable engine (18 a message) is the bulk of it.
-        Budget(operation: "reliable", module: nil, budget: 32),
+        // with the in-memory stores: what it takes today, 26.2 to 26.7 (the consumer that
+        // waits for a delivery adds up to one, as the timing falls). Issue 41's target is 8 in
+        // all; the client's reliable engine (13 a message) is the bulk of it.
+        Budget(operation: "reliable", module: nil, budget: 27),
     ]
 
     /// The probe's counts, run once for all the tests of this suite.
@@ -79,9 +80,16 @@ struct LockBudgetTests {
             let sites = figures.filter { $0.key.hasPrefix(prefix) }
                 .sorted { $0.value > $1.value }
                 .map { "\($0.key.dropFirst(5)): \(String(format: "%.3f", $0.value))" }
+            let places = figures.filter { $0.key.hasPrefix("at ") }
+                .sorted { $0.value > $1.value }
+                .map { "\($0.key.dropFirst(3)): \(String(format: "%.3f", $0.value))" }
             #expect(
                 taken <= Double(budget.budget) + Self.slack,
-                "\(budget.operation) takes \(String(format: "%.3f", taken)) locks of \(budget.module ?? "all modules") per operation, over its budget of \(budget.budget): \(sites.joined(separator: ", "))"
+                """
+                \(budget.operation) takes \(String(format: "%.3f", taken)) locks of \(budget.module ?? "all modules") per operation, \
+                over its budget of \(budget.budget): \(sites.joined(separator: ", ")); taken (any module's) at \
+                \(places.joined(separator: ", "))
+                """
             )
         #endif
     }

@@ -102,7 +102,8 @@ struct LockProbe {
     }
 
     /// Runs `operation` 50 times to warm up, then `count` times counting locks: the acquisitions
-    /// per operation, by module (`module`) and by where each lock was made (`site`), and in all.
+    /// per operation, by module (`module`), by where each lock was made (`site`) and where it was
+    /// taken (`at`), and in all.
     static func measure(
         _ count: Int,
         isolation: isolated (any Actor)? = #isolation,
@@ -114,11 +115,14 @@ struct LockProbe {
         try await Task.sleep(for: .milliseconds(200))  // what the last operation left in flight (an acknowledgement)
         let counts = LockAccounting.stop()
         var perOperation: [String: Double] = ["total": 0]
-        for (site, acquisitions) in counts {
+        for (site, acquisitions) in counts.byLock {
             let share = Double(acquisitions) / Double(count)
             perOperation["total", default: 0] += share
             perOperation["module \(site.module)", default: 0] += share
             perOperation["site \(site)", default: 0] += share
+        }
+        for (place, acquisitions) in counts.byPlace {
+            perOperation["at \(place)", default: 0] += Double(acquisitions) / Double(count)
         }
         return perOperation
     }

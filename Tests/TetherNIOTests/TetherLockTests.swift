@@ -14,11 +14,12 @@ struct TetherLockTests {
         lock.withLockedValue { $0 += 1 }
         #expect(lock.withLockedValue { $0 } == 5)
 
-        let mine = counts.filter { $0.key.fileID == "TetherNIOTests/TetherLockTests.swift" && $0.key.line == line }
+        let mine = counts.byLock.filter { $0.key.fileID == "TetherNIOTests/TetherLockTests.swift" && $0.key.line == line }
         #if DEBUG
             #expect(LockAccounting.isAvailable)
             #expect(mine.values.first == 3)
             #expect(mine.keys.first?.module == "TetherNIOTests")
+            #expect(counts.byPlace.filter { $0.key.fileID == "TetherNIOTests/TetherLockTests.swift" }.values.sorted() == [3])
         #else
             #expect(mine.isEmpty)
         #endif

@@ -1,3 +1,4 @@
+import Atomics
 import Foundation
 import Logging
 import NIOCore
@@ -77,16 +78,14 @@ final class ReliableEngine: Sendable {
         self.logger = logger
     }
 
-    /// Tells the statistics how many messages the outbox holds.
-    private func reportDepth() {
-        guard let statistics = self.statistics else { return }
-        statistics.outbox(depth: self.state.withLockedValue { $0.outbox?.depth ?? 0 })
-    }
+    /// Set once the outbox is loaded: from then on ``loadIfNeeded()`` takes no lock.
+    private let loaded = ManagedAtomic(false)
 
     // MARK: Loading
 
     /// Loads the outbox on first use: the first caller loads it, later ones wait for that.
     func loadIfNeeded() async throws(TetherError) {
+        if self.loaded.load(ordering: .acquiring) { return }
         enum Next { case done(Result<Void, TetherError>), load, wait }
         let next: Next = self.state.withLockedValue { state in
             switch state.load {
@@ -139,6 +138,7 @@ final class ReliableEngine: Sendable {
                 state.load = .failed(error)
             case .success(let snapshot):
                 state.load = .loaded
+                self.loaded.store(true, ordering: .releasing)
                 state.outbox = OutboxMachine(
                     snapshot: snapshot,
                     capacity: self.configuration.capacity,
@@ -218,25 +218,30 @@ final class ReliableEngine: Sendable {
         }
     }
 
-    /// Commits every queued message in groups until none is queued.
+    /// Commits every queued message in groups until none is queued. The lock that settles a
+    /// group also takes the next one.
     private func commitQueued() async {
-        while let group = self.state.withLockedValue({ $0.outbox!.takeGroup() }) {
+        var next = self.state.withLockedValue { $0.outbox!.takeGroup() }
+        while let group = next {
             do {
                 try await self.configuration.outbox.append(group.records, nextID: group.nextID, conversations: group.conversations)
             } catch {
                 let failure = TetherError(code: .storage, message: "the outbox could not store the message: \(error)", cause: error)
                 self.logger.error("outbox commit failed", metadata: ["error": "\(error)"])
-                let tickets = self.state.withLockedValue { state in
+                let tickets: [SendTicket]
+                (tickets, next) = self.state.withLockedValue { state in
                     state.outbox!.groupFailed(group)
-                    return group.tokens.compactMap { state.tickets.removeValue(forKey: $0) }
+                    return (group.tokens.compactMap { state.tickets.removeValue(forKey: $0) }, state.outbox!.takeGroup())
                 }
                 for ticket in tickets { ticket.resolve(.failure(failure)) }
                 self.wakeCapacityWaiters()
                 continue
             }
-            let (sink, tickets) = self.state.withLockedValue { state in
+            let (sink, tickets, depth): ((any ReliableSink)?, [SendTicket?], Int)
+            (sink, tickets, depth, next) = self.state.withLockedValue { state in
                 state.outbox!.groupCommitted(group)
-                return (state.sink, group.tokens.map { state.tickets.removeValue(forKey: $0) })
+                let tickets = group.tokens.map { state.tickets.removeValue(forKey: $0) }
+                return (state.sink, tickets, state.outbox!.depth, state.outbox!.takeGroup())
             }
             for (record, ticket) in zip(group.records, tickets) {
                 ticket?.resolve(.success(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
@@ -244,7 +249,7 @@ final class ReliableEngine: Sendable {
             }
             if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
             sink?.enqueue(group.records)
-            self.reportDepth()
+            self.statistics?.outbox(depth: depth)
         }
     }
 
@@ -306,14 +311,15 @@ final class ReliableEngine: Sendable {
         }
     }
 
-    /// Tells the waiters and the subscribers that messages finished.
-    private func report(_ finished: [(OutboxRecord, MessageOutcome, [CheckedContinuation<MessageOutcome?, Never>])]) {
+    /// Tells the waiters and the subscribers that messages finished, and the statistics the
+    /// outbox's `depth` after them.
+    private func report(_ finished: [(OutboxRecord, MessageOutcome, [CheckedContinuation<MessageOutcome?, Never>])], depth: Int) {
         for (record, outcome, waiters) in finished {
             for waiter in waiters { waiter.resume(returning: outcome) }
             self.events.yield(MessageEvent(record, .finished(outcome)))
             self.statistics?.messageEnded(expired: outcome == .expired)
         }
-        if !finished.isEmpty { self.reportDepth() }
+        if !finished.isEmpty { self.statistics?.outbox(depth: depth) }
     }
 
     // MARK: Connection events
@@ -361,13 +367,16 @@ final class ReliableEngine: Sendable {
 
     /// The gateway acknowledged messages.
     func acknowledged(_ entries: [Frame.MessageAck.Entry]) {
-        let finished = self.state.withLockedValue { state in
-            (state.outbox?.acknowledged(entries) ?? []).map { record, outcome in
+        // One lock: the outcomes, who waits for them, and who waits for room.
+        let (finished, depth, roomWaiters) = self.state.withLockedValue { state in
+            let finished = (state.outbox?.acknowledged(entries) ?? []).map { record, outcome in
                 (record, outcome, state.outcomeWaiters.removeValue(forKey: record.id) ?? [])
             }
+            defer { state.capacityWaiters.removeAll() }
+            return (finished, state.outbox?.depth ?? 0, Array(state.capacityWaiters.values))
         }
-        self.report(finished)
-        self.wakeCapacityWaiters()
+        self.report(finished, depth: depth)
+        for waiter in roomWaiters { waiter.resume() }
         self.wakeup.continuation.yield()
     }
 
@@ -388,13 +397,13 @@ final class ReliableEngine: Sendable {
 
     private func expiryTimerFired() {
         let now = self.clock.wallClockMilliseconds
-        let (tombstones, finished, sink) = self.state.withLockedValue { state in
+        let (tombstones, finished, sink, depth) = self.state.withLockedValue { state in
             state.expiryTimer = nil
             let tombstones = state.outbox?.expire(now: now) ?? []
             let finished = tombstones.map { ($0, MessageOutcome.expired, state.outcomeWaiters.removeValue(forKey: $0.id) ?? []) }
-            return (tombstones, finished, state.sink)
+            return (tombstones, finished, state.sink, state.outbox?.depth ?? 0)
         }
-        self.report(finished)
+        self.report(finished, depth: depth)
         for tombstone in tombstones { sink?.replace(with: tombstone) }
         if !tombstones.isEmpty { self.wakeup.continuation.yield() }
         self.armExpiryTimer()

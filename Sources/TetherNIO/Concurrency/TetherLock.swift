@@ -31,10 +31,17 @@ package final class TetherLock<Value> {
     }
 
     /// Runs `body` with the value, holding the lock.
+    /// - Parameters:
+    ///   - fileID: Where the lock is taken, for ``LockAccounting`` (leave the default).
+    ///   - line: Where the lock is taken, for ``LockAccounting`` (leave the default).
     @inline(__always)
-    package func withLockedValue<Result, Failure: Error>(_ body: (inout Value) throws(Failure) -> Result) throws(Failure) -> Result {
+    package func withLockedValue<Result, Failure: Error>(
+        fileID: StaticString = #fileID,
+        line: UInt = #line,
+        _ body: (inout Value) throws(Failure) -> Result
+    ) throws(Failure) -> Result {
         #if DEBUG
-            LockAccounting.acquired(self.site)
+            LockAccounting.acquired(self.site, fileID: fileID, line: line)
         #endif
         self.lock.lock()
         defer { self.lock.unlock() }
@@ -72,33 +79,42 @@ package enum LockAccounting {
         #endif
     }
 
+    /// The acquisitions counted: by lock (where each was made) and by where each was taken.
+    package struct Counts: Sendable {
+        package var byLock: [Site: Int] = [:]
+        package var byPlace: [Site: Int] = [:]
+    }
+
     #if DEBUG
         private static let on = ManagedAtomic(false)
-        private static let counts = NIOLockedValueBox<[Site: Int]>([:])
+        private static let counts = NIOLockedValueBox(Counts())
 
         @inline(__always)
-        static func acquired(_ site: Site) {
+        static func acquired(_ site: Site, fileID: StaticString, line: UInt) {
             guard Self.on.load(ordering: .relaxed) else { return }
-            Self.counts.withLockedValue { $0[site, default: 0] += 1 }
+            let place = Site(fileID: fileID, line: line)
+            Self.counts.withLockedValue {
+                $0.byLock[site, default: 0] += 1
+                $0.byPlace[place, default: 0] += 1
+            }
         }
     #endif
 
     /// Clears the counts and starts counting.
     package static func start() {
         #if DEBUG
-            Self.counts.withLockedValue { $0.removeAll() }
+            Self.counts.withLockedValue { $0 = Counts() }
             Self.on.store(true, ordering: .sequentiallyConsistent)
         #endif
     }
 
-    /// Stops counting and returns the acquisitions since ``start()``, by where each lock was made
-    /// (empty in a release build).
-    package static func stop() -> [Site: Int] {
+    /// Stops counting and returns the acquisitions since ``start()`` (none in a release build).
+    package static func stop() -> Counts {
         #if DEBUG
             Self.on.store(false, ordering: .sequentiallyConsistent)
             return Self.counts.withLockedValue { $0 }
         #else
-            return [:]
+            return Counts()
         #endif
     }
 }
