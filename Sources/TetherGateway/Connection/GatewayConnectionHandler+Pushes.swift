@@ -9,16 +9,22 @@ extension GatewayConnectionHandler {
     /// Call it on the event loop. Pushes reach only established connections (the registry
     /// lists a connection as established once its WELCOME is written). A push larger than this
     /// client accepts is dropped (and logged); a client that does not read its pushes is closed.
+    /// - Parameter compressed: The push compressed for the connections of this batch that
+    ///   compress it: the first one to need it compresses it, the others write the same bytes.
     /// - Returns: Whether the caller must call ``flushIfPending()`` at the end of its batch.
-    func deliver(_ push: EncodedPush) -> Bool {
+    func deliver(_ push: EncodedPush, compressed: inout CompressedPush) -> Bool {
         guard let context = self.context, self.machine.isEstablished, let limit = self.machine.peerMaxBodySize else { return false }
         guard self.keepsUp(context: context) else { return false }
         let flushOwed = self.io.flushOwed
-        // A push encoded once is sent as it is, unless this connection compresses it: then each
-        // push is encoded (and compressed) for it.
-        let compresses = self.io.compression.map { push.largestBody >= $0.deflater.threshold } ?? false
-        if self.io.framing == .byteStream, push.largestBody <= limit, !compresses {
-            let bytes = self.machine.outboundFlags.contains(.checksum) ? push.checksummed : push.plain
+        // A push encoded once is sent as it is; compressed once, for the connections that
+        // compress it.
+        let deflater = self.io.compression.flatMap { push.largestBody >= $0.deflater.threshold ? $0.deflater : nil }
+        let checksum = self.machine.outboundFlags.contains(.checksum)
+        if self.io.framing == .byteStream, push.largestBody <= limit, deflater == nil {
+            self.io.write(encoded: checksum ? push.checksummed : push.plain, context: context)
+        } else if self.io.framing == .byteStream, push.largestBody <= limit, let deflater,
+            let bytes = try? compressed.frames(of: push, checksum: checksum, deflater: deflater, allocator: context.channel.allocator)
+        {
             self.io.write(encoded: bytes, context: context)
         } else {
             // One frame per message, or a push over this client's limit: each push on its own.

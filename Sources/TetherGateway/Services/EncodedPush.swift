@@ -49,3 +49,34 @@ struct EncodedPush: Sendable {
         return copy
     }
 }
+
+/// A push's frames compressed once for every connection of one batch that compresses them.
+///
+/// Every connection that negotiated compression compresses with the gateway's one
+/// ``Compression`` (threshold and level), and each payload on its own: the compressed frames
+/// are the same bytes for all of them. The first connection of a batch to need them compresses
+/// them (its own compression budget pays for it), the others write those bytes. Lives on one
+/// event loop, for one write of one ``EncodedPush``.
+struct CompressedPush {
+    private var plain: ByteBuffer?
+    private var checksummed: ByteBuffer?
+
+    init() {}
+
+    /// The frames of `push`, compressed with `deflater`'s settings, with or without their checksum.
+    mutating func frames(
+        of push: EncodedPush,
+        checksum: Bool,
+        deflater: PayloadDeflater,
+        allocator: ByteBufferAllocator
+    ) throws(FrameEncodingError) -> ByteBuffer {
+        if let ready = checksum ? self.checksummed : self.plain { return ready }
+        var bytes = allocator.buffer(capacity: push.plain.readableBytes)
+        let encoder = FrameEncoder()
+        for frame in push.pushes {
+            try encoder.encode(Frame(.push(frame), flags: checksum ? .checksum : []), into: &bytes, deflater: deflater)
+        }
+        if checksum { self.checksummed = bytes } else { self.plain = bytes }
+        return bytes
+    }
+}

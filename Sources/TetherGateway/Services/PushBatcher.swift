@@ -74,9 +74,10 @@ final class PushBatcher: @unchecked Sendable {
         flushes: inout [GatewayConnectionHandler]
     ) {
         flushes.reserveCapacity(flushes.count + handlers.count)
+        var compressed = CompressedPush()
         for handler in handlers {
             let handler = handler.value
-            if handler.deliver(push) { flushes.append(handler) }
+            if handler.deliver(push, compressed: &compressed) { flushes.append(handler) }
         }
     }
 }

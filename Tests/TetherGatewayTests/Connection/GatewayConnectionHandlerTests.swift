@@ -58,6 +58,14 @@ final class HeldRequests: Sendable {
     var cancelled: [UInt64] { self.state.withLockedValue { $0.cancelled } }
 }
 
+extension GatewayConnectionHandler {
+    /// Delivers `push` to this connection alone.
+    func deliver(_ push: EncodedPush) -> Bool {
+        var compressed = CompressedPush()
+        return self.deliver(push, compressed: &compressed)
+    }
+}
+
 /// The gateway's connection handler on an `EmbeddedChannel`, with virtual time, serving a
 /// gateway whose one event loop is the channel's: the handshake and the handlers' tasks run on
 /// it when the test runs the loop. The channel carries bytes, as a socket would.
@@ -419,6 +427,40 @@ struct GatewayConnectionHandlerTests {
         pipeline.fireChannelReadComplete()
         #expect(try fixture.readOutboundWrite()?.map(\.payload) == (129...150).map { .pong(.init(id: $0)) })
         _ = try? fixture.channel.finish()
+    }
+
+    @Test(
+        "a push to connections that compress it is compressed once per batch: the others write the same bytes, and only the first pays the compression's work"
+    )
+    func pushCompressedOnce() throws {
+        let compressing: (inout GatewayConfiguration) throws -> Void = { $0.compression = try Compression(threshold: 64, level: 6) }
+        let hello = Frame.Hello(versions: 1...1, features: [.checksum, .compression], maxBodySize: 1 << 20, clientID: "alice")
+        let fixtures = try (0..<3).map { _ in try GatewayHandlerFixture(configure: compressing) }
+        for fixture in fixtures { try fixture.establish(hello: hello) }
+        let body = ByteBuffer(string: String(repeating: #"{"price": 101.25, "symbol": "TTHR"} "#, count: 64))
+        let push = try EncodedPush(.init(topic: "quotes", body: body), allocator: ByteBufferAllocator())
+        for fixture in fixtures { _ = fixture.handler.io.takeCompressionWork() }
+
+        var compressed = CompressedPush()
+        var sent: [ByteBuffer] = []
+        var work: [Int] = []
+        for fixture in fixtures {
+            #expect(fixture.handler.deliver(push, compressed: &compressed))
+            fixture.handler.flushIfPending()
+            sent.append(try #require(try fixture.channel.readOutbound(as: ByteBuffer.self)))
+            work.append(fixture.handler.io.takeCompressionWork())
+        }
+        #expect(sent[0].readableBytes < body.readableBytes / 4, "compressed: \(sent[0].readableBytes) bytes for \(body.readableBytes)")
+        #expect(sent.allSatisfy { $0 == sent[0] }, "the same bytes for every connection")
+        #expect(work[0] > 0 && work[1...].allSatisfy { $0 == 0 }, "only the first compressed: \(work)")
+
+        // As a client reads it: the push, compressed, with its checksum.
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        var bytes = sent[1]
+        let frame = try #require(try decoder.decodeFrame(from: &bytes, inflater: try PayloadInflater()))
+        #expect(frame.payload == .push(.init(topic: "quotes", body: body)))
+        #expect(frame.flags.contains(.checksum))
+        for fixture in fixtures { _ = try? fixture.channel.finish() }
     }
 
     @Test("a push encoded once: the connection's checksum choice, only once established, one flush per batch, the size limit")
