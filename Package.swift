@@ -13,7 +13,9 @@ import PackageDescription
 //   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio;
 //                  async-http-client forwards HTTP-stream POSTs between nodes)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
-//   TetherTesting  in-process transport, fault injection, TCP fault proxy, manual clock
+//   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
+//   TetherTesting  for tests: in-process transport, fault injection, manual clock, the
+//                  store contract (not linked into `tether`)
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
 //   tether         the command-line tool (serve, call, chat, demo)
 //
@@ -174,6 +176,18 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        // A TCP proxy that injects faults (cut, blackhole, delay, loss): `tether proxy`, the lab
+        // and the tests use it.
+        .target(
+            name: "TetherFaultProxy",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
         .target(
             name: "TetherTesting",
             dependencies: [
@@ -181,6 +195,7 @@ let package = Package(
                 "TetherNIO",
                 "Tether",
                 "TetherGateway",
+                "TetherFaultProxy",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -195,7 +210,7 @@ let package = Package(
                 "TetherNIO",
                 "Tether",
                 "TetherPostgres",
-                "TetherTesting",
+                "TetherFaultProxy",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -212,7 +227,7 @@ let package = Package(
                 "TetherGateway",
                 "TetherJWT",
                 "TetherPostgres",
-                "TetherTesting",
+                "TetherFaultProxy",
                 "TetherLab",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -4,9 +4,9 @@ import Logging
 import NIOCore
 import Tether
 import TetherCore
+import TetherFaultProxy
 import TetherGateway
 import TetherNIO
-import TetherTesting
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

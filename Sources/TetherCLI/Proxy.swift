@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import TetherCore
-import TetherTesting
+import TetherFaultProxy
 
 struct Proxy: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

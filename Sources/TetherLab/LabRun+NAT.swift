@@ -2,8 +2,8 @@ import Foundation
 import Logging
 import Tether
 import TetherCore
+import TetherFaultProxy
 import TetherNIO
-import TetherTesting
 
 extension ScenarioRun {
     /// The NAT-timeout experiment: two groups of idle clients in the background mode behind a

@@ -3,8 +3,8 @@ import Logging
 import NIOCore
 import Tether
 import TetherCore
+import TetherFaultProxy
 import TetherNIO
-import TetherTesting
 
 extension ScenarioRun {
     /// The restrictive-network experiment: every client's endpoint list is the raw port, then

@@ -3,9 +3,9 @@ import Logging
 import NIOCore
 import Tether
 import TetherCore
+import TetherFaultProxy
 import TetherNIO
 import TetherPostgres
-import TetherTesting
 
 /// Runs lab scenarios against a real gateway process and real clients.
 ///

@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherGateway
+import TetherLab
 import TetherTestSupport
 import TetherTesting
 

@@ -3,6 +3,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherCore
+import TetherLab
 import TetherNIO
 import TetherTestSupport
 import TetherTesting

@@ -1,8 +1,8 @@
-public import Tether
 public import TetherCore
 import TetherNIO
 
-/// A ``NetworkPathMonitor`` driven by the test: it reports whatever path the test sets.
+/// A ``NetworkPathMonitor`` driven by hand: it reports whatever path it is told, for an app
+/// with its own source of reachability (or none on its platform), a test, or the lab.
 ///
 /// ```swift
 /// let paths = ManualNetworkPathMonitor()
