@@ -1,3 +1,4 @@
+import Atomics
 public import NIOCore
 import TetherCore
 import TetherNIO
@@ -35,22 +36,34 @@ public final class TetherDataTask: Sendable {
     }
 
     /// Where a running request is, to cancel it.
-    private enum Handle {
+    private enum Handle: Sendable {
         /// Handed to a ready connection, with no task.
         case direct(ClientConnection, id: UInt64)
         /// In a task: waiting for a connection, or sent again after a connection refused it.
         case task(Task<Void, Never>)
     }
 
-    private struct Inner {
-        var state = State.suspended
-        var handle: Handle?
-        /// ``cancel()`` was called while running: a handle installed later is cancelled at once.
-        var cancelRequested = false
-        var completion: (@Sendable (Result<ByteBuffer, TetherError>) -> Void)?
+    private final class HandleBox: AtomicReference, Sendable {
+        let handle: Handle
+        init(_ handle: Handle) { self.handle = handle }
     }
 
-    private let inner: TetherLock<Inner>
+    private final class Completion: AtomicReference, Sendable {
+        let call: @Sendable (Result<ByteBuffer, TetherError>) -> Void
+        init(_ call: @escaping @Sendable (Result<ByteBuffer, TetherError>) -> Void) { self.call = call }
+    }
+
+    // The task takes no lock: its state is atomics. The completion handler is taken out once,
+    // by whoever ends the task (and let go of then, with what it captured).
+    private static let suspended: UInt8 = 0
+    private static let running: UInt8 = 1
+    private static let canceled: UInt8 = 2
+    private static let completed: UInt8 = 3
+    private let phase = ManagedAtomic<UInt8>(TetherDataTask.suspended)
+    private let completion: ManagedAtomic<Completion?>
+    private let handle = ManagedAtomic<HandleBox?>(nil)
+    /// ``cancel()`` was called while running: a handle installed later is cancelled at once.
+    private let cancelRequested = ManagedAtomic(false)
     private let client: TetherClient
     private let method: String
     private let body: ByteBuffer
@@ -67,20 +80,23 @@ public final class TetherDataTask: Sendable {
         self.method = method
         self.body = body
         self.timeout = timeout
-        self.inner = TetherLock(Inner(completion: completion))
+        self.completion = ManagedAtomic(Completion(completion))
     }
 
     /// The task's current state.
-    public var state: State { self.inner.withLockedValue { $0.state } }
+    public var state: State {
+        switch self.phase.load(ordering: .acquiring) {
+        case Self.suspended: .suspended
+        case Self.running: .running
+        case Self.canceled: .canceled
+        default: .completed
+        }
+    }
 
     /// Starts the request. Has no effect unless the task is suspended.
     public func resume() {
-        let resumed = self.inner.withLockedValue { inner in
-            guard inner.state == .suspended else { return false }
-            inner.state = .running
-            return true
-        }
-        guard resumed else { return }
+        guard self.phase.compareExchange(expected: Self.suspended, desired: Self.running, ordering: .acquiringAndReleasing).exchanged
+        else { return }
         let call: TetherClient.PreparedRequest
         do {
             call = try self.client.prepareRequest(self.method, timeout: self.timeout)
@@ -109,13 +125,13 @@ public final class TetherDataTask: Sendable {
                 self.client.retire(connection)
                 self.startTask(call)
             } else {
-                self.finish(with: result)
+                self.finish(with: result, call: call)
             }
         }
         // A `cancel()` that ran between `install` and `execute` may have found the request
         // nowhere yet: cancel it again, now that the connection has it (a second cancellation
         // of the same request does nothing).
-        if self.inner.withLockedValue({ $0.cancelRequested }) {
+        if self.cancelRequested.load(ordering: .sequentiallyConsistent) {
             connection.cancel(call.id)
         }
     }
@@ -129,54 +145,32 @@ public final class TetherDataTask: Sendable {
             } catch {
                 result = .failure(error)
             }
-            self.finish(with: result)
+            self.finish(with: result, call: call)
         }
         if !self.install(.task(task)) { task.cancel() }
     }
 
-    /// Records where the request is; `false` if ``cancel()`` was called meanwhile.
+    /// Records where the request is; `false` if ``cancel()`` was called meanwhile. With
+    /// ``cancel()``'s store and load in the opposite order, one of the two sees the other.
     private func install(_ handle: Handle) -> Bool {
-        self.inner.withLockedValue { inner in
-            inner.handle = handle
-            return !inner.cancelRequested
-        }
+        self.handle.store(HandleBox(handle), ordering: .sequentiallyConsistent)
+        return !self.cancelRequested.load(ordering: .sequentiallyConsistent)
     }
 
     /// Cancels the request. A suspended task completes at once with ``TetherError/Code/cancelled``;
     /// a running one is cancelled locally and on the gateway. No effect once completed.
     public func cancel() {
-        enum Action {
-            case complete((@Sendable (Result<ByteBuffer, TetherError>) -> Void)?)
-            case cancelRequest(ClientConnection, id: UInt64)
-            case cancelTask(Task<Void, Never>)
-            case none
+        if self.phase.compareExchange(expected: Self.suspended, desired: Self.canceled, ordering: .acquiringAndReleasing).exchanged {
+            let completion = self.completion.exchange(nil, ordering: .acquiringAndReleasing)
+            completion?.call(.failure(TetherError(code: .cancelled, message: "the data task was cancelled before it started")))
+            return
         }
-        let action: Action = self.inner.withLockedValue { inner in
-            switch inner.state {
-            case .suspended:
-                inner.state = .canceled
-                defer { inner.completion = nil }
-                return .complete(inner.completion)
-            case .running:
-                inner.cancelRequested = true
-                switch inner.handle {
-                case .direct(let connection, let id): return .cancelRequest(connection, id: id)
-                case .task(let task): return .cancelTask(task)
-                case nil: return .none  // `resume` is installing it and will see the request
-                }
-            case .canceled, .completed:
-                return .none
-            }
-        }
-        switch action {
-        case .complete(let completion):
-            completion?(.failure(TetherError(code: .cancelled, message: "the data task was cancelled before it started")))
-        case .cancelRequest(let connection, let id):
-            connection.cancel(id)
-        case .cancelTask(let task):
-            task.cancel()
-        case .none:
-            break
+        guard self.phase.load(ordering: .acquiring) == Self.running else { return }
+        self.cancelRequested.store(true, ordering: .sequentiallyConsistent)
+        switch self.handle.load(ordering: .sequentiallyConsistent)?.handle {
+        case .direct(let connection, let id): connection.cancel(id)
+        case .task(let task): task.cancel()
+        case nil: break  // `resume` is installing it and will see the request
         }
     }
 
@@ -184,19 +178,22 @@ public final class TetherDataTask: Sendable {
         TetherError(code: .cancelled, message: "request '\(method)' was cancelled")
     }
 
-    private func finish(with result: Result<ByteBuffer, TetherError>) {
-        let completion = self.inner.withLockedValue { inner -> (@Sendable (Result<ByteBuffer, TetherError>) -> Void)? in
-            guard inner.state == .running else { return nil }
-            if case .failure(let error) = result, error.code == .cancelled {
-                inner.state = .canceled
-            } else {
-                inner.state = .completed
-            }
-            inner.handle = nil
-            defer { inner.completion = nil }
-            return inner.completion
+    /// Completes the task once (a later call does nothing); a request that was sent (`call`) is
+    /// counted in the client's statistics and metrics, as ``TetherClient/request(_:body:timeout:)`` counts its own.
+    private func finish(with result: Result<ByteBuffer, TetherError>, call: TetherClient.PreparedRequest? = nil) {
+        guard let completion = self.completion.exchange(nil, ordering: .acquiringAndReleasing) else { return }
+        if case .failure(let error) = result, error.code == .cancelled {
+            self.phase.store(Self.canceled, ordering: .releasing)
+        } else {
+            self.phase.store(Self.completed, ordering: .releasing)
         }
-        completion?(result)
+        self.handle.store(nil, ordering: .releasing)
+        if let call {
+            let error: TetherError?
+            if case .failure(let failure) = result { error = failure } else { error = nil }
+            self.client.recorder.requestEnded(error, after: self.client.clock.now - call.preparedAt)
+        }
+        completion.call(result)
     }
 }
 

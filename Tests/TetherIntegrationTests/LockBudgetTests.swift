@@ -30,6 +30,10 @@ struct LockBudgetTests {
         Budget(operation: "request.inline", module: "Tether", budget: 1),
         Budget(operation: "request.inline", module: "TetherGateway", budget: 0),
         Budget(operation: "request.inline", module: "TetherNIO", budget: 0),
+        // The callback API (a data task on a ready connection): the same one lock; the task's
+        // own state is atomics.
+        Budget(operation: "request.callback", module: "Tether", budget: 1),
+        Budget(operation: "request.callback", module: "TetherGateway", budget: 0),
         // A push to a client id: the registry's lookup on the gateway; none on the client.
         Budget(operation: "push", module: "TetherGateway", budget: 1),
         Budget(operation: "push", module: "Tether", budget: 0),

@@ -237,7 +237,7 @@ extension IntegrationTests {
             }
         }
 
-        @Test("the data task API: suspended until resumed, completes once, cancellable")
+        @Test("the data task API: suspended until resumed, completes once, cancellable, counted in the statistics")
         func dataTasks() async throws {
             try await withHarness { harness in
                 let (_, endpoint) = try await harness.gateway(routes: { gateway in
@@ -283,6 +283,11 @@ extension IntegrationTests {
                 suspended.resume()
                 try await Task.sleep(for: .milliseconds(50))
                 #expect(never.withLockedValue { $0 } == 1, "the completion runs exactly once")
+
+                // Counted as `request` counts its own: the two that were sent, one of them failed
+                // (cancelled); the one cancelled before it started was never a request.
+                let statistics = client.statistics
+                #expect(statistics.requests == 2 && statistics.requestsFailed == 1, "\(statistics)")
             }
         }
 

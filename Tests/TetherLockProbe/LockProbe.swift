@@ -16,6 +16,7 @@ import TetherNIO
 /// nothing is batched) and reports them per operation:
 /// - `request`: `request("echo")`, a task handler (the default path);
 /// - `request.inline`: `request("echo.inline")`, an inline handler;
+/// - `request.callback`: `dataTask("echo.inline") { … }.resume()`, the callback API;
 /// - `push`: a `Gateway.push` to alice's client id, until alice's `pushes()` yields it;
 /// - `reliable`: alice's `send("dm")` to bob, until its outcome is acknowledged and bob's
 ///   `deliveries()` yields it, and bob's acknowledgement.
@@ -61,6 +62,12 @@ struct LockProbe {
             }
             report["request.inline"] = try await Self.measure(count) {
                 _ = try await alice.request("echo.inline", body: body)
+            }
+
+            report["request.callback"] = try await Self.measure(count) {
+                _ = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ByteBuffer, any Error>) in
+                    alice.dataTask("echo.inline", body: body) { continuation.resume(with: $0.mapError { $0 as any Error }) }.resume()
+                }
             }
 
             let pushes = alice.pushes(topic: "probe").makeAsyncIterator()
