@@ -80,7 +80,7 @@ extension IntegrationTests {
                 let stream = try await HTTPPeer.connect(port: httpPort, tls: http2)
                 defer { stream.close() }
                 let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.wait(ended: false).body.prefix { $0 != "\n" }
+                let line = try await opened.firstLine()
                 let token = try #require(HTTPStreamBinding.parseSessionLine(line)).token
                 try await Task.sleep(for: .milliseconds(500))
                 let baseline = try #require(gateway.residentBytes)

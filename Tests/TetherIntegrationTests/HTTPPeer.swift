@@ -38,6 +38,15 @@ final class HTTPPeer: Sendable {
         var response: Response? { self.state.withLockedValue { $0 } }
 
         /// The response once its head arrived and, if `ended`, once it ended.
+        /// The first line of the body (an HTTP stream's session line), once it arrived whole:
+        /// the head and the first body bytes may come apart.
+        func firstLine(timeout: Duration = .seconds(10)) async throws -> String {
+            try await eventually("the first line of the response's body", timeout: timeout) {
+                self.response?.body.contains("\n") ?? false
+            }
+            return String(self.response!.body.prefix { $0 != "\n" })
+        }
+
         func wait(ended: Bool = true, timeout: Duration = .seconds(10)) async throws -> Response {
             try await eventually("an HTTP response\(ended ? " that ends" : "")", timeout: timeout) {
                 guard let response = self.response else { return false }

@@ -168,7 +168,7 @@ extension IntegrationTests {
                 let stream = try await HTTPPeer.connect(port: endpoint.port)
                 defer { stream.close() }
                 let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.wait(ended: false).body.prefix { $0 != "\n" }
+                let line = try await opened.firstLine()
                 let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
                 let posts = try await HTTPPeer.connect(port: endpoint.port)
                 defer { posts.close() }
@@ -250,7 +250,7 @@ extension IntegrationTests {
                 let stream = try await HTTPPeer.connect(port: endpoint.port)
                 defer { stream.close() }
                 let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.wait(ended: false).body.prefix { $0 != "\n" }
+                let line = try await opened.firstLine()
                 let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
                 let posts = try await HTTPPeer.connect(port: endpoint.port)
                 defer { posts.close() }
