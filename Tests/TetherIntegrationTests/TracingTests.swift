@@ -22,6 +22,7 @@ extension IntegrationTests {
                         tracer.withSpan("database.insert") { _ in request.body }
                     }
                     gateway.handleInline("orders.peek") { _, _ in throw RequestError(.permissionDenied, "no") }
+                    gateway.handleInline("orders.count") { _, _ in tracer.withSpan("cache.read") { _ in ByteBuffer(string: "3") } }
                 }
                 let client = try harness.client([endpoint], tracer: tracer)
                 #expect(try await client.request("orders.place", body: ByteBuffer(string: "1 book")).string == "1 book")
@@ -41,6 +42,14 @@ extension IntegrationTests {
                 #expect(refused.parentSpanID == refusedClient.spanID)
                 #expect(refused.status?.code == .error, "an inline handler's refusal marks its span")
                 #expect(refusedClient.traceID != clientSpan.traceID, "each request is a trace of its own")
+
+                // An inline handler runs in its request's span as a task handler does.
+                #expect(try await client.request("orders.count").string == "3")
+                let inlineSpans = tracer.finishedSpans
+                let counted = try #require(inlineSpans.first { $0.operationName == "orders.count" && $0.kind == .server })
+                let cacheSpan = try #require(inlineSpans.first { $0.operationName == "cache.read" })
+                #expect(cacheSpan.parentSpanID == counted.spanID, "the inline handler's span is the gateway's child")
+                #expect(counted.status == nil, "an ok request's span carries no error")
             }
         }
 

@@ -14,32 +14,22 @@ extension GatewayServices {
     /// a cancelled handler's answer is not sent.
     /// - Returns: The RESPONSE, or `nil` if the task was cancelled meanwhile.
     func run(_ request: Frame.Request, handler: Gateway.Handler, scope: ConnectionScope, deadline: TetherInstant) async -> Frame.Response? {
-        await self.traced(request) { await self.runUntraced(request, handler: handler, scope: scope, deadline: deadline) }
-    }
-
-    private func runUntraced(
-        _ request: Frame.Request,
-        handler: Gateway.Handler,
-        scope: ConnectionScope,
-        deadline: TetherInstant
-    ) async -> Frame.Response? {
+        let observation = self.observe(request)
         let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
-        let started = self.clock.now
         let outcome: Outcome
         do {
-            outcome = .replied(try await handler(self.gatewayRequest(request), context))
+            outcome = .replied(try await observation.run { try await handler(self.gatewayRequest(request), context) })
         } catch {
             outcome = .threw(error)
         }
-        let ended = self.clock.now
-        let metrics = self.requestMetrics(request.method)
         guard !Task.isCancelled else {
             // Answered already at its deadline, or cancelled by the client or the connection's end.
-            metrics.ended(ended >= deadline ? .deadlineExceeded : .cancelled, nanoseconds: (ended - started).nanoseconds)
+            let ended = self.clock.now
+            observation.end(metrics: ended >= deadline ? .deadlineExceeded : .cancelled, span: .cancelled, at: ended)
             return nil
         }
         let response = self.response(to: request, outcome: outcome, logger: context.logger)
-        metrics.ended(response.status, nanoseconds: (ended - started).nanoseconds)
+        observation.end(response.status, at: self.clock.now)
         return response
     }
 
@@ -55,19 +45,17 @@ extension GatewayServices {
             self.unknownMethodMetrics.ended(.unknownMethod, nanoseconds: nil)
             return Frame.Response(id: request.id, status: .unknownMethod, message: "no handler for '\(request.method)'")
         }
-        return self.tracedInline(request) {
-            let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
-            let started = self.clock.now
-            let outcome: Outcome
-            do {
-                outcome = .replied(try handler(self.gatewayRequest(request), context))
-            } catch {
-                outcome = .threw(error)
-            }
-            let response = self.response(to: request, outcome: outcome, logger: context.logger)
-            self.requestMetrics(request.method).ended(response.status, nanoseconds: (self.clock.now - started).nanoseconds)
-            return response
+        let observation = self.observe(request)
+        let context = RequestContext(scope: scope, request: (request.id, request.method), deadline: deadline)
+        let outcome: Outcome
+        do {
+            outcome = .replied(try observation.run { try handler(self.gatewayRequest(request), context) })
+        } catch {
+            outcome = .threw(error)
         }
+        let response = self.response(to: request, outcome: outcome, logger: context.logger)
+        observation.end(response.status, at: self.clock.now)
+        return response
     }
 
     private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {

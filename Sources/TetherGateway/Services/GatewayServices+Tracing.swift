@@ -3,33 +3,55 @@ import TetherCore
 import Tracing
 
 extension GatewayServices {
-    /// Runs `body` in a server span named after the request's method, the child of the trace the
-    /// REQUEST carried (if any); the handler's own spans are its children. Without a tracer
-    /// (``Gateway/init(configuration:eventLoopGroup:messageStore:authenticator:cluster:clock:metrics:tracer:logger:)``),
-    /// `body` runs as it is.
-    func traced(_ request: Frame.Request, _ body: () async -> Frame.Response?) async -> Frame.Response? {
-        guard let tracer = self.tracer else { return await body() }
-        let parent = Self.context(extractedFrom: request.traceContext, by: tracer)
-        return await tracer.withSpan(request.method, context: parent, ofKind: .server) { span in
-            span.attributes["rpc.system"] = "tether"
-            span.attributes["rpc.method"] = request.method
-            let response = await body()
-            Self.settle(span, status: response?.status ?? .cancelled)
-            return response
+    /// What a request's handler runs inside, for a handler in a task and an inline one alike:
+    /// its server span (named after the method, the child of the trace the REQUEST carried, if
+    /// any; none without a tracer) and its metrics, from ``observe(_:)`` to ``end(_:at:)``.
+    struct RequestObservation {
+        let span: (any Span)?
+        let metrics: RequestMetrics
+        let started: TetherInstant
+
+        /// Runs the handler with the span as the current context: the handler's own spans are its children.
+        func run<Result>(_ handler: () throws -> Result) rethrows -> Result {
+            guard let span else { return try handler() }
+            return try ServiceContext.$current.withValue(span.context, operation: handler)
+        }
+
+        /// Runs the handler with the span as the current context: the handler's own spans are its children.
+        func run<Result>(
+            isolation: isolated (any Actor)? = #isolation,
+            _ handler: () async throws -> Result
+        ) async rethrows -> Result {
+            guard let span else { return try await handler() }
+            return try await ServiceContext.$current.withValue(span.context, operation: handler)
+        }
+
+        /// The request ended with `status`: counted, and its span marked and ended.
+        func end(_ status: StatusCode, at ended: TetherInstant) {
+            self.end(metrics: status, span: status, at: ended)
+        }
+
+        /// The request ended, counted as `metrics` and its span marked `span`.
+        func end(metrics: StatusCode, span status: StatusCode, at ended: TetherInstant) {
+            self.metrics.ended(metrics, nanoseconds: (ended - self.started).nanoseconds)
+            if let span = self.span {
+                GatewayServices.settle(span, status: status)
+                span.end()
+            }
         }
     }
 
-    /// ``traced(_:_:)`` for an inline handler, on the event loop.
-    func tracedInline(_ request: Frame.Request, _ body: () -> Frame.Response) -> Frame.Response {
-        guard let tracer = self.tracer else { return body() }
-        let parent = Self.context(extractedFrom: request.traceContext, by: tracer)
-        return tracer.withSpan(request.method, context: parent, ofKind: .server) { span in
-            span.attributes["rpc.system"] = "tether"
-            span.attributes["rpc.method"] = request.method
-            let response = body()
-            Self.settle(span, status: response.status)
-            return response
+    /// Starts observing `request`: its span begun (with a tracer), its start time taken.
+    func observe(_ request: Frame.Request) -> RequestObservation {
+        var span: (any Span)?
+        if let tracer = self.tracer {
+            let parent = Self.context(extractedFrom: request.traceContext, by: tracer)
+            let started = tracer.startSpan(request.method, context: parent, ofKind: .server)
+            started.attributes["rpc.system"] = "tether"
+            started.attributes["rpc.method"] = request.method
+            span = started
         }
+        return RequestObservation(span: span, metrics: self.requestMetrics(request.method), started: self.clock.now)
     }
 
     /// Runs a reliable message's handler in a consumer span named after its topic, the child of
