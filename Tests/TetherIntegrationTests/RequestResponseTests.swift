@@ -237,6 +237,33 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a handler's error message longer than a RESPONSE holds reaches the client cut to 65,535 bytes of UTF-8, at once")
+        func longErrorMessage() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
+                    // 3-byte characters: 65,535 is a multiple of 3, 65,536 would split one.
+                    gateway.handle("refuse") { _, _ in throw RequestError(.permissionDenied, String(repeating: "é€", count: 20_000)) }
+                    gateway.handleInline("refuse.inline") { _, _ in
+                        throw RequestError(.invalidRequest, String(repeating: "x", count: 70_000))
+                    }
+                })
+                let client = try harness.client([endpoint])
+                let started = ContinuousClock.now
+                for method in ["refuse", "refuse.inline"] {
+                    do throws(TetherError) {
+                        _ = try await client.request(method, timeout: .seconds(10))
+                        Issue.record("\(method) must fail")
+                    } catch {
+                        #expect(error.code == .serverError)
+                        #expect(error.status == (method == "refuse" ? .permissionDenied : .invalidRequest))
+                        #expect(error.message.utf8.count <= 65_535 + 200, "\(error.message.utf8.count) bytes")
+                        #expect(error.message.utf8.count >= 65_000, "the message is kept up to the limit")
+                    }
+                }
+                #expect(ContinuousClock.now - started < .seconds(5), "answered, not left to time out")
+            }
+        }
+
         @Test("the data task API: suspended until resumed, completes once, cancellable, counted in the statistics")
         func dataTasks() async throws {
             try await withHarness { harness in

@@ -66,7 +66,11 @@ extension GatewayConnectionHandler {
             try self.io.write(Frame(payload, flags: flags ?? self.machine.outboundFlags), context: context)
             return true
         } catch {
-            self.logger.error("cannot encode a frame", metadata: ["type": "\(payload.type)", "error": "\(error)"])
+            // The one policy of both sides: sizes are checked before a frame gets here, so a frame
+            // that cannot be encoded is a bug, and the connection closes (the client sees it and
+            // reconnects) rather than leaving its peer waiting for a frame that never comes.
+            self.logger.error("cannot encode a frame; closing the connection", metadata: ["type": "\(payload.type)", "error": "\(error)"])
+            self.closeNow()
             return false
         }
     }

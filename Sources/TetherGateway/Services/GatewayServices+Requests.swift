@@ -69,11 +69,27 @@ extension GatewayServices {
         case .replied(let body):
             return Frame.Response(id: request.id, status: .ok, body: body)
         case .threw(let error as RequestError):
-            return Frame.Response(id: request.id, status: error.status, message: error.message)
+            return Frame.Response(id: request.id, status: error.status, message: Self.clipped(error.message))
         case .threw(let error):
             logger().error("handler failed", metadata: ["error": "\(error)"])
             let message = self.configuration.exposeHandlerErrors ? "\(error)" : "internal error in '\(request.method)'"
-            return Frame.Response(id: request.id, status: .internalError, message: message)
+            return Frame.Response(id: request.id, status: .internalError, message: Self.clipped(message))
         }
+    }
+
+    /// `message` cut to the 65,535 bytes of UTF-8 a RESPONSE's message holds (PROTOCOL.md 4.4),
+    /// between two Unicode scalars: a handler's long error still reaches the client.
+    static func clipped(_ message: String) -> String {
+        let limit = Int(UInt16.max)
+        guard message.utf8.count > limit else { return message }
+        var bytes = 0
+        var end = message.unicodeScalars.startIndex
+        for scalar in message.unicodeScalars {
+            let width = UTF8.width(scalar)
+            guard bytes + width <= limit else { break }
+            bytes += width
+            end = message.unicodeScalars.index(after: end)
+        }
+        return String(message.unicodeScalars[..<end])
     }
 }
