@@ -108,7 +108,8 @@ struct LockProbe {
         )
     }
 
-    /// Runs `operation` 50 times to warm up, then `count` times counting locks: the acquisitions
+    /// Runs `operation` 50 times to warm up, then three rounds of `count` times counting locks,
+    /// and keeps the round that took the fewest: the acquisitions
     /// per operation, by module (`module`), by where each lock was made (`site`) and where it was
     /// taken (`at`), and in all.
     static func measure(
@@ -117,6 +118,22 @@ struct LockProbe {
         _ operation: () async throws -> Void
     ) async throws -> [String: Double] {
         for _ in 0..<50 { try await operation() }
+        // Three rounds, the least kept: what timing adds (a consumer that had to wait, a
+        // maintenance pass woken twice) varies from round to round; a lock on the path does not.
+        var least: [String: Double]?
+        for _ in 0..<3 {
+            let round = try await Self.round(count, operation)
+            if least == nil || round["total", default: 0] < least!["total", default: 0] { least = round }
+        }
+        return least!
+    }
+
+    /// One round of `count` operations, counted.
+    static func round(
+        _ count: Int,
+        isolation: isolated (any Actor)? = #isolation,
+        _ operation: () async throws -> Void
+    ) async throws -> [String: Double] {
         LockAccounting.start()
         for _ in 0..<count { try await operation() }
         try await Task.sleep(for: .milliseconds(200))  // what the last operation left in flight (an acknowledgement)

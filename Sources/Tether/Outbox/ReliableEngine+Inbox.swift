@@ -20,16 +20,18 @@ extension ReliableEngine {
     /// The next delivery for the app; the one handed out before is processed from now on.
     /// - Returns: `nil` once the client has stopped.
     func nextDelivery() async throws(TetherError) -> Frame.Delivery? {
-        let immediate: Result<Frame.Delivery?, TetherError>? = self.state.withLockedValue { state in
+        let (immediate, checkpointDue): (Result<Frame.Delivery?, TetherError>?, Bool) = self.state.withLockedValue { state in
             guard !state.consuming else {
-                return .failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries"))
+                return (.failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries")), false)
             }
-            if let next = state.inbox.next() { return .success(next) }
-            if state.finished { return .success(nil) }
+            let next = state.inbox.next()  // the one handed out before is processed now
+            let due = state.inbox.checkpointDue
+            if let next { return (.success(next), due) }
+            if state.finished { return (.success(nil), due) }
             state.consuming = true
-            return nil
+            return (nil, due)
         }
-        self.wakeup.continuation.yield()  // the previous one may be processed: checkpoint it
+        if checkpointDue { self.wakeup.continuation.yield() }
         if let immediate { return try immediate.get() }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Frame.Delivery?, Never>) in
@@ -58,11 +60,11 @@ extension ReliableEngine {
 
     /// The app processed the delivery with this sequence (it was handed out and not yet processed).
     func acknowledgeDelivery(_ sequence: UInt64) throws(TetherError) {
-        let known = self.state.withLockedValue { $0.inbox.acknowledge(sequence) }
+        let (known, checkpointDue) = self.state.withLockedValue { ($0.inbox.acknowledge(sequence), $0.inbox.checkpointDue) }
         guard known else {
             throw TetherError(code: .invalidArgument, message: "delivery \(sequence) is not the one the app holds")
         }
-        self.wakeup.continuation.yield()
+        if checkpointDue { self.wakeup.continuation.yield() }
     }
 
     /// The consumer stopped (its loop ended or threw): the delivery it held and did not

@@ -175,7 +175,7 @@ final class ReliableEngine: Sendable {
         let ticket = SendTicket()
 
         while true {
-            enum Admission { case lead, follow, full, shutDown, notLoaded }
+            enum Admission { case lead(OutboxMachine.Group?), follow, full, shutDown, notLoaded }
             // One lock admits the message, and finds out whether the outbox still has to load.
             let admission: Admission = self.state.withLockedValue { state in
                 guard !state.finished else { return .shutDown }
@@ -195,7 +195,8 @@ final class ReliableEngine: Sendable {
                     return .full
                 case .accepted(let lead):
                     state.tickets[token] = ticket
-                    return lead ? .lead : .follow
+                    // The leader takes the first group in the same lock.
+                    return lead ? .lead(state.outbox!.takeGroup()) : .follow
                 }
             }
             switch admission {
@@ -209,8 +210,8 @@ final class ReliableEngine: Sendable {
             case .full:
                 try await self.waitForCapacity()
                 continue
-            case .lead:
-                await self.commitQueued()
+            case .lead(let group):
+                await self.commitQueued(startingWith: group)
             case .follow:
                 break
             }
@@ -220,8 +221,8 @@ final class ReliableEngine: Sendable {
 
     /// Commits every queued message in groups until none is queued. The lock that settles a
     /// group also takes the next one.
-    private func commitQueued() async {
-        var next = self.state.withLockedValue { $0.outbox!.takeGroup() }
+    private func commitQueued(startingWith first: OutboxMachine.Group?) async {
+        var next = first
         while let group = next {
             do {
                 try await self.configuration.outbox.append(group.records, nextID: group.nextID, conversations: group.conversations)

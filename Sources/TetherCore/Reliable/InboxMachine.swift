@@ -121,6 +121,10 @@ package struct InboxMachine: Sendable {
 
     // MARK: Checkpoints and acknowledgements
 
+    /// Whether a checkpoint is due: it changed since it was last taken (what wakes the
+    /// engine's maintenance to save it).
+    package var checkpointDue: Bool { self.dirty && self.epoch != nil }
+
     /// The checkpoint to save now, if it changed since it was last taken.
     package mutating func takeCheckpointToSave() -> DeliveryCheckpoint? {
         guard self.dirty, let epoch = self.epoch else { return nil }
