@@ -1,7 +1,6 @@
 import Atomics
 public import NIOCore
 import TetherCore
-import TetherNIO
 
 /// A request in the style of `URLSessionDataTask`, for callback-based code.
 ///

@@ -257,14 +257,7 @@ extension IntegrationTests {
         /// client's too. Beyond 2,000 a second per connection the requests are paced: each
         /// flooder gets every answer, `ok`, at the rate and no faster; none is refused.
         func floodFromProcesses(_ endpoint: Endpoint, files: [String], perConnection: Int, in harness: Harness) async throws -> String {
-            let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Peers/flood.py").path
-            let flooders = try files.map { file in
-                try ChildProcess(
-                    executable: "/usr/bin/env",
-                    ["python3", script, endpoint.host, "\(endpoint.port)", file, "\(perConnection)"],
-                    in: harness
-                )
-            }
+            let flooders = try FloodProcess.start(endpoint, files: files, perConnection: perConnection, in: harness)
             var answers: [String: Int] = [:]
             var slowest = 0.0
             for flooder in flooders {
@@ -438,6 +431,21 @@ final class MemoryWatch: Sendable {
     func finish() -> Int {
         self.stop.withLockedValue { $0 = true }
         return self.peak.withLockedValue { $0 }
+    }
+}
+
+/// Flooding processes (Peers/flood.py): each writes the requests of one file on a connection
+/// of its own, `perConnection` of them, and prints `answered N seconds=S` with its statuses.
+enum FloodProcess {
+    static func start(_ endpoint: Endpoint, files: [String], perConnection: Int, in harness: Harness) throws -> [ChildProcess] {
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Peers/flood.py").path
+        return try files.map { file in
+            try ChildProcess(
+                executable: "/usr/bin/env",
+                ["python3", script, endpoint.host, "\(endpoint.port)", file, "\(perConnection)"],
+                in: harness
+            )
+        }
     }
 }
 

@@ -79,9 +79,7 @@ extension IntegrationTests {
                 // so their proofs are never checked).
                 let stream = try await HTTPPeer.connect(port: httpPort, tls: http2)
                 defer { stream.close() }
-                let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.firstLine()
-                let token = try #require(HTTPStreamBinding.parseSessionLine(line)).token
+                let token = try await stream.openStream().token
                 try await Task.sleep(for: .milliseconds(500))
                 let baseline = try #require(gateway.residentBytes)
                 let memory = MemoryWatch(gateway, in: harness)

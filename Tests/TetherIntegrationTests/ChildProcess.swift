@@ -17,10 +17,18 @@ final class ChildProcess: @unchecked Sendable {
     /// one `TETHER_CLI` names.
     static func tetherExecutable(sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
         if let path = ProcessInfo.processInfo.environment["TETHER_CLI"] { return path }
+        return try Self.builtExecutable("tether", sourceLocation: sourceLocation)
+    }
+
+    /// The executable `name` that `swift build` built next to this test bundle.
+    static func builtExecutable(_ name: String, sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
         let bundle = Bundle.main.executableURL ?? URL(fileURLWithPath: CommandLine.arguments[0])
-        let candidate = bundle.deletingLastPathComponent().appendingPathComponent("tether").path
+        let candidate = bundle.deletingLastPathComponent().appendingPathComponent(name).path
         guard FileManager.default.isExecutableFile(atPath: candidate) else {
-            Issue.record("the tether executable is not at \(candidate): run `swift build` first", sourceLocation: sourceLocation)
+            Issue.record(
+                "the \(name) executable is not at \(candidate): run `swift build --build-tests` first",
+                sourceLocation: sourceLocation
+            )
             throw CancellationError()
         }
         return candidate

@@ -65,14 +65,7 @@ extension IntegrationTests {
                 let calls = WellBehavedCalls(good, in: harness)
                 try await Task.sleep(for: .milliseconds(300))
                 calls.mark = calls.count
-                let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Peers/flood.py").path
-                let flooders = try files.map { file in
-                    try ChildProcess(
-                        executable: "/usr/bin/env",
-                        ["python3", script, endpoint.host, "\(endpoint.port)", file, "\(count)"],
-                        in: harness
-                    )
-                }
+                let flooders = try FloodProcess.start(endpoint, files: files, perConnection: count, in: harness)
                 var seconds: [Double] = []
                 var answered: [String] = []
                 for flooder in flooders {

@@ -5,6 +5,8 @@ import NIOHTTP2
 import NIOPosix
 import NIOSSL
 import Testing
+import TetherCore
+import TetherNIO
 import TetherTestSupport
 
 /// An HTTP client of the tests' own, driven by hand: requests as a peer would send them to the
@@ -148,6 +150,52 @@ final class HTTPPeer: Sendable {
             channel.flush()
         }
         return exchange
+    }
+
+    /// An HTTP stream opened by a GET on a peer: its session's token and key (its first line),
+    /// and the number of its next POST, which that POST's proof names (PROTOCOL.md 11.5).
+    final class StreamSession: Sendable {
+        /// The GET's response: the stream.
+        let stream: Exchange
+        /// The stream's first line, which carries the token and the key.
+        let line: String
+        let token: String
+        let key: String
+        private let nextPost = NIOLockedValueBox<UInt64>(0)
+
+        fileprivate init(stream: Exchange, line: String, token: String, key: String) {
+            self.stream = stream
+            self.line = line
+            self.token = token
+            self.key = key
+        }
+
+        /// Sends `frames` (each with its checksum) in one POST on `peer`, with the session's
+        /// token and the proof of the POST's number.
+        func post(_ frames: [Frame.Payload], on peer: HTTPPeer) async throws -> Exchange {
+            var body = ByteBuffer()
+            for payload in frames { try FrameEncoder().encode(Frame(payload, flags: .checksum), into: &body) }
+            let number = self.nextPost.withLockedValue { number in
+                defer { number += 1 }
+                return number
+            }
+            let proof = try #require(HTTPStreamBinding.proof(key: self.key, post: number, body: body))
+            return try await peer.send(
+                .POST,
+                Endpoint.defaultHTTPStreamPath,
+                headers: [(HTTPStreamBinding.sessionHeader, self.token), (HTTPStreamBinding.proofHeader, proof)],
+                body: body
+            )
+        }
+    }
+
+    /// Opens an HTTP stream on this connection (a GET of the stream's path) and reads its
+    /// session line.
+    func openStream() async throws -> StreamSession {
+        let stream = try await self.send(.GET, Endpoint.defaultHTTPStreamPath)
+        let line = try await stream.firstLine()
+        let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
+        return StreamSession(stream: stream, line: line, token: token, key: key)
     }
 
     /// Sends more of a request's body, on the channel its exchange went on.

@@ -48,11 +48,7 @@ struct LockBudgetTests {
 
     /// The probe's counts, run once for all the tests of this suite.
     static let counts: Task<[String: [String: Double]], any Error> = Task {
-        let bundle = Bundle.main.executableURL ?? URL(fileURLWithPath: CommandLine.arguments[0])
-        let probe = bundle.deletingLastPathComponent().appendingPathComponent("tether-lock-probe").path
-        guard FileManager.default.isExecutableFile(atPath: probe) else {
-            throw ProbeFailure(description: "tether-lock-probe is not at \(probe): run `swift build --build-tests` first")
-        }
+        let probe = try ChildProcess.builtExecutable("tether-lock-probe")
         let process = Process()
         process.executableURL = URL(fileURLWithPath: probe)
         process.arguments = ["500"]

@@ -167,22 +167,12 @@ extension IntegrationTests {
                 )
                 let stream = try await HTTPPeer.connect(port: endpoint.port)
                 defer { stream.close() }
-                let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.firstLine()
-                let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
+                let session = try await stream.openStream()
+                let (opened, line) = (session.stream, session.line)
                 let posts = try await HTTPPeer.connect(port: endpoint.port)
                 defer { posts.close() }
                 let hello = Frame.Payload.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "drained"))
-                var body = ByteBuffer()
-                try FrameEncoder().encode(Frame(hello, flags: .checksum), into: &body)
-                let proof = try #require(HTTPStreamBinding.proof(key: key, post: 0, body: body))
-                let posted = try await posts.send(
-                    .POST,
-                    Endpoint.defaultHTTPStreamPath,
-                    headers: [(HTTPStreamBinding.sessionHeader, token), (HTTPStreamBinding.proofHeader, proof)],
-                    body: body
-                )
-                #expect(try await posted.wait().status == .noContent)
+                #expect(try await session.post([hello], on: posts).wait().status == .noContent)
                 try await eventually("the session is established") { gateway.health.connections == 1 }
 
                 gateway.shutdown()
@@ -249,32 +239,17 @@ extension IntegrationTests {
                 )
                 let stream = try await HTTPPeer.connect(port: endpoint.port)
                 defer { stream.close() }
-                let opened = try await stream.send(.GET, Endpoint.defaultHTTPStreamPath)
-                let line = try await opened.firstLine()
-                let (token, key) = try #require(HTTPStreamBinding.parseSessionLine(line))
+                let session = try await stream.openStream()
                 let posts = try await HTTPPeer.connect(port: endpoint.port)
                 defer { posts.close() }
-                var number: UInt64 = 0
-                func post(_ frames: [Frame.Payload]) async throws -> HTTPPeer.Exchange {
-                    var body = ByteBuffer()
-                    for payload in frames { try FrameEncoder().encode(Frame(payload, flags: .checksum), into: &body) }
-                    defer { number += 1 }
-                    let proof = try #require(HTTPStreamBinding.proof(key: key, post: number, body: body))
-                    return try await posts.send(
-                        .POST,
-                        Endpoint.defaultHTTPStreamPath,
-                        headers: [(HTTPStreamBinding.sessionHeader, token), (HTTPStreamBinding.proofHeader, proof)],
-                        body: body
-                    )
-                }
                 let hello = Frame.Payload.hello(.init(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: "poster"))
-                #expect(try await post([hello]).wait().status == .noContent)
+                #expect(try await session.post([hello], on: posts).wait().status == .noContent)
                 // 40 requests: 2 run and 16 wait; the gateway stops reading with 22 still in the body.
                 let requests = (1...40).map {
                     Frame.Payload.request(.init(id: UInt64($0), method: "slow", body: ByteBuffer(string: "\($0)")))
                 }
                 let started = ContinuousClock.now
-                let answered = try await post(requests).wait(timeout: .seconds(30))
+                let answered = try await session.post(requests, on: posts).wait(timeout: .seconds(30))
                 let elapsed = ContinuousClock.now - started
                 #expect(answered.status == .noContent)
                 // The last 22 are read as the first ones finish: 11 rounds of two 200 ms handlers.

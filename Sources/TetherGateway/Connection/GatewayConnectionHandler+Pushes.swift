@@ -16,14 +16,8 @@ extension GatewayConnectionHandler {
         guard let context = self.context, self.machine.isEstablished, let limit = self.machine.peerMaxBodySize else { return false }
         guard self.keepsUp(context: context) else { return false }
         let flushOwed = self.io.flushOwed
-        // A push encoded once is sent as it is; compressed once, for the connections that
-        // compress it.
-        let deflater = self.io.compression.flatMap { push.largestBody >= $0.deflater.threshold ? $0.deflater : nil }
-        let checksum = self.machine.outboundFlags.contains(.checksum)
-        if self.io.framing == .byteStream, push.largestBody <= limit, deflater == nil {
-            self.io.write(encoded: checksum ? push.checksummed : push.plain, context: context)
-        } else if self.io.framing == .byteStream, push.largestBody <= limit, let deflater,
-            let bytes = try? compressed.frames(of: push, checksum: checksum, deflater: deflater, allocator: context.channel.allocator)
+        if self.io.framing == .byteStream, push.largestBody <= limit,
+            let bytes = self.sharedFrames(of: push, compressed: &compressed, context: context)
         {
             self.io.write(encoded: bytes, context: context)
         } else {
@@ -43,6 +37,17 @@ extension GatewayConnectionHandler {
             guard wrote else { return false }
         }
         return !flushOwed
+    }
+
+    /// The frames of `push` as every connection like this one gets them: encoded once, with or
+    /// without their checksum, or compressed once for the connections that compress it; `nil`
+    /// if they cannot be compressed (each push is then written on its own).
+    private func sharedFrames(of push: EncodedPush, compressed: inout CompressedPush, context: ChannelHandlerContext) -> ByteBuffer? {
+        let checksum = self.machine.outboundFlags.contains(.checksum)
+        guard let deflater = self.io.compression?.deflater, push.largestBody >= deflater.threshold else {
+            return checksum ? push.checksummed : push.plain
+        }
+        return try? compressed.frames(of: push, checksum: checksum, deflater: deflater, allocator: context.channel.allocator)
     }
 
     /// Flushes what ``deliver(_:)`` wrote, unless something flushed it meanwhile.
