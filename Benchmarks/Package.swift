@@ -36,6 +36,19 @@ let package = Package(
             path: "Benchmarks/ReliableDelivery",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        // Allocation budgets per operation, checked against Thresholds/ by CI.
+        .executableTarget(
+            name: "Allocations",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Tether", package: "tether"),
+                .product(name: "TetherGateway", package: "tether"),
+            ],
+            path: "Benchmarks/Allocations",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
         .executableTarget(
             name: "Codec",
             dependencies: [

@@ -8,15 +8,17 @@ extension TetherClient {
     /// - Parameters:
     ///   - name: The span's name: the request's method, or the message's topic.
     ///   - kind: `.client` for a request, `.producer` for a reliable message.
-    ///   - attributes: The span's attributes (OpenTelemetry's semantic conventions).
+    ///   - attributes: The span's attributes (OpenTelemetry's semantic conventions); made only
+    ///     when there is a tracer.
     func withSpan<T: Sendable>(
         _ name: String,
         ofKind kind: SpanKind,
-        attributes: [String: String],
+        attributes: @autoclosure () -> [String: String],
         _ body: (TraceContext?) async throws(TetherError) -> T
     ) async throws(TetherError) -> T {
         guard let tracer = self.tracer else { return try await body(nil) }
         do {
+            let attributes = attributes()
             return try await tracer.withSpan(name, ofKind: kind) { span in
                 for (key, value) in attributes { span.attributes[key] = value }
                 var fields: [String: String] = [:]

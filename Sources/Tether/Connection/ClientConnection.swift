@@ -21,6 +21,9 @@ final class ClientConnection: Sendable {
     /// all: many callers at once cost one wake-up of the loop and one write, not one each, and
     /// no lock.
     private let submissions = SubmissionQueue<Submission>()
+    /// The hop that sends what waits in ``submissions``: made once, so that a hop allocates
+    /// no closure.
+    private let sendSubmissions: @Sendable () -> Void
 
     /// A request submitted from outside the event loop, and who waits for it.
     private struct Submission: Sendable {
@@ -47,6 +50,14 @@ final class ClientConnection: Sendable {
         self.negotiated = negotiated
         self.closeFuture = closeFuture
         self.credentialValidFor = credentialValidFor
+        let submissions = self.submissions
+        self.sendSubmissions = {
+            handler.value.sendSubmitted(
+                submissions.takeAll().lazy
+                    .filter { $0.ticket?.take() ?? true }  // a request cancelled on the way was answered already
+                    .map { (request: $0.request, deadline: $0.deadline, waiter: $0.waiter) }
+            )
+        }
     }
 
     /// Sends `request` and waits for its response until `deadline`; task cancellation cancels it at once.
@@ -56,7 +67,7 @@ final class ClientConnection: Sendable {
     /// a second hop per request, to register the callback.
     func execute(_ request: Frame.Request, deadline: TetherInstant) async throws -> ByteBuffer {
         let id = request.id
-        let ticket = SubmissionTicket()
+        let ticket = SubmissionTicket.make()
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
                 if self.channel.eventLoop.inEventLoop {
@@ -107,15 +118,7 @@ final class ClientConnection: Sendable {
 
     private func submit(_ submission: Submission) {
         guard self.submissions.push(submission) else { return }  // a hop is already on its way
-        let handler = self.handler
-        self.channel.eventLoop.execute {
-            let submitted = self.submissions.takeAll()
-            handler.value.sendSubmitted(
-                submitted.lazy
-                    .filter { $0.ticket?.take() ?? true }  // a request cancelled on the way was answered already
-                    .map { (request: $0.request, deadline: $0.deadline, waiter: $0.waiter) }
-            )
-        }
+        self.channel.eventLoop.execute(self.sendSubmissions)
     }
 
     /// Cancels request `id`, wherever it is: waiting for the hop, queued, or on the wire.

@@ -295,7 +295,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     }
 
     func handleScheduledCallback(eventLoop: some EventLoop) {
-        self.io.timer.fired()
+        self.io.timerFired()
         guard self.context != nil else { return }
         let now = self.clock.now
         let due = self.machine.timerFired(now: now)

@@ -4,14 +4,17 @@ import Atomics
 /// compare-and-swap, the consumer takes everything at once with one exchange (a Treiber stack,
 /// read back in order).
 ///
+/// A node per element is the one allocation; the consumer relinks the nodes it took in order
+/// and walks them, without an array.
+///
 /// ```swift
 /// if queue.push(submission) { loop.execute { consume(queue.takeAll()) } }  // the first wakes the consumer
 /// ```
 final class SubmissionQueue<Element: Sendable>: Sendable {
-    private final class Node: AtomicReference, @unchecked Sendable {
+    fileprivate final class Node: AtomicReference, @unchecked Sendable {
         // Unchecked: `next` is written by the pushing thread before the node is published (the
-        // compare-and-swap releases it) and read by the consumer after it took the list (the
-        // exchange acquires it); nobody writes it afterwards.
+        // compare-and-swap releases it), then only by the consumer, after it took the list (the
+        // exchange acquires it) and owns it.
         let element: Element
         var next: Node?
 
@@ -39,13 +42,25 @@ final class SubmissionQueue<Element: Sendable>: Sendable {
     }
 
     /// Takes every element pushed so far, oldest first.
-    func takeAll() -> [Element] {
+    func takeAll() -> Batch {
         var node = self.head.exchange(nil, ordering: .acquiring)
-        var elements: [Element] = []
+        var oldest: Node?
         while let current = node {
-            elements.append(current.element)
             node = current.next
+            current.next = oldest
+            oldest = current
         }
-        return elements.reversed()
+        return Batch(node: oldest)
+    }
+
+    /// The elements ``takeAll()`` took, oldest first; each node is freed as the walk passes it.
+    struct Batch: Sequence, IteratorProtocol {
+        fileprivate var node: Node?
+
+        mutating func next() -> Element? {
+            guard let node = self.node else { return nil }
+            self.node = node.next
+            return node.element
+        }
     }
 }

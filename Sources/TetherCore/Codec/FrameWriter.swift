@@ -4,9 +4,11 @@ public import NIOCore
 /// and the frames encoded since the last write, owned as a value by the connection's handler.
 ///
 /// With ``Framing/byteStream``, the frames written between two flushes are joined into one
-/// buffer (one allocation and one `iovec` per flush, not per frame); a buffer that grows past
-/// ``maxJoinedBytes`` is handed out at once, so that the channel's writability follows what was
-/// written. With ``Framing/messages``, each frame is a buffer of its own, with
+/// buffer (one `iovec` per flush, not per frame); a buffer that grows past ``maxJoinedBytes`` is
+/// handed out at once, so that the channel's writability follows what was written. The buffer's
+/// storage is kept from one batch to the next: once the channel has written a batch (it holds
+/// the storage no longer), the next is encoded into the same memory, without an allocation.
+/// ``releaseStorage()`` lets it go while the connection is idle. With ``Framing/messages``, each frame is a buffer of its own, with
 /// ``messageHeadroom`` bytes free in front of it: there a WebSocket encoder writes its own
 /// header (and masks in place), rather than allocating a header buffer and a second `iovec`
 /// per message.
@@ -27,9 +29,13 @@ public struct FrameWriter: Sendable {
     public let framing: Framing
     private let encoder = FrameEncoder()
     private var allocator: ByteBufferAllocator
-    /// Frames encoded since the last ``take()``. Empty and without storage between batches, so
-    /// that an idle connection holds no buffer.
+    /// Frames encoded since the last ``take()``; between batches, empty, with the storage of the
+    /// last batch (until ``releaseStorage()``).
     private var joined = ByteBuffer()
+
+    /// The largest storage kept from one batch to the next: a bigger one (a large frame went
+    /// through) is let go when its bytes are taken.
+    public static let maxKeptCapacity = 4096
 
     /// - Parameters:
     ///   - framing: How the transport takes frames.
@@ -57,8 +63,14 @@ public struct FrameWriter: Sendable {
             return buffer
         case .byteStream:
             if self.joined.readableBytes == 0 {
-                // A new batch: a buffer of its own, big enough for a few small frames.
-                self.joined = self.allocator.buffer(capacity: 512)
+                if self.joined.capacity == 0 {
+                    // A new batch and no storage kept: big enough for a few small frames.
+                    self.joined = self.allocator.buffer(capacity: 512)
+                } else {
+                    // The last batch's storage: reused as it is once the channel wrote it; a
+                    // copy is made only while a write still holds it.
+                    self.joined.clear()
+                }
             }
             try self.encoder.encode(frame, into: &self.joined, deflater: deflater)
             return self.joined.readableBytes >= Self.maxJoinedBytes ? self.take() : nil
@@ -68,7 +80,20 @@ public struct FrameWriter: Sendable {
     /// The frames encoded since the last call, to write before a flush or a close.
     public mutating func take() -> ByteBuffer? {
         guard self.joined.readableBytes > 0 else { return nil }
-        defer { self.joined = ByteBuffer() }
-        return self.joined
+        let bytes = self.joined
+        if self.joined.capacity > Self.maxKeptCapacity {
+            self.joined = ByteBuffer()
+        } else {
+            // Empty, the storage kept for the next batch.
+            self.joined.moveReaderIndex(to: self.joined.writerIndex)
+        }
+        return bytes
+    }
+
+    /// Lets go of the storage kept between batches (the connection is idle), unless frames
+    /// wait to be taken.
+    public mutating func releaseStorage() {
+        guard self.joined.readableBytes == 0 else { return }
+        self.joined = ByteBuffer()
     }
 }

@@ -112,7 +112,7 @@ package struct GatewayRequestTable: Sendable {
     }
 
     private mutating func enter(_ request: Frame.Request, deadline: TetherInstant, place: Place) {
-        self.methods[request.id] = (request.method, place)
+        self.methods.updateValue((request.method, place), forKey: request.id)
         self.deadlines.insert(request.id, deadline: deadline)
     }
 
@@ -134,19 +134,22 @@ package struct GatewayRequestTable: Sendable {
 
     /// A routed request needs a task for its handler.
     package mutating func handlerNeeded(_ request: Frame.Request, now: TetherInstant) -> OnHandlerNeeded {
+        let starts = self.running < self.limits.maxRunning
+        let place: Place = starts ? .running : .waiting
+        // Set with updateValue, not through the subscript's modify accessor, whose coroutine
+        // frame is allocated on the heap when it is not inlined.
         if let entry = self.methods[request.id] {
             if entry.place == .paced { self.waitingCount -= 1 }  // released by its token
+            self.methods.updateValue((entry.method, place), forKey: request.id)
         } else {
-            self.enter(request, deadline: now + (request.timeout ?? self.limits.handlerTimeout), place: .running)
+            self.enter(request, deadline: now + (request.timeout ?? self.limits.handlerTimeout), place: place)
         }
-        if self.running < self.limits.maxRunning {
+        if starts {
             self.running += 1
-            self.methods[request.id]?.place = .running
             return .start
         }
         if self.waiting == nil { self.waiting = CircularBuffer(initialCapacity: 4) }
         self.waiting!.append(request)
-        self.methods[request.id]?.place = .waiting
         self.waitingCount += 1
         return .queued
     }

@@ -15,6 +15,12 @@ struct ConnectionHandle: Sendable {
         self.handler.execute(body)
     }
 
+    /// The handler, for a caller that runs on its event loop; `nil` elsewhere (then use
+    /// ``execute(_:)``). Calling it directly makes no closure.
+    var onItsLoop: GatewayConnectionHandler? {
+        self.handler.eventLoop.inEventLoop ? self.handler.value : nil
+    }
+
     /// Runs `body` on the event loop and returns its value, without a hop from a task already
     /// on the connection's loop; `nil` if the loop no longer runs.
     func onLoop<T: Sendable>(_ body: @escaping @Sendable (GatewayConnectionHandler) -> T) async -> T? {

@@ -131,9 +131,9 @@ extension GatewayConnectionHandler {
     func spawn(immediately: Bool = false, _ body: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
         #if compiler(>=6.2)
             if immediately, #available(macOS 26.0, iOS 26.0, tvOS 26.0, watchOS 26.0, *) {
-                return Task.immediate(executorPreference: self.executor) { await body() }
+                return Task.immediate(executorPreference: self.executor, operation: body)
             }
         #endif
-        return Task(executorPreference: self.executor) { await body() }
+        return Task(executorPreference: self.executor, operation: body)
     }
 }

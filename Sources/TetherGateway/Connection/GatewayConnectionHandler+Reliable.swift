@@ -16,7 +16,8 @@ extension GatewayConnectionHandler {
             connection: scope.connection,
             clock: self.services.clock,
             executor: self.executor,
-            logger: self.logger,
+            baseLogger: self.baseLogger,
+            connectionID: self.id,
             handle: self.handle,
             timeLimit: token,
             tracer: self.services.tracer

@@ -74,7 +74,11 @@ extension GatewayConnectionHandler {
         self.starting = id
         let task = self.spawn(immediately: self.executor != nil) {
             let response = await services.run(request, handler: handler, scope: scope, deadline: deadline)
-            handle.execute { $0.handlerFinished(id, response: response) }
+            if let handler = handle.onItsLoop {
+                handler.handlerFinished(id, response: response)
+            } else {
+                handle.execute { $0.handlerFinished(id, response: response) }
+            }
         }
         self.starting = nil
         // A handler that answered before it suspended is done already.

@@ -344,7 +344,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     }
 
     func handleScheduledCallback(eventLoop: some EventLoop) {
-        self.io.timer.fired()
+        self.io.timerFired()
         let now = self.services.clock.now
         let due = self.machine.timerFired(now: now)
         for token in due.cancelTimeLimited { self.limitedTasks[token]?.cancel() }

@@ -26,6 +26,7 @@ public final class MessageContext {
     /// The connection the message came on.
     public let connection: ConnectionInfo
     private let base: Logger
+    private let connectionID: UInt64
     private let messageID: UInt64
     private let conversation: String
     private let pushes: Pusher
@@ -37,14 +38,16 @@ public final class MessageContext {
     /// (`StreamLogHandler` renders all of it again on every change).
     public var logger: Logger {
         var logger = self.base
+        logger[metadataKey: "tether.connection"] = "\(self.connectionID)"
         logger[metadataKey: "tether.message"] = "\(self.messageID)"
         logger[metadataKey: "tether.conversation"] = "\(self.conversation)"
         return logger
     }
 
-    init(connection: ConnectionInfo, base: Logger, message: Frame.Message, pushes: Pusher) {
+    init(connection: ConnectionInfo, base: Logger, connectionID: UInt64, message: Frame.Message, pushes: Pusher) {
         self.connection = connection
         self.base = base
+        self.connectionID = connectionID
         self.messageID = message.id
         self.conversation = message.conversation
         self.pushes = pushes

@@ -20,12 +20,22 @@ struct LaneDriver: Sendable {
     let connection: ConnectionInfo
     let clock: any TetherClock
     let executor: (any TaskExecutor)?
-    let logger: Logger
+    /// The gateway's logger; ``logger`` adds the connection's id when something is logged (a
+    /// batch makes no copy of it otherwise).
+    let baseLogger: Logger
+    let connectionID: UInt64
     let handle: ConnectionHandle
     /// The connection's time-limit token for this batch's handlers.
     let timeLimit: UInt64
     /// Where message spans go; `nil`: no tracing.
     let tracer: (any Tracer)?
+
+    /// The logger of the batch's connection.
+    var logger: Logger {
+        var logger = self.baseLogger
+        logger[metadataKey: "tether.connection"] = "\(self.connectionID)"
+        return logger
+    }
 
     /// Processes `batch` in order.
     /// - Parameter answers: Whether the client takes `unavailable` answers.
@@ -136,7 +146,13 @@ struct LaneDriver: Sendable {
         _ handler: @escaping Gateway.MessageHandler,
         _ message: Frame.Message
     ) async -> ReliableLaneMachine.HandlerOutcome {
-        let context = MessageContext(connection: self.connection, base: self.logger, message: message, pushes: self.pushes)
+        let context = MessageContext(
+            connection: self.connection,
+            base: self.baseLogger,
+            connectionID: self.connectionID,
+            message: message,
+            pushes: self.pushes
+        )
         let reliableMessage = ReliableMessage(
             id: message.id,
             topic: message.topic,

@@ -20,6 +20,11 @@ final class PushBatcher: @unchecked Sendable {
 
     private let loop: any EventLoop
     private var queued: [(recipients: ConnectionRegistry.LoopRecipients, push: EncodedPush)] = []
+    /// The array ``drain()`` works through, kept (empty) between drains so that neither queue
+    /// allocates once it has grown.
+    private var draining: [(recipients: ConnectionRegistry.LoopRecipients, push: EncodedPush)] = []
+    /// The connections a drain flushes, kept between drains likewise.
+    private var flushes: [GatewayConnectionHandler] = []
     private var drainScheduled = false
     private static let allocator = ByteBufferAllocator()
 
@@ -45,8 +50,18 @@ final class PushBatcher: @unchecked Sendable {
         guard !self.queued.isEmpty else { return }
         // Taken out first: a connection that a write closes may call back into `drain()`.
         var queued: [(recipients: ConnectionRegistry.LoopRecipients, push: EncodedPush)] = []
+        swap(&queued, &self.draining)
         swap(&queued, &self.queued)
         var flushes: [GatewayConnectionHandler] = []
+        swap(&flushes, &self.flushes)
+        defer {
+            // Kept for the next drain, unless a drain called from a write meanwhile kept its own.
+            // (A burst's arrays are let go rather than kept.)
+            queued.removeAll(keepingCapacity: queued.capacity <= 1024)
+            flushes.removeAll(keepingCapacity: flushes.capacity <= 1024)
+            if self.draining.capacity == 0 { swap(&queued, &self.draining) }
+            if self.flushes.capacity == 0 { swap(&flushes, &self.flushes) }
+        }
         var start = queued.startIndex
         while start < queued.endIndex {
             let recipients = queued[start].recipients

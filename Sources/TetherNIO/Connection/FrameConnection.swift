@@ -219,6 +219,14 @@ package final class FrameConnection {
         return true
     }
 
+    /// The connection's timer fired: ``ConnectionTimer/fired()``, and the write buffer kept
+    /// between batches is let go if nothing waits in it (a connection the timer finds idle
+    /// holds no buffer; a busy one allocates it again at most once per timer).
+    package func timerFired() {
+        self.timer.fired()
+        if !self.flushOwed { self.writer.releaseStorage() }
+    }
+
     // MARK: Closing
 
     /// Writes a last frame, flushes, and closes the channel once it is written. The caller's

@@ -107,6 +107,43 @@ struct FrameReaderWriterTests {
         #expect(writer.isEmpty, "taken once")
     }
 
+    @Test("a batch reuses the last batch's storage once its bytes were let go, and never writes over bytes still held")
+    func writerReusesStorage() throws {
+        func address(_ buffer: ByteBuffer) -> UnsafeRawPointer? {
+            buffer.withVeryUnsafeBytes { UnsafeRawPointer($0.baseAddress) }
+        }
+        var writer = FrameWriter(framing: .byteStream)
+        _ = try writer.append(frames[0])
+        var first: ByteBuffer? = writer.take()
+        let firstAddress = address(first!)
+        // Still held (a write in progress): the next batch goes elsewhere, the first is intact.
+        _ = try writer.append(frames[1])
+        let second = writer.take()!
+        #expect(address(second) != firstAddress)
+        #expect(first == (try encoded([frames[0]])))
+        #expect(second == (try encoded([frames[1]])))
+        first = nil
+        // Let go of (written): the next batch but one is encoded into the same memory.
+        let secondAddress = address(second)
+        _ = consume second
+        _ = try writer.append(frames[2])
+        let third = writer.take()!
+        #expect(address(third) == secondAddress)
+        #expect(third == (try encoded([frames[2]])))
+        _ = first
+    }
+
+    @Test("releaseStorage lets an idle writer's buffer go, and keeps frames that wait")
+    func writerReleasesStorage() throws {
+        var writer = FrameWriter(framing: .byteStream)
+        _ = try writer.append(frames[0])
+        writer.releaseStorage()
+        #expect(writer.take() == (try encoded([frames[0]])), "frames waiting are kept")
+        writer.releaseStorage()
+        _ = try writer.append(frames[1])
+        #expect(writer.take() == (try encoded([frames[1]])))
+    }
+
     @Test("a frame that cannot be encoded is refused; the frames joined around it are intact")
     func writerFailure() throws {
         var writer = FrameWriter(framing: .byteStream)

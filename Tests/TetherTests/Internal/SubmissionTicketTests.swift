@@ -9,7 +9,7 @@ struct SubmissionTicketTests {
 
     @Test("cancelled before the continuation is published: publishing fails, the caller ends at once")
     func cancelledFirst() async {
-        let ticket = SubmissionTicket()
+        let ticket = SubmissionTicket.make()
         guard case .beforePublished = ticket.cancel() else {
             Issue.record("nothing was published yet")
             return
@@ -29,7 +29,7 @@ struct SubmissionTicketTests {
 
     @Test("cancelled while waiting for the hop: the canceller owns the continuation, and the loop skips the request")
     func cancelledWaiting() async {
-        let ticket = SubmissionTicket()
+        let ticket = SubmissionTicket.make()
         let result: Result<ByteBuffer, any Error> = await withUnsafeContinuation { outer in
             Task {
                 do {
@@ -54,7 +54,7 @@ struct SubmissionTicketTests {
 
     @Test("taken by the loop first: a cancellation goes to the loop; a caller already on the loop takes it directly")
     func takenFirst() async {
-        let ticket = SubmissionTicket()
+        let ticket = SubmissionTicket.make()
         let body = await withUnsafeContinuation { (outer: UnsafeContinuation<String, Never>) in
             Task {
                 let body = try? await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<ByteBuffer, any Error>) in
@@ -71,7 +71,7 @@ struct SubmissionTicketTests {
             }
         }
         #expect(body == "answered by the loop")
-        let direct = SubmissionTicket()
+        let direct = SubmissionTicket.make()
         #expect(direct.takeDirectly())
         guard case .onTheLoop = direct.cancel() else {
             Issue.record("a request taken directly is cancelled on the loop")
