@@ -81,7 +81,7 @@ public struct FrameWriter: Sendable {
     public mutating func take() -> ByteBuffer? {
         guard self.joined.readableBytes > 0 else { return nil }
         let bytes = self.joined
-        if self.joined.capacity > 0 {  // SCRATCH: never keep the storage (a regression on purpose)
+        if self.joined.capacity > Self.maxKeptCapacity {
             self.joined = ByteBuffer()
         } else {
             // Empty, the storage kept for the next batch.
