@@ -6,9 +6,10 @@ public import NIOCore
 /// With ``Framing/byteStream``, the frames written between two flushes are joined into one
 /// buffer (one `iovec` per flush, not per frame); a buffer that grows past ``maxJoinedBytes`` is
 /// handed out at once, so that the channel's writability follows what was written. The buffer's
-/// storage is kept from one batch to the next: once the channel has written a batch (it holds
-/// the storage no longer), the next is encoded into the same memory, without an allocation.
-/// ``releaseStorage()`` lets it go while the connection is idle. With ``Framing/messages``, each frame is a buffer of its own, with
+/// storage is kept from one batch to the next, from the second batch on: once the channel has
+/// written a batch (it holds the storage no longer), the next is encoded into the same memory,
+/// without an allocation. A connection that wrote one batch (a handshake's answer) and went
+/// quiet keeps nothing; ``releaseStorage()`` lets it go when a busy one becomes idle. With ``Framing/messages``, each frame is a buffer of its own, with
 /// ``messageHeadroom`` bytes free in front of it: there a WebSocket encoder writes its own
 /// header (and masks in place), rather than allocating a header buffer and a second `iovec`
 /// per message.
@@ -32,6 +33,9 @@ public struct FrameWriter: Sendable {
     /// Frames encoded since the last ``take()``; between batches, empty, with the storage of the
     /// last batch (until ``releaseStorage()``).
     private var joined = ByteBuffer()
+
+    /// Batches taken since the storage was last let go (counted up to 2).
+    private var batchesTaken = 0
 
     /// The largest storage kept from one batch to the next: a bigger one (a large frame went
     /// through) is let go when its bytes are taken.
@@ -81,7 +85,8 @@ public struct FrameWriter: Sendable {
     public mutating func take() -> ByteBuffer? {
         guard self.joined.readableBytes > 0 else { return nil }
         let bytes = self.joined
-        if self.joined.capacity > Self.maxKeptCapacity {
+        self.batchesTaken = min(self.batchesTaken + 1, 2)
+        if self.batchesTaken < 2 || self.joined.capacity > Self.maxKeptCapacity {
             self.joined = ByteBuffer()
         } else {
             // Empty, the storage kept for the next batch.
@@ -90,10 +95,14 @@ public struct FrameWriter: Sendable {
         return bytes
     }
 
+    /// The capacity of the storage held between batches (0: none), for tests.
+    var keptCapacity: Int { self.joined.readableBytes == 0 ? self.joined.capacity : 0 }
+
     /// Lets go of the storage kept between batches (the connection is idle), unless frames
     /// wait to be taken.
     public mutating func releaseStorage() {
         guard self.joined.readableBytes == 0 else { return }
         self.joined = ByteBuffer()
+        self.batchesTaken = 0
     }
 }

@@ -31,6 +31,9 @@ package struct OutboxWindow: Sendable {
     package private(set) var inFlight: [UInt64: InFlight] = [:]
     /// How often each message was sent, kept while it is queued again after a timeout.
     private var transmissions: [UInt64: Int] = [:]
+    /// The last conversation queue that emptied, kept (with its storage) for the next
+    /// conversation that needs one: a message sent alone would otherwise allocate a queue.
+    private var spareQueue: ConversationQueue?
 
     package init(window: Int) {
         self.window = max(1, window)
@@ -57,15 +60,22 @@ package struct OutboxWindow: Sendable {
                 guard let filed = self.filed[entry.conversation], filed.lane == lane, filed.generation == entry.generation else {
                     continue  // stale: the conversation moved
                 }
-                guard let record = self.queues[entry.conversation]?.popFirst() else { continue }
-                self.filed[entry.conversation] = nil
-                if let head = self.queues[entry.conversation]?.first {
+                // Taken out and put back (updateValue, removeValue) rather than mutated through
+                // the subscript, whose modify accessor allocates its coroutine frame.
+                guard var queue = self.queues.removeValue(forKey: entry.conversation) else { continue }
+                guard let record = queue.popFirst() else {
+                    self.queues.updateValue(queue, forKey: entry.conversation)
+                    continue
+                }
+                self.filed.removeValue(forKey: entry.conversation)
+                if let head = queue.first {
+                    self.queues.updateValue(queue, forKey: entry.conversation)
                     self.file(entry.conversation, head: head)
-                } else {
-                    self.queues[entry.conversation] = nil
+                } else if queue.isSmall {
+                    self.spareQueue = queue
                 }
                 let sent = (self.transmissions.removeValue(forKey: record.id) ?? 0) + 1
-                self.inFlight[record.id] = InFlight(record: record, sentAt: now, transmissions: sent)
+                self.inFlight.updateValue(InFlight(record: record, sentAt: now, transmissions: sent), forKey: record.id)
                 return record
             }
         }
@@ -115,11 +125,17 @@ package struct OutboxWindow: Sendable {
     }
 
     private mutating func insert(_ record: OutboxRecord) {
-        var queue = self.queues.removeValue(forKey: record.conversation) ?? ConversationQueue()
+        var queue = self.queues.removeValue(forKey: record.conversation) ?? self.takeSpareQueue()
         let head = queue.first?.id
         queue.insert(record)
         if let first = queue.first, first.id != head { self.file(record.conversation, head: first) }
-        self.queues[record.conversation] = queue
+        self.queues.updateValue(queue, forKey: record.conversation)
+    }
+
+    private mutating func takeSpareQueue() -> ConversationQueue {
+        guard let spare = self.spareQueue else { return ConversationQueue() }
+        self.spareQueue = nil
+        return spare
     }
 
     /// Files a conversation in the lane of its first message (moving it if needed).
@@ -128,7 +144,7 @@ package struct OutboxWindow: Sendable {
         if let current = self.filed[conversation], current.lane == lane { return }
         let generation = self.nextGeneration
         self.nextGeneration += 1
-        self.filed[conversation] = (lane, generation)
+        self.filed.updateValue((lane, generation), forKey: conversation)
         self.lanes[lane].append((conversation, generation))
     }
 }
@@ -143,6 +159,8 @@ private struct ConversationQueue {
     private var fresh = CircularBuffer<OutboxRecord>()
 
     var first: OutboxRecord? { self.retries.first ?? self.fresh.first }
+    /// Whether its storage is small enough to keep for another conversation.
+    var isSmall: Bool { self.fresh.capacity <= 64 && self.retries.capacity <= 16 }
     var count: Int { self.retries.count + self.fresh.count }
 
     mutating func popFirst() -> OutboxRecord? {

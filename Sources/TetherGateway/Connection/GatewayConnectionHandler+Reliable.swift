@@ -26,7 +26,11 @@ extension GatewayConnectionHandler {
         let size = (messages: batch.count, since: batch.first?.receivedAt ?? self.services.clock.now)
         self.limitedTasks[token] = self.spawn {
             let done = await driver.process(batch, answers: answers)
-            driver.handle.execute { $0.batchFinished(done, timeLimit: token, size: size) }
+            if let handler = driver.handle.onItsLoop {
+                handler.batchFinished(done, timeLimit: token, size: size)
+            } else {
+                driver.handle.execute { $0.batchFinished(done, timeLimit: token, size: size) }
+            }
         }
     }
 
@@ -127,7 +131,11 @@ extension GatewayConnectionHandler {
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.store.deliveries(for: recipient, after: fetch.after, limit: fetch.limit) }
-                handle.execute { $0.fetched(result, limit: fetch.limit) }
+                if let handler = handle.onItsLoop {
+                    handler.fetched(result, limit: fetch.limit)
+                } else {
+                    handle.execute { $0.fetched(result, limit: fetch.limit) }
+                }
             }
         }
         if actions.newlyAcknowledged > 0 { self.services.metrics.deliveriesAcknowledged.increment(by: actions.newlyAcknowledged) }
@@ -135,7 +143,11 @@ extension GatewayConnectionHandler {
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.writer.commit(StoreWrite(acknowledgements: [recipient: upTo])) }
-                handle.execute { $0.recorded(result) }
+                if let handler = handle.onItsLoop {
+                    handler.recorded(result)
+                } else {
+                    handle.execute { $0.recorded(result) }
+                }
             }
         }
     }

@@ -161,7 +161,13 @@ struct LaneDriver: Sendable {
             body: message.body
         )
         let token = self.timeLimit
-        await self.handle.onLoop { $0.armTimeLimit(token) }
+        // On the connection's loop (the default execution) the handler is called directly: no
+        // closure is made.
+        if let handler = self.handle.onItsLoop {
+            handler.armTimeLimit(token)
+        } else {
+            await self.handle.onLoop { $0.armTimeLimit(token) }
+        }
         let outcome: Result<Void, any Error>
         do {
             try await handler(reliableMessage, context)
@@ -169,7 +175,12 @@ struct LaneDriver: Sendable {
         } catch {
             outcome = .failure(error)
         }
-        let timedOut = await self.handle.onLoop { $0.disarmTimeLimit(token) } ?? true
+        let timedOut: Bool
+        if let handler = self.handle.onItsLoop {
+            timedOut = handler.disarmTimeLimit(token)
+        } else {
+            timedOut = await self.handle.onLoop { $0.disarmTimeLimit(token) } ?? true
+        }
         if timedOut {
             context.logger.error("message handler ran past the handler time limit; the client will send the message again")
             return .transient

@@ -45,6 +45,7 @@ final class StoreQuotas: Sendable {
     /// What a batch of `sender`'s messages may add to the store.
     func allowances(for sender: String, now: TetherInstant) -> [ReliableLaneMachine.Allowance] {
         var allowances: [ReliableLaneMachine.Allowance] = []
+        allowances.reserveCapacity(2)
         let limits = self.limits
         if let usage = self.storeUsage {
             allowances.append(

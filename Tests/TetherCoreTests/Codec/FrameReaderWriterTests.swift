@@ -107,7 +107,9 @@ struct FrameReaderWriterTests {
         #expect(writer.isEmpty, "taken once")
     }
 
-    @Test("a batch reuses the last batch's storage once its bytes were let go, and never writes over bytes still held")
+    @Test(
+        "from the second batch on, a batch reuses the last one's storage once its bytes were let go, and never writes over bytes still held"
+    )
     func writerReusesStorage() throws {
         func address(_ buffer: ByteBuffer) -> UnsafeRawPointer? {
             buffer.withVeryUnsafeBytes { UnsafeRawPointer($0.baseAddress) }
@@ -123,7 +125,8 @@ struct FrameReaderWriterTests {
         #expect(first == (try encoded([frames[0]])))
         #expect(second == (try encoded([frames[1]])))
         first = nil
-        // Let go of (written): the next batch but one is encoded into the same memory.
+        // Let go of (written): the third batch is encoded into the second's memory (the first
+        // batch's storage is not kept: a connection that wrote once and went quiet holds none).
         let secondAddress = address(second)
         _ = consume second
         _ = try writer.append(frames[2])
@@ -133,15 +136,23 @@ struct FrameReaderWriterTests {
         _ = first
     }
 
-    @Test("releaseStorage lets an idle writer's buffer go, and keeps frames that wait")
+    @Test("the first batch's storage is not kept; from the second on it is, until releaseStorage, which keeps frames that wait")
     func writerReleasesStorage() throws {
         var writer = FrameWriter(framing: .byteStream)
         _ = try writer.append(frames[0])
-        writer.releaseStorage()
-        #expect(writer.take() == (try encoded([frames[0]])), "frames waiting are kept")
-        writer.releaseStorage()
+        #expect(writer.take() == (try encoded([frames[0]])))
+        #expect(writer.keptCapacity == 0, "a connection that wrote once and went quiet holds nothing")
         _ = try writer.append(frames[1])
         #expect(writer.take() == (try encoded([frames[1]])))
+        #expect(writer.keptCapacity > 0, "kept from the second batch on")
+        _ = try writer.append(frames[2])
+        writer.releaseStorage()
+        #expect(writer.take() == (try encoded([frames[2]])), "frames waiting are kept")
+        writer.releaseStorage()
+        #expect(writer.keptCapacity == 0)
+        _ = try writer.append(frames[1])
+        _ = writer.take()
+        #expect(writer.keptCapacity == 0, "counted again from the release")
     }
 
     @Test("a frame that cannot be encoded is refused; the frames joined around it are intact")
