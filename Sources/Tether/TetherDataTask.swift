@@ -58,11 +58,70 @@ public final class TetherDataTask: Sendable {
     private static let running: UInt8 = 1
     private static let canceled: UInt8 = 2
     private static let completed: UInt8 = 3
-    private let phase = ManagedAtomic<UInt8>(TetherDataTask.suspended)
-    private let completion: ManagedAtomic<Completion?>
-    private let handle = ManagedAtomic<HandleBox?>(nil)
-    /// ``cancel()`` was called while running: a handle installed later is cancelled at once.
-    private let cancelRequested = ManagedAtomic(false)
+
+    /// The task's four atomics in one allocation (four `ManagedAtomic`s are four objects):
+    /// the phase; the completion handler, until it is taken; where the request is (to cancel
+    /// it); and whether ``cancel()`` was called while running (a handle installed later is
+    /// cancelled at once).
+    private struct Atomics: @unchecked Sendable {
+        // Unchecked: every access to the cells goes through an atomic operation.
+        struct Cells {
+            var phase: UnsafeAtomic<UInt8>.Storage
+            var cancelRequested: UnsafeAtomic<Bool>.Storage
+            var completion: UnsafeAtomic<Completion?>.Storage
+            var handle: UnsafeAtomic<HandleBox?>.Storage
+        }
+
+        final class Buffer: ManagedBuffer<Cells, Void> {
+            deinit {
+                // The references the cells hold are released here, as a ManagedAtomic's deinit does.
+                self.withUnsafeMutablePointerToHeader { cells in
+                    _ = cells.pointee.completion.dispose()
+                    _ = cells.pointee.handle.dispose()
+                }
+            }
+        }
+
+        private let buffer: Buffer
+
+        init(completion: Completion) {
+            let buffer = Buffer.create(minimumCapacity: 0) { _ in
+                Cells(
+                    phase: .init(TetherDataTask.suspended),
+                    cancelRequested: .init(false),
+                    completion: .init(completion),
+                    handle: .init(nil)
+                )
+            }
+            self.buffer = unsafeDowncast(buffer, to: Buffer.self)
+        }
+
+        func phase<T>(_ body: (UnsafeAtomic<UInt8>) -> T) -> T {
+            self.buffer.withUnsafeMutablePointerToHeader { cells in
+                withUnsafeMutablePointer(to: &cells.pointee.phase) { body(UnsafeAtomic(at: $0)) }
+            }
+        }
+
+        func cancelRequested<T>(_ body: (UnsafeAtomic<Bool>) -> T) -> T {
+            self.buffer.withUnsafeMutablePointerToHeader { cells in
+                withUnsafeMutablePointer(to: &cells.pointee.cancelRequested) { body(UnsafeAtomic(at: $0)) }
+            }
+        }
+
+        func completion<T>(_ body: (UnsafeAtomic<Completion?>) -> T) -> T {
+            self.buffer.withUnsafeMutablePointerToHeader { cells in
+                withUnsafeMutablePointer(to: &cells.pointee.completion) { body(UnsafeAtomic(at: $0)) }
+            }
+        }
+
+        func handle<T>(_ body: (UnsafeAtomic<HandleBox?>) -> T) -> T {
+            self.buffer.withUnsafeMutablePointerToHeader { cells in
+                withUnsafeMutablePointer(to: &cells.pointee.handle) { body(UnsafeAtomic(at: $0)) }
+            }
+        }
+    }
+
+    private let atomics: Atomics
     private let client: TetherClient
     private let method: String
     private let body: ByteBuffer
@@ -79,12 +138,12 @@ public final class TetherDataTask: Sendable {
         self.method = method
         self.body = body
         self.timeout = timeout
-        self.completion = ManagedAtomic(Completion(completion))
+        self.atomics = Atomics(completion: Completion(completion))
     }
 
     /// The task's current state.
     public var state: State {
-        switch self.phase.load(ordering: .acquiring) {
+        switch self.atomics.phase({ $0.load(ordering: .acquiring) }) {
         case Self.suspended: .suspended
         case Self.running: .running
         case Self.canceled: .canceled
@@ -94,7 +153,10 @@ public final class TetherDataTask: Sendable {
 
     /// Starts the request. Has no effect unless the task is suspended.
     public func resume() {
-        guard self.phase.compareExchange(expected: Self.suspended, desired: Self.running, ordering: .acquiringAndReleasing).exchanged
+        guard
+            self.atomics.phase({
+                $0.compareExchange(expected: Self.suspended, desired: Self.running, ordering: .acquiringAndReleasing).exchanged
+            })
         else { return }
         let call: TetherClient.PreparedRequest
         do {
@@ -130,7 +192,7 @@ public final class TetherDataTask: Sendable {
         // A `cancel()` that ran between `install` and `execute` may have found the request
         // nowhere yet: cancel it again, now that the connection has it (a second cancellation
         // of the same request does nothing).
-        if self.cancelRequested.load(ordering: .sequentiallyConsistent) {
+        if self.atomics.cancelRequested({ $0.load(ordering: .sequentiallyConsistent) }) {
             connection.cancel(call.id)
         }
     }
@@ -152,21 +214,23 @@ public final class TetherDataTask: Sendable {
     /// Records where the request is; `false` if ``cancel()`` was called meanwhile. With
     /// ``cancel()``'s store and load in the opposite order, one of the two sees the other.
     private func install(_ handle: Handle) -> Bool {
-        self.handle.store(HandleBox(handle), ordering: .sequentiallyConsistent)
-        return !self.cancelRequested.load(ordering: .sequentiallyConsistent)
+        self.atomics.handle { $0.store(HandleBox(handle), ordering: .sequentiallyConsistent) }
+        return !self.atomics.cancelRequested { $0.load(ordering: .sequentiallyConsistent) }
     }
 
     /// Cancels the request. A suspended task completes at once with ``TetherError/Code/cancelled``;
     /// a running one is cancelled locally and on the gateway. No effect once completed.
     public func cancel() {
-        if self.phase.compareExchange(expected: Self.suspended, desired: Self.canceled, ordering: .acquiringAndReleasing).exchanged {
-            let completion = self.completion.exchange(nil, ordering: .acquiringAndReleasing)
+        if self.atomics.phase({
+            $0.compareExchange(expected: Self.suspended, desired: Self.canceled, ordering: .acquiringAndReleasing).exchanged
+        }) {
+            let completion = self.atomics.completion { $0.exchange(nil, ordering: .acquiringAndReleasing) }
             completion?.call(.failure(TetherError(code: .cancelled, message: "the data task was cancelled before it started")))
             return
         }
-        guard self.phase.load(ordering: .acquiring) == Self.running else { return }
-        self.cancelRequested.store(true, ordering: .sequentiallyConsistent)
-        switch self.handle.load(ordering: .sequentiallyConsistent)?.handle {
+        guard self.atomics.phase({ $0.load(ordering: .acquiring) }) == Self.running else { return }
+        self.atomics.cancelRequested { $0.store(true, ordering: .sequentiallyConsistent) }
+        switch self.atomics.handle({ $0.load(ordering: .sequentiallyConsistent) })?.handle {
         case .direct(let connection, let id): connection.cancel(id)
         case .task(let task): task.cancel()
         case nil: break  // `resume` is installing it and will see the request
@@ -180,13 +244,13 @@ public final class TetherDataTask: Sendable {
     /// Completes the task once (a later call does nothing); a request that was sent (`call`) is
     /// counted in the client's statistics and metrics, as ``TetherClient/request(_:body:timeout:)`` counts its own.
     private func finish(with result: Result<ByteBuffer, TetherError>, call: TetherClient.PreparedRequest? = nil) {
-        guard let completion = self.completion.exchange(nil, ordering: .acquiringAndReleasing) else { return }
+        guard let completion = self.atomics.completion({ $0.exchange(nil, ordering: .acquiringAndReleasing) }) else { return }
         if case .failure(let error) = result, error.code == .cancelled {
-            self.phase.store(Self.canceled, ordering: .releasing)
+            self.atomics.phase { $0.store(Self.canceled, ordering: .releasing) }
         } else {
-            self.phase.store(Self.completed, ordering: .releasing)
+            self.atomics.phase { $0.store(Self.completed, ordering: .releasing) }
         }
-        self.handle.store(nil, ordering: .releasing)
+        self.atomics.handle { $0.store(nil, ordering: .releasing) }
         if let call {
             let error: TetherError?
             if case .failure(let failure) = result { error = failure } else { error = nil }

@@ -113,29 +113,19 @@ let benchmarks: @Sendable () -> Void = {
         peers.clear()
     }
 
-    Benchmark(
-        "Request.taskHandler",
-        closure: { benchmark in
-            let alice = peers.current.alice
-            for _ in benchmark.scaledIterations {
-                blackHole(try await alice.request("echo", body: body))
-            }
-        },
-        setup: setup,
-        teardown: teardown
-    )
-
-    Benchmark(
-        "Request.inlineHandler",
-        closure: { benchmark in
-            let alice = peers.current.alice
-            for _ in benchmark.scaledIterations {
-                blackHole(try await alice.request("echo.inline", body: body))
-            }
-        },
-        setup: setup,
-        teardown: teardown
-    )
+    for (name, method) in [("Request.taskHandler", "echo"), ("Request.inlineHandler", "echo.inline")] {
+        Benchmark(
+            name,
+            closure: { benchmark in
+                let alice = peers.current.alice
+                for _ in benchmark.scaledIterations {
+                    blackHole(try await alice.request(method, body: body))
+                }
+            },
+            setup: setup,
+            teardown: teardown
+        )
+    }
 
     Benchmark(
         "Request.callbackAPI",
