@@ -9,7 +9,9 @@ public import NIOCore
 /// storage is kept from one batch to the next, from the second batch on: once the channel has
 /// written a batch (it holds the storage no longer), the next is encoded into the same memory,
 /// without an allocation. A connection that wrote one batch (a handshake's answer) and went
-/// quiet keeps nothing; ``releaseStorage()`` lets it go when a busy one becomes idle. With ``Framing/messages``, each frame is a buffer of its own, with
+/// quiet keeps nothing; ``releaseStorage()`` lets it go when a busy one becomes idle.
+///
+/// With ``Framing/messages``, each frame is a buffer of its own, with
 /// ``messageHeadroom`` bytes free in front of it: there a WebSocket encoder writes its own
 /// header (and masks in place), rather than allocating a header buffer and a second `iovec`
 /// per message.

@@ -15,10 +15,23 @@ struct ConnectionHandle: Sendable {
         self.handler.execute(body)
     }
 
-    /// The handler, for a caller that runs on its event loop; `nil` elsewhere (then use
-    /// ``execute(_:)``). Calling it directly makes no closure.
-    var onItsLoop: GatewayConnectionHandler? {
-        self.handler.eventLoop.inEventLoop ? self.handler.value : nil
+    /// Runs `body` with the handler and `argument` on its event loop: at once for a caller
+    /// already there, making no closure if `body` captures nothing (what it needs comes in
+    /// `argument`); else queued on the loop.
+    ///
+    /// ```swift
+    /// handle.execute(passing: (id, response)) { $0.handlerFinished($1.0, response: $1.1) }
+    /// ```
+    func execute<Argument: Sendable>(
+        passing argument: Argument,
+        _ body: @escaping @Sendable (GatewayConnectionHandler, Argument) -> Void
+    ) {
+        if self.handler.eventLoop.inEventLoop {
+            body(self.handler.value, argument)
+        } else {
+            let handler = self.handler
+            self.handler.eventLoop.execute { body(handler.value, argument) }
+        }
     }
 
     /// Runs `body` on the event loop and returns its value, without a hop from a task already
@@ -27,5 +40,16 @@ struct ConnectionHandle: Sendable {
         if self.handler.eventLoop.inEventLoop { return body(self.handler.value) }
         let handler = self.handler
         return try? await self.handler.eventLoop.submit { body(handler.value) }.get()
+    }
+
+    /// ``onLoop(_:)`` with `argument` passed to `body`: a `body` that captures nothing makes no
+    /// closure when the caller already runs on the loop.
+    func onLoop<Argument: Sendable, T: Sendable>(
+        passing argument: Argument,
+        _ body: @escaping @Sendable (GatewayConnectionHandler, Argument) -> T
+    ) async -> T? {
+        if self.handler.eventLoop.inEventLoop { return body(self.handler.value, argument) }
+        let handler = self.handler
+        return try? await self.handler.eventLoop.submit { body(handler.value, argument) }.get()
     }
 }

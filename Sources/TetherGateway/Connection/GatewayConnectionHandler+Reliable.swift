@@ -26,11 +26,7 @@ extension GatewayConnectionHandler {
         let size = (messages: batch.count, since: batch.first?.receivedAt ?? self.services.clock.now)
         self.limitedTasks[token] = self.spawn {
             let done = await driver.process(batch, answers: answers)
-            if let handler = driver.handle.onItsLoop {
-                handler.batchFinished(done, timeLimit: token, size: size)
-            } else {
-                driver.handle.execute { $0.batchFinished(done, timeLimit: token, size: size) }
-            }
+            driver.handle.execute(passing: (done, token, size)) { $0.batchFinished($1.0, timeLimit: $1.1, size: $1.2) }
         }
     }
 
@@ -131,11 +127,7 @@ extension GatewayConnectionHandler {
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.store.deliveries(for: recipient, after: fetch.after, limit: fetch.limit) }
-                if let handler = handle.onItsLoop {
-                    handler.fetched(result, limit: fetch.limit)
-                } else {
-                    handle.execute { $0.fetched(result, limit: fetch.limit) }
-                }
+                handle.execute(passing: (result, fetch.limit)) { $0.fetched($1.0, limit: $1.1) }
             }
         }
         if actions.newlyAcknowledged > 0 { self.services.metrics.deliveriesAcknowledged.increment(by: actions.newlyAcknowledged) }
@@ -143,11 +135,7 @@ extension GatewayConnectionHandler {
             self.machine.taskStarted()
             self.spawn {
                 let result = await Result { try await reliable.writer.commit(StoreWrite(acknowledgements: [recipient: upTo])) }
-                if let handler = handle.onItsLoop {
-                    handler.recorded(result)
-                } else {
-                    handle.execute { $0.recorded(result) }
-                }
+                handle.execute(passing: result) { $0.recorded($1) }
             }
         }
     }

@@ -74,11 +74,7 @@ extension GatewayConnectionHandler {
         self.starting = id
         let task = self.spawn(immediately: self.executor != nil) {
             let response = await services.run(request, handler: handler, scope: scope, deadline: deadline)
-            if let handler = handle.onItsLoop {
-                handler.handlerFinished(id, response: response)
-            } else {
-                handle.execute { $0.handlerFinished(id, response: response) }
-            }
+            handle.execute(passing: (id, response)) { $0.handlerFinished($1.0, response: $1.1) }
         }
         self.starting = nil
         // A handler that answered before it suspended is done already.

@@ -161,13 +161,7 @@ struct LaneDriver: Sendable {
             body: message.body
         )
         let token = self.timeLimit
-        // On the connection's loop (the default execution) the handler is called directly: no
-        // closure is made.
-        if let handler = self.handle.onItsLoop {
-            handler.armTimeLimit(token)
-        } else {
-            await self.handle.onLoop { $0.armTimeLimit(token) }
-        }
+        await self.handle.onLoop(passing: token) { $0.armTimeLimit($1) }
         let outcome: Result<Void, any Error>
         do {
             try await handler(reliableMessage, context)
@@ -175,12 +169,7 @@ struct LaneDriver: Sendable {
         } catch {
             outcome = .failure(error)
         }
-        let timedOut: Bool
-        if let handler = self.handle.onItsLoop {
-            timedOut = handler.disarmTimeLimit(token)
-        } else {
-            timedOut = await self.handle.onLoop { $0.disarmTimeLimit(token) } ?? true
-        }
+        let timedOut = await self.handle.onLoop(passing: token) { $0.disarmTimeLimit($1) } ?? true
         if timedOut {
             context.logger.error("message handler ran past the handler time limit; the client will send the message again")
             return .transient

@@ -19,11 +19,10 @@ struct EncodedPush: Sendable {
     init(_ push: Frame.Push, allocator: ByteBufferAllocator) throws(FrameEncodingError) {
         let encoder = FrameEncoder()
         self.pushes = [push]
-        // Both encodings in one buffer (one allocation), each a slice of it.
-        let frame = Frame(.push(push))
-        // Each: the header, the topic and its length, the body, and at most a 4-byte checksum.
+        // Both encodings in one buffer (one allocation), each a slice of it. Each takes the
+        // header, the topic and its length, the body, and at most a 4-byte checksum.
         var both = allocator.buffer(capacity: 2 * (FrameHeader.size + 2 + push.topic.utf8.count + push.bodySize + 4))
-        try encoder.encode(frame, into: &both)
+        try encoder.encode(Frame(.push(push)), into: &both)
         let plainSize = both.readableBytes
         try encoder.encode(Frame(.push(push), flags: .checksum), into: &both)
         self.plain = both.readSlice(length: plainSize)!

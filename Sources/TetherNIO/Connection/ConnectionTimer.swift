@@ -13,7 +13,7 @@ package import TetherCore
 ///
 /// ```swift
 /// func handleScheduledCallback(eventLoop: some EventLoop) {
-///     self.io.timer.fired()
+///     self.io.timerFired()   // FrameConnection: `timer.fired()`, and an idle write buffer let go
 ///     let due = self.machine.timerFired(now: self.clock.now)   // perhaps nothing
 ///     …
 ///     self.io.timer.arm(at: self.machine.nextDeadline, clock: self.clock, on: loop, handler: self)
