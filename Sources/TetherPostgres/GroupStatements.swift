@@ -61,8 +61,15 @@ struct GroupReadStatement: PostgresPreparedStatement {
 /// stream row is changed once, by one upsert that adds its new deliveries and subtracts its
 /// acknowledged ones. It returns each recipient's first new sequence, and one row counting
 /// the notifications.
+///
+/// The nodes to signal are read by `tether_presence_nodes`, after the recipient's stream row
+/// is locked and with a snapshot of its own (the function is VOLATILE), not with the
+/// statement's: a presence committed while the statement ran is seen. The node that writes a
+/// presence then waits on the same row (`PostgresCluster.flushWrites`), so a commit
+/// either sees the presence and signals, or had the row first and is committed before that node
+/// reads the recipient's deliveries again.
 struct GroupWriteStatement: PostgresPreparedStatement {
-    static let name = "tether_group_write_v1"
+    static let name = "tether_group_write_v2"
     static let sql = """
         WITH o AS (
             INSERT INTO tether_outcomes (client, epoch, conversation, sequence, status, message_id)
@@ -117,8 +124,9 @@ struct GroupWriteStatement: PostgresPreparedStatement {
         ),
         w AS (
             INSERT INTO tether_signals (node, kind, key)
-            SELECT p.node, \(ClusterSignal.Kind.deliveries.rawValue), p.client FROM tether_presence p
-            WHERE $20::int8 <> 0 AND p.client IN (SELECT recipient FROM firsts) AND p.node <> $20::int8
+            SELECT p.node, \(ClusterSignal.Kind.deliveries.rawValue), f.recipient
+            FROM firsts f, tether_presence_nodes(f.recipient, $20::int8) AS p(node)
+            WHERE $20::int8 <> 0
             RETURNING node
         )
         SELECT false, recipient, first FROM firsts

@@ -150,6 +150,19 @@ extension PostgresCluster {
                     ON CONFLICT DO NOTHING
                     """
                 )
+                // A group commit on another node whose statement began before this presence
+                // was committed may not have seen it, and signals nobody. Such a commit holds
+                // the recipient's stream row from its upsert to its commit: touching the rows
+                // (in the order group commits lock them, creating a missing one) waits for it.
+                // A commit that reaches the row after this reads the presence afresh and
+                // signals (GroupWriteStatement).
+                _ = try await self.query(
+                    """
+                    INSERT INTO tether_streams AS s (recipient, next_sequence)
+                    SELECT c, 1 FROM unnest(\(arrived)) AS c ORDER BY c
+                    ON CONFLICT (recipient) DO UPDATE SET next_sequence = s.next_sequence
+                    """
+                )
                 // Deliveries committed before the presence was visible woke nobody: read them.
                 node.deliveriesAppended(for: arrived)
             }

@@ -28,7 +28,9 @@ import TetherNIO
 ///   that node closes its stale connections of the outbox and lets the lane go.
 /// - **Presence**: `tether_presence` says which nodes hold a client's reliable connections; a
 ///   commit that appends deliveries signals those nodes (`tether_signals`) and notifies each
-///   once, in the same transaction.
+///   once, in the same transaction. A node that writes a presence then waits on the
+///   recipient's stream row and reads its deliveries again: a commit that ran meanwhile either
+///   saw the presence (it reads it once it holds that row) or is committed before the read.
 /// - **Pushes** to clients, rooms and everyone go into `tether_pushes` in batches (one
 ///   transaction and one notification per batch); every node reads what follows its cursor.
 /// - **HTTP streams**: a node's session tokens start with its stream key, which it registers

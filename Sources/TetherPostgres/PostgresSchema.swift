@@ -67,6 +67,14 @@ enum PostgresSchema {
         """
         ALTER TABLE tether_deliveries ADD COLUMN compressed boolean NOT NULL DEFAULT false;
         """,
+        // 4: the nodes a group commit signals, read afresh. A VOLATILE function takes a new
+        // snapshot for its query, so a group commit that locked a recipient's stream row reads
+        // the presence committed before it did so, not as of its statement's start (see
+        // PostgresCluster's "Presence and signals").
+        """
+        CREATE FUNCTION tether_presence_nodes(recipient text, origin bigint) RETURNS SETOF bigint
+            LANGUAGE sql VOLATILE AS 'SELECT node FROM tether_presence WHERE client = recipient AND node <> origin'
+        """,
     ]
 
     /// Brings the database's schema up to date.

@@ -240,6 +240,56 @@ extension IntegrationTests {
             }
         }
 
+        @Test("a delivery committed by a statement that began before bob's presence was written still reaches bob on his node")
+        func presenceWrittenDuringACommit() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                _ = try await harness.clusterNode("a", url: url, network: network)
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
+                try await withThrowingTaskGroup { group in
+                    group.addTask { await admin.run() }
+                    // What a group commit on node A does for bob while his presence is not
+                    // written yet (its statement's snapshot has none): append his delivery and
+                    // lock his stream row, then commit, signalling nobody. Here it stays open
+                    // while bob connects to B and B writes his presence.
+                    let appended = AsyncStream.makeStream(of: Void.self)
+                    let commit = AsyncStream.makeStream(of: Void.self)
+                    group.addTask {
+                        try await admin.withTransaction(logger: testLogger("admin")) { connection in
+                            try await connection.query(
+                                "INSERT INTO tether_streams (recipient, next_sequence, waiting, waiting_bytes) VALUES ('bob', 2, 1, 4)",
+                                logger: testLogger("admin")
+                            )
+                            try await connection.query(
+                                "INSERT INTO tether_deliveries (recipient, sequence, topic, body) VALUES ('bob', 1, 'chat', 'late'::bytea)",
+                                logger: testLogger("admin")
+                            )
+                            appended.continuation.yield()
+                            for await _ in commit.stream { break }
+                        }
+                    }
+                    for await _ in appended.stream { break }
+                    let bob = try harness.messagingClient(network: network, endpoint: b.endpoint, id: "bob")
+                    let bobInbox = DeliveryCollector(bob, in: harness)
+                    try await eventually("bob's presence on B is written") {
+                        let rows = try? await admin.query("SELECT count(*) FROM tether_presence WHERE client = 'bob'")
+                            .decode(Int64.self).reduce(0, +)
+                        return (rows ?? 0) > 0
+                    }
+                    // B's read of bob's deliveries after writing his presence waits for the commit
+                    // (without the wait it read nothing, and bob would never be told).
+                    try await Task.sleep(for: .milliseconds(500))
+                    #expect(bobInbox.count == 0)
+                    commit.continuation.yield()
+                    try await eventually("bob gets the delivery", timeout: .seconds(10)) { bobInbox.count == 1 }
+                    #expect(bobInbox.bodies == ["late"])
+                    group.cancelAll()
+                }
+            }
+        }
+
         @Test("a node whose lane was taken over cannot commit with its old fence; the message is processed once")
         func staleFence() async throws {
             let url = try await TestPostgres.makeDatabase()
@@ -248,9 +298,7 @@ extension IntegrationTests {
                 let (a, b, alice) = (setup.a, setup.b, setup.alice)
                 let bobInbox = setup.bobInbox
                 // Both connected first, as the other tests of the suite: what is tested here is
-                // the stale fence. (A delivery committed on A while bob's presence on B is being
-                // written can miss its signal: a start-up race of the cluster's presence, left
-                // open — see the closing note of 2026-11-26.)
+                // the stale fence (the presence race is presenceWrittenDuringACommit's).
                 try await eventually("both clients are present in the cluster") {
                     a.gateway.connections.count == 1 && b.gateway.connections.count == 1
                 }

@@ -4,11 +4,12 @@ import NIOCore
 /// (PROTOCOL.md, section 9.1), and the pace at which it hands them over.
 ///
 /// Messages are taken in batches, one batch at a time. Over `messagesPerSecond`, a batch holds
-/// only the tokens the rate has, and the rest wait for its next token: a client that sends
-/// faster than its limit is **paced**, not refused, and gets the limit's rate without a
-/// retransmission. Its window of messages in flight bounds what waits here; should a client
-/// send more than `maxMessages` or `maxBytes` anyway, the connection stops reading
-/// (``holdsReads``) until batches make room, and TCP slows the client.
+/// only the tokens the rate has, and waits until the rate has a quantum's worth (a hundredth of a
+/// second's, ``TokenBucket/pacingQuantum``) or as many as wait: a client that sends faster than
+/// its limit is **paced**, not refused, and gets the limit's rate without a retransmission, in
+/// batches of a quantum rather than one per token. Its window of messages in flight bounds what
+/// waits here; should a client send more than `maxMessages` or `maxBytes` anyway, the connection
+/// stops reading (``holdsReads``) until batches make room, and TCP slows the client.
 ///
 /// A retransmission of a message still waiting here is dropped: its first copy is answered.
 ///
@@ -97,7 +98,14 @@ package struct MessageInbox: Sendable {
     private mutating func takeBatch(now: TetherInstant) -> [ReliableLaneMachine.Received]? {
         guard self.processing == nil, let available = self.queue?.count, available > 0 else { return nil }
         var count = min(available, self.limits.maxBatch)
-        if self.rate != nil { count = self.rate!.take(count, now: now) }
+        if self.rate != nil {
+            // Paced: a batch waits for a quantum's worth of tokens (or for as many as wait, if
+            // fewer). Taking what trickled in while the last batch ran would make batches of
+            // one or two, each paying a transaction, a MESSAGE_ACK and the recipient's
+            // checkpoint: a sender over its rate would cost several times what it is allowed.
+            guard self.rate!.available(now: now) >= min(count, self.rate!.pacingQuantum) else { return nil }
+            count = self.rate!.take(count, now: now)
+        }
         guard count > 0 else { return nil }
         var batch: [ReliableLaneMachine.Received] = []
         batch.reserveCapacity(count)

@@ -104,6 +104,49 @@ struct MessageInboxTests {
         #expect(processed <= limit * (seconds + 1), "never above the rate and its burst")
     }
 
+    @Test("a paced sender's batches hold a quantum of tokens (a hundredth of a second's), not the one or two that came in while the last batch ran")
+    func pacedInQuanta() {
+        let limit = 1_000  // a quantum of 10
+        var inbox = MessageInbox(limits: .init(maxBytes: 1 << 20, messagesPerSecond: limit), now: Self.start)
+        var now = Self.start
+        var nextID: UInt64 = 1
+        var processing: (batch: Int, endsAt: TetherInstant)?
+        var timer: TetherInstant?
+        var handed = 0
+        var paced: [Int] = []  // the sizes of the batches once the burst is spent
+        let step = Duration.milliseconds(1)
+        // The lane takes 2 ms per batch (a transaction and its acknowledgement); the client keeps
+        // 100 messages waiting; 5 s.
+        func start(_ batch: [ReliableLaneMachine.Received]?) {
+            if let batch {
+                handed += batch.count
+                if now >= Self.start + .milliseconds(1_500) { paced.append(batch.count) }
+                processing = (batch.count, now + .milliseconds(2))
+            } else {
+                timer = inbox.nextDeadline(now: now)
+            }
+        }
+        for _ in 0..<5_000 {
+            while inbox.count < 100 {
+                let batch = inbox.received(Self.message(nextID), now: now)
+                nextID += 1
+                if batch != nil { start(batch) }
+            }
+            now = now + step
+            if let current = processing, current.endsAt <= now {
+                processing = nil
+                start(inbox.batchEnded(now: now))
+            }
+            if processing == nil, let deadline = timer, deadline <= now {
+                timer = nil
+                start(inbox.timerFired(now: now))
+            }
+        }
+        #expect(paced.count > 100)
+        #expect(paced.allSatisfy { $0 >= 10 }, "batch sizes once paced: \(Array(paced.prefix(20)))")
+        #expect(handed >= limit + 4 * 950 && handed <= limit * 6, "\(handed) in 5 s at \(limit)/s")
+    }
+
     @Test("with no rate, every waiting message is handed over as soon as the batch before it ends")
     func unpaced() {
         var inbox = MessageInbox(limits: .init(maxBytes: 1 << 20), now: Self.start)
