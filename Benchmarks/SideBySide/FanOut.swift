@@ -12,6 +12,11 @@ import TetherNIO
 /// room with a REQUEST, answers PINGs and counts PUSH frames, CRC-32C checked by the decoder),
 /// in load-generator processes. They stand for N devices; using the full client for each
 /// would measure the generators' machine (the same 2 cores) more than the gateway.
+///
+/// `--compression both` runs it twice, the members first without and then with compression
+/// negotiated (the gateway's default settings: payloads of 512 bytes or more, level 6), with
+/// `--json` bodies (a chat room's messages as JSON, which compresses about as real traffic
+/// does); the members inflate every push, as clients do.
 struct FanOut: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fanout",
@@ -30,6 +35,16 @@ struct FanOut: AsyncParsableCommand {
     @Option(help: "Push body size in bytes.")
     var body = 32
 
+    @Flag(help: "Bodies are JSON (chat messages) instead of one repeated byte.")
+    var json = false
+
+    @Option(help: "Members negotiate compression: off, on, or both (one run each).")
+    var compression = CompressionRuns.off
+
+    enum CompressionRuns: String, ExpressibleByArgument, CaseIterable {
+        case off, on, both
+    }
+
     @Option(help: "Pushes per publish request (the publisher sends requests one after another).")
     var perRequest = 10
 
@@ -46,6 +61,8 @@ struct FanOut: AsyncParsableCommand {
         var members: Int
         var messages: Int
         var bodyBytes: Int
+        var json: Bool
+        var compression: Bool
         var delivered: Int
         /// From the publish request until the last member had every push.
         var seconds: Double
@@ -54,10 +71,28 @@ struct FanOut: AsyncParsableCommand {
     }
 
     func run() async throws {
+        var results: [Result] = []
+        for compressed in [false, true] where self.compression == .both || (self.compression == .on) == compressed {
+            results.append(try await self.run(compressed: compressed))
+        }
+        if results.count == 2 {
+            let (off, on) = (results[0], results[1])
+            emit(
+                "compression on / off: deliveries per second \(String(format: "%.2f", on.deliveriesPerSecond / off.deliveriesPerSecond))x, "
+                    + "gateway CPU per delivery \(String(format: "%.2f", on.gatewayCPUSeconds / off.gatewayCPUSeconds))x"
+            )
+        }
+        let name = "fanout\(self.servers > 1 ? "-\(self.servers)-nodes" : "")\(self.compression == .off ? "" : "-compression")"
+        try writeJSON(results.count == 1 ? AnyEncodable(results[0]) : AnyEncodable(results), to: "\(self.output)/\(name).json")
+    }
+
+    private var servers: Int { self.postgres == nil ? 1 : max(1, self.nodes) }
+
+    private func run(compressed: Bool) async throws -> Result {
         let executable = try ChildProcess.thisExecutable()
         var servers: [(process: ChildProcess, port: Int)] = []
         defer { for server in servers { server.process.terminate() } }
-        for node in 0..<(self.postgres == nil ? 1 : max(1, self.nodes)) {
+        for node in 0..<self.servers {
             let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n\(node + 1)"] } ?? []
             servers.append(try ChildProcess.server(.tether, executable: executable, arguments: arguments))
         }
@@ -71,7 +106,8 @@ struct FanOut: AsyncParsableCommand {
                 generators.append(
                     try ChildProcess(
                         executable,
-                        ["listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)"]
+                        ["listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)",
+                         "--body", "\(self.body)"] + (compressed ? ["--compression"] : [])
                     )
                 )
                 share -= count
@@ -87,6 +123,7 @@ struct FanOut: AsyncParsableCommand {
         let perRequest = self.perRequest
         let messages = self.messages
         let bodySize = self.body
+        let json = self.json
         let recipients = try await TetherPeer.withClient(port: port, transport: .tcp, method: "room.publish", onLoop: false) { client in
             let client = (client as! TetherPeer.Client).client
             var recipients = 0
@@ -96,6 +133,7 @@ struct FanOut: AsyncParsableCommand {
                 var publish = ByteBuffer()
                 publish.writeInteger(UInt32(count))
                 publish.writeInteger(UInt32(bodySize))
+                publish.writeInteger(UInt32(json ? 1 : 0))
                 let reply = try await client.request("room.publish", body: publish, timeout: .seconds(60))
                 recipients = Int(reply.getInteger(at: reply.readerIndex, as: UInt32.self) ?? 0)
                 sent += count
@@ -127,17 +165,19 @@ struct FanOut: AsyncParsableCommand {
             members: self.members,
             messages: self.messages,
             bodyBytes: self.body,
+            json: self.json,
+            compression: compressed,
             delivered: delivered,
             seconds: seconds,
             deliveriesPerSecond: Double(delivered) / seconds,
             gatewayCPUSeconds: cpu
         )
         emit(
-            "\(self.messages) pushes of \(self.body) B to a room of \(self.members): \(delivered) delivered in "
+            "\(self.messages) pushes of \(self.body) B\(self.json ? " JSON" : "")\(compressed ? ", compressed," : "") to a room of \(self.members): \(delivered) delivered in "
                 + "\(String(format: "%.2f", seconds)) s = \(Int(result.deliveriesPerSecond)) deliveries/s, "
                 + "gateway CPU \(String(format: "%.2f", cpu)) s"
         )
-        try writeJSON(result, to: "\(self.output)/fanout\(servers.count > 1 ? "-\(servers.count)-nodes" : "").json")
+        return result
     }
 }
 
@@ -150,14 +190,26 @@ struct Listen: AsyncParsableCommand {
     @Option var count: Int
     @Option var messages: Int
     @Option(help: "Connections opened at once.") var batch = 500
+    @Option(help: "The size of every push's body; a push of another size is an error.") var body: Int?
+    @Flag(help: "Negotiate compression (and inflate every push).") var compression = false
 
     func run() async throws {
         let tally = RoomMember.Tally(members: self.count, messages: self.messages)
-        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil) { index, joined in
-            RoomMember(clientID: "member-\(ProcessInfo.processInfo.processIdentifier)-\(index)", joined: joined, tally: tally)
+        let (body, compression) = (self.body, self.compression)
+        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil, inflating: compression) {
+            index,
+            joined in
+            RoomMember(
+                clientID: "member-\(ProcessInfo.processInfo.processIdentifier)-\(index)",
+                joined: joined,
+                tally: tally,
+                bodySize: body,
+                compression: compression
+            )
         }
         emit("joined \(self.count)")
         let (received, last) = await tally.waitForAll(timeout: .seconds(120))
+        if let wrong = tally.wrongSize { throw BenchError("a push's body had \(wrong) bytes, not \(self.body ?? 0)") }
         emit("received \(received) \(last)")
     }
 }
@@ -173,6 +225,7 @@ func openWireConnections(
     batch: Int,
     port: Int,
     source: SocketAddress?,
+    inflating: Bool = false,
     makeHandler: @escaping @Sendable (_ index: Int, _ ready: EventLoopPromise<Void>) -> any ChannelHandler
 ) async throws {
     let group = MultiThreadedEventLoopGroup.singleton
@@ -187,7 +240,12 @@ func openWireConnections(
                 .channelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                        if inflating {
+                            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(InflatingFrameDecoder()))
+                            try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
+                        } else {
+                            try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
+                        }
                         try channel.pipeline.syncOperations.addHandler(makeHandler(connection, promise))
                     }
                 }
@@ -210,6 +268,7 @@ final class RoomMember: ChannelInboundHandler {
             var received = 0
             var complete = 0
             var lastAt = 0.0
+            var wrongSize: Int?
             var waiter: CheckedContinuation<Void, Never>?
         }
 
@@ -222,6 +281,11 @@ final class RoomMember: ChannelInboundHandler {
             self.messages = messages
             self.state = NIOLockedValueBox(State())
         }
+
+        /// The size of a push body that was not the expected one, if one was seen.
+        var wrongSize: Int? { self.state.withLockedValue { $0.wrongSize } }
+
+        func sawWrongSize(_ size: Int) { self.state.withLockedValue { $0.wrongSize = size } }
 
         /// A member received `count` more pushes; `complete` once it has them all.
         func add(_ count: Int, complete: Bool) {
@@ -265,19 +329,24 @@ final class RoomMember: ChannelInboundHandler {
     private let clientID: String
     private let joined: EventLoopPromise<Void>
     private let tally: Tally
+    private let bodySize: Int?
+    private let compression: Bool
     private var flags: FrameFlags = []
     private var received = 0
     private var unreported = 0
     private var joinSettled = false
 
-    init(clientID: String, joined: EventLoopPromise<Void>, tally: Tally) {
+    init(clientID: String, joined: EventLoopPromise<Void>, tally: Tally, bodySize: Int? = nil, compression: Bool = false) {
         self.clientID = clientID
         self.joined = joined
         self.tally = tally
+        self.bodySize = bodySize
+        self.compression = compression
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        let hello = Frame.Hello(versions: 1...1, features: .checksum, maxBodySize: 1 << 20, clientID: self.clientID)
+        let features: Features = self.compression ? [.checksum, .compression] : .checksum
+        let hello = Frame.Hello(versions: 1...1, features: features, maxBodySize: 1 << 20, clientID: self.clientID)
         context.writeAndFlush(Self.wrapOutboundOut(Frame(.hello(hello), flags: .checksum)), promise: nil)
         context.fireChannelActive()
     }
@@ -287,13 +356,18 @@ final class RoomMember: ChannelInboundHandler {
         switch frame.payload {
         case .welcome(let welcome):
             self.flags = welcome.features.contains(.checksum) ? .checksum : []
+            if self.compression && !welcome.features.contains(.compression) {
+                self.settleJoin(.failure(BenchError("the gateway did not agree to compression")))
+                return
+            }
             let join = Frame.Request(id: 1, method: "room.join")
             context.writeAndFlush(Self.wrapOutboundOut(Frame(.request(join), flags: self.flags)), promise: nil)
         case .response(let response) where response.id == 1:
             self.settleJoin(
                 response.status == .ok ? .success(()) : .failure(BenchError("room.join: \(response.status) \(response.message)"))
             )
-        case .push:
+        case .push(let push):
+            if let size = self.bodySize, push.body.readableBytes != size { self.tally.sawWrongSize(push.body.readableBytes) }
             self.received += 1
             self.unreported += 1
         case .ping(let ping):
@@ -329,4 +403,28 @@ final class RoomMember: ChannelInboundHandler {
         self.joinSettled = true
         self.joined.completeWith(result)
     }
+}
+
+/// Tether's frame decoder with compression negotiated: COMPRESSED payloads are inflated.
+struct InflatingFrameDecoder: NIOSingleStepByteToMessageDecoder {
+    typealias InboundOut = Frame
+    private var decoder = FrameDecoder(maxBodySize: 1 << 20)
+    private let inflater: PayloadInflater
+
+    init() throws { self.inflater = try PayloadInflater() }
+
+    mutating func decode(buffer: inout ByteBuffer) throws -> Frame? {
+        try self.decoder.decodeFrame(from: &buffer, inflater: self.inflater)
+    }
+
+    mutating func decodeLast(buffer: inout ByteBuffer, seenEOF: Bool) throws -> Frame? {
+        try self.decode(buffer: &buffer)
+    }
+}
+
+/// A type-erased `Encodable`, for writing one result or several.
+struct AnyEncodable: Encodable {
+    private let value: any Encodable
+    init(_ value: any Encodable) { self.value = value }
+    func encode(to encoder: any Encoder) throws { try self.value.encode(to: encoder) }
 }

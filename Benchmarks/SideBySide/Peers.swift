@@ -186,7 +186,8 @@ enum TetherPeer {
         try await Self.run(gateway, ready: ready)
     }
 
-    /// For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it.
+    /// For `fanout`: members join one room; a publisher pushes COUNT bodies of SIZE bytes to it
+    /// (one repeated byte, or with KIND 1, JSON).
     static func installRoom(on gateway: Gateway) {
         gateway.handle("room.join") { _, context in
             context.join("bench")
@@ -196,15 +197,51 @@ enum TetherPeer {
             guard let count = request.body.getInteger(at: request.body.readerIndex, as: UInt32.self),
                 let size = request.body.getInteger(at: request.body.readerIndex + 4, as: UInt32.self)
             else { throw RequestError(.invalidRequest, "the body is COUNT and SIZE, two UInt32") }
-            let body = ByteBuffer(repeating: UInt8(ascii: "p"), count: Int(size))
+            // JSON needs room for its frame: 32 bytes at least.
+            let json = request.body.getInteger(at: request.body.readerIndex + 8, as: UInt32.self) == 1 && size >= 32
             var recipients = 0
-            for _ in 0..<count {
+            for index in 0..<Int(count) {
+                let body = json ? Self.chatJSON(size: Int(size), seed: index) : ByteBuffer(repeating: UInt8(ascii: "p"), count: Int(size))
                 recipients = try context.push("bench.tick", body, to: .room("bench"))
             }
             var reply = ByteBuffer()
             reply.writeInteger(UInt32(recipients))
             return reply
         }
+    }
+
+    /// A chat room's recent messages as JSON, exactly `size` bytes: what a room pushes, and
+    /// about as compressible (keys repeat, texts are words of a small vocabulary, ids and times
+    /// vary). Different for each `seed`.
+    static func chatJSON(size: Int, seed: Int) -> ByteBuffer {
+        let vocabulary = [
+            "hello", "are", "you", "coming", "to", "the", "meeting", "tomorrow", "yes", "I", "think", "so", "what", "time",
+            "does", "it", "start", "ten", "see", "there", "thanks", "great", "news", "about", "release", "ship", "today",
+        ]
+        var generator = SplitMix64(seed: UInt64(seed))
+        func message(text: String) -> String {
+            #"{"id":\#(100_000 + Int(generator.next() % 900_000)),"from":"user-\#(100 + generator.next() % 900)","#
+                + #""sent_at":\#(1_764_000_000_000 + Int(generator.next() % 1_000_000_000)),"text":"\#(text)"}"#
+        }
+        func words(_ count: Int) -> String {
+            (0..<count).map { _ in vocabulary[Int(generator.next() % UInt64(vocabulary.count))] }.joined(separator: " ")
+        }
+        var json = #"{"room":"bench","messages":["#
+        var first = true
+        while true {
+            let next = (first ? "" : ",") + message(text: words(3 + Int(generator.next() % 8)))
+            guard json.utf8.count + next.utf8.count + 2 <= size else { break }
+            json += next
+            first = false
+        }
+        // The rest: one more message whose text fills it, or spaces where none fits.
+        let overhead = (first ? 0 : 1) + message(text: "").utf8.count
+        let rest = size - json.utf8.count - 2
+        if rest > overhead {
+            json += (first ? "" : ",") + message(text: String(words(200).prefix(rest - overhead)))
+        }
+        json += String(repeating: " ", count: max(0, size - json.utf8.count - 2)) + "]}"
+        return ByteBuffer(string: json)
     }
 
     /// Runs `gateway` until the task is cancelled, calling `ready` with its port once it listens.
@@ -520,5 +557,18 @@ enum WebSocketPeer {
         }
         guard let outcome = result.withLockedValue({ $0 }) else { throw CancellationError() }
         return try outcome.get()
+    }
+}
+
+/// A small seeded generator (SplitMix64): the same bodies in every run.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { self.state = seed }
+    mutating func next() -> UInt64 {
+        self.state &+= 0x9E37_79B9_7F4A_7C15
+        var z = self.state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

@@ -4,10 +4,10 @@ import NIOCore
 /// (PROTOCOL.md, section 9.1), and the pace at which it hands them over.
 ///
 /// Messages are taken in batches, one batch at a time. Over `messagesPerSecond`, a batch holds
-/// only the tokens the rate has, and waits until the rate has a quantum's worth (a hundredth of a
-/// second's, ``TokenBucket/pacingQuantum``) or as many as wait: a client that sends faster than
-/// its limit is **paced**, not refused, and gets the limit's rate without a retransmission, in
-/// batches of a quantum rather than one per token. Its window of messages in flight bounds what
+/// only the tokens the rate has, and waits until the rate has a quantum's worth (a twentieth of a
+/// second's, ``quantum``) or as many as wait: a client that sends faster than its limit is
+/// **paced**, not refused, and gets the limit's rate without a retransmission, in batches of a
+/// quantum rather than one per token. Its window of messages in flight bounds what
 /// waits here; should a client send more than `maxMessages` or `maxBytes` anyway, the connection
 /// stops reading (``holdsReads``) until batches make room, and TCP slows the client.
 ///
@@ -52,6 +52,12 @@ package struct MessageInbox: Sendable {
         self.rate = limits.messagesPerSecond.map { TokenBucket(perSecond: $0, now: now) }
     }
 
+    /// The tokens a paced batch waits for: a twentieth of a second's worth (at least one). A
+    /// batch costs a transaction, a MESSAGE_ACK and the recipient's checkpoint whatever its size,
+    /// so a paced sender's messages wait up to 50 ms longer in exchange for batches that cost
+    /// little more per message than unpaced ones (BENCHMARKS.md, "Issue 41, third part").
+    package var quantum: Int { self.rate.map { max(1, $0.perSecond / 20) } ?? 1 }
+
     /// Messages waiting.
     package var count: Int { self.queue?.count ?? 0 }
 
@@ -69,7 +75,7 @@ package struct MessageInbox: Sendable {
     /// When the next batch may start for lack of tokens now (messages wait, none is processed).
     package mutating func nextDeadline(now: TetherInstant) -> TetherInstant? {
         guard self.processing == nil, self.count > 0, self.rate != nil else { return nil }
-        return self.rate!.nextTokens(min(self.count, self.limits.maxBatch, self.rate!.pacingQuantum), now: now)
+        return self.rate!.nextTokens(min(self.count, self.limits.maxBatch, self.quantum), now: now)
     }
 
     /// A MESSAGE arrived.
@@ -103,7 +109,7 @@ package struct MessageInbox: Sendable {
             // fewer). Taking what trickled in while the last batch ran would make batches of
             // one or two, each paying a transaction, a MESSAGE_ACK and the recipient's
             // checkpoint: a sender over its rate would cost several times what it is allowed.
-            guard self.rate!.available(now: now) >= min(count, self.rate!.pacingQuantum) else { return nil }
+            guard self.rate!.available(now: now) >= min(count, self.quantum) else { return nil }
             count = self.rate!.take(count, now: now)
         }
         guard count > 0 else { return nil }

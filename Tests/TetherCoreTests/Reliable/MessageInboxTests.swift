@@ -104,9 +104,9 @@ struct MessageInboxTests {
         #expect(processed <= limit * (seconds + 1), "never above the rate and its burst")
     }
 
-    @Test("a paced sender's batches hold a quantum of tokens (a hundredth of a second's), not the one or two that came in while the last batch ran")
+    @Test("a paced sender's batches hold a quantum of tokens (a twentieth of a second's), not the one or two that came in while the last batch ran")
     func pacedInQuanta() {
-        let limit = 1_000  // a quantum of 10
+        let limit = 1_000  // a quantum of 50
         var inbox = MessageInbox(limits: .init(maxBytes: 1 << 20, messagesPerSecond: limit), now: Self.start)
         var now = Self.start
         var nextID: UInt64 = 1
@@ -142,8 +142,9 @@ struct MessageInboxTests {
                 start(inbox.timerFired(now: now))
             }
         }
-        #expect(paced.count > 100)
-        #expect(paced.allSatisfy { $0 >= 10 }, "batch sizes once paced: \(Array(paced.prefix(20)))")
+        #expect(paced.count > 50)
+        #expect(inbox.quantum == 50)
+        #expect(paced.allSatisfy { $0 >= 50 }, "batch sizes once paced: \(Array(paced.prefix(20)))")
         #expect(handed >= limit + 4 * 950 && handed <= limit * 6, "\(handed) in 5 s at \(limit)/s")
     }
 
