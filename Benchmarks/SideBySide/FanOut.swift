@@ -41,6 +41,13 @@ struct FanOut: AsyncParsableCommand {
     @Option(help: "Members negotiate compression: off, on, or both (one run each).")
     var compression = CompressionRuns.off
 
+    @Flag(
+        help: """
+            With compression: each member inflates and checks its first \(InflatingFrameDecoder.sampled) pushes, then             counts compressed pushes by their header without inflating them, so that the generators (on the             gateway's cores) measure the gateway rather than their own inflating.
+            """
+    )
+    var sampleInflation = false
+
     enum CompressionRuns: String, ExpressibleByArgument, CaseIterable {
         case off, on, both
     }
@@ -63,11 +70,15 @@ struct FanOut: AsyncParsableCommand {
         var bodyBytes: Int
         var json: Bool
         var compression: Bool
+        /// The members inflated only their first pushes (``InflatingFrameDecoder/sampled``).
+        var sampledInflation: Bool
         var delivered: Int
         /// From the publish request until the last member had every push.
         var seconds: Double
         var deliveriesPerSecond: Double
         var gatewayCPUSeconds: Double
+        /// The load generators' CPU (the members, decoding and, with compression, inflating every push).
+        var membersCPUSeconds: Double
     }
 
     func run() async throws {
@@ -106,8 +117,11 @@ struct FanOut: AsyncParsableCommand {
                 generators.append(
                     try ChildProcess(
                         executable,
-                        ["listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)",
-                         "--body", "\(self.body)"] + (compressed ? ["--compression"] : [])
+                        [
+                            "listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)",
+                            "--body", "\(self.body)",
+                        ] + (compressed ? ["--compression"] : [])
+                            + (compressed && self.sampleInflation ? ["--sample-inflation"] : [])
                     )
                 )
                 share -= count
@@ -146,15 +160,18 @@ struct FanOut: AsyncParsableCommand {
             throw BenchError("the room has \(recipients) members on the publisher's node, not \(servers.count == 1 ? self.members : local)")
         }
         var delivered = 0
+        var membersCPU = 0.0
         var last = started
         for generator in generators {
-            // "received N AT": N pushes in all, the last at AT (seconds since 1970).
+            // "received N AT CPU": N pushes in all, the last at AT (seconds since 1970), the
+            // generator's CPU seconds.
             guard let line = generator.readLine(), line.hasPrefix("received ") else {
                 throw BenchError("a generator failed: \(generator.errors())")
             }
             let fields = line.split(separator: " ")
             delivered += Int(fields[1]) ?? 0
             last = max(last, Double(fields[2]) ?? 0)
+            membersCPU += fields.count > 3 ? Double(fields[3]) ?? 0 : 0
             generator.wait()
         }
         let cpu = processCPUSeconds(pids: servers.map(\.process.pid)) - cpuBefore
@@ -167,22 +184,24 @@ struct FanOut: AsyncParsableCommand {
             bodyBytes: self.body,
             json: self.json,
             compression: compressed,
+            sampledInflation: compressed && self.sampleInflation,
             delivered: delivered,
             seconds: seconds,
             deliveriesPerSecond: Double(delivered) / seconds,
-            gatewayCPUSeconds: cpu
+            gatewayCPUSeconds: cpu,
+            membersCPUSeconds: membersCPU
         )
         emit(
             "\(self.messages) pushes of \(self.body) B\(self.json ? " JSON" : "")\(compressed ? ", compressed," : "") to a room of \(self.members): \(delivered) delivered in "
                 + "\(String(format: "%.2f", seconds)) s = \(Int(result.deliveriesPerSecond)) deliveries/s, "
-                + "gateway CPU \(String(format: "%.2f", cpu)) s"
+                + "gateway CPU \(String(format: "%.2f", cpu)) s, members' CPU \(String(format: "%.2f", membersCPU)) s"
         )
         return result
     }
 }
 
 /// Load generator for `fanout`: `count` room members; prints "joined N" once all joined, then
-/// "received N AT" once each has `messages` pushes (or after 120 s).
+/// "received N AT CPU" once each has `messages` pushes (or after 120 s).
 struct Listen: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Load generator for `fanout`.")
 
@@ -192,11 +211,13 @@ struct Listen: AsyncParsableCommand {
     @Option(help: "Connections opened at once.") var batch = 500
     @Option(help: "The size of every push's body; a push of another size is an error.") var body: Int?
     @Flag(help: "Negotiate compression (and inflate every push).") var compression = false
+    @Flag(help: "With --compression: inflate only the first pushes of each member.") var sampleInflation = false
 
     func run() async throws {
         let tally = RoomMember.Tally(members: self.count, messages: self.messages)
         let (body, compression) = (self.body, self.compression)
-        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil, inflating: compression) {
+        let inflating: InflatingFrameDecoder.Mode? = compression ? (self.sampleInflation ? .sampled : .all) : nil
+        try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil, inflating: inflating) {
             index,
             joined in
             RoomMember(
@@ -210,7 +231,7 @@ struct Listen: AsyncParsableCommand {
         emit("joined \(self.count)")
         let (received, last) = await tally.waitForAll(timeout: .seconds(120))
         if let wrong = tally.wrongSize { throw BenchError("a push's body had \(wrong) bytes, not \(self.body ?? 0)") }
-        emit("received \(received) \(last)")
+        emit("received \(received) \(last) \(processCPUSeconds())")
     }
 }
 
@@ -225,7 +246,7 @@ func openWireConnections(
     batch: Int,
     port: Int,
     source: SocketAddress?,
-    inflating: Bool = false,
+    inflating: InflatingFrameDecoder.Mode? = nil,
     makeHandler: @escaping @Sendable (_ index: Int, _ ready: EventLoopPromise<Void>) -> any ChannelHandler
 ) async throws {
     let group = MultiThreadedEventLoopGroup.singleton
@@ -240,8 +261,8 @@ func openWireConnections(
                 .channelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        if inflating {
-                            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(InflatingFrameDecoder()))
+                        if let inflating {
+                            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(InflatingFrameDecoder(inflating)))
                             try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
                         } else {
                             try TetherFraming.addHandlers(to: channel.pipeline.syncOperations)
@@ -367,7 +388,9 @@ final class RoomMember: ChannelInboundHandler {
                 response.status == .ok ? .success(()) : .failure(BenchError("room.join: \(response.status) \(response.message)"))
             )
         case .push(let push):
-            if let size = self.bodySize, push.body.readableBytes != size { self.tally.sawWrongSize(push.body.readableBytes) }
+            if let size = self.bodySize, push.topic != InflatingFrameDecoder.notInflated, push.body.readableBytes != size {
+                self.tally.sawWrongSize(push.body.readableBytes)
+            }
             self.received += 1
             self.unreported += 1
         case .ping(let ping):
@@ -405,16 +428,40 @@ final class RoomMember: ChannelInboundHandler {
     }
 }
 
-/// Tether's frame decoder with compression negotiated: COMPRESSED payloads are inflated.
+/// Tether's frame decoder with compression negotiated: COMPRESSED payloads are inflated, all
+/// of them or (``Mode/sampled``) those of a connection's first ``sampled`` pushes; a later
+/// compressed push is then taken whole by its header and handed on with the topic
+/// ``notInflated`` and no body.
 struct InflatingFrameDecoder: NIOSingleStepByteToMessageDecoder {
     typealias InboundOut = Frame
+    enum Mode { case all, sampled }
+    static let sampled = 5
+    static let notInflated = "(not inflated)"
+
     private var decoder = FrameDecoder(maxBodySize: 1 << 20)
     private let inflater: PayloadInflater
+    private let mode: Mode
+    private var pushes = 0
 
-    init() throws { self.inflater = try PayloadInflater() }
+    init(_ mode: Mode) throws {
+        self.inflater = try PayloadInflater()
+        self.mode = mode
+    }
 
     mutating func decode(buffer: inout ByteBuffer) throws -> Frame? {
-        try self.decoder.decodeFrame(from: &buffer, inflater: self.inflater)
+        if self.mode == .sampled, self.pushes >= Self.sampled, buffer.readableBytes >= FrameHeader.size,
+            let header = buffer.withUnsafeReadableBytes({
+                FrameHeader.read(from: UnsafeRawBufferPointer(rebasing: $0.prefix(FrameHeader.size)))
+            }),
+            header.type == .push, header.flags.contains(.compressed)
+        {
+            guard buffer.readableBytes >= FrameHeader.size + Int(header.length) else { return nil }
+            buffer.moveReaderIndex(forwardBy: FrameHeader.size + Int(header.length))
+            return Frame(.push(Frame.Push(topic: Self.notInflated, body: ByteBuffer())))
+        }
+        let frame = try self.decoder.decodeFrame(from: &buffer, inflater: self.inflater)
+        if case .push = frame?.payload { self.pushes += 1 }
+        return frame
     }
 
     mutating func decodeLast(buffer: inout ByteBuffer, seenEOF: Bool) throws -> Frame? {

@@ -104,7 +104,9 @@ struct MessageInboxTests {
         #expect(processed <= limit * (seconds + 1), "never above the rate and its burst")
     }
 
-    @Test("a paced sender's batches hold a quantum of tokens (a twentieth of a second's), not the one or two that came in while the last batch ran")
+    @Test(
+        "a paced sender's batches hold a quantum of tokens (a twentieth of a second's), not the one or two that came in while the last batch ran"
+    )
     func pacedInQuanta() {
         let limit = 1_000  // a quantum of 50
         var inbox = MessageInbox(limits: .init(maxBytes: 1 << 20, messagesPerSecond: limit), now: Self.start)
