@@ -10,8 +10,9 @@ import PackageDescription
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
 //   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
-//   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio;
-//                  async-http-client forwards HTTP-stream POSTs between nodes)
+//   TetherPostgres the gateway's PostgreSQL store and cluster: several nodes (postgres-nio)
+//   TetherStreamForwarding  sends HTTP-stream POSTs to the node of a cluster that holds their
+//                  session (async-http-client)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
 //   TetherTesting  for tests: in-process transport, fault injection, manual clock, the
@@ -38,6 +39,7 @@ let package = Package(
         .library(name: "TetherGateway", targets: ["TetherGateway"]),
         .library(name: "TetherJWT", targets: ["TetherJWT"]),
         .library(name: "TetherPostgres", targets: ["TetherPostgres"]),
+        .library(name: "TetherStreamForwarding", targets: ["TetherStreamForwarding"]),
         .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
@@ -155,14 +157,28 @@ let package = Package(
                 "TetherNIO",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        // HTTP-stream POSTs sent between the nodes of a cluster (any GatewayCluster's
+        // ClusterStreamForwarder), apart from the store so that it needs no HTTP client.
+        .target(
+            name: "TetherStreamForwarding",
+            dependencies: [
+                "TetherGateway",
+                "TetherNIO",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSwift6
         ),
@@ -227,6 +243,7 @@ let package = Package(
                 "TetherGateway",
                 "TetherJWT",
                 "TetherPostgres",
+                "TetherStreamForwarding",
                 "TetherFaultProxy",
                 "TetherLab",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -369,6 +386,7 @@ let package = Package(
                 "TetherTesting",
                 "TetherLab",
                 "TetherPostgres",
+                "TetherStreamForwarding",
                 "TetherTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

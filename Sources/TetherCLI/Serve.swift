@@ -7,6 +7,7 @@ import TetherCore
 import TetherGateway
 import TetherJWT
 import TetherPostgres
+import TetherStreamForwarding
 
 #if canImport(Glibc)
     import Glibc
@@ -247,6 +248,34 @@ struct Serve: AsyncParsableCommand {
         } catch {
             throw ValidationError("--postgres: \(error.message)")
         }
+        // HTTP-stream POSTs that reach a node which does not hold their session go to the one
+        // that does; one pool of connections for every node of this process.
+        let forwarder = HTTPStreamForwarder(logger: Logger(label: "tether.cluster.streams"))
+        do {
+            try await self.runNodes(
+                url: url,
+                clientConfiguration: clientConfiguration,
+                configuration: configuration,
+                authenticator: authenticator,
+                forwarder: forwarder,
+                logger: logger
+            )
+        } catch {
+            try? await forwarder.shutdown()
+            throw error
+        }
+        try? await forwarder.shutdown()
+    }
+
+    /// The nodes of ``runCluster(_:configuration:authenticator:logger:)``, until SIGTERM or SIGINT.
+    private func runNodes(
+        url: String,
+        clientConfiguration: PostgresClient.Configuration,
+        configuration: GatewayConfiguration,
+        authenticator: JWTAuthenticator?,
+        forwarder: HTTPStreamForwarder,
+        logger: Logger
+    ) async throws {
         var gateways: [Gateway] = []
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<self.nodes {
@@ -284,6 +313,7 @@ struct Serve: AsyncParsableCommand {
                         Endpoint(host: listen.host, port: listen.port, transport: listen.tls ? .tls : .tcp).description
                 }
                 clusterConfiguration.streamURL = self.advertiseStream
+                clusterConfiguration.streamForwarder = forwarder
                 let cluster: PostgresCluster
                 do {
                     cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: nodeLogger)

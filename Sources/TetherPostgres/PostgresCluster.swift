@@ -1,10 +1,7 @@
-import AsyncHTTPClient
 import Foundation
 public import Logging
 import NIOCore
-import NIOHTTP1
 import NIOPosix
-public import NIOSSL
 public import PostgresNIO
 public import TetherCore
 public import TetherGateway
@@ -74,9 +71,11 @@ public final class PostgresCluster: GatewayCluster {
         /// How long a node waits for the node holding a stream to answer a POST it forwarded
         /// (that node holds its answer while it paces the client).
         public var streamForwardTimeout: Duration = .seconds(60)
-        /// How a node checks another node's certificate when it forwards to an `https` stream
-        /// URL; `nil`: the system's trusted roots and the URL's host name.
-        public var streamForwardTLS: TLSConfiguration?
+        /// What sends an HTTP-stream POST to the node that holds its session (its owner shuts it
+        /// down); `nil`: this node answers such POSTs `502`, and HTTP-stream clients behind a
+        /// load balancer without affinity fail over and over. `tether serve --postgres` uses
+        /// `TetherStreamForwarding`'s `HTTPStreamForwarder`.
+        public var streamForwarder: (any ClusterStreamForwarder)?
 
         /// - Parameters:
         ///   - url: The database, `postgres://user[:password]@host[:port]/database`.
@@ -137,8 +136,6 @@ public final class PostgresCluster: GatewayCluster {
         var others: [String] = []
         /// The stream URLs of the other live nodes by stream key, as of the last heartbeat.
         var streamURLs: [UInt64: String] = [:]
-        /// What forwards HTTP-stream POSTs, while the node is in the cluster.
-        var forwarder: HTTPClient?
     }
 
     /// - Parameters:
@@ -300,8 +297,6 @@ public final class PostgresCluster: GatewayCluster {
         }
         let (pushesAfter, id) = (joined!.cursor, joined!.id)
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
-        let forwarder = self.makeForwarder()
-        self.state.withLockedValue { $0.forwarder = forwarder }
         await withTaskGroup { group in
             group.addTask { await self.listen(id) }
             group.addTask { await self.heartbeat(id) }
@@ -313,8 +308,6 @@ public final class PostgresCluster: GatewayCluster {
         // In a task of its own: this one is cancelled (that is how the gateway stops the
         // cluster), and leaving must still reach PostgreSQL (bounded by the operation timeout).
         await Task { await self.leave(id, node) }.value
-        self.state.withLockedValue { $0.forwarder = nil }
-        try? await forwarder.shutdown()
     }
 
     private func register(_ node: ClusterNode) async throws -> Int64 {

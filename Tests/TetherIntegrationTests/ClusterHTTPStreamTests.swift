@@ -168,6 +168,21 @@ extension IntegrationTests {
                 let cKey = try #require(HTTPStreamBinding.nodeKey(of: try await Self.openStream(Self.streamURL(c)).token))
                 let (unreachable, why) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: cKey))
                 #expect(unreachable == 502 && why.contains("did not answer"), "\(unreachable) \(why)")
+
+                // Node D has no stream forwarder: a POST for A's stream that D receives gets 502,
+                // saying why.
+                let d = try await harness.clusterNode(
+                    "d",
+                    url: url,
+                    network: LocalNetwork(),
+                    configure: { $0.configureListener(.httpStream) },
+                    configureCluster: { $0.streamForwarder = nil }
+                )
+                let (unforwarded, whyNot) = try await post(
+                    try await Self.streamURL(d),
+                    token: HTTPStreamBinding.makeToken(nodeKey: nodeKey)
+                )
+                #expect(unforwarded == 502 && whyNot.contains("no stream forwarder"), "\(unforwarded) \(whyNot)")
             }
         }
     }

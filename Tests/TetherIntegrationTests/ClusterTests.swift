@@ -7,6 +7,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherPostgres
+import TetherStreamForwarding
 import TetherTestSupport
 import TetherTesting
 
@@ -44,6 +45,8 @@ extension Harness {
         clusterConfiguration.pollInterval = .milliseconds(250)
         let endpoint = Endpoint(host: name, port: 1)
         clusterConfiguration.address = endpoint.description
+        let forwarder = HTTPStreamForwarder(logger: testLogger("streams-\(name)"))
+        clusterConfiguration.streamForwarder = forwarder
         configureCluster(&clusterConfiguration)
         let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration, logger: testLogger("cluster-\(name)"))
         var configuration = GatewayConfiguration.defaults
@@ -66,6 +69,7 @@ extension Harness {
         self.spawn("gateway.run() of node \(name)") {
             try? await gateway.run()
             running.cancel()
+            try? await forwarder.shutdown()
         }
         self.describe { "node \(name): \(gateway.connections.count) established connections" }
         self.onExit { gateway.shutdown() }

@@ -61,6 +61,24 @@ extension GatewayCluster {
     public func forwardStreamPost(_ post: ClusterStreamPost) async -> ClusterStreamAnswer? { nil }
 }
 
+/// Sends HTTP-stream POSTs to the node that holds their session: what a cluster uses to
+/// implement ``GatewayCluster/forwardStreamPost(_:)`` once it found that node's stream URL.
+///
+/// `TetherStreamForwarding`'s `HTTPStreamForwarder` is one, over a pool of kept-alive HTTP
+/// connections (async-http-client):
+///
+/// ```swift
+/// let forwarder = HTTPStreamForwarder()
+/// clusterConfiguration.streamForwarder = forwarder
+/// // … run the gateway …
+/// try await forwarder.shutdown()
+/// ```
+public protocol ClusterStreamForwarder: Sendable {
+    /// Posts `post` to `url` (the holding node's stream URL) and returns that node's answer: a
+    /// `502` answer if it does not answer within `timeout`.
+    func forward(_ post: ClusterStreamPost, to url: String, timeout: Duration) async -> ClusterStreamAnswer
+}
+
 /// An HTTP-stream POST that reached a node which does not hold its stream.
 public struct ClusterStreamPost: Sendable {
     /// The session's token (`Tether-Session`).
