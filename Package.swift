@@ -5,6 +5,7 @@ import PackageDescription
 // as an HTTP request. The targets follow the layers of the design:
 //
 //   TetherCore     sans-IO protocol: frames, codec, handshake, state machines (no sockets)
+//   TetherCompression  payload compression for the codec: raw DEFLATE with zlib (CompressNIO)
 //   TetherNIO      SwiftNIO channel handlers and transports: framing, TLS (swift-nio-ssl),
 //                  WebSocket (NIOWebSocket), the client transport abstraction
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
@@ -34,6 +35,7 @@ let package = Package(
     platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
     products: [
         .library(name: "TetherCore", targets: ["TetherCore"]),
+        .library(name: "TetherCompression", targets: ["TetherCompression"]),
         .library(name: "TetherNIO", targets: ["TetherNIO"]),
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherGateway", targets: ["TetherGateway"]),
@@ -75,6 +77,15 @@ let package = Package(
             dependencies: [
                 "CTetherCRC32C",
                 .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        // The codec's payload compression (PayloadDeflating, PayloadInflating) with zlib.
+        .target(
+            name: "TetherCompression",
+            dependencies: [
+                "TetherCore",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "CompressNIO", package: "compress-nio"),
             ],
             swiftSettings: strictSwift6
@@ -83,6 +94,7 @@ let package = Package(
             name: "TetherNIO",
             dependencies: [
                 "TetherCore",
+                "TetherCompression",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -102,6 +114,7 @@ let package = Package(
             name: "Tether",
             dependencies: [
                 "TetherCore",
+                "TetherCompression",
                 "TetherNIO",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -120,6 +133,7 @@ let package = Package(
             name: "TetherGateway",
             dependencies: [
                 "TetherCore",
+                "TetherCompression",
                 "TetherNIO",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -294,6 +308,16 @@ let package = Package(
             name: "TetherCoreTests",
             dependencies: [
                 "TetherCore",
+                "TetherCompression",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherCompressionTests",
+            dependencies: [
+                "TetherCore",
+                "TetherCompression",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "CompressNIO", package: "compress-nio"),
             ],
@@ -332,6 +356,7 @@ let package = Package(
                 "TetherCore",
                 "TetherNIO",
                 "TetherGateway",
+                "TetherCompression",
                 "TetherTesting",
                 "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -387,6 +412,7 @@ let package = Package(
                 "TetherLab",
                 "TetherPostgres",
                 "TetherStreamForwarding",
+                "TetherCompression",
                 "TetherTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

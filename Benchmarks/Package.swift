@@ -70,6 +70,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Tether", package: "tether"),
                 .product(name: "TetherCore", package: "tether"),
+                .product(name: "TetherCompression", package: "tether"),
                 .product(name: "TetherGateway", package: "tether"),
                 .product(name: "TetherNIO", package: "tether"),
                 .product(name: "TetherPostgres", package: "tether"),

@@ -41,6 +41,7 @@ let package = Package(
             dependencies: [
                 "CLibFuzzer",
                 .product(name: "TetherCore", package: tether),
+                .product(name: "TetherCompression", package: tether),
             ],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),

@@ -3,6 +3,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import TetherCompression
 import TetherCore
 import TetherNIO
 

@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import Testing
 import Tether
+import TetherCompression
 import TetherCore
 import TetherGateway
 import TetherTestSupport

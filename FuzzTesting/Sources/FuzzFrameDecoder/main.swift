@@ -1,5 +1,6 @@
 import CLibFuzzer
 import NIOCore
+import TetherCompression
 import TetherCore
 
 #if canImport(Glibc)

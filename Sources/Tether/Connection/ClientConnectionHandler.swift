@@ -1,5 +1,6 @@
 import Logging
 import NIOCore
+import TetherCompression
 import TetherCore
 import TetherNIO
 

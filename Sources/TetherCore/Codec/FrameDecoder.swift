@@ -46,7 +46,8 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
     /// Decodes the next frame from the front of `buffer`, or returns `nil` if it is not complete yet.
     /// - Parameter inflater: With ``Features/compression`` negotiated: inflates COMPRESSED
     ///   payloads, up to ``maxBodySize``. Without it, a COMPRESSED frame is a `protocol error`.
-    public mutating func decodeFrame(from buffer: inout ByteBuffer, inflater: PayloadInflater? = nil) throws(ProtocolError) -> Frame? {
+    public mutating func decodeFrame(from buffer: inout ByteBuffer, inflater: (any PayloadInflating)? = nil) throws(ProtocolError) -> Frame?
+    {
         let base = buffer.readerIndex
         guard let header = buffer.withUnsafeReadableBytes({ FrameHeader.read(from: $0) }) else {
             // Not a whole header yet; a wrong magic is reported as soon as its two bytes are here.
@@ -302,7 +303,7 @@ extension FrameType {
 
 extension Frame.Payload {
     /// The payload with its trailing application bytes inflated.
-    fileprivate func inflated(by inflater: PayloadInflater, limit: Int) throws(ProtocolError) -> Frame.Payload {
+    fileprivate func inflated(by inflater: any PayloadInflating, limit: Int) throws(ProtocolError) -> Frame.Payload {
         switch self {
         case .request(var request):
             request.body = try inflater.inflate(request.body, limit: limit, of: .request)

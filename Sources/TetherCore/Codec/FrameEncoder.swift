@@ -22,7 +22,7 @@ public struct FrameEncoder: Sendable {
     ///   ``FrameHeader/absoluteMaximumBodySize``.
     /// - Parameter deflater: With ``Features/compression`` negotiated: compresses the payload
     ///   of a REQUEST, RESPONSE, PUSH, MESSAGE or DELIVERY when it is worth it.
-    public func encode(_ frame: Frame, into buffer: inout ByteBuffer, deflater: PayloadDeflater? = nil) throws(FrameEncodingError) {
+    public func encode(_ frame: Frame, into buffer: inout ByteBuffer, deflater: (any PayloadDeflating)? = nil) throws(FrameEncodingError) {
         let start = buffer.writerIndex
         do {
             try self.encodeUnchecked(frame, into: &buffer, start: start, deflater: deflater)
@@ -48,7 +48,7 @@ public struct FrameEncoder: Sendable {
         _ frame: Frame,
         into buffer: inout ByteBuffer,
         start: Int,
-        deflater: PayloadDeflater? = nil
+        deflater: (any PayloadDeflating)? = nil
     ) throws(FrameEncodingError) {
         var flags = frame.flags.intersection(.checksum)
         // A payload compressed already (a delivery stored so): written as it is.

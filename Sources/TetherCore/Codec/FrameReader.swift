@@ -77,7 +77,7 @@ public struct FrameReader: Sendable {
     /// - Throws: ``ProtocolError`` for a malformed frame, one over the body limit, or (with
     ///   ``Framing/messages``) a message that does not hold exactly one frame.
     /// - Parameter inflater: With ``Features/compression`` negotiated: inflates COMPRESSED payloads.
-    public mutating func next(inflater: PayloadInflater? = nil) throws(ProtocolError) -> Frame? {
+    public mutating func next(inflater: (any PayloadInflating)? = nil) throws(ProtocolError) -> Frame? {
         guard !self.failed, var buffer = self.cumulation, buffer.readableBytes > 0 else { return nil }
         self.cumulation = nil
         let frame: Frame?

@@ -59,7 +59,7 @@ public struct FrameWriter: Sendable {
     ///   frames once they pass ``maxJoinedBytes``; otherwise `nil` (take them before flushing).
     /// - Throws: ``FrameEncodingError`` if a field is over its size limit; nothing is written.
     /// - Parameter deflater: With ``Features/compression`` negotiated: compresses payloads worth it.
-    public mutating func append(_ frame: Frame, deflater: PayloadDeflater? = nil) throws(FrameEncodingError) -> ByteBuffer? {
+    public mutating func append(_ frame: Frame, deflater: (any PayloadDeflating)? = nil) throws(FrameEncodingError) -> ByteBuffer? {
         switch self.framing {
         case .messages:
             var buffer = self.allocator.buffer(capacity: Self.messageHeadroom + FrameHeader.size + 64)

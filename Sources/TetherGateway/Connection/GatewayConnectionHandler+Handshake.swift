@@ -1,5 +1,6 @@
 import NIOCore
 import NIOSSL
+import TetherCompression
 import TetherCore
 import X509
 

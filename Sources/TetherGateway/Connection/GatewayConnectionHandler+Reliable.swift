@@ -1,4 +1,5 @@
 import NIOCore
+import TetherCompression
 import TetherCore
 
 extension GatewayConnectionHandler {

@@ -1,4 +1,5 @@
 import NIOCore
+import TetherCompression
 import TetherCore
 
 /// Compresses the payloads of deliveries before they are stored, as the gateway compresses what

@@ -1,4 +1,5 @@
 import NIOCore
+import TetherCompression
 import TetherCore
 
 /// One push, or several consecutive pushes to the same recipients, encoded once for all of

@@ -1,4 +1,5 @@
 package import NIOCore
+package import TetherCompression
 package import TetherCore
 
 /// What the client's and the gateway's connection handlers share: reading and decoding frames,

@@ -2,6 +2,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import Testing
+import TetherCompression
 import TetherTestSupport
 
 @testable import TetherCore

@@ -2,6 +2,7 @@ import CompressNIO
 import Foundation
 import NIOCore
 import Testing
+import TetherCompression
 
 @testable import TetherCore
 
