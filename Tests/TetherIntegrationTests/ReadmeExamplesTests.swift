@@ -1,8 +1,11 @@
 import NIOConcurrencyHelpers
 import NIOCore
+import PostgresNIO
 import Testing
 import Tether
 import TetherGateway
+import TetherPostgres
+import TetherStreamForwarding
 import TetherTestSupport
 
 extension IntegrationTests {
@@ -72,6 +75,31 @@ extension IntegrationTests {
             #expect(client.heartbeatMode == .background)
             client.setHeartbeatMode(.foreground)  // and back
             #expect(client.heartbeatMode == .foreground)
+        }
+
+        @Test("the cluster example compiles; its node has a stream forwarder")
+        func clusterExample() async throws {
+            // --- README: "A cluster" in code (the part after the PostgreSQL client; not run
+            // against a server here, ClusterTests run clusters) ---
+            let example: @Sendable (String, PostgresClient, GatewayConfiguration) async throws -> Gateway = {
+                url,
+                postgres,
+                configuration in
+                let store = try await PostgresMessageStore(client: postgres)  // migrates the tether_* tables
+                var clusterConfiguration = try PostgresCluster.Configuration(url: url, name: "node-a")
+                let forwarder = HTTPStreamForwarder()  // TetherStreamForwarding: HTTP-stream POSTs to the node that holds them
+                clusterConfiguration.streamForwarder = forwarder
+                let cluster = try PostgresCluster(store: store, configuration: clusterConfiguration)
+                let gateway = try Gateway(configuration: configuration, messageStore: store, cluster: cluster)
+                try await forwarder.shutdown()  // … once the gateway stopped
+                return gateway
+            }
+            _ = example
+            var configuration = try PostgresCluster.Configuration(url: "postgres://tether@127.0.0.1:5433/tether", name: "node-a")
+            let forwarder = HTTPStreamForwarder()
+            configuration.streamForwarder = forwarder
+            #expect(configuration.streamForwarder != nil)
+            try await forwarder.shutdown()
         }
 
         @Test("the reliable messaging examples work together")
