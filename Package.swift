@@ -6,8 +6,10 @@ import PackageDescription
 //
 //   TetherCore     sans-IO protocol: frames, codec, handshake, state machines (no sockets)
 //   TetherCompression  payload compression for the codec: raw DEFLATE with zlib (CompressNIO)
-//   TetherNIO      SwiftNIO channel handlers and transports: framing, TLS (swift-nio-ssl),
-//                  WebSocket (NIOWebSocket), the client transport abstraction
+//   TetherNIO      the frame core both sides share (FrameConnection, the connection timer),
+//                  the memory budget, the client transport abstraction (SwiftNIO, no transport)
+//   TetherNIOTransports  the transports: TCP and TLS (swift-nio-ssl), WebSocket, the HTTP
+//                  stream (HTTP/1.1 and HTTP/2), HTTP CONNECT proxies, Transport Services
 //   Tether         the client library (requests, pushes, heartbeat, reconnect)
 //   TetherGateway  the gateway (server) library
 //   TetherJWT      the gateway's JSON Web Token authenticator (jwt-kit)
@@ -37,6 +39,7 @@ let package = Package(
         .library(name: "TetherCore", targets: ["TetherCore"]),
         .library(name: "TetherCompression", targets: ["TetherCompression"]),
         .library(name: "TetherNIO", targets: ["TetherNIO"]),
+        .library(name: "TetherNIOTransports", targets: ["TetherNIOTransports"]),
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherGateway", targets: ["TetherGateway"]),
         .library(name: "TetherJWT", targets: ["TetherJWT"]),
@@ -96,6 +99,19 @@ let package = Package(
                 "TetherCore",
                 "TetherCompression",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Atomics", package: "swift-atomics"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        // The transports, on top of the frame core: each wraps a channel's bytes into Tether's
+        // frames (TCP, TLS), WebSocket messages or the HTTP stream's GET and POSTs.
+        .target(
+            name: "TetherNIOTransports",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -116,6 +132,7 @@ let package = Package(
                 "TetherCore",
                 "TetherCompression",
                 "TetherNIO",
+                "TetherNIOTransports",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
@@ -135,6 +152,7 @@ let package = Package(
                 "TetherCore",
                 "TetherCompression",
                 "TetherNIO",
+                "TetherNIOTransports",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -169,6 +187,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -187,6 +206,7 @@ let package = Package(
             dependencies: [
                 "TetherGateway",
                 "TetherNIO",
+                "TetherNIOTransports",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -213,6 +233,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -223,6 +244,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "Tether",
                 "TetherGateway",
                 "TetherFaultProxy",
@@ -238,6 +260,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "Tether",
                 "TetherPostgres",
                 "TetherFaultProxy",
@@ -254,6 +277,7 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "TetherGateway",
                 "TetherJWT",
                 "TetherPostgres",
@@ -281,6 +305,7 @@ let package = Package(
                 "Tether",
                 "TetherGateway",
                 "TetherNIO",
+                "TetherNIOTransports",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -331,6 +356,17 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherNIOTransportsTests",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "TetherNIOTransports",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
@@ -341,6 +377,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "Tether",
                 "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -355,6 +392,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "TetherGateway",
                 "TetherCompression",
                 "TetherTesting",
@@ -404,6 +442,7 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
+                "TetherNIOTransports",
                 "Tether",
                 "TetherGateway",
                 "TetherJWT",

@@ -63,6 +63,7 @@ let package = Package(
                 "CLibFuzzer",
                 .product(name: "TetherCore", package: tether),
                 .product(name: "TetherNIO", package: tether),
+                .product(name: "TetherNIOTransports", package: tether),
                 .product(name: "TetherGateway", package: tether),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),

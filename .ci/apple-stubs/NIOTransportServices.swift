@@ -1,6 +1,6 @@
 // A stand-in for swift-nio-transport-services on Linux, where its real module is empty (its
 // sources are behind `#if canImport(Network)`): only the bootstrap API that
-// Sources/TetherNIO/Transport/NIOTSClientTransport.swift uses, with the signatures of its
+// Sources/TetherNIOTransports/Transport/NIOTSClientTransport.swift uses, with the signatures of its
 // NIOTSConnectionBootstrap.swift (1.28.0). Type-checking against it catches Swift mistakes.
 import Network
 import NIOCore

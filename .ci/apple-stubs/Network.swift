@@ -1,5 +1,5 @@
 // A stand-in for Network.framework on Linux: only the API that
-// Sources/Tether/NWPathNetworkMonitor.swift and Sources/TetherNIO/Transport/NIOTSClientTransport.swift
+// Sources/Tether/NWPathNetworkMonitor.swift and Sources/TetherNIOTransports/Transport/NIOTSClientTransport.swift
 // use, declared as Apple documents it (https://developer.apple.com/documentation/network/nwpathmonitor,
 // .../nwprotocoltls, .../nwerror). CI type-checks those files against it (see
 // check-apple-sources), so that a Swift mistake there is caught before an Apple build meets

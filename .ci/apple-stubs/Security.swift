@@ -1,5 +1,5 @@
 // A stand-in for the Security framework on Linux: only what
-// Sources/TetherNIO/Transport/NIOTSClientTransport.swift uses, declared as Apple's SDK
+// Sources/TetherNIOTransports/Transport/NIOTSClientTransport.swift uses, declared as Apple's SDK
 // declares it to Swift (SecTrust.h, SecCertificate.h, SecProtocolOptions.h). Core
 // Foundation's toll-free bridged types stand as their Foundation classes. Type-checking
 // against it catches Swift mistakes; it proves nothing about the real framework.

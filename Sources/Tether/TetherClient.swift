@@ -6,6 +6,7 @@ import NIOPosix
 public import ServiceLifecycle
 import TetherCore
 public import TetherNIO
+public import TetherNIOTransports
 public import Tracing
 
 /// A client that keeps one long-lived connection to a Tether gateway and makes it as easy to

@@ -3,6 +3,7 @@ public import Logging
 public import NIOCore
 public import TetherCore
 public import TetherNIO
+public import TetherNIOTransports
 
 /// Runs a client for as long as `body` runs: connects (and reconnects) in the background, then
 /// shuts the client down gracefully when `body` returns or throws, and returns once it has.

@@ -3,6 +3,7 @@ import NIOCore
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 
 /// The handlers `tether serve` and `tether demo` install: echo, time, a chat room, and a slow
 /// method for trying timeouts and cancellation.

@@ -20,5 +20,5 @@
 @_exported import protocol TetherCore.TetherClock
 @_exported import struct TetherCore.TetherInstant
 @_exported import let TetherCore.messageStoreOutcomeWindow
-@_exported import enum TetherNIO.PEMSource
-@_exported import enum TetherNIO.WebSocketBinding
+@_exported import enum TetherNIOTransports.PEMSource
+@_exported import enum TetherNIOTransports.WebSocketBinding

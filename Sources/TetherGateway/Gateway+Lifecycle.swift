@@ -3,6 +3,7 @@ public import NIOCore
 import ServiceLifecycle
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 // How a gateway runs: accepting, serving connections, shutting down (gracefully or at once).
 extension Gateway {

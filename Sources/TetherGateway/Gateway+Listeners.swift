@@ -9,6 +9,7 @@ import NIOTLS
 import NIOWebSocket
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 #if canImport(Glibc)
     import Glibc

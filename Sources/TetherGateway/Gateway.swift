@@ -7,6 +7,7 @@ import Prometheus
 public import ServiceLifecycle
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 public import Tracing
 
 #if canImport(Glibc)

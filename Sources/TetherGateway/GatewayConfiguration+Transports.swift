@@ -1,6 +1,7 @@
 public import NIOSSL
 public import TetherCore
-public import TetherNIO
+import TetherNIO
+public import TetherNIOTransports
 
 extension GatewayConfiguration {
     /// The gateway's TLS identity and its demands on clients.

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOHTTP1
 import TetherNIO
+import TetherNIOTransports
 
 /// Answers an HTTP request the WebSocket upgrader declined with a status that says why, then
 /// closes: `404` for another path, `426` for a request that is not a WebSocket upgrade, `400`

@@ -4,6 +4,7 @@ import NIOCore
 import Tether
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 import TetherPostgres
 
 extension ScenarioRun {

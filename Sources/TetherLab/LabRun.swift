@@ -5,6 +5,7 @@ import Tether
 import TetherCore
 import TetherFaultProxy
 import TetherNIO
+import TetherNIOTransports
 import TetherPostgres
 
 /// Runs lab scenarios against a real gateway process and real clients.

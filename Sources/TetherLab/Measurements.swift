@@ -1,5 +1,6 @@
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 /// Percentiles of a set of samples (in the unit the samples are in).
 public struct Percentiles: Codable, Sendable, Hashable {

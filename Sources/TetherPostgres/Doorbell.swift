@@ -1,4 +1,5 @@
 import TetherNIO
+import TetherNIOTransports
 
 /// Wakes one waiting loop: ``ring()`` from anywhere, ``wait(upTo:)`` in the loop. A ring while
 /// nobody waits is kept for the next wait (several rings count as one).

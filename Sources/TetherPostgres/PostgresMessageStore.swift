@@ -5,6 +5,7 @@ public import PostgresNIO
 public import TetherCore
 public import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 
 /// A ``MessageStore`` in PostgreSQL, which several gateways (the nodes of a cluster) can share.
 ///

@@ -7,6 +7,7 @@ import NIOPosix
 public import NIOSSL
 public import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 
 /// Sends HTTP-stream POSTs to the node of a cluster that holds their session, over one pool of
 /// kept-alive HTTP/1.1 connections per node (async-http-client).

@@ -1,6 +1,7 @@
 import NIOCore
 public import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 /// Breaks the connections of a ``LocalNetwork`` on demand.
 ///

@@ -3,6 +3,7 @@ import NIOPosix
 public import TetherCore
 public import TetherGateway
 public import TetherNIO
+import TetherNIOTransports
 
 #if canImport(Darwin)
     import Darwin

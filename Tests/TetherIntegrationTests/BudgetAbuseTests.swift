@@ -5,6 +5,7 @@ import Tether
 import TetherCore
 import TetherLab
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 

@@ -7,6 +7,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 import TetherPostgres
 import TetherTestSupport
 import TetherTesting

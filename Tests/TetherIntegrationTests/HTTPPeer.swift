@@ -7,6 +7,7 @@ import NIOSSL
 import Testing
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 
 /// An HTTP client of the tests' own, driven by hand: requests as a peer would send them to the

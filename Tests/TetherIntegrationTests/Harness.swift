@@ -9,6 +9,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 import Tracing

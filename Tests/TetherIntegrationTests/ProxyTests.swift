@@ -5,6 +5,7 @@ import Testing
 import Tether
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 
 #if canImport(Glibc)

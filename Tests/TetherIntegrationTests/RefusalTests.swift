@@ -6,6 +6,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 
 extension IntegrationTests {

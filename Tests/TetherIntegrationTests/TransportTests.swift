@@ -8,6 +8,7 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 import X509

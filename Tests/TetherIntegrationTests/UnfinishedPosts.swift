@@ -6,6 +6,7 @@ import NIOPosix
 import NIOSSL
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 import TetherTestSupport
 
 /// An attacker's POSTs to a live HTTP stream that never end: each declares a body of `declared`

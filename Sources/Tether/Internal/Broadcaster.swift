@@ -1,5 +1,6 @@
 import Atomics
 import TetherNIO
+import TetherNIOTransports
 
 /// Fans elements out to any number of `AsyncStream` subscribers.
 ///

@@ -2,6 +2,7 @@ import NIOCore
 import NIOPosix
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 #if canImport(Darwin)
     import Darwin

@@ -1,4 +1,5 @@
 import TetherNIO
+import TetherNIOTransports
 
 /// A one-shot signal that interrupts the run loop's backoff sleep (for example on shutdown).
 ///

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 extension ReliableEngine {
     // MARK: Expiry

@@ -5,6 +5,7 @@ import NIOHTTP1
 import NIOPosix
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 // The admin listener: /health, /ready and /metrics over plain HTTP, for operators and orchestrators.
 extension Gateway {

@@ -1,6 +1,7 @@
 import NIOCore
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 extension GatewayConnectionHandler {
     // MARK: Draining and closing

@@ -1,5 +1,6 @@
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 /// Decides, as each connection is accepted, whether the gateway takes it: connections in all,
 /// per source address, and before their handshake completed, and new connections per second

@@ -68,15 +68,3 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
 
     public var description: String { "\(self.code): \(self.message)" }
 }
-
-extension TransportError {
-    /// A trusted certificate at `endpoint` whose public key, `presented` (`nil` if it could not
-    /// be read), matches none of `pins`.
-    package static func pinMismatch(at endpoint: Endpoint, presented: CertificatePin?, pins: [CertificatePin]) -> TransportError {
-        TransportError(
-            code: .certificatePinMismatch,
-            message:
-                "the certificate of \(endpoint) is trusted, but its public key (\(presented?.description ?? "unreadable")) matches none of the \(pins.count) configured pin\(pins.count == 1 ? "" : "s")"
-        )
-    }
-}

@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
+import TetherNIOTransports
 
 @testable import TetherCore
 @testable import TetherGateway

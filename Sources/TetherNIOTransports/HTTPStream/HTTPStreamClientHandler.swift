@@ -2,6 +2,7 @@ import Crypto
 import NIOCore
 import NIOHTTP1
 import TetherCore
+import TetherNIO
 
 /// The client's end of an HTTP stream (PROTOCOL.md, section 11.5), in the pipeline of the
 /// connection that carries the stream, after NIOHTTP1's client handlers.

@@ -1,6 +1,7 @@
 import NIOConcurrencyHelpers
 package import NIOCore
 package import NIOHTTP1
+import TetherNIO
 
 /// The HTTP streams a gateway serves, by session token, so that a POST arriving on any
 /// connection reaches its stream's connection (on that connection's event loop).

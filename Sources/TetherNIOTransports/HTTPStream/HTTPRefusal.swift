@@ -1,5 +1,6 @@
 package import NIOCore
 package import NIOHTTP1
+import TetherNIO
 
 /// An HTTP request the gateway will not serve: the status, a one-line reason sent as the body,
 /// and, for a limit, when to try again (`Retry-After`).

@@ -6,6 +6,7 @@ import NIOPosix
 import NIOSSL
 import NIOWebSocket
 public import TetherCore
+public import TetherNIO
 
 /// The socket transport (SwiftNIO's POSIX sockets): every endpoint kind over TCP, with
 /// Nagle's algorithm off.

@@ -1,6 +1,7 @@
 import Crypto
 package import NIOCore
 import NIOHTTP1
+import TetherNIO
 
 // The stream: a GET admitted opens it on its connection; POST bodies reach the connection's
 // handler above when it asks to read, and count as read once it asks again.

@@ -3,6 +3,7 @@ import Foundation
 package import NIOCore
 public import NIOSSL
 public import TetherCore
+public import TetherNIO
 
 /// PEM text, in memory or in a file: certificates, a certificate chain or a private key.
 ///
@@ -196,4 +197,16 @@ package enum TLSShutdown {
     /// before the peer's `close_notify` loses nothing (no truncation attack applies), and a
     /// link found dead by the heartbeat must not stay open for seconds more.
     package static let timeout = TimeAmount.milliseconds(250)
+}
+
+extension TransportError {
+    /// A trusted certificate at `endpoint` whose public key, `presented` (`nil` if it could not
+    /// be read), matches none of `pins`.
+    package static func pinMismatch(at endpoint: Endpoint, presented: CertificatePin?, pins: [CertificatePin]) -> TransportError {
+        TransportError(
+            code: .certificatePinMismatch,
+            message:
+                "the certificate of \(endpoint) is trusted, but its public key (\(presented?.description ?? "unreadable")) matches none of the \(pins.count) configured pin\(pins.count == 1 ? "" : "s")"
+        )
+    }
 }

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 public import NIOCore
 package import NIOHTTP2
+import TetherNIO
 
 /// The constants of the HTTP-stream binding (PROTOCOL.md, section 11.5): Tether frames flow
 /// from the gateway down one long streaming response to `GET <path>`, and from the client up

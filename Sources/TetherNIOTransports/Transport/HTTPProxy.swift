@@ -1,5 +1,6 @@
 import Foundation
 public import TetherCore
+import TetherNIO
 
 /// An HTTP proxy that a client's connections go through with `CONNECT` (RFC 9110, 9.3.6), as
 /// in networks that let nothing out but through a proxy: every transport (`tether://`,

@@ -1,6 +1,7 @@
 import Crypto
 package import NIOCore
 package import NIOHTTP1
+package import TetherNIO
 
 /// The gateway's end of the HTTP stream (PROTOCOL.md, section 11.5), one per connection of the
 /// HTTP listener, after NIOHTTP1's server handlers.

@@ -2,6 +2,7 @@ import Crypto
 public import NIOCore
 public import NIOWebSocket
 import TetherCore
+import TetherNIO
 
 /// Carries Tether frames as WebSocket messages: one frame per binary message (PROTOCOL.md,
 /// "Transport bindings").

@@ -4,6 +4,7 @@ import NIOWebSocket
 import Testing
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 /// Catches the errors a handler fires, as the Tether handler above it would.
 private final class ErrorCatcher: ChannelInboundHandler {

@@ -3,6 +3,7 @@ import NIOEmbedded
 import NIOHTTP1
 import Testing
 import TetherNIO
+import TetherNIOTransports
 
 /// Stands in for the gateway's connection handler above a stream: records what it reads, and
 /// holds reads while told to (as the gateway does when its limits pace a client).

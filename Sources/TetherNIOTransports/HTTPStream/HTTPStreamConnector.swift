@@ -2,6 +2,7 @@ import NIOCore
 import NIOHTTP1
 import NIOHTTP2
 import TetherCore
+import TetherNIO
 
 /// Opens the client's end of an HTTP stream over connections a transport makes (PROTOCOL.md,
 /// section 11.5): over HTTP/1.1 the stream's GET on one connection and POSTs on another; over

@@ -8,6 +8,7 @@
     import Network
     import Security
     public import TetherCore
+    public import TetherNIO
 
     /// The Network.framework transport (swift-nio-transport-services): every endpoint kind over
     /// an `NWConnection`, with TLS by `NWProtocolTLS` (the system's TLS, its trust store and

@@ -1,6 +1,7 @@
 package import NIOCore
 import NIOWebSocket
 import TetherCore
+package import TetherNIO
 
 /// What one gateway WebSocket holds of the memory budget before its frames reach the Tether
 /// handler: the bytes NIOWebSocket's decoder has of a frame still arriving, and the message

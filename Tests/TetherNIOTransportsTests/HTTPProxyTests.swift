@@ -1,6 +1,7 @@
 import Testing
 import TetherCore
 import TetherNIO
+import TetherNIOTransports
 
 @Suite("HTTP proxy settings")
 struct HTTPProxyTests {

@@ -4,6 +4,7 @@ import NIOSSL
 import NIOTLS
 import NIOWebSocket
 package import TetherCore
+import TetherNIO
 
 /// Brings a new client connection to the point where it carries Tether frames: waits for the
 /// TLS handshake (and its pin check), performs the WebSocket upgrade, then installs the

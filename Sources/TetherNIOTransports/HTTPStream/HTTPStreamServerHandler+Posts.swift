@@ -1,5 +1,6 @@
 import NIOCore
 import NIOHTTP1
+import TetherNIO
 
 // The HTTP stream's POSTs once their bodies are read (handed to their session's stream, or
 // forwarded to the node that holds it), the answers, and the memory budget's calls.
