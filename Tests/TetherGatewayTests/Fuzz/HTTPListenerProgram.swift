@@ -2,11 +2,11 @@ import Logging
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
-import TetherNIOTransports
 
 @testable import TetherCore
 @testable import TetherGateway
 @testable import TetherNIO
+@testable import TetherNIOTransports
 
 /// A little program that drives the gateway's HTTP listener (WebSocket upgrades, the HTTP
 /// stream's GETs and POSTs, HTTP/2 with prior knowledge) on `EmbeddedChannel`s with virtual
