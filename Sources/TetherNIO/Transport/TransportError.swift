@@ -1,5 +1,3 @@
-package import TetherCore
-
 /// A connection a transport could not set up, or that its transport layer ended: a failed TLS
 /// handshake, a certificate that matches no pin, a refused WebSocket upgrade, a WebSocket
 /// closed by the peer.

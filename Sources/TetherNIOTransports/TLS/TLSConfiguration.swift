@@ -3,7 +3,7 @@ import Foundation
 package import NIOCore
 public import NIOSSL
 public import TetherCore
-public import TetherNIO
+package import TetherNIO
 
 /// PEM text, in memory or in a file: certificates, a certificate chain or a private key.
 ///
