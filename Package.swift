@@ -187,7 +187,6 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "TetherNIOTransports",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -233,7 +232,6 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "TetherNIOTransports",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -244,7 +242,6 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "TetherNIOTransports",
                 "Tether",
                 "TetherGateway",
                 "TetherFaultProxy",
@@ -260,7 +257,6 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "TetherNIOTransports",
                 "Tether",
                 "TetherPostgres",
                 "TetherFaultProxy",
@@ -277,7 +273,6 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherNIO",
-                "TetherNIOTransports",
                 "TetherGateway",
                 "TetherJWT",
                 "TetherPostgres",
@@ -305,7 +300,6 @@ let package = Package(
                 "Tether",
                 "TetherGateway",
                 "TetherNIO",
-                "TetherNIOTransports",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -377,7 +371,6 @@ let package = Package(
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "TetherNIOTransports",
                 "Tether",
                 "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),

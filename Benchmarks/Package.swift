@@ -73,7 +73,6 @@ let package = Package(
                 .product(name: "TetherCompression", package: "tether"),
                 .product(name: "TetherGateway", package: "tether"),
                 .product(name: "TetherNIO", package: "tether"),
-                .product(name: "TetherNIOTransports", package: "tether"),
                 .product(name: "TetherPostgres", package: "tether"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -6,7 +6,6 @@ import NIOPosix
 import TetherCompression
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Push fan-out: one room of N members, M pushes to the room, deliveries per second.
 ///

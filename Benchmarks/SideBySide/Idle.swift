@@ -7,7 +7,6 @@ import NIOPosix
 import Tether
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Gateway scale: idle connections held with heartbeats, and what each costs the gateway.
 struct Idle: AsyncParsableCommand {

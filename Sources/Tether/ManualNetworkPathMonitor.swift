@@ -1,6 +1,5 @@
 public import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A ``NetworkPathMonitor`` driven by hand: it reports whatever path it is told, for an app
 /// with its own source of reachability (or none on its platform), a test, or the lab.

@@ -2,7 +2,6 @@ import Logging
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 // Establishing a connection: racing endpoints, the transport, the handshake.
 extension TetherClient {

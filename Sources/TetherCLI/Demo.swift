@@ -7,7 +7,6 @@ import TetherCore
 import TetherFaultProxy
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -3,7 +3,6 @@ import NIOCore
 import TetherCore
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 
 /// The handlers `tether serve` and `tether demo` install: echo, time, a chat room, and a slow
 /// method for trying timeouts and cancellation.

@@ -2,7 +2,6 @@ public import NIOCore
 import NIOPosix
 public import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A TCP proxy between clients and a gateway that can degrade or break the path on demand:
 /// add latency, jitter and a bandwidth cap, stop forwarding while keeping connections open (a

@@ -4,7 +4,6 @@ import NIOCore
 import NIOPosix
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A `tether serve` process with an SQLite store, which the lab can kill and start again.
 final class GatewayProcess: @unchecked Sendable {

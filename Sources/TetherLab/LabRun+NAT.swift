@@ -4,7 +4,6 @@ import Tether
 import TetherCore
 import TetherFaultProxy
 import TetherNIO
-import TetherNIOTransports
 
 extension ScenarioRun {
     /// The NAT-timeout experiment: two groups of idle clients in the background mode behind a

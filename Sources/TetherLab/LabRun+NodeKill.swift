@@ -4,7 +4,6 @@ import NIOCore
 import Tether
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 import TetherPostgres
 
 extension ScenarioRun {

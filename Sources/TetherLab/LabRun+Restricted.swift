@@ -5,7 +5,6 @@ import Tether
 import TetherCore
 import TetherFaultProxy
 import TetherNIO
-import TetherNIOTransports
 
 extension ScenarioRun {
     /// The restrictive-network experiment: every client's endpoint list is the raw port, then

@@ -5,7 +5,6 @@ import Tether
 import TetherCore
 import TetherFaultProxy
 import TetherNIO
-import TetherNIOTransports
 import TetherPostgres
 
 /// Runs lab scenarios against a real gateway process and real clients.

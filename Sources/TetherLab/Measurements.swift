@@ -1,6 +1,5 @@
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Percentiles of a set of samples (in the unit the samples are in).
 public struct Percentiles: Codable, Sendable, Hashable {

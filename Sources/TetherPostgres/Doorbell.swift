@@ -1,5 +1,4 @@
 import TetherNIO
-import TetherNIOTransports
 
 /// Wakes one waiting loop: ``ring()`` from anywhere, ``wait(upTo:)`` in the loop. A ring while
 /// nobody waits is kept for the next wait (several rings count as one).

@@ -6,7 +6,6 @@ public import PostgresNIO
 public import TetherCore
 public import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 
 /// Several gateways (nodes) sharing one PostgreSQL database: pushes reach every node's
 /// connections, reliable deliveries reach a recipient on whichever node it is connected to,

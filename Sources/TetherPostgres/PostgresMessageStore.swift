@@ -5,7 +5,6 @@ public import PostgresNIO
 public import TetherCore
 public import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 
 /// A ``MessageStore`` in PostgreSQL, which several gateways (the nodes of a cluster) can share.
 ///

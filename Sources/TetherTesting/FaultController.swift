@@ -1,7 +1,6 @@
 import NIOCore
 public import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Breaks the connections of a ``LocalNetwork`` on demand.
 ///

@@ -3,7 +3,6 @@ import NIOPosix
 public import TetherCore
 public import TetherGateway
 public import TetherNIO
-import TetherNIOTransports
 
 #if canImport(Darwin)
     import Darwin

@@ -1,7 +1,6 @@
 public import NIOCore
 public import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A clock that moves only when told to: inject it into a `TetherClient` or a `Gateway` and
 /// every deadline they have — backoff, racing, requests, heartbeats, handshakes, idle

@@ -5,7 +5,6 @@ import Tether
 import TetherCore
 import TetherLab
 import TetherNIO
-import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 

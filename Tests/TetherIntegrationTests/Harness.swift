@@ -9,7 +9,6 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 import Tracing

@@ -5,7 +5,6 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 import TetherTestSupport
 
 extension IntegrationTests {

@@ -5,7 +5,6 @@ import Testing
 import Tether
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 import TetherTestSupport
 
 #if canImport(Glibc)

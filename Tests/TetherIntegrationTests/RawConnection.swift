@@ -3,7 +3,6 @@ import NIOCore
 import NIOPosix
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A hand-driven TCP connection to a gateway, for tests that must send what a real client never
 /// would: garbage, oversized lengths, bad checksums, frames out of order, or nothing at all.

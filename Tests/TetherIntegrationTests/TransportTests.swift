@@ -8,7 +8,6 @@ import Tether
 import TetherCore
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 import TetherTestSupport
 import TetherTesting
 import X509

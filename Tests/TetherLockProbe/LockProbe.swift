@@ -5,7 +5,6 @@ import NIOPosix
 import Tether
 import TetherGateway
 import TetherNIO
-import TetherNIOTransports
 
 /// `tether-lock-probe`: counts the locks Tether takes on its hot paths, in a process of its own
 /// (nothing else runs beside what is counted), and prints them as JSON for

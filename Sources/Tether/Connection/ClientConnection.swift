@@ -1,7 +1,6 @@
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// One established connection, as the client's request path sees it.
 ///

@@ -3,7 +3,6 @@ import NIOCore
 import TetherCompression
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// How an established connection ended.
 struct ConnectionClosure: Sendable {

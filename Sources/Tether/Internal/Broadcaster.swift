@@ -1,6 +1,5 @@
 import Atomics
 import TetherNIO
-import TetherNIOTransports
 
 /// Fans elements out to any number of `AsyncStream` subscribers.
 ///

@@ -2,7 +2,6 @@ import Atomics
 import CoreMetrics
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Keeps a client's ``ConnectionStatistics`` and its swift-metrics, and raises its alerts: one
 /// per client, told by the connection loop, the connection handler and the reliable engine.

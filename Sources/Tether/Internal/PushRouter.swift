@@ -1,7 +1,6 @@
 import Atomics
 import NIOCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Routes pushes to the subscribers of their topic, and to the subscribers of all topics.
 ///

@@ -2,7 +2,6 @@ import NIOCore
 import NIOPosix
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 #if canImport(Darwin)
     import Darwin

@@ -1,5 +1,4 @@
 import TetherNIO
-import TetherNIOTransports
 
 /// A one-shot signal that interrupts the run loop's backoff sleep (for example on shutdown).
 ///

@@ -1,5 +1,4 @@
 import TetherNIO
-import TetherNIOTransports
 
 /// An ``OutboxStore`` in memory: messages survive reconnects, not the process.
 public final class InMemoryOutboxStore: OutboxStore {

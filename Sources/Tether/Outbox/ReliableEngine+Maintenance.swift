@@ -2,7 +2,6 @@ import Foundation
 import Logging
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 extension ReliableEngine {
     // MARK: Expiry

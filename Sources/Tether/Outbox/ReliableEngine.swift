@@ -4,7 +4,6 @@ import Logging
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// The client's reliable messaging (PROTOCOL.md, section 9): the storage I/O and the waiting
 /// callers around two pure machines, ``OutboxMachine`` (messages accepted durably, kept until

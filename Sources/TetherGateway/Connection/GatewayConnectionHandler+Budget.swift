@@ -2,7 +2,6 @@ import Logging
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 // The connection's share of the gateway's memory budget: what it holds (bytes read and not
 // decoded, reliable messages waiting, what its client does not read), published once per read;

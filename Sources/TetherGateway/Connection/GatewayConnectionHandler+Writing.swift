@@ -1,7 +1,6 @@
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 extension GatewayConnectionHandler {
     // MARK: Draining and closing

@@ -3,7 +3,6 @@ import NIOCore
 import TetherCompression
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// The gateway's one channel handler for one connection.
 ///

@@ -2,7 +2,6 @@ import CoreMetrics
 import Foundation
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// How a connection reached the gateway: a metric label.
 enum ConnectionTransport: String, Sendable, CaseIterable {

@@ -1,7 +1,6 @@
 import Atomics
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// The lanes of the outboxes whose clients are connected: one ``ReliableLaneMachine`` per
 /// outbox, whose batches run one at a time across all of the outbox's connections.

@@ -1,7 +1,6 @@
 import Atomics
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// The quotas on what reliable deliveries may take of the store besides each recipient's: the
 /// whole store's (deliveries and bytes waiting, ``GatewayConfiguration/Limits-swift.struct/maxStoredDeliveries``)

@@ -1,6 +1,5 @@
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Writes to the gateway's message store with **group commit**: the writes that arrive while
 /// one is under way — every connection's batches, and the acknowledgements of deliveries —

@@ -1,5 +1,4 @@
 import TetherNIO
-import TetherNIOTransports
 
 /// Counts what ``Gateway/run()`` must wait for before it returns: the listener, and each
 /// connection until it closed and its last task (a handshake, a request's handler, the loops of

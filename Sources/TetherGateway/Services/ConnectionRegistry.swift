@@ -1,7 +1,6 @@
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// The index of the gateway's live connections: by id, by client id and by room, so that a push
 /// finds its recipients and a shutdown finds every connection.

@@ -2,7 +2,6 @@ import Logging
 import NIOCore
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 import Tracing
 
 /// What a gateway's connections share, composed once when the gateway starts: its

@@ -1,7 +1,6 @@
 import Logging
 import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// Logs a recurring event at most once per interval, with how many were not logged since: a
 /// flood of refusals costs a few lines, not one per refusal.

@@ -2,7 +2,6 @@ public import Foundation
 import NIOCore
 public import TetherCore
 import TetherNIO
-import TetherNIOTransports
 
 /// A ``MessageStore`` in memory, for tests and for gateways that may lose their state on restart.
 public final class InMemoryMessageStore: MessageStore {
