@@ -26,20 +26,13 @@ struct ConnectionHandle: Sendable {
         passing argument: Argument,
         _ body: @escaping @Sendable (GatewayConnectionHandler, Argument) -> Void
     ) {
-        if self.handler.eventLoop.inEventLoop {
-            body(self.handler.value, argument)
-        } else {
-            let handler = self.handler
-            self.handler.eventLoop.execute { body(handler.value, argument) }
-        }
+        self.handler.execute(passing: argument, body)
     }
 
     /// Runs `body` on the event loop and returns its value, without a hop from a task already
     /// on the connection's loop; `nil` if the loop no longer runs.
     func onLoop<T: Sendable>(_ body: @escaping @Sendable (GatewayConnectionHandler) -> T) async -> T? {
-        if self.handler.eventLoop.inEventLoop { return body(self.handler.value) }
-        let handler = self.handler
-        return try? await self.handler.eventLoop.submit { body(handler.value) }.get()
+        await self.onLoop(passing: body) { handler, body in body(handler) }
     }
 
     /// ``onLoop(_:)`` with `argument` passed to `body`: a `body` that captures nothing makes no
