@@ -94,17 +94,18 @@ struct FanOut: AsyncParsableCommand {
                     + "gateway CPU per delivery \(String(format: "%.2f", on.gatewayCPUSeconds / off.gatewayCPUSeconds))x"
             )
         }
-        let name = "fanout\(self.servers > 1 ? "-\(self.servers)-nodes" : "")\(self.compression == .off ? "" : "-compression")"
+        let name = "fanout\(self.nodeCount > 1 ? "-\(self.nodeCount)-nodes" : "")\(self.compression == .off ? "" : "-compression")"
         try writeJSON(results.count == 1 ? AnyEncodable(results[0]) : AnyEncodable(results), to: "\(self.output)/\(name).json")
     }
 
-    private var servers: Int { self.postgres == nil ? 1 : max(1, self.nodes) }
+    /// The gateway processes: one, or `--nodes` with `--postgres`.
+    private var nodeCount: Int { self.postgres == nil ? 1 : max(1, self.nodes) }
 
     private func run(compressed: Bool) async throws -> Result {
         let executable = try ChildProcess.thisExecutable()
         var servers: [(process: ChildProcess, port: Int)] = []
         defer { for server in servers { server.process.terminate() } }
-        for node in 0..<self.servers {
+        for node in 0..<self.nodeCount {
             let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n\(node + 1)"] } ?? []
             servers.append(try ChildProcess.server(.tether, executable: executable, arguments: arguments))
         }
