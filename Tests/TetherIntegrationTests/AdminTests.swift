@@ -73,7 +73,12 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway(
                     messageStore: InMemoryMessageStore(),
-                    configure: { $0.admin = .init(port: 0) },
+                    configure: {
+                        $0.admin = .init(port: 0)
+                        // The gateway's deadline, not the client's timer, ends "slow": a client
+                        // whose own timeout fired first would CANCEL it, counted as `cancelled`.
+                        $0.timeouts.handler = .milliseconds(300)
+                    },
                     metrics: .prometheus(),
                     routes: { gateway in
                         gateway.handleInline("echo") { request, _ in request.body }
@@ -94,7 +99,7 @@ extension IntegrationTests {
                 for index in 0..<3 { #expect(try await alice.request("echo", body: ByteBuffer(string: "\(index)")).string == "\(index)") }
                 await #expect(throws: TetherError.self) { try await alice.request("refuse") }
                 await #expect(throws: TetherError.self) { try await alice.request("nobody.handles.this") }
-                await #expect(throws: TetherError.self) { try await alice.request("slow", timeout: .milliseconds(100)) }
+                await #expect(throws: TetherError.self) { try await alice.request("slow", timeout: .seconds(5)) }
                 #expect(try await bob.request("join").string == "in")
                 #expect(try gateway.push("news", ByteBuffer(string: "hi"), to: .room("lobby")) == 1)
                 for index in 0..<5 {
