@@ -4,24 +4,24 @@ import TetherCore
 import TetherNIO
 
 extension ReliableEngine {
-    // MARK: Expiry
+    // MARK: Expiry (on the event loop)
 
     /// Makes the one expiry timer fire when the next message expires.
     func armExpiryTimer() {
-        self.state.withLockedValue { state in
-            guard !state.finished, let next = state.outbox?.nextExpiry else { return }
-            if let armed = state.expiryTimer {
-                guard next < armed.at else { return }
-                armed.callback.cancel()
-            }
+        let cancelled = self.state.withValue { state -> ClockCallback? in
+            guard !state.finished, let next = state.outbox?.nextExpiry else { return nil }
+            let armed = state.expiryTimer
+            if let armed, next >= armed.at { return nil }
             let delay = Duration.milliseconds(max(0, next - self.clock.wallClockMilliseconds))
             state.expiryTimer = (next, self.clock.schedule(at: self.clock.now + delay, on: self.eventLoop) { self.expiryTimerFired() })
+            return armed?.callback
         }
+        cancelled?.cancel()
     }
 
     private func expiryTimerFired() {
         let now = self.clock.wallClockMilliseconds
-        let (tombstones, finished, sink, depth) = self.state.withLockedValue { state in
+        let (tombstones, finished, sink, depth) = self.state.withValue { state in
             state.expiryTimer = nil
             let tombstones = state.outbox?.expire(now: now) ?? []
             let finished = tombstones.map { ($0, MessageOutcome.expired, state.outcomeWaiters.removeValue(forKey: $0.id) ?? []) }
@@ -45,9 +45,9 @@ extension ReliableEngine {
     }
 
     private func flush() async {
-        let (work, checkpoint) = self.state.withLockedValue { state in
-            (state.outbox?.takeStorageWork() ?? (remove: [], expire: []), state.inbox.takeCheckpointToSave())
-        }
+        let request = Handoff<StorageWork>()
+        self.submit(.takeStorageWork(request))
+        let work = await request.value
         do {
             if !work.expire.isEmpty { try await self.configuration.outbox.markExpired(work.expire) }
             if !work.remove.isEmpty { try await self.configuration.outbox.remove(work.remove) }
@@ -55,16 +55,30 @@ extension ReliableEngine {
             // Not fatal: a message not removed is sent again and deduplicated.
             self.logger.error("outbox maintenance failed", metadata: ["error": "\(error)"])
         }
-        guard let checkpoint else { return }
+        guard let checkpoint = work.checkpoint else { return }
         do {
             try await self.configuration.outbox.saveCheckpoint(checkpoint)
         } catch {
             // Not acknowledged either: after a crash, the gateway sends those deliveries again.
             self.logger.error("cannot save the delivery checkpoint", metadata: ["error": "\(error)"])
-            self.state.withLockedValue { $0.inbox.checkpointFailed() }
+            self.submit(.checkpointFailed)
             return
         }
-        let acknowledgement: (UInt64, any ReliableSink)? = self.state.withLockedValue { state in
+        self.submit(.checkpointSaved(checkpoint))
+    }
+
+    // MARK: On the event loop
+
+    func takeStorageWork(for request: Handoff<StorageWork>) {
+        let work = self.state.withValue { state in
+            let (remove, expire) = state.outbox?.takeStorageWork() ?? (remove: [], expire: [])
+            return StorageWork(remove: remove, expire: expire, checkpoint: state.inbox.takeCheckpointToSave())
+        }
+        request.resolve(work)
+    }
+
+    func checkpointSaved(_ checkpoint: DeliveryCheckpoint) {
+        let acknowledgement: (UInt64, any ReliableSink)? = self.state.withValue { state in
             guard let sequence = state.inbox.checkpointSaved(checkpoint), let sink = state.sink else { return nil }
             return (sequence, sink)
         }

@@ -1,7 +1,7 @@
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
-import NIOEmbedded
+import NIOPosix
 import Testing
 import TetherCore
 import TetherTestSupport
@@ -17,13 +17,29 @@ struct ReliableEngineTests {
         func acknowledgeDeliveries(upTo sequence: UInt64) { self.acknowledgedUpTo.withLockedValue { $0 = sequence } }
     }
 
-    func engine(outbox: InMemoryOutboxStore = InMemoryOutboxStore()) throws -> ReliableEngine {
+    func engine(
+        outbox: InMemoryOutboxStore = InMemoryOutboxStore(),
+        capacity: Int = 10_000,
+        whenFull: ClientConfiguration.Reliability.WhenFull = .wait
+    ) throws -> ReliableEngine {
         ReliableEngine(
-            configuration: try .init(outbox: outbox),
-            eventLoop: EmbeddedEventLoop(),
+            configuration: try .init(outbox: outbox, capacity: capacity, whenFull: whenFull),
+            eventLoop: self.loop,
             clock: SystemClock(),
             logger: Logger(label: "test")
         )
+    }
+
+    /// The engine's state is confined to this loop: its connection-side calls run there.
+    let loop = MultiThreadedEventLoopGroup.singleton.next()
+
+    func onLoop<Value: Sendable>(_ body: @escaping @Sendable () -> Value) async throws -> Value {
+        try await self.loop.submit(body).get()
+    }
+
+    func receive(_ engine: ReliableEngine, _ sequence: UInt64, epoch: UInt64 = 7) async throws -> DeliveryVerdict {
+        let delivery = self.delivery(sequence)
+        return try await self.onLoop { engine.receive(delivery, epoch: epoch) }
     }
 
     func delivery(_ sequence: UInt64) -> Frame.Delivery {
@@ -34,11 +50,11 @@ struct ReliableEngineTests {
     func deliveriesBeforeAttach() async throws {
         let engine = try self.engine()
         _ = try await engine.helloFields()  // loads the outbox, as connecting does
-        #expect(engine.receive(self.delivery(1), epoch: 7) == .accepted)
-        #expect(engine.receive(self.delivery(2), epoch: 7) == .accepted)
-        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
-        #expect(engine.receive(self.delivery(2), epoch: 7) == .duplicate)
-        #expect(engine.receive(self.delivery(4), epoch: 7) == .gap(expected: 3))
+        #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
+        #expect(try await self.receive(engine, 2, epoch: 7) == .accepted)
+        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        #expect(try await self.receive(engine, 2, epoch: 7) == .duplicate)
+        #expect(try await self.receive(engine, 4, epoch: 7) == .gap(expected: 3))
         #expect(try await engine.nextDelivery()?.sequence == 1)
         #expect(try await engine.nextDelivery()?.sequence == 2)
     }
@@ -50,14 +66,14 @@ struct ReliableEngineTests {
         _ = try await engine.helloFields()
         let maintenance = Task { await engine.runMaintenance() }
         let sink = Sink()
-        for sequence: UInt64 in 1...3 { #expect(engine.receive(self.delivery(sequence), epoch: 7) == .accepted) }
+        for sequence: UInt64 in 1...3 { #expect(try await self.receive(engine, sequence, epoch: 7) == .accepted) }
         for sequence: UInt64 in 1...3 { #expect(try await engine.nextDelivery()?.sequence == sequence) }
         try engine.acknowledgeDelivery(3)  // the app is done with all three; the checkpoint is saved, with no one to tell
         engine.consumerEnded()
         try await eventually("the checkpoint is saved") { (try? await outbox.load().checkpoint?.lastSequence) == 3 }
         #expect(sink.acknowledgedUpTo.withLockedValue { $0 } == 0)
 
-        _ = engine.attach(sink, deliveryEpoch: 7, resume: nil)
+        engine.attach(sink, deliveryEpoch: 7, resume: nil)
         try await eventually("the gateway is told") { sink.acknowledgedUpTo.withLockedValue { $0 } == 3 }
         engine.finish()
         await maintenance.value
@@ -67,10 +83,95 @@ struct ReliableEngineTests {
     func newEpoch() async throws {
         let engine = try self.engine()
         _ = try await engine.helloFields()
-        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
-        #expect(engine.receive(self.delivery(1), epoch: 7) == .accepted)
-        #expect(engine.receive(self.delivery(1), epoch: 8) == .accepted, "sequence numbers of store 8 start at 1")
+        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
+        #expect(try await self.receive(engine, 1, epoch: 8) == .accepted, "sequence numbers of store 8 start at 1")
         let resume = try await engine.helloFields().resume
         #expect(resume?.epoch == 8 && resume?.lastSequence == 0, "received, not processed: the gateway must keep it")
+    }
+
+    @Test("200 tasks sending at once: every message stored once, numbered without a gap in each conversation")
+    func concurrentSends() async throws {
+        let outbox = InMemoryOutboxStore()
+        let engine = try self.engine(outbox: outbox)
+        let receipts = try await withThrowingTaskGroup(of: MessageReceipt.self) { group in
+            for index in 0..<200 {
+                group.addTask {
+                    try await engine.send(
+                        topic: "t",
+                        body: ByteBuffer(string: "\(index)"),
+                        conversation: "c\(index % 2)",
+                        priority: .normal,
+                        ttl: nil
+                    )
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(Set(receipts.map(\.id)) == Set(1...200))
+        for conversation in ["c0", "c1"] {
+            let sequences = receipts.filter { $0.conversation == conversation }.map(\.sequence).sorted()
+            #expect(sequences == Array(1...100), "\(conversation)")
+        }
+        let stored = try await outbox.load().records
+        #expect(stored.count == 200 && Set(stored.map(\.id)) == Set(1...200))
+        #expect(try await engine.pending().count == 200)
+    }
+
+    @Test("a full outbox: sends wait in order for room, a cancelled one fails with cancelled, an acknowledgement admits the next")
+    func waitingForRoom() async throws {
+        let engine = try self.engine(capacity: 2)
+        let first = try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        _ = try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        let cancelled = Task { try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil) }
+        try await Task.sleep(for: .milliseconds(50))
+        let waiting = Task { try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil) }
+        try await Task.sleep(for: .milliseconds(50))
+        cancelled.cancel()
+        await #expect(throws: TetherError.self) { try await cancelled.value }
+        let outcome = Task { await engine.outcome(of: first.id) }
+        try await self.onLoop { engine.acknowledged([Frame.MessageAck.Entry(id: first.id)]) }
+        #expect(try await waiting.value.id == 3, "admitted once the first message was acknowledged")
+        #expect(await outcome.value == .acknowledged)
+    }
+
+    @Test("a full outbox that fails: send throws outboxFull at once")
+    func failWhenFull() async throws {
+        let engine = try self.engine(capacity: 1, whenFull: .fail)
+        _ = try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        await #expect(throws: TetherError.self) {
+            try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        }
+    }
+
+    @Test("acknowledging a delivery the app does not hold is refused at once; the one it holds, or an older one, is accepted")
+    func acknowledgeDelivery() async throws {
+        let engine = try self.engine()
+        _ = try await engine.helloFields()
+        for sequence: UInt64 in 1...3 { #expect(try await self.receive(engine, sequence) == .accepted) }
+        #expect(throws: TetherError.self) { try engine.acknowledgeDelivery(1) }
+        #expect(try await engine.nextDelivery()?.sequence == 1)
+        try engine.acknowledgeDelivery(1)
+        #expect(throws: TetherError.self) { try engine.acknowledgeDelivery(2) }
+        #expect(try await engine.nextDelivery()?.sequence == 2)
+        try engine.acknowledgeDelivery(1)
+        try engine.acknowledgeDelivery(2)
+    }
+
+    @Test("a cancelled consumer gets nil; the client's end ends a waiting one")
+    func consumerEnds() async throws {
+        let engine = try self.engine()
+        _ = try await engine.helloFields()
+        let cancelled = Task { try await engine.nextDelivery() }
+        try await Task.sleep(for: .milliseconds(50))
+        cancelled.cancel()
+        #expect(try await cancelled.value == nil)
+        let waiting = Task { try await engine.nextDelivery() }
+        try await Task.sleep(for: .milliseconds(50))
+        engine.finish()
+        #expect(try await waiting.value == nil)
+        await #expect(throws: TetherError.self) {
+            try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        }
     }
 }
