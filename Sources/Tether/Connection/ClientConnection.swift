@@ -151,7 +151,7 @@ final class ClientConnection: Sendable {
 extension ClientConnection: ReliableSink {
     func enqueue(_ records: [OutboxRecord]) {
         guard !records.isEmpty else { return }
-        self.onLoop { $0.enqueueMessages(records) }
+        self.handler.execute(passing: records) { $0.enqueueMessages($1) }  // no closure made on the loop
     }
 
     func replace(with tombstone: OutboxRecord) {
@@ -159,6 +159,6 @@ extension ClientConnection: ReliableSink {
     }
 
     func acknowledgeDeliveries(upTo sequence: UInt64) {
-        self.onLoop { $0.acknowledgeDeliveries(upTo: sequence) }
+        self.handler.execute(passing: sequence) { $0.acknowledgeDeliveries(upTo: $1) }
     }
 }

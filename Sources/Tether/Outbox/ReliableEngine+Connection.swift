@@ -27,9 +27,7 @@ extension ReliableEngine {
     /// What HELLO says about this client: its outbox epoch, and where its deliveries stand.
     func helloFields() async throws(TetherError) -> HelloFields {
         try await self.loadIfNeeded()
-        let fields = Handoff<HelloFields>()
-        self.submit(.helloFields(fields))
-        return await fields.value
+        return await withUnsafeContinuation { self.submit(.helloFields($0)) }
     }
 
     // MARK: On the event loop
@@ -46,7 +44,7 @@ extension ReliableEngine {
         self.publishInbox()
         if let acknowledge { sink.acknowledgeDeliveries(upTo: acknowledge) }
         sink.enqueue(records)
-        self.wakeup.continuation.yield()  // a checkpoint of a new epoch may be due
+        self.storageWorkDue()  // a checkpoint of a new epoch may be due
     }
 
     func detached(_ sink: any ReliableSink) {
@@ -74,7 +72,7 @@ extension ReliableEngine {
         self.report(finished, depth: depth)
         self.admitWaitingSends()
         self.startCommitIfDue()
-        self.wakeup.continuation.yield()
+        self.storageWorkDue()
     }
 
     func finished() {
@@ -87,10 +85,10 @@ extension ReliableEngine {
             }
             return (state.consumer, Array(state.waitingForRoom), state.expiryTimer?.callback)
         }
-        consumer?.resolve(.success(nil))
+        consumer?.resume(returning: .success(nil))
         let shutDown = TetherError(code: .shutdown, message: "the client is shut down")
-        for (_, ticket) in waiting { ticket.resolve(.failed(shutDown)) }
+        for (_, ticket) in waiting { ticket.resume(.failed(shutDown)) }
         timer?.cancel()
-        self.wakeup.continuation.finish()
+        self.storageWork.continuation.finish()
     }
 }

@@ -6,7 +6,7 @@ extension ReliableEngine {
     /// A DELIVERY arrived on a connection to the gateway store `epoch`. On the event loop.
     func receive(_ delivery: Frame.Delivery, epoch: UInt64) -> DeliveryVerdict {
         let (verdict, handOut) = self.state.withValue {
-            state -> (DeliveryVerdict, (Handoff<Result<Frame.Delivery?, TetherError>>, Frame.Delivery)?) in
+            state -> (DeliveryVerdict, (UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>, Frame.Delivery)?) in
             let verdict = state.inbox.received(delivery, epoch: epoch)
             guard verdict == .accepted, let consumer = state.consumer, let next = state.inbox.next() else { return (verdict, nil) }
             state.consumer = nil
@@ -14,7 +14,7 @@ extension ReliableEngine {
         }
         if let (consumer, next) = handOut {
             self.publishInbox()
-            consumer.resolve(.success(next))
+            consumer.resume(returning: .success(next))
         }
         return verdict
     }
@@ -22,12 +22,14 @@ extension ReliableEngine {
     /// The next delivery for the app; the one handed out before is processed from now on.
     /// - Returns: `nil` once the client has stopped, or when the calling task is cancelled.
     func nextDelivery() async throws(TetherError) -> Frame.Delivery? {
-        let next = Handoff<Result<Frame.Delivery?, TetherError>>()
+        // One consumer at a time: the flag is this call's. Set before the command that stops
+        // the wait, it keeps the loop from parking a consumer whose stop overtook it.
+        self.consumerCancelled.store(false, ordering: .relaxed)
         return try await withTaskCancellationHandler {
-            self.submit(.nextDelivery(next))
-            return await next.value
+            await withUnsafeContinuation { self.submit(.nextDelivery($0)) }
         } onCancel: {
-            self.submit(.stopWaitingForDelivery(next))
+            self.consumerCancelled.store(true, ordering: .releasing)
+            self.submit(.stopWaitingForDelivery)
         }.get()
     }
 
@@ -51,7 +53,7 @@ extension ReliableEngine {
 
     // MARK: On the event loop
 
-    func handOutDelivery(to consumer: Handoff<Result<Frame.Delivery?, TetherError>>) {
+    func handOutDelivery(to consumer: UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>) {
         let (answer, checkpointDue): (Result<Frame.Delivery?, TetherError>?, Bool) = self.state.withValue { state in
             guard state.consumer == nil else {
                 return (.failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries")), false)
@@ -59,22 +61,21 @@ extension ReliableEngine {
             let next = state.inbox.next()  // the one handed out before is processed now
             let due = state.inbox.checkpointDue
             if let next { return (.success(next), due) }
-            if state.finished { return (.success(nil), due) }
+            if state.finished || self.consumerCancelled.load(ordering: .acquiring) { return (.success(nil), due) }
             state.consumer = consumer
             return (nil, due)
         }
         self.publishInbox()
-        if checkpointDue { self.wakeup.continuation.yield() }
-        if let answer { consumer.resolve(answer) }
+        if checkpointDue { self.storageWorkDue() }
+        if let answer { consumer.resume(returning: answer) }
     }
 
-    func stopWaiting(_ consumer: Handoff<Result<Frame.Delivery?, TetherError>>) {
-        let waited = self.state.withValue { state -> Bool in
-            guard state.consumer === consumer else { return false }
-            state.consumer = nil
-            return true
+    func stopWaitingForDelivery() {
+        let consumer = self.state.withValue { state in
+            defer { state.consumer = nil }
+            return state.consumer
         }
-        if waited { consumer.resolve(.success(nil)) }
+        consumer?.resume(returning: .success(nil))
     }
 
     func processed(_ sequence: UInt64) {
@@ -83,7 +84,7 @@ extension ReliableEngine {
             return state.inbox.checkpointDue
         }
         self.publishInbox()
-        if checkpointDue { self.wakeup.continuation.yield() }
+        if checkpointDue { self.storageWorkDue() }
     }
 
     func consumerStopped() {

@@ -29,7 +29,7 @@ extension ReliableEngine {
         }
         self.report(finished, depth: depth)
         for tombstone in tombstones { sink?.replace(with: tombstone) }
-        if !tombstones.isEmpty { self.wakeup.continuation.yield() }
+        if !tombstones.isEmpty { self.storageWorkDue() }
         self.armExpiryTimer()
     }
 
@@ -37,17 +37,29 @@ extension ReliableEngine {
 
     /// Writes removals, expirations and the delivery checkpoint in groups, and acknowledges
     /// processed deliveries once their checkpoint is stored. Runs until ``finish()``.
+    ///
+    /// The loop hands it work while it is idle; work that becomes due while it is busy waits
+    /// in the machines, and it asks for all of it at once when it is done: one storage call
+    /// per burst, and no hop to the loop for a message sent alone.
     func runMaintenance() async {
-        for await _ in self.wakeup.stream {
-            await self.flush()
+        for await first in self.storageWork.stream {
+            var work = first
+            while true {
+                await self.perform(work)
+                let (idle, _) = self.maintenance.compareExchange(
+                    expected: Maintenance.busy,
+                    desired: Maintenance.idle,
+                    ordering: .acquiringAndReleasing
+                )
+                if idle { break }
+                self.maintenance.store(Maintenance.busy, ordering: .releasing)  // more was due: take it
+                work = await withUnsafeContinuation { self.submit(.takeStorageWork($0)) }
+            }
         }
-        await self.flush()
+        await self.perform(await withUnsafeContinuation { self.submit(.takeStorageWork($0)) })
     }
 
-    private func flush() async {
-        let request = Handoff<StorageWork>()
-        self.submit(.takeStorageWork(request))
-        let work = await request.value
+    private func perform(_ work: StorageWork) async {
         do {
             if !work.expire.isEmpty { try await self.configuration.outbox.markExpired(work.expire) }
             if !work.remove.isEmpty { try await self.configuration.outbox.remove(work.remove) }
@@ -69,12 +81,48 @@ extension ReliableEngine {
 
     // MARK: On the event loop
 
-    func takeStorageWork(for request: Handoff<StorageWork>) {
-        let work = self.state.withValue { state in
+    /// Storage work or a checkpoint may be due: handed to the maintenance task if it is idle,
+    /// else marked due for it.
+    func storageWorkDue() {
+        guard !self.state.value.finished else { return }  // the last flush takes it
+        while true {
+            switch self.maintenance.load(ordering: .acquiring) {
+            case Maintenance.idle:
+                let (exchanged, _) = self.maintenance.compareExchange(
+                    expected: Maintenance.idle,
+                    desired: Maintenance.busy,
+                    ordering: .acquiringAndReleasing
+                )
+                guard exchanged else { continue }
+                let work = self.takeStorageWork()
+                if work.isEmpty {
+                    self.maintenance.store(Maintenance.idle, ordering: .releasing)  // only the loop leaves idle
+                } else {
+                    self.storageWork.continuation.yield(work)
+                }
+                return
+            case Maintenance.busy:
+                let (exchanged, _) = self.maintenance.compareExchange(
+                    expected: Maintenance.busy,
+                    desired: Maintenance.due,
+                    ordering: .acquiringAndReleasing
+                )
+                if exchanged { return }
+            default:
+                return  // due already
+            }
+        }
+    }
+
+    func takeStorageWork(for waiter: UnsafeContinuation<StorageWork, Never>) {
+        waiter.resume(returning: self.takeStorageWork())
+    }
+
+    private func takeStorageWork() -> StorageWork {
+        self.state.withValue { state in
             let (remove, expire) = state.outbox?.takeStorageWork() ?? (remove: [], expire: [])
             return StorageWork(remove: remove, expire: expire, checkpoint: state.inbox.takeCheckpointToSave())
         }
-        request.resolve(work)
     }
 
     func checkpointSaved(_ checkpoint: DeliveryCheckpoint) {

@@ -14,7 +14,8 @@ import TetherNIO
 /// that the client's connections use: the connection's events (messages sent, MESSAGE_ACKs,
 /// DELIVERYs) and the expiry timer reach it there directly. The app's tasks reach it through
 /// ``submit(_:)``: a lock-free queue of ``Command``s that the loop drains in batches (one hop
-/// for every command queued meanwhile), and they wait for the answer on a ``Handoff``.
+/// for every command queued meanwhile); a command that needs an answer carries the task's
+/// continuation (a sender, its ``SendTicket``), which the loop resumes.
 ///
 /// Accepting messages uses group commit: the messages admitted while no commit runs form a
 /// group; the task of its first message stores it (the storage I/O runs in the app's tasks,
@@ -25,22 +26,22 @@ import TetherNIO
 final class ReliableEngine: Sendable {
     /// What a task asks of the engine, run on its event loop.
     enum Command: Sendable {
-        case load(Handoff<LoadStep>)
+        case load(UnsafeContinuation<LoadStep, Never>)
         case loaded(Result<OutboxSnapshot, TetherError>)
-        case send(OutboxMachine.Send, Handoff<SendStep>)
-        case cancelSend(Handoff<SendStep>)
+        case send(OutboxMachine.Send, SendTicket)
+        case cancelSend(SendTicket)
         case committed(OutboxMachine.Group, leader: UInt64)
         case commitFailed(OutboxMachine.Group, leader: UInt64, TetherError)
-        case outcome(UInt64, Handoff<MessageOutcome?>)
-        case pending(Handoff<[MessageReceipt]>)
-        case helloFields(Handoff<HelloFields>)
+        case outcome(UInt64, UnsafeContinuation<MessageOutcome?, Never>)
+        case pending(UnsafeContinuation<[MessageReceipt], Never>)
+        case helloFields(UnsafeContinuation<HelloFields, Never>)
         case attach(any ReliableSink, deliveryEpoch: UInt64, resume: Frame.Hello.Resume?)
         case detach(any ReliableSink)
-        case nextDelivery(Handoff<Result<Frame.Delivery?, TetherError>>)
-        case stopWaitingForDelivery(Handoff<Result<Frame.Delivery?, TetherError>>)
+        case nextDelivery(UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>)
+        case stopWaitingForDelivery
         case acknowledgeDelivery(UInt64)
         case consumerEnded
-        case takeStorageWork(Handoff<StorageWork>)
+        case takeStorageWork(UnsafeContinuation<StorageWork, Never>)
         case checkpointSaved(DeliveryCheckpoint)
         case checkpointFailed
         case finish
@@ -70,11 +71,21 @@ final class ReliableEngine: Sendable {
         var remove: [UInt64] = []
         var expire: [UInt64] = []
         var checkpoint: DeliveryCheckpoint?
+
+        var isEmpty: Bool { self.remove.isEmpty && self.expire.isEmpty && self.checkpoint == nil }
+    }
+
+    /// The states of ``runMaintenance()``: the loop hands work to an idle one (idle → busy),
+    /// and marks a busy one's work due (busy → due), which it asks for when it is done.
+    enum Maintenance {
+        static let idle: UInt8 = 0
+        static let busy: UInt8 = 1
+        static let due: UInt8 = 2
     }
 
     enum Load {
         case notLoaded
-        case loading([Handoff<LoadStep>])
+        case loading([UnsafeContinuation<LoadStep, Never>])
         case loaded
         case failed(TetherError)
     }
@@ -88,16 +99,16 @@ final class ReliableEngine: Sendable {
         /// The connection messages go to, while there is one.
         var sink: (any ReliableSink)?
         /// Who waits for each admitted send's receipt, by the send's token.
-        var tickets: [UInt64: Handoff<SendStep>] = [:]
+        var tickets: [UInt64: SendTicket] = [:]
         var nextToken: UInt64 = 0
         /// Sends waiting for room in the outbox, first come first admitted.
-        var waitingForRoom = CircularBuffer<(OutboxMachine.Send, Handoff<SendStep>)>()
+        var waitingForRoom = CircularBuffer<(OutboxMachine.Send, SendTicket)>()
         /// An admitted message found no commit running: one starts after the current batch of
         /// commands, so that the group takes all of them.
         var commitDue = false
-        var outcomeWaiters: [UInt64: [Handoff<MessageOutcome?>]] = [:]
+        var outcomeWaiters: [UInt64: [UnsafeContinuation<MessageOutcome?, Never>]] = [:]
         /// The application's consumer of deliveries, suspended until one arrives.
-        var consumer: Handoff<Result<Frame.Delivery?, TetherError>>?
+        var consumer: UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>?
         /// The expiry timer, and the wall-clock time it fires at.
         var expiryTimer: (at: Int64, callback: ClockCallback)?
 
@@ -122,14 +133,18 @@ final class ReliableEngine: Sendable {
     /// The commands of the app's tasks, drained on the event loop.
     private let commands = SubmissionQueue<Command>()
     let events = Broadcaster<MessageEvent>(bufferSize: 100_000)
-    /// Wakes ``runMaintenance()``: storage work or a checkpoint may be due.
-    let wakeup = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    /// The storage work the loop hands to ``runMaintenance()`` while it is idle.
+    let storageWork = AsyncStream.makeStream(of: StorageWork.self)
+    /// Whether ``runMaintenance()`` is idle, busy, or busy with more work due (``Maintenance``).
+    let maintenance = ManagedAtomic<UInt8>(Maintenance.idle)
     /// Set on the loop once the outbox is loaded: from then on ``loadIfNeeded()`` does not hop.
     private let loaded = ManagedAtomic(false)
     /// The inbox's delivery handed out and its last processed sequence, published by the loop
     /// for ``acknowledgeDelivery(_:)``, which answers at once.
     let heldDelivery = ManagedAtomic<UInt64>(0)
     let processedDeliveries = ManagedAtomic<UInt64>(0)
+    /// The consumer's wait for its next delivery was cancelled (see ``nextDelivery()``).
+    let consumerCancelled = ManagedAtomic(false)
 
     init(
         configuration: ClientConfiguration.Reliability,
@@ -158,28 +173,29 @@ final class ReliableEngine: Sendable {
     private func runCommands() {
         for command in self.commands.takeAll() {
             switch command {
-            case .load(let handoff): self.load(handoff)
+            case .load(let waiter): self.load(waiter)
             case .loaded(let result): self.loaded(result)
-            case .send(let send, let ticket): self.admit([(send, ticket)], waiting: false)
+            case .send(let send, let ticket): self.admit(send, ticket)
             case .cancelSend(let ticket): self.cancelSend(ticket)
             case .committed(let group, let leader): self.committed(group, leader: leader)
             case .commitFailed(let group, let leader, let error): self.commitFailed(group, leader: leader, error)
-            case .outcome(let id, let handoff): self.lookUpOutcome(of: id, for: handoff)
-            case .pending(let handoff):
-                handoff.resolve(
-                    self.state.value.outbox?.unfinished.map {
-                        MessageReceipt(id: $0.id, conversation: $0.conversation, sequence: $0.sequence)
-                    } ?? []
+            case .outcome(let id, let waiter): self.lookUpOutcome(of: id, for: waiter)
+            case .pending(let waiter):
+                waiter.resume(
+                    returning:
+                        self.state.value.outbox?.unfinished.map {
+                            MessageReceipt(id: $0.id, conversation: $0.conversation, sequence: $0.sequence)
+                        } ?? []
                 )
-            case .helloFields(let handoff):
-                handoff.resolve(self.state.withValue { ($0.outbox?.epoch ?? 0, $0.inbox.resumePoint) })
+            case .helloFields(let waiter):
+                waiter.resume(returning: self.state.withValue { ($0.outbox?.epoch ?? 0, $0.inbox.resumePoint) })
             case .attach(let sink, let epoch, let resume): self.attached(sink, deliveryEpoch: epoch, resume: resume)
             case .detach(let sink): self.detached(sink)
-            case .nextDelivery(let handoff): self.handOutDelivery(to: handoff)
-            case .stopWaitingForDelivery(let handoff): self.stopWaiting(handoff)
+            case .nextDelivery(let consumer): self.handOutDelivery(to: consumer)
+            case .stopWaitingForDelivery: self.stopWaitingForDelivery()
             case .acknowledgeDelivery(let sequence): self.processed(sequence)
             case .consumerEnded: self.consumerStopped()
-            case .takeStorageWork(let handoff): self.takeStorageWork(for: handoff)
+            case .takeStorageWork(let waiter): self.takeStorageWork(for: waiter)
             case .checkpointSaved(let checkpoint): self.checkpointSaved(checkpoint)
             case .checkpointFailed: self.state.value.inbox.checkpointFailed()
             case .finish: self.finished()
@@ -193,9 +209,8 @@ final class ReliableEngine: Sendable {
     /// Loads the outbox on first use: the first caller loads it, later ones wait for that.
     func loadIfNeeded() async throws(TetherError) {
         if self.loaded.load(ordering: .acquiring) { return }
-        let step = Handoff<LoadStep>()
-        self.submit(.load(step))
-        switch await step.value {
+        let step = await withUnsafeContinuation { self.submit(.load($0)) }
+        switch step {
         case .done(let result):
             try result.get()
         case .load:
@@ -210,13 +225,13 @@ final class ReliableEngine: Sendable {
         }
     }
 
-    private func load(_ handoff: Handoff<LoadStep>) {
+    private func load(_ waiter: UnsafeContinuation<LoadStep, Never>) {
         let step: LoadStep? = self.state.withValue { state in
             switch state.load {
             case .loaded: return .done(.success(()))
             case .failed(let error): return .done(.failure(error))
             case .loading(var waiters):
-                waiters.append(handoff)
+                waiters.append(waiter)
                 state.load = .loading(waiters)
                 return nil
             case .notLoaded:
@@ -224,11 +239,11 @@ final class ReliableEngine: Sendable {
                 return .load
             }
         }
-        if let step { handoff.resolve(step) }
+        if let step { waiter.resume(returning: step) }
     }
 
     private func loaded(_ result: Result<OutboxSnapshot, TetherError>) {
-        let waiters = self.state.withValue { state -> [Handoff<LoadStep>] in
+        let waiters = self.state.withValue { state -> [UnsafeContinuation<LoadStep, Never>] in
             guard case .loading(let waiters) = state.load else { return [] }
             switch result {
             case .failure(let error):
@@ -248,7 +263,7 @@ final class ReliableEngine: Sendable {
         self.publishInbox()
         self.armExpiryTimer()
         let done = LoadStep.done(result.map { _ in () })
-        for waiter in waiters { waiter.resolve(done) }
+        for waiter in waiters { waiter.resume(returning: done) }
     }
 
     // MARK: Accepting messages
@@ -279,10 +294,12 @@ final class ReliableEngine: Sendable {
             token: 0,  // given on the loop
             traceContext: traceContext
         )
-        let ticket = Handoff<SendStep>()
+        let ticket = SendTicket()
         let step = await withTaskCancellationHandler {
-            self.submit(.send(send, ticket))
-            return await ticket.value
+            await withUnsafeContinuation { continuation in
+                ticket.continuation = continuation
+                self.submit(.send(send, ticket))
+            }
         } onCancel: {
             self.submit(.cancelSend(ticket))  // fails it if it still waits for room
         }
@@ -311,80 +328,83 @@ final class ReliableEngine: Sendable {
         return MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)
     }
 
-    /// Admits sends (in order; `waiting`: those that waited for room, taken off its queue).
-    private func admit(_ sends: [(OutboxMachine.Send, Handoff<SendStep>)], waiting: Bool) {
-        var answers: [(Handoff<SendStep>, SendStep)] = []
-        self.state.withValue { state in
-            for (send, ticket) in sends {
-                if state.finished {
-                    answers.append((ticket, .failed(TetherError(code: .shutdown, message: "the client is shut down"))))
-                    continue
-                }
-                guard state.outbox != nil else {
-                    answers.append((ticket, .failed(TetherError(code: .storage, message: "the outbox is not loaded"))))
-                    continue
-                }
-                // Those that waited for room go first.
-                if !waiting && !state.waitingForRoom.isEmpty {
-                    state.waitingForRoom.append((send, ticket))
-                    continue
-                }
-                var send = send
-                send.token = state.token()
-                switch state.outbox!.admit(send) {
-                case .full where self.configuration.whenFull == .fail:
-                    let message = "the outbox holds \(self.configuration.capacity) unacknowledged messages"
-                    answers.append((ticket, .failed(TetherError(code: .outboxFull, message: message))))
-                case .full:
-                    state.waitingForRoom.append((send, ticket))
-                case .accepted(let lead):
-                    state.tickets[send.token] = ticket
-                    if lead { state.commitDue = true }
-                }
+    /// Admits a send, or queues it for room.
+    private func admit(_ send: OutboxMachine.Send, _ ticket: SendTicket) {
+        let answer: SendStep? = self.state.withValue { state in
+            // Those that wait for room go first.
+            if !state.finished && !state.waitingForRoom.isEmpty && !ticket.cancelled {
+                state.waitingForRoom.append((send, ticket))
+                return nil
             }
+            return self.admit(send, ticket, &state)
         }
-        for (ticket, answer) in answers { ticket.resolve(answer) }
+        if let answer { ticket.resume(answer) }
+    }
+
+    /// Admits a send, queues it for room (`nil`), or refuses it.
+    private func admit(_ send: OutboxMachine.Send, _ ticket: SendTicket, _ state: inout State) -> SendStep? {
+        if state.finished { return .failed(TetherError(code: .shutdown, message: "the client is shut down")) }
+        guard state.outbox != nil else { return .failed(TetherError(code: .storage, message: "the outbox is not loaded")) }
+        var send = send
+        send.token = state.token()
+        switch state.outbox!.admit(send) {
+        case .full where self.configuration.whenFull == .fail:
+            return .failed(
+                TetherError(code: .outboxFull, message: "the outbox holds \(self.configuration.capacity) unacknowledged messages")
+            )
+        case .full where ticket.cancelled:
+            return .failed(TetherError(code: .cancelled, message: "the send was cancelled while the outbox was full"))
+        case .full:
+            state.waitingForRoom.append((send, ticket))
+            return nil
+        case .accepted(let lead):
+            state.tickets[send.token] = ticket
+            if lead { state.commitDue = true }
+            return nil
+        }
     }
 
     /// Admits the sends waiting for room, as far as there is room.
     func admitWaitingSends() {
-        let admissible = self.state.withValue { state -> [(OutboxMachine.Send, Handoff<SendStep>)] in
-            guard let outbox = state.outbox else { return [] }
+        var answers: [(SendTicket, SendStep)] = []
+        self.state.withValue { state in
+            guard let outbox = state.outbox else { return }
             var room = state.finished ? state.waitingForRoom.count : self.configuration.capacity - outbox.depth
-            var admissible: [(OutboxMachine.Send, Handoff<SendStep>)] = []
-            while room > 0, let first = state.waitingForRoom.popFirst() {
-                admissible.append(first)
+            while room > 0, let (send, ticket) = state.waitingForRoom.popFirst() {
+                if let answer = self.admit(send, ticket, &state) { answers.append((ticket, answer)) }
                 room -= 1
             }
-            return admissible
         }
-        if !admissible.isEmpty { self.admit(admissible, waiting: true) }
+        for (ticket, answer) in answers { ticket.resume(answer) }
     }
 
-    private func cancelSend(_ ticket: Handoff<SendStep>) {
+    private func cancelSend(_ ticket: SendTicket) {
         let waited = self.state.withValue { state -> Bool in
-            guard let index = state.waitingForRoom.firstIndex(where: { $0.1 === ticket }) else { return false }
+            guard let index = state.waitingForRoom.firstIndex(where: { $0.1 === ticket }) else {
+                ticket.cancelled = true  // admitted already, or not arrived yet: then it may not wait
+                return false
+            }
             state.waitingForRoom.remove(at: index)
             return true
         }
         if waited {
-            ticket.resolve(.failed(TetherError(code: .cancelled, message: "the send was cancelled while the outbox was full")))
+            ticket.resume(.failed(TetherError(code: .cancelled, message: "the send was cancelled while the outbox was full")))
         }
     }
 
     /// Starts a commit if messages were admitted while none ran: the first message's task stores
     /// every message queued.
     func startCommitIfDue() {
-        let lead = self.state.withValue { state -> (Handoff<SendStep>, SendStep)? in
+        let lead = self.state.withValue { state -> (SendTicket, SendStep)? in
             guard state.commitDue else { return nil }
             state.commitDue = false
             return Self.takeGroup(&state)
         }
-        if let (ticket, step) = lead { ticket.resolve(step) }
+        if let (ticket, step) = lead { ticket.resume(step) }
     }
 
     /// The next group to store and its leader's ticket, if messages are queued.
-    private static func takeGroup(_ state: inout State) -> (Handoff<SendStep>, SendStep)? {
+    private static func takeGroup(_ state: inout State) -> (SendTicket, SendStep)? {
         guard let group = state.outbox?.takeGroup() else { return nil }
         let leader = group.tokens[0]
         return (state.tickets.removeValue(forKey: leader)!, .lead(group, leader: leader))
@@ -397,13 +417,13 @@ final class ReliableEngine: Sendable {
             return (state.sink, tickets, state.outbox!.depth, Self.takeGroup(&state))
         }
         for (record, ticket) in zip(group.records, tickets) {
-            ticket?.resolve(.stored(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
+            ticket?.resume(.stored(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
             self.events.yield(MessageEvent(record, .queued))
         }
         if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
         sink?.enqueue(group.records)
         self.statistics?.outbox(depth: depth)
-        if let (ticket, step) = next { ticket.resolve(step) }
+        if let (ticket, step) = next { ticket.resume(step) }
     }
 
     private func commitFailed(_ group: OutboxMachine.Group, leader: UInt64, _ failure: TetherError) {
@@ -411,8 +431,8 @@ final class ReliableEngine: Sendable {
             state.outbox!.groupFailed(group)
             return (group.tokens.compactMap { state.tickets.removeValue(forKey: $0) }, Self.takeGroup(&state))
         }
-        for ticket in tickets { ticket.resolve(.failed(failure)) }
-        if let (ticket, step) = next { ticket.resolve(step) }
+        for ticket in tickets { ticket.resume(.failed(failure)) }
+        if let (ticket, step) = next { ticket.resume(step) }
         self.admitWaitingSends()  // the group's room is free again
     }
 
@@ -422,37 +442,33 @@ final class ReliableEngine: Sendable {
     /// - Returns: `nil` for an id the outbox does not know (any more).
     func outcome(of id: UInt64) async -> MessageOutcome? {
         guard (try? await self.loadIfNeeded()) != nil else { return nil }
-        let outcome = Handoff<MessageOutcome?>()
-        self.submit(.outcome(id, outcome))
-        return await outcome.value
+        return await withUnsafeContinuation { self.submit(.outcome(id, $0)) }
     }
 
-    private func lookUpOutcome(of id: UInt64, for handoff: Handoff<MessageOutcome?>) {
+    private func lookUpOutcome(of id: UInt64, for waiter: UnsafeContinuation<MessageOutcome?, Never>) {
         let known: MessageOutcome?? = self.state.withValue { state in
             switch state.outbox?.outcome(of: id) ?? .unknown {
             case .finished(let outcome): return .some(outcome)
             case .unknown: return .some(nil)
             case .pending:
-                state.outcomeWaiters[id, default: []].append(handoff)
+                state.outcomeWaiters[id, default: []].append(waiter)
                 return .none
             }
         }
-        if let known { handoff.resolve(known) }
+        if let known { waiter.resume(returning: known) }
     }
 
     /// The messages accepted but not finished yet, oldest first.
     func pending() async throws(TetherError) -> [MessageReceipt] {
         try await self.loadIfNeeded()
-        let pending = Handoff<[MessageReceipt]>()
-        self.submit(.pending(pending))
-        return await pending.value
+        return await withUnsafeContinuation { self.submit(.pending($0)) }
     }
 
     /// Tells the waiters and the subscribers that messages finished, and the statistics the
     /// outbox's `depth` after them.
-    func report(_ finished: [(OutboxRecord, MessageOutcome, [Handoff<MessageOutcome?>])], depth: Int) {
+    func report(_ finished: [(OutboxRecord, MessageOutcome, [UnsafeContinuation<MessageOutcome?, Never>])], depth: Int) {
         for (record, outcome, waiters) in finished {
-            for waiter in waiters { waiter.resolve(outcome) }
+            for waiter in waiters { waiter.resume(returning: outcome) }
             self.events.yield(MessageEvent(record, .finished(outcome)))
             self.statistics?.messageEnded(expired: outcome == .expired)
         }
