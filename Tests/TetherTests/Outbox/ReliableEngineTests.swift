@@ -174,4 +174,58 @@ struct ReliableEngineTests {
             try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
         }
     }
+
+    @Test("a send whose task was cancelled before it asked, to a full outbox, fails with cancelled instead of waiting")
+    func cancelledBeforeSending() async throws {
+        let engine = try self.engine(capacity: 1)
+        _ = try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil)
+        }
+        await #expect(throws: TetherError.self) { try await cancelled.value }
+    }
+
+    /// An outbox store whose removals are slow, counting them.
+    final class SlowRemovals: OutboxStore {
+        let inner = InMemoryOutboxStore()
+        let removals = NIOLockedValueBox(0)
+        func load() async throws -> OutboxSnapshot { try await self.inner.load() }
+        func append(_ records: [OutboxRecord], nextID: UInt64, conversations: [String: UInt64]) async throws {
+            try await self.inner.append(records, nextID: nextID, conversations: conversations)
+        }
+        func markExpired(_ ids: [UInt64]) async throws { try await self.inner.markExpired(ids) }
+        func remove(_ ids: [UInt64]) async throws {
+            self.removals.withLockedValue { $0 += 1 }
+            try await Task.sleep(for: .milliseconds(20))
+            try await self.inner.remove(ids)
+        }
+        func saveCheckpoint(_ checkpoint: DeliveryCheckpoint) async throws { try await self.inner.saveCheckpoint(checkpoint) }
+    }
+
+    @Test("acknowledgements that arrive while the maintenance is busy are removed together when it is done, none lost")
+    func maintenanceBatchesWhileBusy() async throws {
+        let outbox = SlowRemovals()
+        let engine = ReliableEngine(
+            configuration: try .init(outbox: outbox),
+            eventLoop: self.loop,
+            clock: SystemClock(),
+            logger: Logger(label: "test")
+        )
+        let maintenance = Task { await engine.runMaintenance() }
+        var ids: [UInt64] = []
+        for _ in 0..<100 {
+            ids.append(try await engine.send(topic: "t", body: ByteBuffer(), conversation: "", priority: .normal, ttl: nil).id)
+        }
+        for id in ids {
+            try await self.onLoop { engine.acknowledged([Frame.MessageAck.Entry(id: id)]) }
+        }
+        try await eventually("every acknowledged message is removed from the store") {
+            (try? await outbox.inner.load().records.isEmpty) == true
+        }
+        let removals = outbox.removals.withLockedValue { $0 }
+        #expect(removals >= 1 && removals < 50, "\(removals) removals for 100 acknowledgements")
+        engine.finish()
+        await maintenance.value
+    }
 }
