@@ -3,99 +3,76 @@ import TetherCore
 
 /// The inbox side of the engine: deliveries handed to the application one at a time.
 extension ReliableEngine {
-    /// A DELIVERY arrived on a connection to the gateway store `epoch`. On the event loop.
+    /// A DELIVERY arrived on a connection to the gateway store `epoch`.
     func receive(_ delivery: Frame.Delivery, epoch: UInt64) -> DeliveryVerdict {
-        let (verdict, handOut) = self.state.withValue {
-            state -> (DeliveryVerdict, (UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>, Frame.Delivery)?) in
+        let (verdict, handOut) = self.state.withLockedValue {
+            state -> (DeliveryVerdict, (CheckedContinuation<Frame.Delivery?, Never>, Frame.Delivery)?) in
             let verdict = state.inbox.received(delivery, epoch: epoch)
             guard verdict == .accepted, let consumer = state.consumer, let next = state.inbox.next() else { return (verdict, nil) }
             state.consumer = nil
+            state.consuming = false
             return (verdict, (consumer, next))
         }
-        if let (consumer, next) = handOut {
-            self.publishInbox()
-            consumer.resume(returning: .success(next))
-        }
+        if let (consumer, next) = handOut { consumer.resume(returning: next) }
         return verdict
     }
 
     /// The next delivery for the app; the one handed out before is processed from now on.
-    /// - Returns: `nil` once the client has stopped, or when the calling task is cancelled.
+    /// - Returns: `nil` once the client has stopped.
     func nextDelivery() async throws(TetherError) -> Frame.Delivery? {
-        // One consumer at a time: the flag is this call's. Set before the command that stops
-        // the wait, it keeps the loop from parking a consumer whose stop overtook it.
-        self.consumerCancelled.store(false, ordering: .relaxed)
-        return try await withTaskCancellationHandler {
-            await withUnsafeContinuation { self.submit(.nextDelivery($0)) }
-        } onCancel: {
-            self.consumerCancelled.store(true, ordering: .releasing)
-            self.submit(.stopWaitingForDelivery)
-        }.get()
-    }
-
-    /// The app processed the delivery with this sequence (it was handed out and not yet
-    /// processed). Answers from what the loop published; the inbox hears of it on the loop.
-    func acknowledgeDelivery(_ sequence: UInt64) throws(TetherError) {
-        guard
-            sequence <= self.processedDeliveries.load(ordering: .acquiring)
-                || sequence == self.heldDelivery.load(ordering: .acquiring)
-        else {
-            throw TetherError(code: .invalidArgument, message: "delivery \(sequence) is not the one the app holds")
-        }
-        self.submit(.acknowledgeDelivery(sequence))
-    }
-
-    /// The consumer stopped (its loop ended or threw): the delivery it held and did not
-    /// acknowledge is handed out again.
-    func consumerEnded() {
-        self.submit(.consumerEnded)
-    }
-
-    // MARK: On the event loop
-
-    func handOutDelivery(to consumer: UnsafeContinuation<Result<Frame.Delivery?, TetherError>, Never>) {
-        let (answer, checkpointDue): (Result<Frame.Delivery?, TetherError>?, Bool) = self.state.withValue { state in
-            guard state.consumer == nil else {
+        let (immediate, checkpointDue): (Result<Frame.Delivery?, TetherError>?, Bool) = self.state.withLockedValue { state in
+            guard !state.consuming else {
                 return (.failure(TetherError(code: .invalidArgument, message: "another task is already consuming the deliveries")), false)
             }
             let next = state.inbox.next()  // the one handed out before is processed now
             let due = state.inbox.checkpointDue
             if let next { return (.success(next), due) }
-            if state.finished || self.consumerCancelled.load(ordering: .acquiring) { return (.success(nil), due) }
-            state.consumer = consumer
+            if state.finished { return (.success(nil), due) }
+            state.consuming = true
             return (nil, due)
         }
-        self.publishInbox()
-        if checkpointDue { self.storageWorkDue() }
-        if let answer { consumer.resume(returning: answer) }
-    }
-
-    func stopWaitingForDelivery() {
-        let consumer = self.state.withValue { state in
-            defer { state.consumer = nil }
-            return state.consumer
+        if checkpointDue { self.wakeup.continuation.yield() }
+        if let immediate { return try immediate.get() }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Frame.Delivery?, Never>) in
+                let ready: Frame.Delivery?? = self.state.withLockedValue { state in
+                    if let next = state.inbox.next() {
+                        state.consuming = false
+                        return .some(next)
+                    }
+                    if state.finished || Task.isCancelled {
+                        state.consuming = false
+                        return .some(nil)
+                    }
+                    state.consumer = continuation
+                    return .none
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        } onCancel: {
+            let consumer = self.state.withLockedValue { state -> CheckedContinuation<Frame.Delivery?, Never>? in
+                defer { state.consumer = nil; state.consuming = false }
+                return state.consumer
+            }
+            consumer?.resume(returning: nil)
         }
-        consumer?.resume(returning: .success(nil))
     }
 
-    func processed(_ sequence: UInt64) {
-        let checkpointDue = self.state.withValue { state in
-            _ = state.inbox.acknowledge(sequence)
-            return state.inbox.checkpointDue
+    /// The app processed the delivery with this sequence (it was handed out and not yet processed).
+    func acknowledgeDelivery(_ sequence: UInt64) throws(TetherError) {
+        let (known, checkpointDue) = self.state.withLockedValue { ($0.inbox.acknowledge(sequence), $0.inbox.checkpointDue) }
+        guard known else {
+            throw TetherError(code: .invalidArgument, message: "delivery \(sequence) is not the one the app holds")
         }
-        self.publishInbox()
-        if checkpointDue { self.storageWorkDue() }
+        if checkpointDue { self.wakeup.continuation.yield() }
     }
 
-    func consumerStopped() {
-        self.state.value.inbox.consumerStopped()
-        self.publishInbox()
-    }
-
-    /// Publishes the delivery handed out and the last one processed, for ``acknowledgeDelivery(_:)``.
-    func publishInbox() {
-        let inbox = self.state.value.inbox
-        self.heldDelivery.store(inbox.handedOut?.sequence ?? 0, ordering: .releasing)
-        self.processedDeliveries.store(inbox.processed, ordering: .releasing)
+    /// The consumer stopped (its loop ended or threw): the delivery it held and did not
+    /// acknowledge is handed out again.
+    func consumerEnded() {
+        self.state.withLockedValue { state in
+            state.inbox.consumerStopped()
+            state.consuming = false
+        }
     }
 }

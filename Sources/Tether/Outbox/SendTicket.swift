@@ -1,21 +1,54 @@
-/// A sender's place in the engine, from ``ReliableEngine/send(topic:body:conversation:priority:ttl:traceContext:)``
-/// until the event loop answers it: one object, no lock, no atomic.
-///
-/// The sending task sets ``continuation`` before it submits the send, and the queue that
-/// carries the send to the loop publishes it; from then on only the loop touches the ticket.
-/// A cancellation reaches the loop as a command of its own, which may overtake the send: the
-/// loop then marks the ticket (``cancelled``), and the send, arriving, is refused rather than
-/// left waiting for room.
+import Atomics
+import TetherCore
+
+/// The result of one ``ReliableEngine/send(topic:body:conversation:priority:ttl:)``, filled in by
+/// whichever caller commits its group, and awaited by the caller that sent it: a one-shot
+/// handover without a lock (one compare-and-swap on each side).
 final class SendTicket: @unchecked Sendable {
-    // Unchecked: `continuation` is written by the sending task before the send is queued, then
-    // read by the loop only; `cancelled` is the loop's alone.
-    var continuation: UnsafeContinuation<ReliableEngine.SendStep, Never>?
-    var cancelled = false
+    // Unchecked: each side writes its own field (`result`, `waiter`) before the releasing
+    // compare-and-swap that publishes it, and reads the other's only after an acquiring one
+    // that saw it published; each field is written once.
+    private let state = ManagedAtomic<UInt8>(State.empty)
+    private var result: Result<MessageReceipt, TetherError>?
+    private var waiter: CheckedContinuation<MessageReceipt, any Error>?
 
-    init() {}
+    private enum State {
+        static let empty: UInt8 = 0
+        static let waiting: UInt8 = 1
+        static let resolved: UInt8 = 2
+    }
 
-    /// Answers the sender; once, on the loop.
-    func resume(_ step: ReliableEngine.SendStep) {
-        self.continuation!.resume(returning: step)
+    /// Settles the ticket; call once.
+    func resolve(_ result: Result<MessageReceipt, TetherError>) {
+        self.result = result
+        let (exchanged, _) = self.state.compareExchange(
+            expected: State.empty,
+            desired: State.resolved,
+            ordering: .acquiringAndReleasing
+        )
+        guard !exchanged else { return }  // nobody waits yet: `value` finds the result
+        // The sender waits: its continuation is published.
+        self.state.store(State.resolved, ordering: .releasing)
+        self.waiter!.resume(with: result.mapError { $0 as any Error })
+    }
+
+    /// The result, once the ticket is settled; await it once.
+    var value: MessageReceipt {
+        get async throws(TetherError) {
+            do {
+                return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<MessageReceipt, any Error>) in
+                    self.waiter = continuation
+                    let (exchanged, _) = self.state.compareExchange(
+                        expected: State.empty,
+                        desired: State.waiting,
+                        ordering: .acquiringAndReleasing
+                    )
+                    guard !exchanged else { return }  // `resolve` resumes it
+                    continuation.resume(with: self.result!.mapError { $0 as any Error })
+                }
+            } catch {
+                throw error as? TetherError ?? TetherError(code: .storage, message: "\(error)")
+            }
+        }
     }
 }

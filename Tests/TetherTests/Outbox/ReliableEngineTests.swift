@@ -30,7 +30,7 @@ struct ReliableEngineTests {
         )
     }
 
-    /// The engine's state is confined to this loop: its connection-side calls run there.
+    /// The client's event loop: the connection-side calls run there, as in the client.
     let loop = MultiThreadedEventLoopGroup.singleton.next()
 
     func onLoop<Value: Sendable>(_ body: @escaping @Sendable () -> Value) async throws -> Value {
@@ -52,7 +52,7 @@ struct ReliableEngineTests {
         _ = try await engine.helloFields()  // loads the outbox, as connecting does
         #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
         #expect(try await self.receive(engine, 2, epoch: 7) == .accepted)
-        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
         #expect(try await self.receive(engine, 2, epoch: 7) == .duplicate)
         #expect(try await self.receive(engine, 4, epoch: 7) == .gap(expected: 3))
         #expect(try await engine.nextDelivery()?.sequence == 1)
@@ -73,7 +73,7 @@ struct ReliableEngineTests {
         try await eventually("the checkpoint is saved") { (try? await outbox.load().checkpoint?.lastSequence) == 3 }
         #expect(sink.acknowledgedUpTo.withLockedValue { $0 } == 0)
 
-        engine.attach(sink, deliveryEpoch: 7, resume: nil)
+        _ = engine.attach(sink, deliveryEpoch: 7, resume: nil)
         try await eventually("the gateway is told") { sink.acknowledgedUpTo.withLockedValue { $0 } == 3 }
         engine.finish()
         await maintenance.value
@@ -83,7 +83,7 @@ struct ReliableEngineTests {
     func newEpoch() async throws {
         let engine = try self.engine()
         _ = try await engine.helloFields()
-        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
         #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
         #expect(try await self.receive(engine, 1, epoch: 8) == .accepted, "sequence numbers of store 8 start at 1")
         let resume = try await engine.helloFields().resume
