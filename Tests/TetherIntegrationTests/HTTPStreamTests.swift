@@ -346,6 +346,50 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "a gateway shuts down promptly with idle HTTP connections open: a keep-alive POST connection answered 404, one that sent nothing"
+        )
+        func shutdownWithIdlePostConnections() async throws {
+            var configuration = GatewayConfiguration.defaults
+            configuration.configureListener(.httpStream, port: 0)
+            configuration.timeouts.shutdownGracePeriod = .seconds(2)
+            let gateway = try Gateway(configuration: configuration, logger: testLogger("gateway"))
+            let run = Task { try await gateway.run() }
+            let port = try await gateway.webSocketAddress.port!
+            // A keep-alive POST for a session the gateway does not know, answered, then idle.
+            let peer = try await HTTPPeer.connect(port: port)
+            let post = try await peer.send(
+                .POST,
+                Endpoint.defaultHTTPStreamPath,
+                headers: [
+                    (HTTPStreamBinding.sessionHeader, HTTPStreamBinding.makeToken(nodeKey: 1)),
+                    (HTTPStreamBinding.proofHeader, HTTPStreamBinding.proof(key: HTTPStreamBinding.makeKey(), post: 0, body: ByteBuffer())!),
+                ],
+                body: ByteBuffer()
+            )
+            let answer = try await post.wait()
+            #expect(answer.status == .notFound, "\(answer.status) \(answer.body)")
+            // A connection that sent nothing yet.
+            let silent = try await HTTPPeer.connect(port: port)
+            try await Task.sleep(for: .milliseconds(100))
+
+            let started = ContinuousClock.now
+            gateway.shutdown()
+            let finished = Task {
+                try await run.value
+                return ContinuousClock.now - started
+            }
+            let deadline = Task {
+                try await Task.sleep(for: .seconds(10))
+                run.cancel()  // stops it at once: the test then fails below, instead of hanging
+            }
+            let took = try await finished.value
+            deadline.cancel()
+            #expect(took < .seconds(5), "run() returned \(took) after shutdown()")
+            try? await peer.connection.close()
+            try? await silent.connection.close()
+        }
+
         @Test("a POST connection the gateway closes for idleness is opened again for the next POST; the stream goes on")
         func postConnectionReopened() async throws {
             try await withHarness { harness in
