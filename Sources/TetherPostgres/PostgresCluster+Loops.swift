@@ -4,6 +4,7 @@ import NIOPosix
 import PostgresNIO
 import TetherCore
 import TetherGateway
+import TetherNIO
 
 // What a node does while it is in the cluster: the loops `run()` starts, each until cancelled.
 extension PostgresCluster {
@@ -19,36 +20,47 @@ extension PostgresCluster {
                     id: Int(truncatingIfNeeded: id),
                     logger: self.logger
                 )
-                defer { Task { try? await connection.close() } }
-                try await connection.query(
-                    "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
-                    logger: self.logger
-                )
-                try await connection.listen(on: "tether_node_\(id)") { signals in
-                    try await connection.listen(on: "tether_pushes") { pushes in
-                        if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
-                        failures = 0
-                        // Whatever was missed while away: presence written again, signals and pushes read.
-                        self.state.withLockedValue { $0.resyncPresence = true }
-                        self.writes.ring()
-                        self.signals.ring()
-                        self.pushes.ring()
-                        // Closing the connection ends both sequences, whichever way this ends (a dropped
-                        // connection, or the node leaving).
-                        try await withTaskCancellationHandler {
-                            try await withThrowingTaskGroup { group in
-                                group.addTask { for try await _ in signals { self.signals.ring() } }
-                                group.addTask { for try await _ in pushes { self.pushes.ring() } }
-                                defer {
-                                    group.cancelAll()
-                                    connection.close().whenComplete { _ in }
+                // Once cancelled (the node leaves), the connection is closed and this loop ends at
+                // once: PostgresNIO does not always answer a query (the lock, LISTEN) on a
+                // connection closed under it, so the session runs in a task of its own, left to
+                // end on its own if it does not.
+                let (failed, established) = (failures, TetherLock(false))
+                let session = Task {
+                    do {
+                        try await connection.query(
+                            "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
+                            logger: self.logger
+                        )
+                        try await connection.listen(on: "tether_node_\(id)") { signals in
+                            try await connection.listen(on: "tether_pushes") { pushes in
+                                established.withLockedValue { $0 = true }
+                                self.reachable(after: failed)
+                                // Closing the connection ends both sequences, whichever way this
+                                // ends (a dropped connection, or the node leaving).
+                                try await withThrowingTaskGroup { group in
+                                    group.addTask { for try await _ in signals { self.signals.ring() } }
+                                    group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                                    defer {
+                                        group.cancelAll()
+                                        connection.close().whenComplete { _ in }  // ends the other
+                                    }
+                                    try await group.next()
                                 }
-                                try await group.next()
                             }
-                        } onCancel: {
-                            connection.close().whenComplete { _ in }
                         }
+                    } catch {
+                        try? await connection.close()
+                        throw error
                     }
+                    try? await connection.close()
+                }
+                // Holds the connection until it is closed (PostgresNIO asserts that it is).
+                defer { Task { try? await connection.close() } }
+                defer { if established.withLockedValue({ $0 }) { failures = 0 } }  // a later loss is logged again
+                try await withTaskCancellationHandler {
+                    try await session.valueUnlessCancelled
+                } onCancel: {
+                    connection.close().whenComplete { _ in }
                 }
                 throw MessageStoreError(code: .storage, message: "the listening connection ended")
             } catch {
@@ -63,6 +75,15 @@ extension PostgresCluster {
                 try? await Task.sleep(for: .milliseconds(min(100 * (1 << min(failures, 5)), 2000)))
             }
         }
+    }
+
+    /// The listening connection is up (again): what was missed while away is read.
+    private func reachable(after failures: Int) {
+        if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
+        self.state.withLockedValue { $0.resyncPresence = true }
+        self.writes.ring()
+        self.signals.ring()
+        self.pushes.ring()
     }
 
     /// Says the node is alive, and clears what dead nodes left behind.

@@ -170,21 +170,20 @@ extension IntegrationTests {
                 let (unreachable, why) = try await post(onB, token: HTTPStreamBinding.makeToken(nodeKey: cKey))
                 #expect(unreachable == 502 && why.contains("did not answer"), "\(unreachable) \(why)")
 
-                // A node without a stream forwarder answers a POST for another node's session
-                // 502, saying why (asked directly: the answer is what its HTTP listener sends).
+                // Node D has no stream forwarder: a POST for A's stream that D receives gets 502,
+                // saying why.
                 let d = try await harness.clusterNode(
                     "d",
                     url: url,
                     network: LocalNetwork(),
+                    configure: { $0.configureListener(.httpStream) },
                     configureCluster: { $0.streamForwarder = nil }
                 )
-                let unforwarded = await d.cluster.forwardStreamPost(
-                    ClusterStreamPost(token: token, proof: "", body: ByteBuffer(), nodeKey: nodeKey, forwardedBy: 1)
+                let (unforwarded, whyNot) = try await post(
+                    try await Self.streamURL(d),
+                    token: HTTPStreamBinding.makeToken(nodeKey: nodeKey)
                 )
-                #expect(
-                    unforwarded?.status == 502 && unforwarded?.message.contains("no stream forwarder") == true,
-                    "\(String(describing: unforwarded))"
-                )
+                #expect(unforwarded == 502 && whyNot.contains("no stream forwarder"), "\(unforwarded) \(whyNot)")
             }
         }
     }

@@ -363,7 +363,10 @@ extension IntegrationTests {
                 Endpoint.defaultHTTPStreamPath,
                 headers: [
                     (HTTPStreamBinding.sessionHeader, HTTPStreamBinding.makeToken(nodeKey: 1)),
-                    (HTTPStreamBinding.proofHeader, HTTPStreamBinding.proof(key: HTTPStreamBinding.makeKey(), post: 0, body: ByteBuffer())!),
+                    (
+                        HTTPStreamBinding.proofHeader,
+                        HTTPStreamBinding.proof(key: HTTPStreamBinding.makeKey(), post: 0, body: ByteBuffer())!
+                    ),
                 ],
                 body: ByteBuffer()
             )
