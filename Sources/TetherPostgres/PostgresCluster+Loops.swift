@@ -25,40 +25,35 @@ extension PostgresCluster {
                 // connection closed under it, so the session runs in a task of its own, left to
                 // end on its own if it does not.
                 let (failed, established) = (failures, TetherLock(false))
-                let session = Task {
-                    do {
-                        try await connection.query(
-                            "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
-                            logger: self.logger
-                        )
-                        try await connection.listen(on: "tether_node_\(id)") { signals in
-                            try await connection.listen(on: "tether_pushes") { pushes in
-                                established.withLockedValue { $0 = true }
-                                self.reachable(after: failed)
-                                // Closing the connection ends both sequences, whichever way this
-                                // ends (a dropped connection, or the node leaving).
-                                try await withThrowingTaskGroup { group in
-                                    group.addTask { for try await _ in signals { self.signals.ring() } }
-                                    group.addTask { for try await _ in pushes { self.pushes.ring() } }
-                                    defer {
-                                        group.cancelAll()
-                                        connection.close().whenComplete { _ in }  // ends the other
-                                    }
-                                    try await group.next()
+                let session: @Sendable () async throws -> Void = {
+                    try await connection.query(
+                        "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
+                        logger: self.logger
+                    )
+                    try await connection.listen(on: "tether_node_\(id)") { signals in
+                        try await connection.listen(on: "tether_pushes") { pushes in
+                            established.withLockedValue { $0 = true }
+                            self.reachable(after: failed)
+                            // Closing the connection ends both sequences, whichever way this
+                            // ends (a dropped connection, or the node leaving).
+                            try await withThrowingTaskGroup { group in
+                                group.addTask { for try await _ in signals { self.signals.ring() } }
+                                group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                                defer {
+                                    group.cancelAll()
+                                    connection.close().whenComplete { _ in }  // ends the other
                                 }
+                                try await group.next()
                             }
                         }
-                    } catch {
-                        try? await connection.close()
-                        throw error
                     }
-                    try? await connection.close()
                 }
-                // Holds the connection until it is closed (PostgresNIO asserts that it is).
+                // Holds the connection until it is closed (PostgresNIO asserts that it is); the
+                // session is over or abandoned by then, whichever way it ended.
                 defer { Task { try? await connection.close() } }
                 defer { if established.withLockedValue({ $0 }) { failures = 0 } }  // a later loss is logged again
                 try await withTaskCancellationHandler {
-                    try await session.valueUnlessCancelled
+                    try await abandonable(session)
                 } onCancel: {
                     connection.close().whenComplete { _ in }
                 }

@@ -287,34 +287,11 @@ public final class PostgresMessageStore: MessageStore {
     /// itself if it overruns (it holds its pooled connection until then).
     func withDeadline<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
         let timeout = self.operationTimeout
-        let settle = TetherLock<CheckedContinuation<T, any Error>?>(nil)
-        let tasks = TetherLock<(work: Task<Void, Never>?, timer: Task<Void, Never>?)>((nil, nil))
-        return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-                settle.withLockedValue { $0 = continuation }
-                let work = Task {
-                    let result = await Result { try await body() }
-                    guard let continuation = settle.withLockedValue({ $0.take() }) else { return }
-                    tasks.withLockedValue { $0.timer }?.cancel()
-                    continuation.resume(with: result)
-                }
-                let timer = Task {
-                    guard (try? await Task.sleep(for: timeout)) != nil, let continuation = settle.withLockedValue({ $0.take() }) else {
-                        return
-                    }
-                    tasks.withLockedValue { $0.work }?.cancel()
-                    continuation.resume(
-                        throwing: MessageStoreError(code: .storage, message: "PostgreSQL did not answer within \(timeout)")
-                    )
-                }
-                tasks.withLockedValue { $0 = (work, timer) }
-            }
-        } onCancel: {
-            let (work, timer) = tasks.withLockedValue { $0 }
-            work?.cancel()
-            timer?.cancel()
-            settle.withLockedValue { $0.take() }?.resume(throwing: CancellationError())
-        }
+        return try await abandonable(
+            timeout: timeout,
+            timedOut: { MessageStoreError(code: .storage, message: "PostgreSQL did not answer within \(timeout)") },
+            body
+        )
     }
 
     /// What went wrong, in words: PostgreSQL's own message where there is one.
