@@ -12,7 +12,9 @@ import TetherGateway
 ///
 /// It runs twice, side by side: with the gateway's default limits (where the connection's
 /// message rate, `messagesPerSecondPerConnection`, paces alice) and with the limits off
-/// (what the pipeline itself sustains); `--limits` picks one.
+/// (what the pipeline itself sustains); `--limits` picks one. Then NATS JetStream moves the
+/// same messages in the same run (see ``ReliableJetStream``), when `Benchmarks/setup-jetstream`
+/// has installed it; `--peers` picks.
 ///
 ///     tether-bench reliable --messages 100000 --senders 64
 struct Reliable: AsyncParsableCommand {
@@ -45,9 +47,21 @@ struct Reliable: AsyncParsableCommand {
     @Option(help: "With --postgres: gateway nodes; alice connects to the first, bob to the last.")
     var nodes = 1
 
+    enum Peer: String, ExpressibleByArgument, CaseIterable, Codable {
+        case tether, jetstream
+    }
+
+    @Option(
+        parsing: .upToNextOption,
+        help: "tether, jetstream (NATS JetStream, installed by Benchmarks/setup-jetstream), or both; one run each."
+    )
+    var peers: [Peer] = [.tether, .jetstream]
+
     struct Result: Codable {
-        /// `defaults` or `off`.
-        var limits: Limits
+        /// `tether` or `jetstream`.
+        var peer: Peer = .tether
+        /// Tether's limits, `defaults` or `off`; `nil` for JetStream, which has none.
+        var limits: Limits?
         /// The gateway's per-connection message rate in this run, if limited.
         var limitPerConnection: Int?
         var messages: Int
@@ -60,16 +74,30 @@ struct Reliable: AsyncParsableCommand {
         var deliveredPerSecond: Double
         /// CPU seconds over the run, per process.
         var aliceCPUSeconds: Double
+        /// The gateway's or nats-server's.
         var gatewayCPUSeconds: Double
         var bobCPUSeconds: Double
+
+        /// CPU seconds of all three processes.
+        var cpuSeconds: Double { self.aliceCPUSeconds + self.gatewayCPUSeconds + self.bobCPUSeconds }
+    }
+
+    func validate() throws {
+        guard !self.peers.isEmpty else { throw ValidationError("--peers needs at least one of tether, jetstream") }
+        guard self.messages > 0, self.senders > 0, self.senders <= self.messages, self.body >= 0 else {
+            throw ValidationError("--messages and --senders must be positive, with no more senders than messages")
+        }
+        if self.peers.contains(.jetstream), self.postgres != nil {
+            throw ValidationError("--postgres is for Tether's gateways; run JetStream without it (--peers tether)")
+        }
     }
 
     func run() async throws {
         var results: [Result] = []
-        for limits in self.limits == .both ? [Limits.defaults, .off] : [self.limits] {
+        for limits in !self.peers.contains(.tether) ? [] : self.limits == .both ? [Limits.defaults, .off] : [self.limits] {
             let result = try await self.run(limits: limits)
             var line =
-                "limits \(limits.rawValue): \(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
+                "tether, limits \(limits.rawValue): \(result.messages) reliable messages of \(result.bodyBytes) B from \(result.senders) senders: "
                 + "accepted in \(String(format: "%.2f", result.acceptedSeconds)) s (\(Int(Double(result.messages) / result.acceptedSeconds))/s), "
                 + "delivered in \(String(format: "%.2f", result.deliveredSeconds)) s = \(Int(result.deliveredPerSecond))/s"
             if let limit = result.limitPerConnection, result.messages > limit {
@@ -83,6 +111,18 @@ struct Reliable: AsyncParsableCommand {
                 + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s"
             emit(line)
             results.append(result)
+        }
+        if self.peers.contains(.jetstream) {
+            let jetstream = ReliableJetStream(messages: self.messages, senders: self.senders, body: self.body)
+            if let result = try await jetstream.run() {
+                results.append(result)
+                if let tether = results.first(where: { $0.peer == .tether && $0.limits == .off }) {
+                    emit(
+                        "Tether (limits off) / JetStream: delivered \(String(format: "%.2f", tether.deliveredPerSecond / result.deliveredPerSecond))×, "
+                            + "CPU per message \(String(format: "%.2f", tether.cpuSeconds / result.cpuSeconds))×"
+                    )
+                }
+            }
         }
         if let output = self.output { try writeJSON(results, to: "\(output)/reliable.json") }
     }
