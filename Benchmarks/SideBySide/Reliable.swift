@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
+import Synchronization
 import Tether
 import TetherGateway
 
@@ -190,8 +191,14 @@ struct Reliable: AsyncParsableCommand {
             // "received N AT": bob's app had N messages, the last at AT (seconds since 1970).
             guard let line = bob.readLine(), line.hasPrefix("received ") else { throw BenchError("bob failed: \(bob.errors())") }
             let fields = line.split(separator: " ")
-            guard fields.count == 3, Int(fields[1]) == messages, let last = Double(fields[2]) else {
+            guard fields.count == 3, let count = Int(fields[1]), let last = Double(fields[2]) else {
                 throw BenchError("bob reported '\(line)' for \(messages) messages")
+            }
+            guard count == messages else {
+                throw BenchError(
+                    "bob had \(count) of \(messages) messages and none came for 30 s: the gateway refused some (its delivery quotas, "
+                        + "with --limits defaults) or stalled; their outcomes are on alice's side (TetherClient.outcome(of:))"
+                )
             }
             let delivered = last - startedAt
             return Result(
@@ -228,15 +235,22 @@ struct ReliableGateway: AsyncParsableCommand {
     @Option(help: "The port (0 picks one).")
     var port = 0
 
-    @Flag(help: "Turn off the per-connection rate limits.")
+    @Flag(help: "Turn off the per-connection rates and the delivery quotas.")
     var limitsOff = false
 
     func run() async throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: self.port)
         if self.limitsOff {
+            // The rates, and the quotas that refuse a message for good when its recipient has
+            // too much waiting or its sender delivered too much this minute (a run of over
+            // 100,000 messages, or bob behind by 10,000, would have some refused).
             configuration.limits.messagesPerSecondPerConnection = .max
             configuration.limits.requestsPerSecondPerConnection = .max
+            configuration.limits.maxDeliveriesPerRecipient = .max
+            configuration.limits.maxDeliveryBytesPerRecipient = .max
+            configuration.limits.maxDeliveriesPerSenderPerMinute = .max
+            configuration.limits.maxDeliveryBytesPerSenderPerMinute = .max
         }
         let gateway: Gateway
         if let postgres = self.postgres {
@@ -254,7 +268,7 @@ struct ReliableGateway: AsyncParsableCommand {
 }
 
 /// Bob, for `reliable`: prints "connected", then "received N AT" once his app has `messages`
-/// deliveries (or after 300 s).
+/// deliveries, or as soon as 30 s pass without a new one (N is then short: the parent says so).
 struct ReliableReceiver: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "reliable-receiver", abstract: "The recipient of `reliable`.")
 
@@ -272,25 +286,38 @@ struct ReliableReceiver: AsyncParsableCommand {
             defer { bob.shutdown() }
             try await waitUntilConnected(bob)
             emit("connected")
-            let received = try await withThrowingTaskGroup(of: Int?.self) { race in
+            // The count, published for the watchdog without a lock per delivery.
+            let progress = DeliveryCount()
+            let received = try await withThrowingTaskGroup(of: Int.self) { race in
                 race.addTask {
                     var count = 0
                     for try await _ in bob.deliveries() {
                         count += 1
+                        progress.value.store(count, ordering: .relaxed)
                         if count == target { break }
                     }
                     return count
                 }
                 race.addTask {
-                    try await Task.sleep(for: .seconds(300))
-                    return nil
+                    var last = -1
+                    while true {
+                        try await Task.sleep(for: .seconds(30))
+                        let count = progress.value.load(ordering: .relaxed)
+                        if count == last { return count }
+                        last = count
+                    }
                 }
                 defer { race.cancelAll() }
-                return try await race.next()! ?? -1
+                return try await race.next()!
             }
             emit("received \(received) \(Date().timeIntervalSince1970)")
         }
     }
+}
+
+/// Bob's count of deliveries, read by his watchdog.
+private final class DeliveryCount: Sendable {
+    let value = Atomic<Int>(0)
 }
 
 /// Returns once `client` is connected (or throws after 30 s).

@@ -61,7 +61,7 @@ final class StoreQuotas: Sendable {
         }
         let room = self.room(of: sender, now: now)
         allowances.append(
-            .init(deliveries: Int(room.deliveries), bytes: Int(room.bytes)) { deliveries in
+            .init(deliveries: Self.whole(room.deliveries), bytes: Self.whole(room.bytes)) { deliveries in
                 deliveries
                     ? "'\(sender)' stored its quota of \(limits.maxDeliveriesPerSenderPerMinute) deliveries in the last minute"
                     : "'\(sender)' stored its quota of \(limits.maxDeliveryBytesPerSenderPerMinute) bytes of deliveries in the last minute"
@@ -99,6 +99,12 @@ final class StoreQuotas: Sendable {
             }
             return room
         }
+    }
+
+    /// `room` rounded down, at most `Int.max`: a limit of `Int.max` is `2^63` as a `Double`,
+    /// which `Int(_:)` cannot hold.
+    static func whole(_ room: Double) -> Int {
+        room >= Double(Int.max) ? Int.max : Int(max(0, room))
     }
 
     private static func refilled(_ room: SenderRoom?, limits: GatewayConfiguration.Limits, now: TetherInstant) -> SenderRoom {
