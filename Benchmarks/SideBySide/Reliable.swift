@@ -48,6 +48,9 @@ struct Reliable: AsyncParsableCommand {
     @Option(help: "With --postgres: gateway nodes; alice connects to the first, bob to the last.")
     var nodes = 1
 
+    @Option(help: "Append the gateways' warnings and errors to this file.")
+    var gatewayLog: String?
+
     enum Peer: String, ExpressibleByArgument, CaseIterable, Codable {
         case tether, jetstream
     }
@@ -79,6 +82,13 @@ struct Reliable: AsyncParsableCommand {
         var gatewayCPUSeconds: Double
         var bobCPUSeconds: Double
 
+        /// Alice's reliable messages sent again after a timeout, and her connections' reconnects.
+        var aliceRetransmissions: Int? = nil
+        var aliceReconnects: Int? = nil
+        /// Bytes bob read and wrote on his connection.
+        var bobBytesReceived: Int? = nil
+        var bobBytesSent: Int? = nil
+
         /// CPU seconds of all three processes.
         var cpuSeconds: Double { self.aliceCPUSeconds + self.gatewayCPUSeconds + self.bobCPUSeconds }
     }
@@ -109,7 +119,8 @@ struct Reliable: AsyncParsableCommand {
             }
             line +=
                 "; CPU alice \(String(format: "%.2f", result.aliceCPUSeconds)) s, gateway \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
-                + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s"
+                + "bob \(String(format: "%.2f", result.bobCPUSeconds)) s; alice retransmitted \(result.aliceRetransmissions ?? 0), "
+                + "reconnected \(result.aliceReconnects ?? 0); bob read \(result.bobBytesReceived ?? 0) B, wrote \(result.bobBytesSent ?? 0) B"
             emit(line)
             results.append(result)
         }
@@ -140,7 +151,11 @@ struct Reliable: AsyncParsableCommand {
             let storeArguments =
                 self.postgres.map { ["--postgres", $0, "--node-name", "n\(node + 1)"] }
                 ?? ["--store", scratch.appendingPathComponent("gateway.sqlite").path]
-            let process = try ChildProcess(executable, ["reliable-gateway"] + storeArguments + (limits == .off ? ["--limits-off"] : []))
+            let process = try ChildProcess(
+                executable,
+                ["reliable-gateway"] + storeArguments + (limits == .off ? ["--limits-off"] : [])
+                    + (self.gatewayLog.map { ["--log", $0] } ?? [])
+            )
             guard let ready = process.readLine(), ready.hasPrefix("ready "), let port = Int(ready.dropFirst(6)) else {
                 throw BenchError("the gateway did not start: \(process.errors())")
             }
@@ -188,10 +203,11 @@ struct Reliable: AsyncParsableCommand {
                 }
             }
             let accepted = (clock.now - started).totalSeconds
-            // "received N AT": bob's app had N messages, the last at AT (seconds since 1970).
+            // "received N AT IN OUT": bob's app had N messages, the last at AT (seconds since
+            // 1970); his connection read IN bytes and wrote OUT.
             guard let line = bob.readLine(), line.hasPrefix("received ") else { throw BenchError("bob failed: \(bob.errors())") }
             let fields = line.split(separator: " ")
-            guard fields.count == 3, let count = Int(fields[1]), let last = Double(fields[2]) else {
+            guard fields.count == 5, let count = Int(fields[1]), let last = Double(fields[2]) else {
                 throw BenchError("bob reported '\(line)' for \(messages) messages")
             }
             guard count == messages else {
@@ -212,7 +228,11 @@ struct Reliable: AsyncParsableCommand {
                 deliveredPerSecond: Double(messages) / delivered,
                 aliceCPUSeconds: processCPUSeconds() - cpu.alice,
                 gatewayCPUSeconds: processCPUSeconds(pids: gateways.map(\.process.pid)) - cpu.gateway,
-                bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob
+                bobCPUSeconds: (processCPUSeconds(pid: bob.pid) ?? 0) - cpu.bob,
+                aliceRetransmissions: alice.statistics.messagesRetransmitted,
+                aliceReconnects: alice.statistics.reconnects,
+                bobBytesReceived: Int(fields[3]),
+                bobBytesSent: Int(fields[4])
             )
         }
         return result
@@ -238,6 +258,9 @@ struct ReliableGateway: AsyncParsableCommand {
     @Flag(help: "Turn off the per-connection rates and the delivery quotas.")
     var limitsOff = false
 
+    @Option(help: "Append the gateway's log (warnings and errors) to this file; without it, errors go to stderr.")
+    var log: String?
+
     func run() async throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: self.port)
@@ -252,13 +275,20 @@ struct ReliableGateway: AsyncParsableCommand {
             configuration.limits.maxDeliveriesPerSenderPerMinute = .max
             configuration.limits.maxDeliveryBytesPerSenderPerMinute = .max
         }
+        var logger = Peer.logger
+        if let log = self.log {
+            // The parent reads only the first line of stderr: a busy log must not fill the pipe.
+            let file = open(log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+            guard file >= 0, dup2(file, STDERR_FILENO) >= 0 else { throw BenchError("cannot open \(log): errno \(errno)") }
+            logger.logLevel = .warning
+        }
         let gateway: Gateway
         if let postgres = self.postgres {
             let node = try await ClusterNodeOptions(url: postgres, name: self.nodeName).join()
-            gateway = try Gateway(configuration: configuration, messageStore: node.store, cluster: node.cluster, logger: Peer.logger)
+            gateway = try Gateway(configuration: configuration, messageStore: node.store, cluster: node.cluster, logger: logger)
         } else {
             guard let store = self.store else { throw BenchError("reliable-gateway needs --store or --postgres") }
-            gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: store), logger: Peer.logger)
+            gateway = try Gateway(configuration: configuration, messageStore: try SQLiteMessageStore(path: store), logger: logger)
         }
         gateway.onMessage("dm") { message, context in
             try context.deliver(to: "bob", topic: "dm", body: message.body)
@@ -310,7 +340,8 @@ struct ReliableReceiver: AsyncParsableCommand {
                 defer { race.cancelAll() }
                 return try await race.next()!
             }
-            emit("received \(received) \(Date().timeIntervalSince1970)")
+            let statistics = bob.statistics
+            emit("received \(received) \(Date().timeIntervalSince1970) \(statistics.bytesReceived) \(statistics.bytesSent)")
         }
     }
 }

@@ -152,7 +152,7 @@ extension TetherClient {
         let negotiated = connection.negotiated
         if let reliable = self.reliable {
             if negotiated.features.contains(.reliableDelivery), let epoch = negotiated.deliveryEpoch {
-                connection.enqueue(reliable.attach(connection, deliveryEpoch: epoch, resume: connection.resume))
+                reliable.attach(connection, deliveryEpoch: epoch, resume: connection.resume)
             } else {
                 self.logger.warning("the gateway does not offer reliable delivery; messages wait in the outbox")
             }

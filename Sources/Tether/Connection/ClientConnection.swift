@@ -151,7 +151,10 @@ final class ClientConnection: Sendable {
 extension ClientConnection: ReliableSink {
     func enqueue(_ records: [OutboxRecord]) {
         guard !records.isEmpty else { return }
-        self.handler.execute(passing: records) { $0.enqueueMessages($1) }  // no closure made on the loop
+        // Always queued, even from the loop (see ReliableSink): the loop runs what is queued in
+        // order, so groups reach the connection in the order the engine committed them.
+        let handler = self.handler
+        handler.eventLoop.execute { handler.value.enqueueMessages(records) }
     }
 
     func replace(with tombstone: OutboxRecord) {

@@ -238,18 +238,22 @@ final class ReliableEngine: Sendable {
                 self.wakeCapacityWaiters()
                 continue
             }
-            let (sink, tickets, depth): ((any ReliableSink)?, [SendTicket?], Int)
-            (sink, tickets, depth, next) = self.state.withLockedValue { state in
+            let (tickets, depth): ([SendTicket?], Int)
+            (tickets, depth, next) = self.state.withLockedValue { state in
                 state.outbox!.groupCommitted(group)
+                // Handed to the connection under the lock, before another sender can commit the
+                // next group: a group that reached the connection after the next one would have
+                // a conversation's message sent before the one it follows, and the gateway would
+                // wait for that one's retransmission timeout (`committedOrder` in the tests).
+                state.sink?.enqueue(group.records)
                 let tickets = group.tokens.map { state.tickets.removeValue(forKey: $0) }
-                return (state.sink, tickets, state.outbox!.depth, state.outbox!.takeGroup())
+                return (tickets, state.outbox!.depth, state.outbox!.takeGroup())
             }
             for (record, ticket) in zip(group.records, tickets) {
                 ticket?.resolve(.success(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
                 self.events.yield(MessageEvent(record, .queued))
             }
             if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
-            sink?.enqueue(group.records)
             self.statistics?.outbox(depth: depth)
         }
     }
@@ -330,19 +334,19 @@ final class ReliableEngine: Sendable {
     ///   - sink: The connection.
     ///   - deliveryEpoch: The delivery epoch its WELCOME announced.
     ///   - resume: The resume point its HELLO carried.
-    /// - Returns: Every message to send, by id.
-    func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64, resume: Frame.Hello.Resume?) -> [OutboxRecord] {
-        let (records, acknowledge) = self.state.withLockedValue { state in
+    /// Every unacknowledged message is handed to `sink` to send, under the lock, so that a group
+    /// committed meanwhile reaches it after them.
+    func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64, resume: Frame.Hello.Resume?) {
+        let acknowledge = self.state.withLockedValue { state in
             state.sink = sink
+            sink.enqueue(state.outbox?.unacknowledged ?? [])
             // DELIVERYs can arrive, and the app process them, before the connection is attached:
             // their checkpoint may be saved already, with no connection to acknowledge it on.
             // Acknowledge it now, or the gateway, its window full, would wait for this forever.
-            let acknowledge = state.inbox.attached(epoch: deliveryEpoch, resume: resume)
-            return (state.outbox?.unacknowledged ?? [], acknowledge)
+            return state.inbox.attached(epoch: deliveryEpoch, resume: resume)
         }
         if let acknowledge { sink.acknowledgeDeliveries(upTo: acknowledge) }
         self.wakeup.continuation.yield()  // a checkpoint of a new epoch may be due
-        return records
     }
 
     /// The connection closed.

@@ -3,6 +3,10 @@ import TetherCore
 /// What the engine needs from the current connection.
 protocol ReliableSink: AnyObject, Sendable {
     /// Sends these messages (in addition to those already queued).
+    ///
+    /// Called under the engine's lock, in the order the messages were committed: it must only
+    /// queue them (never send inline, which could overtake records queued just before from
+    /// another thread, and never call back into the engine).
     func enqueue(_ records: [OutboxRecord])
     /// A queued or unacknowledged message expired: send its tombstone instead.
     func replace(with tombstone: OutboxRecord)

@@ -52,7 +52,7 @@ struct ReliableEngineTests {
         _ = try await engine.helloFields()  // loads the outbox, as connecting does
         #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
         #expect(try await self.receive(engine, 2, epoch: 7) == .accepted)
-        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
         #expect(try await self.receive(engine, 2, epoch: 7) == .duplicate)
         #expect(try await self.receive(engine, 4, epoch: 7) == .gap(expected: 3))
         #expect(try await engine.nextDelivery()?.sequence == 1)
@@ -73,7 +73,7 @@ struct ReliableEngineTests {
         try await eventually("the checkpoint is saved") { (try? await outbox.load().checkpoint?.lastSequence) == 3 }
         #expect(sink.acknowledgedUpTo.withLockedValue { $0 } == 0)
 
-        _ = engine.attach(sink, deliveryEpoch: 7, resume: nil)
+        engine.attach(sink, deliveryEpoch: 7, resume: nil)
         try await eventually("the gateway is told") { sink.acknowledgedUpTo.withLockedValue { $0 } == 3 }
         engine.finish()
         await maintenance.value
@@ -83,7 +83,7 @@ struct ReliableEngineTests {
     func newEpoch() async throws {
         let engine = try self.engine()
         _ = try await engine.helloFields()
-        _ = engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
+        engine.attach(Sink(), deliveryEpoch: 7, resume: nil)
         #expect(try await self.receive(engine, 1, epoch: 7) == .accepted)
         #expect(try await self.receive(engine, 1, epoch: 8) == .accepted, "sequence numbers of store 8 start at 1")
         let resume = try await engine.helloFields().resume
@@ -116,6 +116,63 @@ struct ReliableEngineTests {
         let stored = try await outbox.load().records
         #expect(stored.count == 200 && Set(stored.map(\.id)) == Set(1...200))
         #expect(try await engine.pending().count == 200)
+    }
+
+    /// Records the order in which messages reach the connection.
+    final class OrderSink: ReliableSink {
+        /// Per conversation, the last sequence enqueued; and the sequences that came after a later one.
+        let state = NIOLockedValueBox<(last: [String: UInt64], late: [String])>(([:], []))
+        func enqueue(_ records: [OutboxRecord]) {
+            self.state.withLockedValue { state in
+                for record in records {
+                    if let last = state.last[record.conversation], record.sequence < last {
+                        state.late.append("\(record.conversation) #\(record.sequence) after #\(last)")
+                    }
+                    state.last[record.conversation] = max(state.last[record.conversation] ?? 0, record.sequence)
+                }
+            }
+        }
+        func replace(with tombstone: OutboxRecord) {}
+        func acknowledgeDeliveries(upTo sequence: UInt64) {}
+    }
+
+    @Test(
+        "messages reach the connection in the order they were committed, whichever sender commits",
+        arguments: [false, true]
+    )
+    func committedOrder(yieldingStore: Bool) async throws {
+        // Each sender awaits each send, so its next message joins the next group, which another
+        // sender may commit: a group must reach the connection before the next one does, or
+        // the connection sends a conversation's message before the one it follows, and the
+        // gateway waits for that one's retransmission (a retransmission timeout per gap).
+        let outbox: any OutboxStore = yieldingStore ? YieldingOutboxStore() : InMemoryOutboxStore()
+        let engine = ReliableEngine(
+            configuration: try .init(outbox: outbox, capacity: 10_000),
+            eventLoop: self.loop,
+            clock: SystemClock(),
+            logger: Logger(label: "test")
+        )
+        _ = try await engine.helloFields()
+        let sink = OrderSink()
+        engine.attach(sink, deliveryEpoch: 7, resume: nil)
+        try await withThrowingDiscardingTaskGroup { group in
+            for sender in 0..<32 {
+                group.addTask {
+                    for index in 0..<150 {
+                        _ = try await engine.send(
+                            topic: "t",
+                            body: ByteBuffer(string: "\(index)"),
+                            conversation: "c\(sender)",
+                            priority: .normal,
+                            ttl: nil
+                        )
+                    }
+                }
+            }
+        }
+        let (last, late) = sink.state.withLockedValue { $0 }
+        #expect(late.isEmpty, "\(late.count) messages reached the connection after a later one: \(late.prefix(5))")
+        #expect(last.count == 32 && last.values.allSatisfy { $0 == 150 })
     }
 
     @Test("a full outbox: sends wait in order for room, a cancelled one fails with cancelled, an acknowledgement admits the next")
@@ -228,4 +285,17 @@ struct ReliableEngineTests {
         engine.finish()
         await maintenance.value
     }
+}
+
+/// An in-memory outbox whose appends let other tasks run first, as a store on a queue of its own does.
+final class YieldingOutboxStore: OutboxStore {
+    private let store = InMemoryOutboxStore()
+    func load() async throws -> OutboxSnapshot { try await self.store.load() }
+    func append(_ records: [OutboxRecord], nextID: UInt64, conversations: [String: UInt64]) async throws {
+        await Task.yield()
+        try await self.store.append(records, nextID: nextID, conversations: conversations)
+    }
+    func markExpired(_ ids: [UInt64]) async throws { try await self.store.markExpired(ids) }
+    func remove(_ ids: [UInt64]) async throws { try await self.store.remove(ids) }
+    func saveCheckpoint(_ checkpoint: DeliveryCheckpoint) async throws { try await self.store.saveCheckpoint(checkpoint) }
 }
