@@ -1,4 +1,5 @@
 import Foundation
+import TetherPostgres
 
 #if canImport(Glibc)
     import Glibc
@@ -29,7 +30,7 @@ struct ReliableJetStream {
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
 
-        let port = try Self.freePort()
+        let port = try LocalPostgres.freePort()  // any free port, not only PostgreSQL's
         let nats = try ChildProcess(server, ["-js", "-sd", scratch.path, "-a", "127.0.0.1", "-p", "\(port)"])
         defer { nats.terminate() }
         try await Self.waitForListener(port: port, process: nats)
@@ -88,25 +89,6 @@ struct ReliableJetStream {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? ""
         let directories = path.split(separator: ":").map(String.init) + ["/usr/sbin", "/usr/local/bin"]
         return directories.map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
-    }
-
-    /// A TCP port on 127.0.0.1 that nothing listens on now.
-    static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw BenchError("socket: errno \(errno)") }
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0
-            }
-        }
-        guard bound else { throw BenchError("bind: errno \(errno)") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     /// Returns once something accepts connections on `port` (or throws after 10 s).
