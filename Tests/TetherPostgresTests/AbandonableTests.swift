@@ -27,19 +27,19 @@ struct AbandonableTests {
         let cancelledAt = clock.now
         waiting.cancel()
         await #expect(throws: CancellationError.self) { try await waiting.value }
-        #expect(clock.now - cancelledAt < .seconds(2))
+        #expect(clock.now - cancelledAt < .seconds(30), "it returned on cancellation, not never")
     }
 
-    @Test("a caller cancelled before it waits returns CancellationError at once, even with a long timeout")
+    @Test("a caller cancelled before it waits returns CancellationError, without waiting for a long timeout")
     func cancelledBefore() async throws {
         let clock = ContinuousClock()
         let started = clock.now
         let waiting = Task {
             withUnsafeCurrentTask { $0?.cancel() }
-            return try await abandonable(timeout: .seconds(60), timedOut: { TimedOut() }, Self.stuck)
+            return try await abandonable(timeout: .seconds(3600), timedOut: { TimedOut() }, Self.stuck)
         }
         await #expect(throws: CancellationError.self) { try await waiting.value }
-        #expect(clock.now - started < .seconds(2), "it did not wait for the timeout")
+        #expect(clock.now - started < .seconds(60), "it did not wait for the hour's timeout")
     }
 
     @Test("a body that overruns its timeout fails with the timeout's error and is cancelled")
@@ -59,18 +59,18 @@ struct AbandonableTests {
         #expect(await iterator.next() != nil, "the overrunning body was cancelled")
     }
 
-    @Test("a body that ends before its timeout stops the timer: many calls, each with a long timeout, end promptly")
+    @Test("a body that ends before its timeout stops the timer: many calls, each with an hour's timeout, end without it")
     func timerStopped() async throws {
         let clock = ContinuousClock()
         let started = clock.now
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<200 {
                 group.addTask {
-                    let value = try await abandonable(timeout: .seconds(60), timedOut: { TimedOut() }) { index }
+                    let value = try await abandonable(timeout: .seconds(3600), timedOut: { TimedOut() }) { index }
                     #expect(value == index)
                 }
             }
         }
-        #expect(clock.now - started < .seconds(10))
+        #expect(clock.now - started < .seconds(60), "no call waited for its hour's timeout")
     }
 }
