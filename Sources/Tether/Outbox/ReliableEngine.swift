@@ -329,13 +329,13 @@ final class ReliableEngine: Sendable {
 
     // MARK: Connection events
 
-    /// A connection with reliable delivery was established.
+    /// A connection with reliable delivery was established: every unacknowledged message is
+    /// handed to it to send, under the lock, so that a group committed meanwhile reaches it after
+    /// them.
     /// - Parameters:
     ///   - sink: The connection.
     ///   - deliveryEpoch: The delivery epoch its WELCOME announced.
     ///   - resume: The resume point its HELLO carried.
-    /// Every unacknowledged message is handed to `sink` to send, under the lock, so that a group
-    /// committed meanwhile reaches it after them.
     func attach(_ sink: any ReliableSink, deliveryEpoch: UInt64, resume: Frame.Hello.Resume?) {
         let acknowledge = self.state.withLockedValue { state in
             state.sink = sink
