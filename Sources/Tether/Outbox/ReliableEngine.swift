@@ -241,17 +241,19 @@ final class ReliableEngine: Sendable {
             let (tickets, depth): ([SendTicket?], Int)
             (tickets, depth, next) = self.state.withLockedValue { state in
                 state.outbox!.groupCommitted(group)
-                // Handed to the connection under the lock, before another sender can commit the
-                // next group: a group that reached the connection after the next one would have
-                // a conversation's message sent before the one it follows, and the gateway would
+                // Each message's `.queued` event goes out before the connection can send it and
+                // report `.sent` (publishing takes no lock). Then the group is handed to the
+                // connection under the lock, before another sender can commit the next group: a
+                // group that reached the connection after the next one would have a
+                // conversation's message sent before the one it follows, and the gateway would
                 // wait for that one's retransmission timeout (`committedOrder` in the tests).
+                for record in group.records { self.events.yield(MessageEvent(record, .queued)) }
                 state.sink?.enqueue(group.records)
                 let tickets = group.tokens.map { state.tickets.removeValue(forKey: $0) }
                 return (tickets, state.outbox!.depth, state.outbox!.takeGroup())
             }
             for (record, ticket) in zip(group.records, tickets) {
                 ticket?.resolve(.success(MessageReceipt(id: record.id, conversation: record.conversation, sequence: record.sequence)))
-                self.events.yield(MessageEvent(record, .queued))
             }
             if group.records.contains(where: { $0.expiresAt != nil }) { self.armExpiryTimer() }
             self.statistics?.outbox(depth: depth)
