@@ -30,6 +30,7 @@ struct ReliableJetStream {
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
 
+        let bodyBytes = max(8, self.body)  // each body starts with its message's number
         let port = try LocalPostgres.freePort()  // any free port, not only PostgreSQL's
         let nats = try ChildProcess(server, ["-js", "-sd", scratch.path, "-a", "127.0.0.1", "-p", "\(port)"])
         defer { nats.terminate() }
@@ -44,7 +45,7 @@ struct ReliableJetStream {
         let startedAt = Date().timeIntervalSince1970
         let publisher = try ChildProcess(
             driver,
-            ["publish", "-url", url, "-messages", "\(self.messages)", "-senders", "\(self.senders)", "-body", "\(max(8, self.body))"]
+            ["publish", "-url", url, "-messages", "\(self.messages)", "-senders", "\(self.senders)", "-body", "\(bodyBytes)"]
                 + (self.senders == 1 ? ["-await"] : [])
         )
         defer { publisher.terminate() }
@@ -65,7 +66,7 @@ struct ReliableJetStream {
             limitPerConnection: nil,
             messages: self.messages,
             senders: self.senders,
-            bodyBytes: max(8, self.body),
+            bodyBytes: bodyBytes,
             acceptedSeconds: accepted,
             deliveredSeconds: delivered,
             deliveredPerSecond: Double(self.messages) / delivered,
@@ -74,7 +75,7 @@ struct ReliableJetStream {
             bobCPUSeconds: consumerCPU
         )
         emit(
-            "jetstream\(self.senders == 1 ? " (each publish awaited)" : ""): \(self.messages) messages of \(max(8, self.body)) B from \(self.senders) publishers: "
+            "jetstream\(self.senders == 1 ? " (each publish awaited)" : ""): \(self.messages) messages of \(bodyBytes) B from \(self.senders) publishers: "
                 + "acknowledged by the stream in \(String(format: "%.2f", accepted)) s (\(Int(Double(self.messages) / accepted))/s), "
                 + "delivered in \(String(format: "%.2f", delivered)) s = \(Int(result.deliveredPerSecond))/s; "
                 + "CPU publisher \(String(format: "%.2f", publisherCPU)) s, nats-server \(String(format: "%.2f", result.gatewayCPUSeconds)) s, "
