@@ -10,7 +10,7 @@ extension TetherClient {
     ///   - kind: `.client` for a request, `.producer` for a reliable message.
     ///   - attributes: The span's attributes (OpenTelemetry's semantic conventions); made only
     ///     when there is a tracer.
-    func withSpan<T: Sendable>(
+    nonisolated(nonsending) func withSpan<T: Sendable>(
         _ name: String,
         ofKind kind: SpanKind,
         attributes: @autoclosure () -> [String: String],

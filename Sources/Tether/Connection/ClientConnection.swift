@@ -64,8 +64,9 @@ final class ClientConnection: Sendable {
     ///
     /// From outside the event loop, the request and its waiting caller travel in the one hop
     /// that sends every submitted request: waiting on a future from outside the loop would cost
-    /// a second hop per request, to register the callback.
-    func execute(_ request: Frame.Request, deadline: TetherInstant) async throws -> ByteBuffer {
+    /// a second hop per request, to register the callback. It runs on its caller's executor, as
+    /// ``TetherClient/request(_:body:timeout:)`` does.
+    nonisolated(nonsending) func execute(_ request: Frame.Request, deadline: TetherInstant) async throws -> ByteBuffer {
         let id = request.id
         let ticket = SubmissionTicket.make()
         return try await withTaskCancellationHandler {
