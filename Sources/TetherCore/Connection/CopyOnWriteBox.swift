@@ -22,7 +22,9 @@ package struct CopyOnWriteBox<Value: Sendable>: Sendable {
     }
 
     package var value: Value {
-        get { self.storage.value }
+        // `_read`, not `get`: reading a field through the box borrows the value in place
+        // instead of copying all of it out (a retain per reference it holds) first.
+        _read { yield self.storage.value }
         _modify {
             if !isKnownUniquelyReferenced(&self.storage) {
                 self.storage = Storage(self.storage.value)

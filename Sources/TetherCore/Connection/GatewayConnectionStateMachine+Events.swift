@@ -58,7 +58,7 @@ extension GatewayConnectionStateMachine {
     /// answers` feature).
     package var reliableAnswers: Bool {
         switch self.state {
-        case .active(let active), .draining(let active): active.reliable?.value.answers ?? false
+        case .active(let active), .draining(let active): active.value.reliable?.value.answers ?? false
         case .handshaking, .closing, .closed, ._modifying: false
         }
     }

@@ -68,10 +68,10 @@ package struct GatewayConnectionStateMachine: Sendable {
         /// Accepted: waiting for HELLO (`helloReceived` false), then for the handshake's task.
         case handshaking(Handshaking)
         /// Established.
-        case active(Active)
+        case active(ActiveBox)
         /// GOAWAY was sent: requests in flight are answered, new ones refused `unavailable`,
         /// until the client closes or the grace period ends.
-        case draining(Active)
+        case draining(ActiveBox)
         /// Closing: nothing more is read or answered; a last frame may still be being written.
         case closing(Closing)
         /// The channel closed.
@@ -84,6 +84,10 @@ package struct GatewayConnectionStateMachine: Sendable {
         package var deadline: TetherInstant
         package var helloReceived = false
     }
+
+    /// The established phases' data, behind one reference: every event moves it out of the
+    /// enum and back, and a move of ``Active`` itself retained and released each table in it.
+    package typealias ActiveBox = CopyOnWriteBox<Active>
 
     package struct Active: Sendable {
         package var negotiated: Handshake.Negotiated
@@ -177,7 +181,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Reliable messages waiting for the lane (not counting the batch being processed).
     package var reliableMessagesWaiting: Int {
         switch self.state {
-        case .active(let active), .draining(let active): active.reliable?.value.inbox.count ?? 0
+        case .active(let active), .draining(let active): active.value.reliable?.value.inbox.count ?? 0
         case .handshaking, .closing, .closed, ._modifying: 0
         }
     }
@@ -185,7 +189,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Request handlers running in tasks.
     package var runningHandlers: Int {
         switch self.state {
-        case .active(let active), .draining(let active): active.requests.running
+        case .active(let active), .draining(let active): active.value.requests.running
         case .handshaking, .closing, .closed, ._modifying: 0
         }
     }
@@ -214,18 +218,18 @@ package struct GatewayConnectionStateMachine: Sendable {
         switch self.state {
         case .handshaking(let handshaking):
             consider(handshaking.deadline)
-        case .active(var active), .draining(var active):
-            let draining = if case .draining = self.state { true } else { false }
-            self.state = ._modifying
-            consider(active.lastInbound + self.configuration.idleTimeout)
-            consider(active.credentialsDeadline)
-            consider(active.graceDeadline)
-            consider(active.requests.nextDeadline(now: now))
-            if active.reliable != nil {
-                consider(active.reliable!.value.inbox.nextDeadline(now: now))
-                consider(active.reliable!.value.pump.retryAt)
+        case .active, .draining:
+            let idleTimeout = self.configuration.idleTimeout
+            _ = self.withEstablished { active, _ in
+                consider(active.lastInbound + idleTimeout)
+                consider(active.credentialsDeadline)
+                consider(active.graceDeadline)
+                consider(active.requests.nextDeadline(now: now))
+                if active.reliable != nil {
+                    consider(active.reliable!.value.inbox.nextDeadline(now: now))
+                    consider(active.reliable!.value.pump.retryAt)
+                }
             }
-            self.put(consume active, draining: draining)
         case .closing(let closing):
             consider(closing.deadline)
         case .closed, ._modifying:
@@ -301,8 +305,8 @@ package struct GatewayConnectionStateMachine: Sendable {
             return nil
         case .active(var active), .draining(var active):
             self.state = ._modifying
-            settled = active.requests.closeAll()
-            active.reliable?.value.inbox.close()
+            settled = active.value.requests.closeAll()
+            active.value.reliable?.value.inbox.close()
         case .handshaking:
             break
         case ._modifying:
@@ -333,12 +337,12 @@ package struct GatewayConnectionStateMachine: Sendable {
         switch self.state {
         case .active(var active):
             self.state = ._modifying
-            let result = body(&active, false)
+            let result = body(&active.value, false)
             self.put(consume active, draining: false)
             return result
         case .draining(var active):
             self.state = ._modifying
-            let result = body(&active, true)
+            let result = body(&active.value, true)
             self.put(consume active, draining: true)
             return result
         case .handshaking, .closing, .closed:
@@ -349,10 +353,10 @@ package struct GatewayConnectionStateMachine: Sendable {
     }
 
     /// Puts the established connection's data back, and updates what the handler reads.
-    private mutating func put(_ active: consuming Active, draining: Bool) {
-        self.requestsInFlight = active.requests.count
-        self.limitsHoldReads = active.requests.holdsReads || active.reliable?.value.inbox.holdsReads == true
-        self.reliableBytesWaiting = active.reliable?.value.inbox.byteCount ?? 0
+    private mutating func put(_ active: consuming ActiveBox, draining: Bool) {
+        self.requestsInFlight = active.value.requests.count
+        self.limitsHoldReads = active.value.requests.holdsReads || active.value.reliable?.value.inbox.holdsReads == true
+        self.reliableBytesWaiting = active.value.reliable?.value.inbox.byteCount ?? 0
         if draining {
             self.state = .draining(consume active)
         } else {
@@ -371,7 +375,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     }
 
     mutating func established(_ active: Active) {
-        self.put(active, draining: false)
+        self.put(ActiveBox(active), draining: false)
         self.outboundFlags = active.negotiated.checksums ? .checksum : []
         self.peerMaxBodySize = active.negotiated.peerMaxBodySize
     }
@@ -379,7 +383,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     mutating func setDraining(graceDeadline: TetherInstant) {
         guard case .active(var active) = self.state else { return }
         self.state = ._modifying
-        active.graceDeadline = graceDeadline
+        active.value.graceDeadline = graceDeadline
         self.put(active, draining: true)
     }
 }
