@@ -17,7 +17,7 @@ extension TetherClient {
     /// It runs on the caller's executor (`nonisolated(nonsending)`): it only hands the request
     /// to the connection's event loop, which takes no blocking work, and each `async` layer
     /// that ran elsewhere would cost a task switch (15 per request before, 8 with the bench's
-    /// driver; `Benchmarks/count-task-switches`).
+    /// driver; `Benchmarks/count-runtime-calls`).
     ///
     /// ```swift
     /// let reply = try await client.request("room.enter", body: ByteBuffer(string: #"{"room":"lobby"}"#), timeout: .seconds(3))

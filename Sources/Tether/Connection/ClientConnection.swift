@@ -117,7 +117,7 @@ final class ClientConnection: Sendable {
         }
     }
 
-    private func submit(_ submission: Submission) {
+    private func submit(_ submission: consuming Submission) {
         guard self.submissions.push(submission) else { return }  // a hop is already on its way
         self.channel.eventLoop.execute(self.sendSubmissions)
     }

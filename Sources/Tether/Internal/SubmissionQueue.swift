@@ -18,7 +18,7 @@ final class SubmissionQueue<Element: Sendable>: Sendable {
         let element: Element
         var next: Node?
 
-        init(_ element: Element) {
+        init(_ element: consuming Element) {
             self.element = element
         }
     }
@@ -30,7 +30,7 @@ final class SubmissionQueue<Element: Sendable>: Sendable {
     /// Adds an element.
     /// - Returns: Whether the queue was empty: the caller must then make the consumer run
     ///   (every other push finds a consumer run pending).
-    func push(_ element: Element) -> Bool {
+    func push(_ element: consuming Element) -> Bool {
         let node = Node(element)
         var current = self.head.load(ordering: .relaxed)
         while true {

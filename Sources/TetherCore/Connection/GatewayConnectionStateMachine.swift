@@ -163,15 +163,21 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Whether nothing more is written (closing or closed).
     package private(set) var isClosing = false
     /// Requests or reliable messages wait at their limits.
-    private var limitsHoldReads = false
+    private var limitsHoldReads = false {
+        didSet { self.holdsReads = self.limitsHoldReads || self.compressionPausedUntil != nil }
+    }
     /// The connection's compression went beyond its rate: reads pause until then.
-    package private(set) var compressionPausedUntil: TetherInstant?
+    package private(set) var compressionPausedUntil: TetherInstant? {
+        didSet { self.holdsReads = self.limitsHoldReads || self.compressionPausedUntil != nil }
+    }
     /// Paces the connection's compression work, once it compresses.
     private var compressionPacer: WorkPacer?
 
     /// Whether the connection must stop reading: requests or reliable messages wait at their
-    /// limits, or its compression went beyond its rate.
-    package var holdsReads: Bool { self.limitsHoldReads || self.compressionPausedUntil != nil }
+    /// limits, or its compression went beyond its rate. Stored, as everything the handler reads
+    /// per frame: a computed property is a call from the handler's module, which copies the
+    /// whole machine out of the handler (a retain per reference in it) to call it.
+    package private(set) var holdsReads = false
     /// Requests read and not answered.
     package private(set) var requestsInFlight = 0
     /// The body bytes of the reliable messages waiting for the lane: what the connection holds
