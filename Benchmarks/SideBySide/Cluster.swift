@@ -98,21 +98,19 @@ struct ClusterBench: AsyncParsableCommand {
         }
         for nodes in [1, 3] {
             let url = try await server.createDatabase("reliable\(nodes)")
-            var reliable = try Reliable.parse([
+            let reliable = try Reliable.parse([
                 "--messages", "\(self.messages)", "--senders", "\(self.senders)", "--limits", "off",
                 "--postgres", url, "--nodes", "\(nodes)", "--output", self.output,
             ])
             try await reliable.run()
             try FileManager.default.moveItem(atPath: "\(self.output)/reliable.json", toPath: "\(self.output)/reliable-\(nodes)-nodes.json")
-            _ = reliable
         }
         let url = try await server.createDatabase("fanout")
-        var fanout = try FanOut.parse([
+        let fanout = try FanOut.parse([
             "--members", "\(self.members)", "--messages", "\(self.pushes)", "--per-request", "10",
             "--postgres", url, "--nodes", "3", "--output", self.output,
         ])
         try await fanout.run()
-        _ = fanout
     }
 
     /// pgbench with a transaction of the shape of one reliable message: the outcome recorded,
