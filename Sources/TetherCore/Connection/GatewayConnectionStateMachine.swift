@@ -164,11 +164,11 @@ package struct GatewayConnectionStateMachine: Sendable {
     package private(set) var isClosing = false
     /// Requests or reliable messages wait at their limits.
     private var limitsHoldReads = false {
-        didSet { self.holdsReads = self.limitsHoldReads || self.compressionPausedUntil != nil }
+        didSet { self.updateHoldsReads() }
     }
     /// The connection's compression went beyond its rate: reads pause until then.
     package private(set) var compressionPausedUntil: TetherInstant? {
-        didSet { self.holdsReads = self.limitsHoldReads || self.compressionPausedUntil != nil }
+        didSet { self.updateHoldsReads() }
     }
     /// Paces the connection's compression work, once it compresses.
     private var compressionPacer: WorkPacer?
@@ -178,6 +178,10 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// per frame: a computed property is a call from the handler's module, which copies the
     /// whole machine out of the handler (a retain per reference in it) to call it.
     package private(set) var holdsReads = false
+
+    private mutating func updateHoldsReads() {
+        self.holdsReads = self.limitsHoldReads || self.compressionPausedUntil != nil
+    }
     /// Requests read and not answered.
     package private(set) var requestsInFlight = 0
     /// The body bytes of the reliable messages waiting for the lane: what the connection holds
