@@ -175,12 +175,10 @@ extension Gateway {
         allowedOrigins: Set<String>?,
         admit: @escaping @Sendable (any Channel) -> Bool,
         upgraded: @escaping @Sendable (any Channel) throws -> ConnectionAdmission.Ticket?
-    ) -> NIOWebSocketServerUpgrader {
+    ) -> WebSocketServerUpgrade {
         // A WebSocket message holds one Tether frame: no larger than the largest body accepted.
         let maxMessageSize = FrameHeader.size + self.configuration.limits.maxBodySize
-        return NIOWebSocketServerUpgrader(
-            maxFrameSize: maxMessageSize,
-            automaticErrorHandling: true,
+        return WebSocketServerUpgrade(
             shouldUpgrade: { channel, head in
                 guard WebSocketUpgradeRefusal.refusal(of: head, path: path, allowedOrigins: allowedOrigins) == nil, admit(channel) else {
                     return channel.eventLoop.makeSucceededFuture(nil)
@@ -189,17 +187,15 @@ extension Gateway {
                 headers.add(name: "Sec-WebSocket-Protocol", value: WebSocketBinding.subprotocol)
                 return channel.eventLoop.makeSucceededFuture(headers)
             },
-            upgradePipelineHandler: { channel, _ in
-                channel.eventLoop.makeCompletedFuture {
-                    let ticket = try upgraded(channel)
-                    try WebSocketBinding.addMessageHandlers(
-                        to: channel,
-                        role: .server,
-                        maxMessageSize: maxMessageSize,
-                        intake: self.intakeMonitors[ObjectIdentifier(channel.eventLoop)]
-                    )
-                    try self.configure(channel, framing: .messages, transport: .webSocket, admitted: ticket)
-                }
+            upgraded: { channel, _ in
+                let ticket = try upgraded(channel)
+                try WebSocketBinding.addMessageHandlers(
+                    to: channel,
+                    role: .server,
+                    maxMessageSize: maxMessageSize,
+                    intake: self.intakeMonitors[ObjectIdentifier(channel.eventLoop)]
+                )
+                try self.configure(channel, framing: .messages, transport: .webSocket, admitted: ticket)
             }
         )
     }

@@ -64,11 +64,35 @@ struct WebSocketMessageHandlerTests {
         return frames
     }
 
-    /// The close code of a frame the handler wrote (written frames hold plain data: the
-    /// encoder masks them).
+    /// The WebSocket frames the handler wrote since the last call, as NIOWebSocket's decoder
+    /// reads them: the handler writes headers itself, and the decoder checks them.
+    private func sentFrames(_ channel: EmbeddedChannel) throws -> [WebSocketFrame] {
+        var bytes = ByteBuffer()
+        while var part = try channel.readOutbound(as: ByteBuffer.self) { bytes.writeBuffer(&part) }
+        return try self.decoded(bytes)
+    }
+
+    /// WebSocket frames, as NIOWebSocket's decoder reads them from `bytes`.
+    private func decoded(_ bytes: ByteBuffer) throws -> [WebSocketFrame] {
+        let decoder = EmbeddedChannel(handler: ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: 1 << 24)))
+        try decoder.writeInbound(bytes)
+        var frames: [WebSocketFrame] = []
+        while let frame = try decoder.readInbound(as: WebSocketFrame.self) { frames.append(frame) }
+        #expect(try decoder.finish().isClean, "no bytes left over: whole frames only")
+        return frames
+    }
+
+    /// The one frame the handler wrote since the last call.
+    private func sentFrame(_ channel: EmbeddedChannel) throws -> WebSocketFrame? {
+        let frames = try self.sentFrames(channel)
+        #expect(frames.count <= 1, "one frame only")
+        return frames.first
+    }
+
+    /// The close code of a frame the handler wrote.
     private func closeCode(of frame: WebSocketFrame?) -> UInt16? {
         guard let frame, frame.opcode == .connectionClose else { return nil }
-        var data = frame.data
+        var data = frame.unmaskedData
         return data.readInteger(as: UInt16.self)
     }
 
@@ -80,10 +104,11 @@ struct WebSocketMessageHandlerTests {
             try channel.writeInbound(self.frame(.binary, ping, masked: role == .server))
             #expect(catcher.reads == [ping])
             try channel.writeOutbound(ping)
-            let sent = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+            let sent = try #require(try self.sentFrame(channel))
             #expect(sent.opcode == .binary && sent.fin)
             #expect((sent.maskKey != nil) == (role == .client))
-            #expect(sent.data == ping, "written frames hold plain data; NIOWebSocket's encoder masks them")
+            #expect(sent.unmaskedData == ping)
+            if role == .client { #expect(sent.data != ping, "the client's payload is masked on the wire") }
         }
     }
 
@@ -91,7 +116,7 @@ struct WebSocketMessageHandlerTests {
     func pingAnswered() throws {
         let (channel, _) = try self.channel(.server)
         try channel.writeInbound(self.frame(.ping, ByteBuffer(string: "hello?"), masked: true))
-        let pong = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+        let pong = try #require(try self.sentFrame(channel))
         #expect(pong.opcode == .pong && pong.data == ByteBuffer(string: "hello?"))
     }
 
@@ -103,14 +128,15 @@ struct WebSocketMessageHandlerTests {
         let (text, textCatcher) = try self.channel(.server)
         textCatcher.closesOnError = handlerAboveCloses
         try text.writeInbound(self.frame(.text, ByteBuffer(string: "{}"), masked: true))
-        #expect(self.closeCode(of: try text.readOutbound(as: WebSocketFrame.self)) == 1003)
-        #expect(try text.readOutbound(as: WebSocketFrame.self) == nil, "one CLOSE only")
+        let sent = try self.sentFrames(text)
+        #expect(sent.count == 1, "one CLOSE only")
+        #expect(self.closeCode(of: sent.first) == 1003)
         #expect((textCatcher.errors.first as? TransportError)?.code == .webSocketClosed)
         #expect(!text.isActive)
 
         let (unmasked, _) = try self.channel(.server)
         try unmasked.writeInbound(self.frame(.binary, try self.encoded(.ping(.init(id: 1))), masked: false))
-        #expect(self.closeCode(of: try unmasked.readOutbound(as: WebSocketFrame.self)) == 1002)
+        #expect(self.closeCode(of: try self.sentFrame(unmasked)) == 1002)
         #expect(!unmasked.isActive)
     }
 
@@ -131,10 +157,10 @@ struct WebSocketMessageHandlerTests {
             let (channel, _) = try self.channel(.server)
             if let last {
                 try channel.writeOutbound(try self.encoded(last))
-                _ = try channel.readOutbound(as: WebSocketFrame.self)
+                _ = try self.sentFrames(channel)
             }
             channel.close(promise: nil)
-            #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == code, "after \(String(describing: last))")
+            #expect(self.closeCode(of: try self.sentFrame(channel)) == code, "after \(String(describing: last))")
             #expect(!channel.isActive)
         }
     }
@@ -146,7 +172,7 @@ struct WebSocketMessageHandlerTests {
         data.writeInteger(UInt16(1001))
         data.writeString("restarting")
         try channel.writeInbound(self.frame(.connectionClose, data, masked: false))
-        #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == 1001)
+        #expect(self.closeCode(of: try self.sentFrame(channel)) == 1001)
         let error = try #require(catcher.errors.first as? TransportError)
         #expect(error.code == .webSocketClosed && error.webSocketCloseCode == 1001)
         #expect(error.message.contains("going away") && error.message.contains("restarting"))
@@ -164,7 +190,7 @@ struct WebSocketMessageHandlerTests {
             }
             #expect(catcher.reads == [request])
             #expect(catcher.errors.isEmpty)
-            #expect(try channel.readOutbound(as: WebSocketFrame.self) == nil, "no CLOSE")
+            #expect(try self.sentFrames(channel).isEmpty, "no CLOSE")
             #expect(channel.isActive)
         }
     }
@@ -176,7 +202,7 @@ struct WebSocketMessageHandlerTests {
         let fragments = self.fragments(of: request, sizes: [20])
         try channel.writeInbound(fragments[0])
         try channel.writeInbound(self.frame(.ping, ByteBuffer(string: "still there?"), masked: true))
-        let pong = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+        let pong = try #require(try self.sentFrame(channel))
         #expect(pong.opcode == .pong && pong.data == ByteBuffer(string: "still there?"))
         #expect(catcher.reads.isEmpty)
         try channel.writeInbound(fragments[1])
@@ -209,9 +235,85 @@ struct WebSocketMessageHandlerTests {
             try channel.writeInbound(self.frame(.continuation, message, masked: true, fin: false))
             expected = 1009
         }
-        #expect(self.closeCode(of: try channel.readOutbound(as: WebSocketFrame.self)) == expected)
+        #expect(self.closeCode(of: try self.sentFrame(channel)) == expected)
         #expect(catcher.reads.isEmpty, "nothing went up")
         #expect((catcher.errors.first as? TransportError)?.webSocketCloseCode == expected)
         #expect(!channel.isActive)
+    }
+
+    @Test(
+        "messages written between two flushes leave in one buffer at the flush, each a frame of its own; the client masks each with a key of its own"
+    )
+    func joinedUntilFlush() throws {
+        for role in [WebSocketMessageHandler.Role.client, .server] {
+            let (channel, _) = try self.channel(role)
+            let payloads = [0, 1, 125, 126, 1_000].map { ByteBuffer(repeating: UInt8($0 % 251), count: $0) }
+            var completed = 0
+            for payload in payloads {
+                channel.write(payload).assumeIsolated().whenSuccess { completed += 1 }
+            }
+            #expect(try channel.readOutbound(as: ByteBuffer.self) == nil, "nothing passes before the flush")
+            #expect(completed == 0)
+            channel.flush()
+            #expect(completed == payloads.count, "the writes complete with the joined buffer")
+            let buffers = (try? channel.readOutbound(as: ByteBuffer.self)).flatMap { $0 }
+            let joined = try #require(buffers)
+            #expect(try channel.readOutbound(as: ByteBuffer.self) == nil, "one buffer")
+            let frames = try self.decoded(joined)
+            #expect(frames.map(\.unmaskedData) == payloads)
+            #expect(frames.allSatisfy { $0.fin && $0.opcode == .binary })
+            let keys = frames.compactMap(\.maskKey).map { Array($0) }
+            #expect(keys.count == (role == .client ? payloads.count : 0))
+            #expect(Set(keys).count == keys.count, "a key per message")
+        }
+    }
+
+    @Test(
+        "lengths in 7, 16 and 64 bits read back by NIOWebSocket's decoder; on the server a payload over maxCopiedPayload follows its header uncopied"
+    )
+    func lengths() throws {
+        let sizes = [125, 126, 65_535, 65_536, 100_000]
+        for role in [WebSocketMessageHandler.Role.client, .server] {
+            let (channel, _) = try self.channel(role)
+            let payloads = sizes.map { ByteBuffer(repeating: UInt8($0 % 253), count: $0) }
+            for payload in payloads { channel.write(payload, promise: nil) }
+            channel.flush()
+            var buffers: [ByteBuffer] = []
+            while let buffer = try channel.readOutbound(as: ByteBuffer.self) { buffers.append(buffer) }
+            let large = buffers.filter { buffer in
+                payloads.contains { $0.readableBytes > WebSocketMessageHandler.maxCopiedPayload && $0 == buffer }
+            }
+            #expect(large.count == (role == .server ? 3 : 0), "passed as they are on the server only")
+            var bytes = ByteBuffer()
+            for var buffer in buffers { bytes.writeBuffer(&buffer) }
+            let frames = try self.decoded(bytes)
+            #expect(frames.map(\.unmaskedData) == payloads)
+        }
+    }
+
+    @Test("frames NIOWebSocket's decoder refuses are closed with 1009 (too large) or 1002 (a bad control frame) and reported")
+    func decoderRefusals() throws {
+        let cases: [(NIOWebSocketError, UInt16)] = [
+            (.invalidFrameLength, 1009), (.fragmentedControlFrame, 1002), (.multiByteControlFrameLength, 1002),
+        ]
+        for (error, code) in cases {
+            let (channel, catcher) = try self.channel(.server)
+            channel.pipeline.fireErrorCaught(error)
+            #expect(self.closeCode(of: try self.sentFrame(channel)) == code, "\(error)")
+            #expect((catcher.errors.first as? TransportError)?.webSocketCloseCode == code)
+            #expect(!channel.isActive)
+        }
+    }
+
+    @Test("what was written before a close leaves before the CLOSE; a write after it fails")
+    func closeAfterWrites() throws {
+        let (channel, _) = try self.channel(.server)
+        let request = try self.encoded(.ping(.init(id: 5)))
+        channel.write(request, promise: nil)
+        channel.close(promise: nil)
+        let frames = try self.sentFrames(channel)
+        #expect(frames.map(\.opcode) == [.binary, .connectionClose])
+        #expect(frames.first?.unmaskedData == request)
+        #expect(throws: (any Error).self) { try channel.writeOutbound(request) }
     }
 }

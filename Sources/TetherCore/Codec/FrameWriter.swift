@@ -11,10 +11,11 @@ public import NIOCore
 /// without an allocation. A connection that wrote one batch (a handshake's answer) and went
 /// quiet keeps nothing; ``releaseStorage()`` lets it go when a busy one becomes idle.
 ///
-/// With ``Framing/messages``, each frame is a buffer of its own, with
-/// ``messageHeadroom`` bytes free in front of it: there a WebSocket encoder writes its own
-/// header (and masks in place), rather than allocating a header buffer and a second `iovec`
-/// per message.
+/// With ``Framing/messages``, each frame is a buffer of its own, handed out at once, and
+/// encoded into the storage of the last one: the WebSocket handler below copies each frame into
+/// the message it writes, so that storage is free again by the next frame, and frames are
+/// encoded without an allocation. A transport that keeps the buffers it is given makes the next
+/// frame allocate anew, as it must.
 ///
 /// ```swift
 /// var writer = FrameWriter(framing: .byteStream)
@@ -24,10 +25,6 @@ public import NIOCore
 public struct FrameWriter: Sendable {
     /// How many encoded bytes are joined before they are handed out without waiting for a flush.
     public static let maxJoinedBytes = 64 * 1024
-    /// The bytes left free in front of each frame with ``Framing/messages``: the largest
-    /// WebSocket frame header (2 bytes, an 8-byte length, a 4-byte masking key).
-    public static let messageHeadroom = 14
-
     /// How the transport takes frames.
     public let framing: Framing
     private let encoder = FrameEncoder()
@@ -62,24 +59,30 @@ public struct FrameWriter: Sendable {
     public mutating func append(_ frame: Frame, deflater: (any PayloadDeflating)? = nil) throws(FrameEncodingError) -> ByteBuffer? {
         switch self.framing {
         case .messages:
-            var buffer = self.allocator.buffer(capacity: Self.messageHeadroom + FrameHeader.size + 64)
-            buffer.moveWriterIndex(forwardBy: Self.messageHeadroom)
-            buffer.moveReaderIndex(forwardBy: Self.messageHeadroom)
-            try self.encoder.encode(frame, into: &buffer, deflater: deflater)
-            return buffer
-        case .byteStream:
-            if self.joined.readableBytes == 0 {
-                if self.joined.capacity == 0 {
-                    // A new batch and no storage kept: big enough for a few small frames.
-                    self.joined = self.allocator.buffer(capacity: 512)
-                } else {
-                    // The last batch's storage: reused as it is once the channel wrote it; a
-                    // copy is made only while a write still holds it.
-                    self.joined.clear()
-                }
+            self.reuseOrAllocateStorage()
+            try self.encoder.encode(frame, into: &self.joined, deflater: deflater)
+            let bytes = self.joined
+            if self.joined.capacity > Self.maxKeptCapacity {
+                self.joined = ByteBuffer()
+            } else {
+                self.joined.moveReaderIndex(to: self.joined.writerIndex)  // empty, the storage kept
             }
+            return bytes
+        case .byteStream:
+            if self.joined.readableBytes == 0 { self.reuseOrAllocateStorage() }
             try self.encoder.encode(frame, into: &self.joined, deflater: deflater)
             return self.joined.readableBytes >= Self.maxJoinedBytes ? self.take() : nil
+        }
+    }
+
+    /// Starts a batch (a frame with ``Framing/messages``): in the storage kept, reused as it is
+    /// once the channel let go of it (new storage of the same size while a write still holds
+    /// it), or in new storage big enough for a few small frames.
+    private mutating func reuseOrAllocateStorage() {
+        if self.joined.capacity == 0 {
+            self.joined = self.allocator.buffer(capacity: 512)
+        } else {
+            self.joined.clear()
         }
     }
 

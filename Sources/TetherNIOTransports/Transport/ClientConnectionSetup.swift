@@ -245,12 +245,6 @@ package enum TLSApplicationProtocols {
     }
 }
 
-/// The constants of the WebSocket binding.
-public enum WebSocketBinding {
-    /// The subprotocol a Tether WebSocket speaks (`Sec-WebSocket-Protocol`).
-    public static let subprotocol = "tether.v1"
-}
-
 /// Readable descriptions of TLS failures.
 enum TLSErrors {
     /// `certificate verify failed`, `no ALPN protocol in common`, … from a NIOSSL error.

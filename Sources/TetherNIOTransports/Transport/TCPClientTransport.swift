@@ -285,15 +285,10 @@ public struct TCPClientTransport: ClientTransport {
         let setup = ClientConnectionSetup(endpoint: endpoint, deadline: deadline, promise: ready, tlsInPipeline: ssl != nil, ready: install)
         if endpoint.transport.isWebSocket {
             let setupBox = NIOLoopBound(setup, eventLoop: channel.eventLoop)
-            let upgrader = NIOWebSocketClientUpgrader(
-                maxFrameSize: WebSocketBinding.maxFrameSize,
-                automaticErrorHandling: true
-            ) { channel, response in
-                channel.eventLoop.makeCompletedFuture {
-                    try WebSocketBinding.addMessageHandlers(to: channel, role: .client)
-                    guard let context = try? channel.pipeline.syncOperations.context(handler: setupBox.value) else { return }
-                    setupBox.value.upgraded(response: response, context: context)
-                }
+            let upgrader = WebSocketClientUpgrade { channel, response in
+                try WebSocketBinding.addMessageHandlers(to: channel, role: .client)
+                guard let context = try? channel.pipeline.syncOperations.context(handler: setupBox.value) else { return }
+                setupBox.value.upgraded(response: response, context: context)
             }
             try pipeline.addHTTPClientHandlers(withClientUpgrade: (upgraders: [upgrader], completionHandler: { _ in }))
         }
@@ -348,31 +343,5 @@ final class ClientTLSContexts: Sendable {
             }
             return channel.eventLoop.makeFailedFuture(TransportError.pinMismatch(at: endpoint, presented: pin, pins: pins))
         }
-    }
-}
-
-extension WebSocketBinding {
-    /// The largest WebSocket frame accepted: the largest Tether frame (16 MiB body and its header).
-    package static let maxFrameSize = FrameHeader.size + FrameHeader.absoluteMaximumBodySize
-
-    /// Adds the ``WebSocketMessageHandler`` (which reassembles fragmented messages) to a channel
-    /// NIOWebSocket has just upgraded; on the gateway, with `intake`, also the budget's
-    /// ``WebSocketIntake/Meter`` below NIOWebSocket's decoder.
-    /// - Parameters:
-    ///   - maxMessageSize: The largest message accepted, all its fragments together.
-    ///   - intake: On the gateway, the monitor of the channel's loop.
-    package static func addMessageHandlers(
-        to channel: any Channel,
-        role: WebSocketMessageHandler.Role,
-        maxMessageSize: Int = Self.maxFrameSize,
-        intake: IntakeMonitor? = nil
-    ) throws {
-        let pipeline = channel.pipeline.syncOperations
-        let webSocketIntake = intake.map { WebSocketIntake(intake: $0) }
-        if let webSocketIntake {
-            let decoder = try pipeline.handler(type: ByteToMessageHandler<WebSocketFrameDecoder>.self)
-            try pipeline.addHandler(webSocketIntake.makeMeter(), position: .before(decoder))
-        }
-        try pipeline.addHandler(WebSocketMessageHandler(role: role, maxMessageSize: maxMessageSize, intake: webSocketIntake))
     }
 }

@@ -7,8 +7,9 @@ import TetherNIO
 /// Carries Tether frames as WebSocket messages: one frame per binary message (PROTOCOL.md,
 /// "Transport bindings").
 ///
-/// It sits between NIOWebSocket's frame codec and a Tether connection handler in
-/// ``Framing/messages`` mode:
+/// It sits above NIOWebSocket's frame decoder, below a Tether connection handler in
+/// ``Framing/messages`` mode, and writes WebSocket frames itself (no NIOWebSocket encoder is
+/// in the pipeline: ``WebSocketBinding`` installs the two):
 /// - reads: a binary message's payload goes on as one `ByteBuffer`, reassembled from however
 ///   many fragments it came in (RFC 6455, 5.4), with control frames between them; a PING is
 ///   answered with a PONG; a text message is refused (close 1003); a message over
@@ -17,7 +18,10 @@ import TetherNIO
 ///   answered and reported as a ``TransportError`` with code
 ///   ``TransportError/Code/webSocketClosed``.
 /// - writes: each `ByteBuffer` (one Tether frame) becomes one binary message, masked when
-///   this side is the client.
+///   this side is the client. The messages written between two flushes are joined into one
+///   buffer, header and payload (one allocation and one `iovec` per flush, not three objects
+///   per message as NIOWebSocket's `WebSocketFrame` and encoder take); on the server, a payload
+///   over ``maxCopiedPayload`` follows its header as it is, not copied.
 /// - close: a CLOSE frame goes first, with the code that matches the last Tether frame sent:
 ///   1001 after GOAWAY, 1002/1008/1009/1011/1013 after ERROR, 1000 otherwise.
 ///
@@ -26,7 +30,13 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     public typealias InboundIn = WebSocketFrame
     public typealias InboundOut = ByteBuffer
     public typealias OutboundIn = ByteBuffer
-    public typealias OutboundOut = WebSocketFrame
+    public typealias OutboundOut = ByteBuffer
+
+    /// Messages written are passed on without waiting for a flush once this many bytes wait.
+    public static let maxJoinedBytes = FrameWriter.maxJoinedBytes
+    /// On the server, a larger payload is not copied into the joined buffer: its header is,
+    /// and the payload follows as a buffer of its own.
+    public static let maxCopiedPayload = 16 * 1024
 
     /// Which end of the WebSocket this is: clients mask what they send (RFC 6455, 5.3).
     public enum Role: Sendable, Hashable {
@@ -49,6 +59,11 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     private var lastErrorCode = StatusCode.ok
     private var closeSent = false
     private var closeReceived = false
+    /// The messages written since the last flush, headers and payloads, to pass on at the
+    /// flush; empty (no storage) between flushes.
+    private var joined = ByteBuffer()
+    /// Completed once `joined` is written: the promises of the writes joined in it.
+    private var joinedPromise: EventLoopPromise<Void>?
 
     /// - Parameter role: Whether this end is the client (it masks its frames) or the server.
     public convenience init(role: Role) {
@@ -69,6 +84,30 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
 
     public func handlerRemoved(context: ChannelHandlerContext) {
         self.message = nil
+        self.joined = ByteBuffer()
+        self.joinedPromise?.fail(ChannelError.ioOnClosedChannel)
+        self.joinedPromise = nil
+    }
+
+    /// A frame NIOWebSocket's decoder refused (a control frame fragmented or over 125 bytes, a
+    /// frame over the largest message): closed with 1002 or 1009, as RFC 6455 asks.
+    public func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard let error = error as? NIOWebSocketError else {
+            context.fireErrorCaught(error)
+            return
+        }
+        switch error {
+        case .invalidFrameLength:
+            self.sendClose(
+                code: .messageTooLarge,
+                reason: "a frame of more than \(self.maxMessageSize) bytes (the largest Tether frame accepted)",
+                context: context
+            )
+        case .fragmentedControlFrame:
+            self.sendClose(code: .protocolError, reason: "a fragmented control frame", context: context)
+        case .multiByteControlFrameLength:
+            self.sendClose(code: .protocolError, reason: "a control frame of more than 125 bytes", context: context)
+        }
     }
 
     // MARK: Reads
@@ -90,8 +129,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             self.received(fragment: frame, context: context)
         case .ping:
             guard !self.closeSent else { return }
-            let pong = WebSocketFrame(fin: true, opcode: .pong, maskKey: self.maskKey(), data: frame.unmaskedData)
-            context.writeAndFlush(Self.wrapOutboundOut(pong), promise: nil)
+            self.writeControl(.pong, payload: frame.unmaskedData, context: context, promise: nil)
         case .pong:
             break
         case .connectionClose:
@@ -191,8 +229,60 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
             return
         }
         self.remember(buffer)
-        let frame = WebSocketFrame(fin: true, opcode: .binary, maskKey: self.maskKey(), data: buffer)
-        context.write(Self.wrapOutboundOut(frame), promise: promise)
+        let header = WebSocketFrameHeader(opcode: .binary, length: buffer.readableBytes, maskKey: self.maskKey())
+        if header.maskKey == nil, buffer.readableBytes > Self.maxCopiedPayload {
+            // Large and not masked: the header ends the joined bytes; the payload follows them.
+            self.reserveJoined(header.size, context: context)
+            header.write(into: &self.joined)
+            self.passOnJoined(context: context)
+            context.write(Self.wrapOutboundOut(buffer), promise: promise)
+            return
+        }
+        self.reserveJoined(header.size + buffer.readableBytes, context: context)
+        header.write(payload: buffer, into: &self.joined)
+        if let promise {
+            if let joinedPromise = self.joinedPromise {
+                joinedPromise.futureResult.cascade(to: promise)
+            } else {
+                self.joinedPromise = promise
+            }
+        }
+        if self.joined.readableBytes >= Self.maxJoinedBytes { self.passOnJoined(context: context) }
+    }
+
+    public func flush(context: ChannelHandlerContext) {
+        self.passOnJoined(context: context)
+        context.flush()
+    }
+
+    /// Gives the joined buffer storage, if it has none, for `bytes` at least.
+    private func reserveJoined(_ bytes: Int, context: ChannelHandlerContext) {
+        guard self.joined.capacity == 0 else { return }
+        self.joined = context.channel.allocator.buffer(capacity: max(bytes, 512))
+    }
+
+    /// Passes on the messages joined since the last flush.
+    private func passOnJoined(context: ChannelHandlerContext) {
+        guard self.joined.readableBytes > 0 else { return }
+        let bytes = self.joined
+        self.joined = ByteBuffer()
+        let promise = self.joinedPromise
+        self.joinedPromise = nil
+        context.write(Self.wrapOutboundOut(bytes), promise: promise)
+    }
+
+    /// Writes and flushes a control frame (PONG, CLOSE) after the messages written before it.
+    private func writeControl(
+        _ opcode: WebSocketOpcode,
+        payload: ByteBuffer,
+        context: ChannelHandlerContext,
+        promise: EventLoopPromise<Void>?
+    ) {
+        self.passOnJoined(context: context)
+        let header = WebSocketFrameHeader(opcode: opcode, length: payload.readableBytes, maskKey: self.maskKey())
+        var frame = context.channel.allocator.buffer(capacity: header.size + payload.readableBytes)
+        header.write(payload: payload, into: &frame)
+        context.writeAndFlush(Self.wrapOutboundOut(frame), promise: promise)
     }
 
     public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
@@ -230,8 +320,9 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
         data.write(webSocketErrorCode: code)
         data.writeString(reason)
-        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: self.maskKey(), data: data)
-        context.writeAndFlush(Self.wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in
+        let written = context.eventLoop.makePromise(of: Void.self)
+        self.writeControl(.connectionClose, payload: data, context: context, promise: written)
+        written.futureResult.assumeIsolated().whenComplete { _ in
             context.close(mode: .all, promise: promise)
         }
     }
@@ -266,26 +357,6 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
 
     private func maskKey() -> WebSocketMaskingKey? {
         self.role == .client ? self.maskingKeys.next() : nil
-    }
-}
-
-/// Masking keys from a strong random source (RFC 6455, 5.3), drawn 1 KiB at a time:
-/// `WebSocketMaskingKey.random()` costs a `getrandom` system call per message on Linux.
-struct MaskingKeys {
-    private var pool: [UInt8] = []
-    private var index = 0
-
-    mutating func next() -> WebSocketMaskingKey {
-        if self.index + 4 > self.pool.count { self.refill() }
-        defer { self.index += 4 }
-        return WebSocketMaskingKey(self.pool[self.index..<self.index + 4])!
-    }
-
-    private mutating func refill() {
-        // A key of swift-crypto is 1 KiB from the platform's CSPRNG (BoringSSL's RAND_bytes
-        // on Linux), in one call.
-        self.pool = SymmetricKey(size: SymmetricKeySize(bitCount: 8192)).withUnsafeBytes { Array($0) }
-        self.index = 0
     }
 }
 

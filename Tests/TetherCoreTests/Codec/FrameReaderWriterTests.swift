@@ -184,4 +184,27 @@ struct FrameReaderWriterTests {
         }
         #expect(writer.isEmpty)
     }
+
+    @Test("messages: a frame is encoded into the last one's storage once its bytes were let go, and never over bytes still held")
+    func writerMessagesReuseStorage() throws {
+        func address(_ buffer: ByteBuffer) -> UnsafeRawPointer? {
+            buffer.withVeryUnsafeBytes { UnsafeRawPointer($0.baseAddress) }
+        }
+        var writer = FrameWriter(framing: .messages)
+        let first = try #require(try writer.append(frames[0]))
+        let firstAddress = address(first)
+        // Held (a transport that keeps its buffers): the next frame goes elsewhere.
+        let second = try #require(try writer.append(frames[1]))
+        #expect(address(second) != firstAddress)
+        #expect(first == (try encoded([frames[0]])))
+        let secondAddress = address(second)
+        _ = consume second
+        // Let go of (copied out by the WebSocket handler): the next frame reuses its memory.
+        let third = try #require(try writer.append(frames[2]))
+        #expect(address(third) == secondAddress)
+        #expect(third == (try encoded([frames[2]])))
+        #expect(writer.keptCapacity > 0)
+        writer.releaseStorage()
+        #expect(writer.keptCapacity == 0, "an idle connection holds nothing")
+    }
 }
