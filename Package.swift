@@ -18,8 +18,10 @@ import PackageDescription
 //                  session (async-http-client)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
 //   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
-//   TetherTesting  for tests: in-process transport, fault injection, manual clock, the
-//                  store contract (not linked into `tether`)
+//   TetherTesting  for an app's tests: a manual clock, the fault proxy (not linked into
+//                  `tether`)
+//   TetherGatewayTesting  for tests against a gateway: an in-process network with faults,
+//                  the message-store contract
 //   TetherLab      the weak-network lab: scenarios, packet loss (iptables), measurements
 //   tether         the command-line tool (serve, call, chat, demo)
 //
@@ -47,6 +49,7 @@ let package = Package(
         .library(name: "TetherStreamForwarding", targets: ["TetherStreamForwarding"]),
         .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
+        .library(name: "TetherGatewayTesting", targets: ["TetherGatewayTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
     ],
     dependencies: [
@@ -237,18 +240,27 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        // The testing kit, split per side: the app's (a manual clock, the fault proxy) and the
+        // gateway's (an in-process network to a gateway, the message-store contract).
         .target(
             name: "TetherTesting",
             dependencies: [
                 "TetherCore",
                 "TetherNIO",
-                "Tether",
-                "TetherGateway",
                 "TetherFaultProxy",
                 .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .target(
+            name: "TetherGatewayTesting",
+            dependencies: [
+                "TetherCore",
+                "TetherNIO",
+                "TetherGateway",
+                "TetherTesting",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSwift6
         ),
@@ -388,7 +400,7 @@ let package = Package(
                 "TetherNIOTransports",
                 "TetherGateway",
                 "TetherCompression",
-                "TetherTesting",
+                "TetherGatewayTesting",
                 "TetherTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -405,7 +417,7 @@ let package = Package(
                 "TetherCore",
                 "TetherGateway",
                 "TetherPostgres",
-                "TetherTesting",
+                "TetherGatewayTesting",
                 "TetherTestSupport",
                 "Tether",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -441,6 +453,7 @@ let package = Package(
                 "TetherJWT",
                 "TetherProtobuf",
                 "TetherTesting",
+                "TetherGatewayTesting",
                 "TetherLab",
                 "TetherPostgres",
                 "TetherStreamForwarding",

@@ -5,7 +5,7 @@ public import TetherCore
 ///
 /// Tether ships ``PollingNetworkPathMonitor`` (Linux and other POSIX systems: polls the
 /// interfaces) and, on Apple platforms, `NWPathNetworkMonitor` (Network.framework). Tests use
-/// `ManualNetworkPathMonitor` from TetherTesting.
+/// ``ManualNetworkPathMonitor``, whose path changes when told to.
 ///
 /// ```swift
 /// configuration.pathMonitor = PollingNetworkPathMonitor()

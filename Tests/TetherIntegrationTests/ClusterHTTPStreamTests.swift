@@ -6,11 +6,11 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherNIO
 import TetherNIOTransports
 import TetherPostgres
 import TetherTestSupport
-import TetherTesting
 
 extension IntegrationTests {
     @Suite("The HTTP stream in a cluster: no sticky sessions", .requires(.postgresql), .timeLimit(.minutes(3)))

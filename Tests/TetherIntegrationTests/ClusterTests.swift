@@ -6,10 +6,10 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherPostgres
 import TetherStreamForwarding
 import TetherTestSupport
-import TetherTesting
 
 /// One node of a test cluster: a gateway with its own PostgreSQL client, store and cluster
 /// membership, reachable on a local network.

@@ -5,8 +5,8 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherTestSupport
-import TetherTesting
 
 /// Waits until `condition` holds or `timeout` passes; returns whether it held.
 func waitUntil(timeout: Duration, _ condition: @Sendable () -> Bool) async throws -> Bool {

@@ -8,9 +8,9 @@ import Testing
 import Tether
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherNIO
 import TetherTestSupport
-import TetherTesting
 import Tracing
 
 /// The integration tests: real sockets, real timers, real concurrency.

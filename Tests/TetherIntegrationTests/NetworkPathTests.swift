@@ -2,8 +2,8 @@ import NIOCore
 import Testing
 import Tether
 import TetherCore
+import TetherGatewayTesting
 import TetherTestSupport
-import TetherTesting
 
 @Suite("Network path monitors")
 struct NetworkPathMonitorTests {

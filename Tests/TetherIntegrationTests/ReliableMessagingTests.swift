@@ -4,8 +4,8 @@ import NIOCore
 import Testing
 import Tether
 import TetherGateway
+import TetherGatewayTesting
 import TetherTestSupport
-import TetherTesting
 
 /// Collects a client's deliveries, checking order and uniqueness as they arrive.
 final class DeliveryCollector: Sendable {

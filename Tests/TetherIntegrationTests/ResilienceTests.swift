@@ -4,8 +4,8 @@ import NIOPosix
 import Testing
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherTestSupport
-import TetherTesting
 
 @testable import Tether
 

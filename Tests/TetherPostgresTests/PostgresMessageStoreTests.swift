@@ -4,9 +4,9 @@ import PostgresNIO
 import Testing
 import TetherCore
 import TetherGateway
+import TetherGatewayTesting
 import TetherPostgres
 import TetherTestSupport
-import TetherTesting
 
 @Suite("PostgresMessageStore", .requires(.postgresql))
 struct PostgresMessageStoreTests {

@@ -9,7 +9,7 @@ public import TetherCore
 /// Two implementations come with Tether: ``SQLiteMessageStore`` (a file, the default for a
 /// single gateway) and ``InMemoryMessageStore`` (tests). A server database plugs in by
 /// implementing this protocol, and proves it with the contract suite every store passes
-/// (`MessageStoreContract` in TetherTesting).
+/// (`MessageStoreContract` in TetherGatewayTesting).
 ///
 /// ## The contract
 ///

@@ -3,7 +3,7 @@ import GRDB
 import NIOCore
 import Testing
 import TetherGateway
-import TetherTesting
+import TetherGatewayTesting
 
 /// The contract of ``MessageStore`` (TetherTesting's `MessageStoreContract`), checked against
 /// every implementation; then what only the SQLite store does.
