@@ -58,45 +58,45 @@ extension GatewayConnectionStateMachine {
     /// answers` feature).
     package var reliableAnswers: Bool {
         switch self.state {
-        case .active(let active), .draining(let active): active.value.reliable?.value.answers ?? false
+        case .active(let active), .draining(let active): active.value.reliable?.answers ?? false
         case .handshaking, .closing, .closed, ._modifying: false
         }
     }
 
     /// The channel's writability changed: the delivery pump pauses while the client does not read.
     package mutating func writabilityChanged(_ writable: Bool) -> DeliveryPump.Actions? {
-        self.withEstablished { active, _ in active.reliable?.value.pump.writabilityChanged(writable) } ?? nil
+        self.withEstablished { active, _ in active.reliable?.pump.writabilityChanged(writable) } ?? nil
     }
 
     /// The lane finished the batch handed out last (``OnFrame/processBatch(_:)``).
     /// - Returns: The next batch, if messages wait and the rate allows.
     package mutating func batchEnded(now: TetherInstant) -> [ReliableLaneMachine.Received]? {
-        self.withEstablished { active, _ in active.reliable?.value.inbox.batchEnded(now: now) } ?? nil
+        self.withEstablished { active, _ in active.reliable?.inbox.batchEnded(now: now) } ?? nil
     }
 
     /// Deliveries were committed for this connection's client.
     package mutating func deliveriesOffered(_ deliveries: [StoredDelivery]) -> DeliveryPump.Actions? {
-        self.withEstablished { active, _ in active.reliable?.value.pump.offered(deliveries) } ?? nil
+        self.withEstablished { active, _ in active.reliable?.pump.offered(deliveries) } ?? nil
     }
 
     /// Another gateway appended deliveries for this connection's client: the pump reads them.
     package mutating func deliveriesAppendedElsewhere() -> DeliveryPump.Actions? {
-        self.withEstablished { active, _ in active.reliable?.value.pump.appendedElsewhere() } ?? nil
+        self.withEstablished { active, _ in active.reliable?.pump.appendedElsewhere() } ?? nil
     }
 
     /// The store returned the deliveries a ``DeliveryPump/Actions/fetch`` asked for.
     package mutating func deliveriesFetched(_ deliveries: [StoredDelivery], limit: Int) -> DeliveryPump.Actions? {
-        self.withEstablished { active, _ in active.reliable?.value.pump.fetched(deliveries, limit: limit) } ?? nil
+        self.withEstablished { active, _ in active.reliable?.pump.fetched(deliveries, limit: limit) } ?? nil
     }
 
     /// The store could not return deliveries: the pump tries again later.
     package mutating func deliveriesFetchFailed(now: TetherInstant) {
-        _ = self.withEstablished { active, _ in active.reliable?.value.pump.fetchFailed(now: now) }
+        _ = self.withEstablished { active, _ in active.reliable?.pump.fetchFailed(now: now) }
     }
 
     /// The acknowledgement a ``DeliveryPump/Actions/record`` asked for was written (or not).
     package mutating func acknowledgementRecorded(_ succeeded: Bool) -> DeliveryPump.Actions? {
-        self.withEstablished { active, _ in active.reliable?.value.pump.recordFinished(succeeded) } ?? nil
+        self.withEstablished { active, _ in active.reliable?.pump.recordFinished(succeeded) } ?? nil
     }
 
     // MARK: Time
@@ -163,8 +163,8 @@ extension GatewayConnectionStateMachine {
                 }
                 result.route = due.released
                 if active.reliable != nil {
-                    result.batch = active.reliable!.value.inbox.timerFired(now: now)
-                    result.pump = active.reliable!.value.pump.timerFired(now: now)
+                    result.batch = active.reliable!.inbox.timerFired(now: now)
+                    result.pump = active.reliable!.pump.timerFired(now: now)
                 }
             }
         case .closed, ._modifying:

@@ -104,12 +104,12 @@ extension GatewayConnectionStateMachine {
             // While draining a message is not processed; the client sends it again on its next
             // connection (messages are idempotent).
             guard !draining, active.reliable != nil,
-                let batch = active.reliable!.value.inbox.received(message, now: now)
+                let batch = active.reliable!.inbox.received(message, now: now)
             else { return .none }
             return .processBatch(batch)
         case .deliveryAck(let ack) where negotiated.features.contains(.reliableDelivery):
             guard active.reliable != nil else { return .none }
-            return .pump(active.reliable!.value.pump.acknowledged(upTo: ack.sequence))
+            return .pump(active.reliable!.pump.acknowledged(upTo: ack.sequence))
         case .message, .deliveryAck:
             return .violation(.unexpectedFrame, "\(frame.type) without the negotiated reliable-delivery feature")
         case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery:
@@ -160,12 +160,10 @@ extension GatewayConnectionStateMachine {
         if let resume = established.resume {
             var pump = DeliveryPump(resume: resume, window: self.configuration.deliveryWindow)
             start = pump.start()
-            active.reliable = CopyOnWriteBox(
-                Reliable(
-                    inbox: MessageInbox(limits: self.configuration.inbox, now: now),
-                    pump: pump,
-                    answers: established.negotiated.features.contains(.messageAnswers)
-                )
+            active.reliable = Reliable(
+                inbox: MessageInbox(limits: self.configuration.inbox, now: now),
+                pump: pump,
+                answers: established.negotiated.features.contains(.messageAnswers)
             )
         }
         self.established(active)

@@ -97,8 +97,9 @@ package struct GatewayConnectionStateMachine: Sendable {
         /// When a draining connection is closed whatever is in flight.
         package var graceDeadline: TetherInstant?
         package var requests: GatewayRequestTable
-        /// Boxed: every event moves `Active`, and few touch this.
-        package var reliable: CopyOnWriteBox<Reliable>?
+        /// Reliable delivery, when the client resumed a session with a message store behind it.
+        /// Not boxed apart: `Active` is boxed as a whole.
+        package var reliable: Reliable?
     }
 
     /// Reliable delivery on the connection.
@@ -191,7 +192,7 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Reliable messages waiting for the lane (not counting the batch being processed).
     package var reliableMessagesWaiting: Int {
         switch self.state {
-        case .active(let active), .draining(let active): active.value.reliable?.value.inbox.count ?? 0
+        case .active(let active), .draining(let active): active.value.reliable?.inbox.count ?? 0
         case .handshaking, .closing, .closed, ._modifying: 0
         }
     }
@@ -236,8 +237,8 @@ package struct GatewayConnectionStateMachine: Sendable {
                 consider(active.graceDeadline)
                 consider(active.requests.nextDeadline(now: now))
                 if active.reliable != nil {
-                    consider(active.reliable!.value.inbox.nextDeadline(now: now))
-                    consider(active.reliable!.value.pump.retryAt)
+                    consider(active.reliable!.inbox.nextDeadline(now: now))
+                    consider(active.reliable!.pump.retryAt)
                 }
             }
         case .closing(let closing):
@@ -316,7 +317,7 @@ package struct GatewayConnectionStateMachine: Sendable {
         case .active(var active), .draining(var active):
             self.state = ._modifying
             settled = active.value.requests.closeAll()
-            active.value.reliable?.value.inbox.close()
+            active.value.reliable?.inbox.close()
         case .handshaking:
             break
         case ._modifying:
@@ -365,8 +366,8 @@ package struct GatewayConnectionStateMachine: Sendable {
     /// Puts the established connection's data back, and updates what the handler reads.
     private mutating func put(_ active: consuming ActiveBox, draining: Bool) {
         self.requestsInFlight = active.value.requests.count
-        self.limitsHoldReads = active.value.requests.holdsReads || active.value.reliable?.value.inbox.holdsReads == true
-        self.reliableBytesWaiting = active.value.reliable?.value.inbox.byteCount ?? 0
+        self.limitsHoldReads = active.value.requests.holdsReads || active.value.reliable?.inbox.holdsReads == true
+        self.reliableBytesWaiting = active.value.reliable?.inbox.byteCount ?? 0
         if draining {
             self.state = .draining(consume active)
         } else {
