@@ -86,8 +86,11 @@ public final class Gateway: Service, Sendable {
     let connectionIDs = ManagedAtomic<UInt64>(1)
     /// Connections of the HTTP listener that have not upgraded or served the HTTP stream yet.
     let pendingUpgrades = ManagedAtomic<Int>(0)
-    /// Connections of the HTTP and admin listeners refused at once and being answered.
+    /// Connections of the HTTP listener refused at once and being answered.
     let refusing = ManagedAtomic<Int>(0)
+    /// Connections of the admin listener refused at once and being answered: counted apart, so
+    /// that a flood of the HTTP listener does not leave a monitoring probe without its 503.
+    let adminRefusing = ManagedAtomic<Int>(0)
     /// Connections of the admin listener.
     let adminConnections = ManagedAtomic<Int>(0)
     /// The HTTP streams open on the HTTP listener, by session token.

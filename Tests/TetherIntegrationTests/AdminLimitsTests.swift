@@ -3,7 +3,7 @@ import NIOCore
 import NIOPosix
 import Testing
 import Tether
-import TetherGateway
+@testable import TetherGateway
 import TetherTestSupport
 
 extension IntegrationTests {
@@ -33,6 +33,25 @@ extension IntegrationTests {
                     defer { peer.close() }
                     return (try? await peer.send(.GET, "/health").wait(timeout: .seconds(2)).status) == .ok
                 }
+            }
+        }
+
+        @Test("the admin listener's refusals are counted apart: with the HTTP listener's refusal budget spent, a connection past the admin cap still gets its 503")
+        func refusalsApart() async throws {
+            try await withHarness { harness in
+                let (gateway, _) = try await harness.gateway(configure: { $0.admin = .init(port: 0, maxConnections: 1) })
+                let port = try await gateway.adminAddress.port!
+                // As while the HTTP listener answers a flood of refused connections.
+                gateway.refusing.store(Gateway.maxRefusing, ordering: .relaxed)
+                defer { gateway.refusing.store(0, ordering: .relaxed) }
+                let held = try await HTTPPeer.connect(port: port)
+                defer { held.close() }
+                try await Task.sleep(for: .milliseconds(100))
+                let refused = try await HTTPPeer.connect(port: port)
+                let response = try await refused.send(.GET, "/health").wait(timeout: .seconds(5))
+                #expect(response.status == .serviceUnavailable)
+                #expect(response.body.contains("maximum of 1 connections"))
+                #expect(try await held.send(.GET, "/health").wait().status == .ok)
             }
         }
 

@@ -93,6 +93,10 @@ extension Gateway {
         }
     }
 
+    /// Connections of the admin listener refused at once and being answered (`503`), at most;
+    /// beyond, a connection is closed unanswered.
+    static let maxAdminRefusing = 64
+
     /// Binds the admin listener. It stays open while the gateway drains (so that `/ready`
     /// says so) and closes when ``run()`` ends.
     func bindAdmin(_ admin: GatewayConfiguration.Admin) async throws -> any Channel {
@@ -109,13 +113,13 @@ extension Gateway {
                             message: "the admin listener holds its maximum of \(admin.maxConnections) connections; try again later",
                             retryAfter: .seconds(1)
                         )
-                        // Counted with the HTTP listener's refusals: as many at once, each for 2 s at most.
-                        guard self.refusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxRefusing else {
-                            self.refusing.wrappingDecrement(ordering: .relaxed)
+                        // Counted apart from the HTTP listener's refusals, each for 2 s at most.
+                        guard self.adminRefusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxAdminRefusing else {
+                            self.adminRefusing.wrappingDecrement(ordering: .relaxed)
                             channel.close(promise: nil)
                             return
                         }
-                        let refusing = self.refusing
+                        let refusing = self.adminRefusing
                         channel.closeFuture.whenComplete { _ in refusing.wrappingDecrement(ordering: .relaxed) }
                         try channel.pipeline.syncOperations.addHandler(HTTPRefusalHandler(refusal, timeout: .seconds(2)))
                         return
