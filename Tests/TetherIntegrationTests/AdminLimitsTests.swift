@@ -3,8 +3,9 @@ import NIOCore
 import NIOPosix
 import Testing
 import Tether
-@testable import TetherGateway
 import TetherTestSupport
+
+@testable import TetherGateway
 
 extension IntegrationTests {
     /// The admin listener's own limits: a connection cap, a timeout on idle connections, and a
@@ -36,7 +37,9 @@ extension IntegrationTests {
             }
         }
 
-        @Test("the admin listener's refusals are counted apart: with the HTTP listener's refusal budget spent, a connection past the admin cap still gets its 503")
+        @Test(
+            "the admin listener's refusals are counted apart: with the HTTP listener's refusal budget spent, a connection past the admin cap still gets its 503"
+        )
         func refusalsApart() async throws {
             try await withHarness { harness in
                 let (gateway, _) = try await harness.gateway(configure: { $0.admin = .init(port: 0, maxConnections: 1) })
