@@ -287,6 +287,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
 
     public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         guard mode == .all, !self.closeSent, context.channel.isActive else {
+            self.passOnJoined(context: context)  // what was written goes before a half-close
             context.close(mode: mode, promise: promise)
             return
         }
@@ -320,6 +321,8 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
         data.write(webSocketErrorCode: code)
         data.writeString(reason)
+        // A control frame carries 125 bytes at most (RFC 6455, 5.5): the reason is cut to fit.
+        if data.readableBytes > 125 { data.moveWriterIndex(to: data.readerIndex + 125) }
         let written = context.eventLoop.makePromise(of: Void.self)
         self.writeControl(.connectionClose, payload: data, context: context, promise: written)
         written.futureResult.assumeIsolated().whenComplete { _ in
