@@ -47,11 +47,6 @@ public final class TetherDataTask: Sendable {
         init(_ handle: Handle) { self.handle = handle }
     }
 
-    private final class Completion: AtomicReference, Sendable {
-        let call: @Sendable (Result<ByteBuffer, TetherError>) -> Void
-        init(_ call: @escaping @Sendable (Result<ByteBuffer, TetherError>) -> Void) { self.call = call }
-    }
-
     // The task takes no lock: its state is atomics. The completion handler is taken out once,
     // by whoever ends the task (and let go of then, with what it captured).
     private static let suspended: UInt8 = 0
@@ -60,7 +55,7 @@ public final class TetherDataTask: Sendable {
     private static let completed: UInt8 = 3
 
     /// The task's four atomics in one allocation (four `ManagedAtomic`s are four objects):
-    /// the phase; the completion handler, until it is taken; where the request is (to cancel
+    /// the phase; whether the completion handler was taken; where the request is (to cancel
     /// it); and whether ``cancel()`` was called while running (a handle installed later is
     /// cancelled at once).
     private struct Atomics: @unchecked Sendable {
@@ -68,7 +63,7 @@ public final class TetherDataTask: Sendable {
         struct Cells {
             var phase: UnsafeAtomic<UInt8>.Storage
             var cancelRequested: UnsafeAtomic<Bool>.Storage
-            var completion: UnsafeAtomic<Completion?>.Storage
+            var completionTaken: UnsafeAtomic<Bool>.Storage
             var handle: UnsafeAtomic<HandleBox?>.Storage
         }
 
@@ -76,7 +71,6 @@ public final class TetherDataTask: Sendable {
             deinit {
                 // The references the cells hold are released here, as a ManagedAtomic's deinit does.
                 self.withUnsafeMutablePointerToHeader { cells in
-                    _ = cells.pointee.completion.dispose()
                     _ = cells.pointee.handle.dispose()
                 }
             }
@@ -84,12 +78,12 @@ public final class TetherDataTask: Sendable {
 
         private let buffer: Buffer
 
-        init(completion: Completion) {
+        init() {
             let buffer = Buffer.create(minimumCapacity: 0) { _ in
                 Cells(
                     phase: .init(TetherDataTask.suspended),
                     cancelRequested: .init(false),
-                    completion: .init(completion),
+                    completionTaken: .init(false),
                     handle: .init(nil)
                 )
             }
@@ -108,9 +102,9 @@ public final class TetherDataTask: Sendable {
             }
         }
 
-        func completion<T>(_ body: (UnsafeAtomic<Completion?>) -> T) -> T {
+        func completionTaken<T>(_ body: (UnsafeAtomic<Bool>) -> T) -> T {
             self.buffer.withUnsafeMutablePointerToHeader { cells in
-                withUnsafeMutablePointer(to: &cells.pointee.completion) { body(UnsafeAtomic(at: $0)) }
+                withUnsafeMutablePointer(to: &cells.pointee.completionTaken) { body(UnsafeAtomic(at: $0)) }
             }
         }
 
@@ -121,7 +115,11 @@ public final class TetherDataTask: Sendable {
         }
     }
 
-    private let atomics: Atomics
+    private let atomics = Atomics()
+    /// The completion handler until it is taken. Unsafe, not racy: only the caller that took
+    /// it (`completionTaken`, one atomic exchange) reads or clears it; it was set in `init`.
+    /// (As an atomic reference it cost an object and a double-word exchange per request.)
+    private nonisolated(unsafe) var completion: (@Sendable (Result<ByteBuffer, TetherError>) -> Void)?
     private let client: TetherClient
     private let method: String
     private let body: ByteBuffer
@@ -138,7 +136,15 @@ public final class TetherDataTask: Sendable {
         self.method = method
         self.body = body
         self.timeout = timeout
-        self.atomics = Atomics(completion: Completion(completion))
+        self.completion = completion
+    }
+
+    /// The completion handler, to the one caller that ends the task; `nil` to any other.
+    private func takeCompletion() -> (@Sendable (Result<ByteBuffer, TetherError>) -> Void)? {
+        guard !self.atomics.completionTaken({ $0.exchange(true, ordering: .acquiringAndReleasing) }) else { return nil }
+        let completion = self.completion
+        self.completion = nil
+        return completion
     }
 
     /// The task's current state.
@@ -224,8 +230,7 @@ public final class TetherDataTask: Sendable {
         if self.atomics.phase({
             $0.compareExchange(expected: Self.suspended, desired: Self.canceled, ordering: .acquiringAndReleasing).exchanged
         }) {
-            let completion = self.atomics.completion { $0.exchange(nil, ordering: .acquiringAndReleasing) }
-            completion?.call(.failure(TetherError(code: .cancelled, message: "the data task was cancelled before it started")))
+            self.takeCompletion()?(.failure(TetherError(code: .cancelled, message: "the data task was cancelled before it started")))
             return
         }
         guard self.atomics.phase({ $0.load(ordering: .acquiring) }) == Self.running else { return }
@@ -244,7 +249,7 @@ public final class TetherDataTask: Sendable {
     /// Completes the task once (a later call does nothing); a request that was sent (`call`) is
     /// counted in the client's statistics and metrics, as ``TetherClient/request(_:body:timeout:)`` counts its own.
     private func finish(with result: Result<ByteBuffer, TetherError>, call: TetherClient.PreparedRequest? = nil) {
-        guard let completion = self.atomics.completion({ $0.exchange(nil, ordering: .acquiringAndReleasing) }) else { return }
+        guard let completion = self.takeCompletion() else { return }
         if case .failure(let error) = result, error.code == .cancelled {
             self.atomics.phase { $0.store(Self.canceled, ordering: .releasing) }
         } else {
@@ -256,7 +261,7 @@ public final class TetherDataTask: Sendable {
             if case .failure(let failure) = result { error = failure } else { error = nil }
             self.client.recorder.requestEnded(error, after: self.client.clock.now - call.preparedAt)
         }
-        completion.call(result)
+        completion(result)
     }
 }
 
