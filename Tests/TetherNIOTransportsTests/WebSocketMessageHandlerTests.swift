@@ -316,4 +316,49 @@ struct WebSocketMessageHandlerTests {
         #expect(frames.first?.unmaskedData == request)
         #expect(throws: (any Error).self) { try channel.writeOutbound(request) }
     }
+
+    @Test(
+        "round trips, seeded: batches of random sizes written by one role's handler, cut at random and read by NIOWebSocket's decoder and the other role's handler, arrive whole and in order"
+    )
+    func randomRoundTrips() throws {
+        var random = SplitMix64(seed: 0x7E7E_5EED)
+        for senderRole in [WebSocketMessageHandler.Role.client, .server] {
+            let (sender, _) = try self.channel(senderRole)
+            let receiver = EmbeddedChannel()
+            let catcher = ErrorCatcher()
+            try receiver.pipeline.syncOperations.addHandler(ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: 1 << 20)))
+            try receiver.pipeline.syncOperations.addHandler(
+                WebSocketMessageHandler(role: senderRole == .client ? .server : .client, maxMessageSize: 1 << 20)
+            )
+            try receiver.pipeline.syncOperations.addHandler(catcher)
+            try receiver.connect(to: .init(ipAddress: "127.0.0.1", port: 1)).wait()
+            var sent: [ByteBuffer] = []
+            for _ in 0..<200 {
+                for _ in 0..<Int.random(in: 1...8, using: &random) {
+                    let size =
+                        switch Int.random(in: 0..<20, using: &random) {
+                        case 0: Int.random(in: 65_536...100_000, using: &random)
+                        case 1...3: Int.random(in: 126...65_535, using: &random)
+                        default: Int.random(in: 0...125, using: &random)
+                        }
+                    // Each message's bytes differ from its neighbours': a boundary in the wrong place shows.
+                    let message = ByteBuffer(repeating: UInt8(truncatingIfNeeded: sent.count &* 31 &+ 7), count: size)
+                    sent.append(message)
+                    sender.write(message, promise: nil)
+                }
+                sender.flush()
+                var wire = ByteBuffer()
+                while var part = try sender.readOutbound(as: ByteBuffer.self) { wire.writeBuffer(&part) }
+                // Read as the network delivers it: in pieces of any size.
+                while wire.readableBytes > 0 {
+                    let piece = wire.readSlice(length: min(wire.readableBytes, Int.random(in: 1...4_096, using: &random)))!
+                    try receiver.writeInbound(piece)
+                }
+            }
+            #expect(catcher.errors.isEmpty, "\(catcher.errors)")
+            #expect(try receiver.readOutbound(as: ByteBuffer.self) == nil, "the receiver wrote nothing (no CLOSE)")
+            #expect(catcher.reads.count == sent.count)
+            #expect(catcher.reads == sent, "every message whole, in order (sender: \(senderRole))")
+        }
+    }
 }
