@@ -21,11 +21,15 @@ import TetherNIO
 ///   this side is the client. The messages written between two flushes are joined into one
 ///   buffer, header and payload (one allocation and one `iovec` per flush, not three objects
 ///   per message as NIOWebSocket's `WebSocketFrame` and encoder take); on the server, a payload
-///   over ``maxCopiedPayload`` follows its header as it is, not copied.
+///   over 16 KiB follows its header as it is, not copied.
 /// - close: a CLOSE frame goes first, with the code that matches the last Tether frame sent:
 ///   1001 after GOAWAY, 1002/1008/1009/1011/1013 after ERROR, 1000 otherwise.
 ///
 /// Tether's own heartbeat stays the liveness check; WebSocket PINGs are only answered.
+///
+/// The WebSocket upgrades install it (the client transports for `ws://` and `wss://`,
+/// `Gateway.webSocketUpgrader()` on a gateway): it writes bytes, so it cannot sit above
+/// NIOWebSocket's encoder, which NIOWebSocket's own upgraders add.
 public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public typealias InboundIn = WebSocketFrame
     public typealias InboundOut = ByteBuffer
@@ -33,10 +37,10 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     public typealias OutboundOut = ByteBuffer
 
     /// Messages written are passed on without waiting for a flush once this many bytes wait.
-    public static let maxJoinedBytes = FrameWriter.maxJoinedBytes
+    package static let maxJoinedBytes = FrameWriter.maxJoinedBytes
     /// On the server, a larger payload is not copied into the joined buffer: its header is,
     /// and the payload follows as a buffer of its own.
-    public static let maxCopiedPayload = 16 * 1024
+    package static let maxCopiedPayload = 16 * 1024
 
     /// Which end of the WebSocket this is: clients mask what they send (RFC 6455, 5.3).
     public enum Role: Sendable, Hashable {
@@ -66,7 +70,7 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
     private var joinedPromise: EventLoopPromise<Void>?
 
     /// - Parameter role: Whether this end is the client (it masks its frames) or the server.
-    public convenience init(role: Role) {
+    package convenience init(role: Role) {
         self.init(role: role, maxMessageSize: WebSocketBinding.maxFrameSize)
     }
 
