@@ -81,12 +81,22 @@ extension Gateway {
     /// Answers a refused plain-HTTP connection's request with `refusal` and closes it; closes a
     /// TLS connection (a handshake is not worth a refusal), and any beyond ``maxRefusing``.
     func refuse(_ channel: any Channel, _ refusal: HTTPRefusal, tls: Bool) throws {
-        guard !tls, self.refusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxRefusing else {
-            if !tls { self.refusing.wrappingDecrement(ordering: .relaxed) }
+        guard !tls else {
             channel.close(promise: nil)
             return
         }
-        let refusing = self.refusing
+        try Self.answer(channel, refusal, countedIn: self.refusing, atMost: Self.maxRefusing)
+    }
+
+    /// Answers a refused plain-HTTP connection's request with `refusal` (within 2 s) and closes
+    /// it, counted in `refusing` while it is answered; beyond `limit` at once, the connection is
+    /// closed unanswered. The HTTP and admin listeners count theirs apart.
+    static func answer(_ channel: any Channel, _ refusal: HTTPRefusal, countedIn refusing: ManagedAtomic<Int>, atMost limit: Int) throws {
+        guard refusing.loadThenWrappingIncrement(ordering: .relaxed) < limit else {
+            refusing.wrappingDecrement(ordering: .relaxed)
+            channel.close(promise: nil)
+            return
+        }
         channel.closeFuture.whenComplete { _ in refusing.wrappingDecrement(ordering: .relaxed) }
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
         try channel.pipeline.syncOperations.addHandler(HTTPRefusalHandler(refusal, timeout: .seconds(2)))

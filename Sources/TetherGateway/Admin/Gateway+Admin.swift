@@ -105,7 +105,6 @@ extension Gateway {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     guard connections.loadThenWrappingIncrement(ordering: .relaxed) < admin.maxConnections else {
                         connections.wrappingDecrement(ordering: .relaxed)
                         let refusal = HTTPRefusal(
@@ -113,17 +112,10 @@ extension Gateway {
                             message: "the admin listener holds its maximum of \(admin.maxConnections) connections; try again later",
                             retryAfter: .seconds(1)
                         )
-                        // Counted apart from the HTTP listener's refusals, each for 2 s at most.
-                        guard self.adminRefusing.loadThenWrappingIncrement(ordering: .relaxed) < Self.maxAdminRefusing else {
-                            self.adminRefusing.wrappingDecrement(ordering: .relaxed)
-                            channel.close(promise: nil)
-                            return
-                        }
-                        let refusing = self.adminRefusing
-                        channel.closeFuture.whenComplete { _ in refusing.wrappingDecrement(ordering: .relaxed) }
-                        try channel.pipeline.syncOperations.addHandler(HTTPRefusalHandler(refusal, timeout: .seconds(2)))
+                        try Self.answer(channel, refusal, countedIn: self.adminRefusing, atMost: Self.maxAdminRefusing)
                         return
                     }
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     channel.closeFuture.whenComplete { _ in connections.wrappingDecrement(ordering: .relaxed) }
                     try channel.pipeline.syncOperations.addHandler(
                         AdminHTTPHandler(gateway: self, token: admin.token, idleTimeout: TimeAmount(admin.idleTimeout))
