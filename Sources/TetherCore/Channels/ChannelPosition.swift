@@ -1,0 +1,56 @@
+/// Where a subscriber stands in a channel's stream of publications: everything up to `offset`
+/// of the stream `epoch`.
+///
+/// Every publication in a channel with history gets the next offset (the first is 1); offset 0
+/// is the position of a subscriber that has seen nothing of the stream. The epoch names one
+/// life of the stream: it changes only when the history is lost (an in-memory history that
+/// was dropped, a store that was reset), so that offsets of an earlier life are never taken
+/// for offsets of this one.
+///
+/// ```swift
+/// let position = ChannelPosition(epoch: 0x5eed, offset: 41)   // seen 1...41
+/// ```
+public struct ChannelPosition: Sendable, Hashable, CustomStringConvertible {
+    /// The life of the stream the offset counts in.
+    public var epoch: UInt64
+    /// The last offset seen (0: none).
+    public var offset: UInt64
+
+    /// The position after `offset` publications of stream `epoch`.
+    public init(epoch: UInt64, offset: UInt64) {
+        self.epoch = epoch
+        self.offset = offset
+    }
+
+    public var description: String { "\(self.offset)@\(String(self.epoch, radix: 16))" }
+}
+
+/// Publications a subscriber missed and cannot get any more: its history no longer reaches
+/// back to them, or it was lost.
+///
+/// A subscriber that was at ``after`` receives the publications from ``resumesAt`` on; those
+/// in between are gone. ``missed`` says how many when that is known (the same epoch); when the
+/// stream's epoch changed, what was missed is unknown.
+public struct ChannelGap: Sendable, Hashable, CustomStringConvertible {
+    /// The last position the subscriber had.
+    public var after: ChannelPosition
+    /// The position the next publication it receives has.
+    public var resumesAt: ChannelPosition
+
+    /// A gap between `after` and `resumesAt`.
+    public init(after: ChannelPosition, resumesAt: ChannelPosition) {
+        self.after = after
+        self.resumesAt = resumesAt
+    }
+
+    /// How many publications were lost, when both positions are in one epoch.
+    public var missed: UInt64? {
+        guard self.after.epoch == self.resumesAt.epoch, self.resumesAt.offset > self.after.offset else { return nil }
+        return self.resumesAt.offset - self.after.offset - 1
+    }
+
+    public var description: String {
+        let count = self.missed.map { "\($0) publications" } ?? "an unknown number of publications"
+        return "\(count) missed after \(self.after), resuming at \(self.resumesAt)"
+    }
+}
