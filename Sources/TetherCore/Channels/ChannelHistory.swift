@@ -67,7 +67,10 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
     private var kept = CircularBuffer<Publication>()
 
     /// An empty stream, or one whose publications up to `topOffset` are gone.
+    /// - Parameter epoch: Not 0 (the epoch of channels without history); a random one, from
+    ///   `UInt64.random(in: 1...(.max))`.
     package init(epoch: UInt64, retention: ChannelRetention, topOffset: UInt64 = 0) {
+        precondition(epoch != 0, "epoch 0 is a channel without history")
         self.epoch = epoch
         self.retention = retention
         self.topOffset = topOffset

@@ -3,9 +3,9 @@
 ///
 /// Every publication in a channel with history gets the next offset (the first is 1); offset 0
 /// is the position of a subscriber that has seen nothing of the stream. The epoch names one
-/// life of the stream: it changes only when the history is lost (an in-memory history that
-/// was dropped, a store that was reset), so that offsets of an earlier life are never taken
-/// for offsets of this one.
+/// life of the stream, never 0: it changes only when the history is lost (an in-memory history
+/// that was dropped, a store that was reset), so that offsets of an earlier life are never
+/// taken for offsets of this one. A channel without history has no positions (both 0).
 ///
 /// ```swift
 /// let position = ChannelPosition(epoch: 0x5eed, offset: 41)   // seen 1...41
@@ -43,9 +43,10 @@ public struct ChannelGap: Sendable, Hashable, CustomStringConvertible {
         self.resumesAt = resumesAt
     }
 
-    /// How many publications were lost, when both positions are in one epoch.
+    /// How many publications were lost, when both positions are in one epoch of a channel with
+    /// history.
     public var missed: UInt64? {
-        guard self.after.epoch == self.resumesAt.epoch, self.resumesAt.offset > self.after.offset else { return nil }
+        guard self.after.epoch == self.resumesAt.epoch, self.after.epoch != 0, self.resumesAt.offset > self.after.offset else { return nil }
         return self.resumesAt.offset - self.after.offset - 1
     }
 

@@ -81,14 +81,21 @@ package struct SubscriptionMachine: Sendable, Hashable {
         switch self.state {
         case .waiting(let position), .subscribing(let position):
             self.state = .subscribing(position: position)
-            return .subscribe(from: self.recover ? position : nil)
+            return .subscribe(from: self.recoveryPoint(position))
         case .subscribed(let position):
             // A connection came up without the last one going down first: subscribe on it.
             self.state = .subscribing(position: position)
-            return .subscribe(from: self.recover ? position : nil)
+            return .subscribe(from: self.recoveryPoint(position))
         case .ended:
             return .none
         }
+    }
+
+    /// Where to recover from: the position, unless recovery is off or the channel has no
+    /// history (epoch 0), where there is nothing to recover from.
+    private func recoveryPoint(_ position: ChannelPosition?) -> ChannelPosition? {
+        guard self.recover, let position, position.epoch != 0 else { return nil }
+        return position
     }
 
     /// The connection went down.
@@ -109,6 +116,12 @@ package struct SubscriptionMachine: Sendable, Hashable {
     ///   - gap: What was missed and is gone, when its history did not reach back.
     package mutating func subscribed(startingAfter: ChannelPosition, gap: ChannelGap?) -> Action {
         guard case .subscribing(let position) = self.state else { return .none }
+        if startingAfter.epoch == 0 {
+            // A channel without history: publications are delivered as they come; one that was
+            // subscribed before may have missed some, and cannot know how many.
+            self.state = .subscribed(position: startingAfter)
+            return .report(.subscribed(recovered: position == nil))
+        }
         if let gap {
             self.state = .subscribed(position: startingAfter)
             return .report(.gap(gap))
@@ -133,6 +146,7 @@ package struct SubscriptionMachine: Sendable, Hashable {
     /// A publication arrived at `position`.
     package mutating func received(_ position: ChannelPosition) -> Action {
         guard case .subscribed(let last) = self.state else { return .drop }
+        if last.epoch == 0, position.epoch == 0 { return .deliver }  // no history, no positions
         guard position.epoch == last.epoch else {
             self.state = .subscribing(position: last)
             return .resubscribe(from: last)

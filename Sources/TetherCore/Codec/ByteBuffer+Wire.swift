@@ -23,6 +23,24 @@ extension ByteBuffer {
         return string
     }
 
+    /// Writes a channel name: a string of 1 to ``Frame/maxChannelLength`` bytes.
+    mutating func writeChannel(_ channel: String) throws(FrameEncodingError) {
+        let length = channel.utf8.count
+        guard length >= 1, length <= Frame.maxChannelLength else {
+            throw FrameEncodingError(message: "a channel name is 1 to \(Frame.maxChannelLength) bytes, not \(length)")
+        }
+        try self.writeShortString(channel, field: "channel")
+    }
+
+    /// Reads a channel name: a string of 1 to ``Frame/maxChannelLength`` bytes.
+    mutating func readChannel(in type: FrameType) throws(ProtocolError) -> String {
+        let channel = try self.readShortString(field: "channel", in: type)
+        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+            throw .malformed(type, "a channel name is 1 to \(Frame.maxChannelLength) bytes, not \(channel.utf8.count)")
+        }
+        return channel
+    }
+
     /// Reads `length` bytes as UTF-8, returning `nil` if they are missing or not valid UTF-8.
     mutating func readValidatedString(length: Int) -> String? {
         guard length >= 0, self.readableBytes >= length else { return nil }

@@ -199,6 +199,56 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         case .deliveryAck:
             try Self.expectEnd(body, type)
             return .deliveryAck(Frame.DeliveryAck(sequence: id))
+        case .subscribe:
+            let channel = try body.readChannel(in: type)
+            let flags = try body.readField(UInt8.self, field: "flags", in: type)
+            let epoch = try body.readField(UInt64.self, field: "epoch", in: type)
+            let offset = try body.readField(UInt64.self, field: "offset", in: type)
+            try Self.expectEnd(body, type)
+            guard flags & ~Frame.Subscribe.Flag.known == 0 else { throw .malformed(type, "reserved flag bits are set") }
+            let recovering = flags & Frame.Subscribe.Flag.recover != 0
+            guard recovering || (epoch == 0 && offset == 0) else { throw .malformed(type, "a position without the recover flag") }
+            return .subscribe(
+                Frame.Subscribe(
+                    id: id,
+                    channel: channel,
+                    recoverFrom: recovering ? ChannelPosition(epoch: epoch, offset: offset) : nil,
+                    presenceEvents: flags & Frame.Subscribe.Flag.presenceEvents != 0
+                )
+            )
+        case .subscribed:
+            let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))
+            let message = try body.readShortString(field: "message", in: type)
+            let epoch = try body.readField(UInt64.self, field: "epoch", in: type)
+            let startingAfter = try body.readField(UInt64.self, field: "starting after", in: type)
+            let gap = try body.readField(UInt8.self, field: "gap", in: type)
+            try Self.expectEnd(body, type)
+            guard gap <= 1 else { throw .malformed(type, "gap is 0 or 1, not \(gap)") }
+            return .subscribed(
+                Frame.Subscribed(id: id, status: status, message: message, epoch: epoch, startingAfter: startingAfter, gap: gap == 1)
+            )
+        case .publication:
+            let channel = try body.readChannel(in: type)
+            let epoch = try body.readField(UInt64.self, field: "epoch", in: type)
+            let offset = try body.readField(UInt64.self, field: "offset", in: type)
+            guard (epoch == 0) == (offset == 0) else {
+                throw .malformed(type, "a channel with history has an epoch and offsets from 1; one without has neither")
+            }
+            let publisher = try body.readShortString(field: "publisher", in: type)
+            return .publication(
+                Frame.Publication(
+                    channel: channel,
+                    position: ChannelPosition(epoch: epoch, offset: offset),
+                    publisher: publisher,
+                    body: body
+                )
+            )
+        case .unsubscribe:
+            let channel = try body.readChannel(in: type)
+            let status = StatusCode(rawValue: try body.readField(UInt16.self, field: "status", in: type))
+            let message = try body.readShortString(field: "message", in: type)
+            try Self.expectEnd(body, type)
+            return .unsubscribe(Frame.Unsubscribe(channel: channel, status: status, message: message))
         default:
             guard type.isIgnorableExtension else {
                 throw ProtocolError(code: .unknownFrameType, message: "unknown frame type 0x\(String(type.rawValue, radix: 16))")
@@ -295,7 +345,7 @@ extension FrameType {
     /// Whether frames of this type may carry a COMPRESSED payload.
     var mayCompress: Bool {
         switch self {
-        case .request, .response, .push, .message, .delivery: true
+        case .request, .response, .push, .message, .delivery, .publication: true
         default: false
         }
     }
@@ -320,6 +370,9 @@ extension Frame.Payload {
         case .delivery(var delivery):
             delivery.body = try inflater.inflate(delivery.body, limit: limit, of: .delivery)
             return .delivery(delivery)
+        case .publication(var publication):
+            publication.body = try inflater.inflate(publication.body, limit: limit, of: .publication)
+            return .publication(publication)
         default:
             return self
         }

@@ -21,7 +21,7 @@ public struct FrameEncoder: Sendable {
     /// - Throws: ``FrameEncodingError`` if a field exceeds its size limit or the body exceeds
     ///   ``FrameHeader/absoluteMaximumBodySize``.
     /// - Parameter deflater: With ``Features/compression`` negotiated: compresses the payload
-    ///   of a REQUEST, RESPONSE, PUSH, MESSAGE or DELIVERY when it is worth it.
+    ///   of a REQUEST, RESPONSE, PUSH, MESSAGE, DELIVERY or PUBLICATION when it is worth it.
     public func encode(_ frame: Frame, into buffer: inout ByteBuffer, deflater: (any PayloadDeflating)? = nil) throws(FrameEncodingError) {
         let start = buffer.writerIndex
         do {
@@ -116,8 +116,10 @@ public struct FrameEncoder: Sendable {
         case .message(let message): message.id
         case .delivery(let delivery): delivery.sequence
         case .deliveryAck(let ack): ack.sequence
+        case .subscribe(let subscribe): subscribe.id
+        case .subscribed(let subscribed): subscribed.id
         case .extension(let ext): ext.id
-        case .hello, .welcome, .push, .goAway, .messageAck: 0
+        case .hello, .welcome, .push, .goAway, .messageAck, .publication, .unsubscribe: 0
         }
     }
 
@@ -132,8 +134,9 @@ public struct FrameEncoder: Sendable {
                 + (message.traceContext?.encodedSize ?? 0)
         case .messageAck(let ack): 2 + 10 * ack.entries.count
         case .delivery(let delivery): 2 + delivery.topic.utf8.count + delivery.body.readableBytes
+        case .publication(let publication): publication.bodySize
         case .extension(let ext): ext.body.readableBytes
-        case .hello, .welcome, .cancel, .goAway, .error, .deliveryAck: 64
+        case .hello, .welcome, .cancel, .goAway, .error, .deliveryAck, .subscribe, .subscribed, .unsubscribe: 64
         }
     }
 
@@ -238,6 +241,38 @@ public struct FrameEncoder: Sendable {
 
         case .deliveryAck:
             break
+
+        case .subscribe(let subscribe):
+            try buffer.writeChannel(subscribe.channel)
+            var flags: UInt8 = subscribe.presenceEvents ? Frame.Subscribe.Flag.presenceEvents : 0
+            if subscribe.recoverFrom != nil { flags |= Frame.Subscribe.Flag.recover }
+            buffer.writeInteger(flags)
+            buffer.writeInteger(subscribe.recoverFrom?.epoch ?? 0)
+            buffer.writeInteger(subscribe.recoverFrom?.offset ?? 0)
+
+        case .subscribed(let subscribed):
+            buffer.writeInteger(subscribed.status.rawValue)
+            try buffer.writeShortString(subscribed.message, field: "message")
+            buffer.writeInteger(subscribed.epoch)
+            buffer.writeInteger(subscribed.startingAfter)
+            buffer.writeInteger(UInt8(subscribed.gap ? 1 : 0))
+
+        case .publication(let publication):
+            guard (publication.position.epoch == 0) == (publication.position.offset == 0) else {
+                throw FrameEncodingError(
+                    message: "a publication's position has both an epoch and an offset, or neither: \(publication.position)"
+                )
+            }
+            try buffer.writeChannel(publication.channel)
+            buffer.writeInteger(publication.position.epoch)
+            buffer.writeInteger(publication.position.offset)
+            try buffer.writeShortString(publication.publisher, field: "publisher")
+            return publication.body
+
+        case .unsubscribe(let unsubscribe):
+            try buffer.writeChannel(unsubscribe.channel)
+            buffer.writeInteger(unsubscribe.status.rawValue)
+            try buffer.writeShortString(unsubscribe.message, field: "message")
 
         case .extension(let ext):
             buffer.writeImmutableBuffer(ext.body)

@@ -107,7 +107,8 @@ extension ClientConnectionStateMachine {
             return .sendPong(ping)
         case .extension:
             return .none
-        case .hello, .request, .response, .push, .pong, .cancel, .message, .messageAck, .delivery, .deliveryAck:
+        case .hello, .request, .response, .push, .pong, .cancel, .message, .messageAck, .delivery, .deliveryAck, .subscribe, .subscribed,
+            .publication, .unsubscribe:
             return self.violation(ProtocolError(code: .unexpectedFrame, message: "\(frame.type) before WELCOME"))
         }
     }
@@ -154,9 +155,14 @@ extension ClientConnectionStateMachine {
             return .sendErrorAndClose(
                 ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated reliable-delivery feature")
             )
+        case .subscribed, .publication, .unsubscribe:
+            // This client never offers the channels feature (Proposals/0001-channels.md).
+            return .sendErrorAndClose(
+                ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated channels feature")
+            )
         case .extension:
             return .none
-        case .hello, .welcome, .request, .cancel, .message, .deliveryAck:
+        case .hello, .welcome, .request, .cancel, .message, .deliveryAck, .subscribe:
             return .sendErrorAndClose(
                 ProtocolError(code: .unexpectedFrame, message: "\(frame.type) is not allowed from a gateway after the handshake")
             )

@@ -112,7 +112,10 @@ extension GatewayConnectionStateMachine {
             return .pump(active.reliable!.pump.acknowledged(upTo: ack.sequence))
         case .message, .deliveryAck:
             return .violation(.unexpectedFrame, "\(frame.type) without the negotiated reliable-delivery feature")
-        case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery:
+        case .subscribe, .unsubscribe:
+            // This gateway never accepts the channels feature (Proposals/0001-channels.md).
+            return .violation(.unexpectedFrame, "\(frame.type) without the negotiated channels feature")
+        case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery, .subscribed, .publication:
             return .violation(.unexpectedFrame, "\(frame.type) is not allowed from a client after the handshake")
         }
     }

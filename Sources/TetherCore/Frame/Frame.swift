@@ -60,6 +60,15 @@ public struct Frame: Sendable, Hashable {
         case delivery(Delivery)
         /// DELIVERY_ACK (client → gateway): every delivery up to a sequence number was received.
         case deliveryAck(DeliveryAck)
+        /// SUBSCRIBE (client → gateway): subscribes to a channel, recovering from a position.
+        case subscribe(Subscribe)
+        /// SUBSCRIBED (gateway → client): the answer to a SUBSCRIBE, with where its
+        /// publications start.
+        case subscribed(Subscribed)
+        /// PUBLICATION (gateway → client): a channel's publication, at its position.
+        case publication(Publication)
+        /// UNSUBSCRIBE (either way): the client leaves a channel, or the gateway removed it.
+        case unsubscribe(Unsubscribe)
         /// An extension frame (type `0x80`–`0xFF`) this implementation does not interpret.
         case `extension`(Extension)
 
@@ -80,6 +89,10 @@ public struct Frame: Sendable, Hashable {
             case .messageAck: .messageAck
             case .delivery: .delivery
             case .deliveryAck: .deliveryAck
+            case .subscribe: .subscribe
+            case .subscribed: .subscribed
+            case .publication: .publication
+            case .unsubscribe: .unsubscribe
             case .extension(let ext): ext.type
             }
         }
@@ -105,6 +118,13 @@ extension Frame: CustomStringConvertible {
         case .messageAck(let ack): "MESSAGE_ACK(\(ack.entries.count) messages)"
         case .delivery(let delivery): "DELIVERY(sequence: \(delivery.sequence), topic: \(delivery.topic))"
         case .deliveryAck(let ack): "DELIVERY_ACK(up to: \(ack.sequence))"
+        case .subscribe(let subscribe):
+            "SUBSCRIBE(id: \(subscribe.id), channel: \(subscribe.channel), from: \(subscribe.recoverFrom.map { "\($0)" } ?? "the top"))"
+        case .subscribed(let subscribed):
+            "SUBSCRIBED(id: \(subscribed.id), status: \(subscribed.status), after: \(subscribed.startingAfter), gap: \(subscribed.gap))"
+        case .publication(let publication):
+            "PUBLICATION(channel: \(publication.channel), at: \(publication.position), \(publication.body.readableBytes) bytes)"
+        case .unsubscribe(let unsubscribe): "UNSUBSCRIBE(channel: \(unsubscribe.channel), status: \(unsubscribe.status))"
         case .extension(let ext): "EXTENSION(type: \(ext.type), \(ext.body.readableBytes) bytes)"
         }
     }

@@ -84,6 +84,21 @@ struct SubscriptionMachineTests {
         #expect(notRecovering.received(self.at(9)) == .deliver)
     }
 
+    @Test("a channel without history: everything delivered as it comes; a resubscription cannot recover and says so")
+    func withoutHistory() {
+        var machine = SubscriptionMachine(recover: true)
+        #expect(machine.connected() == .subscribe(from: nil))
+        let none = ChannelPosition(epoch: 0, offset: 0)
+        #expect(machine.subscribed(startingAfter: none, gap: nil) == .report(.subscribed(recovered: true)))
+        #expect(machine.received(none) == .deliver)
+        #expect(machine.received(none) == .deliver)
+        machine.disconnected()
+        #expect(machine.connected() == .subscribe(from: nil), "no position to recover from")
+        #expect(machine.subscribed(startingAfter: none, gap: nil) == .report(.subscribed(recovered: false)))
+        #expect(machine.received(none) == .deliver)
+        #expect(ChannelGap(after: none, resumesAt: ChannelPosition(epoch: 0, offset: 1)).missed == nil)
+    }
+
     @Test("a saved position is where the first subscription recovers from")
     func savedPosition() {
         var machine = SubscriptionMachine(recover: true, position: self.at(42))

@@ -21,6 +21,49 @@ struct FrameCodecTests {
         }
     }
 
+    @Test("channel frames round-trip: from the top or from a position, refused with a gap, with and without history")
+    func channelFrames() throws {
+        let position = ChannelPosition(epoch: 9, offset: 3)
+        let frames: [Frame.Payload] = [
+            .subscribe(.init(id: 1, channel: "news", recoverFrom: nil, presenceEvents: true)),
+            .subscribe(.init(id: 2, channel: "news", recoverFrom: ChannelPosition(epoch: 9, offset: 0))),
+            .subscribe(.init(id: 3, channel: "ünïcödé", recoverFrom: position, presenceEvents: true)),
+            .subscribed(.init(id: 3, epoch: 9, startingAfter: 40, gap: true)),
+            .subscribed(.init(id: 4, status: .permissionDenied, message: "not yours")),
+            .publication(.init(channel: "news", position: position, publisher: "", body: ByteBuffer(repeating: 7, count: 300))),
+            .publication(.init(channel: "news", body: ByteBuffer(string: "no history"))),
+            .unsubscribe(.init(channel: "news")),
+        ]
+        for payload in frames {
+            var buffer = try SampleFrames.encode(Frame(payload, flags: .checksum))
+            var decoder = FrameDecoder(maxBodySize: 1 << 20)
+            #expect(try decoder.decodeFrame(from: &buffer) == Frame(payload, flags: .checksum))
+            #expect(buffer.readableBytes == 0)
+        }
+        // Refused by the encoder, appending nothing: a channel too long or empty, a position
+        // with an epoch and no offset.
+        for payload: Frame.Payload in [
+            .subscribe(.init(id: 1, channel: String(repeating: "c", count: Frame.maxChannelLength + 1))),
+            .unsubscribe(.init(channel: "")),
+            .publication(.init(channel: "news", position: ChannelPosition(epoch: 9, offset: 0))),
+        ] {
+            var buffer = ByteBuffer(string: "keep")
+            #expect(throws: FrameEncodingError.self) { try FrameEncoder().encode(Frame(payload), into: &buffer) }
+            #expect(buffer == ByteBuffer(string: "keep"))
+        }
+    }
+
+    @Test("a publication's payload is compressed like a push's and inflated on the way in")
+    func publicationCompressed() throws {
+        let body = ByteBuffer(string: String(repeating: "{\"text\":\"hello\"}", count: 40))
+        let frame = Frame(.publication(.init(channel: "news", position: ChannelPosition(epoch: 1, offset: 1), body: body)))
+        var buffer = ByteBuffer()
+        try FrameEncoder().encode(frame, into: &buffer, deflater: PayloadDeflater(threshold: 64))
+        #expect(buffer.readableBytes < body.readableBytes)
+        var decoder = FrameDecoder(maxBodySize: 1 << 20)
+        #expect(try decoder.decodeFrame(from: &buffer, inflater: PayloadInflater()) == frame)
+    }
+
     @Test("bodySize of REQUEST, RESPONSE and PUSH is the length of the body the encoder writes")
     func bodySizes() throws {
         var checked: Set<FrameType> = []
@@ -184,6 +227,16 @@ struct FrameCodecTests {
             (.messageAck, [0, 1, 0, 0, 0, 0, 0, 0, 0, 1]),  // truncated status
             (.deliveryAck, [0]),  // DELIVERY_ACK has no body
             (.hello, [1, 1, 0, 0, 0, 2, 0, 0, 4, 0, 0, 4, 0, 2, 0, 1]),  // resume of 2 bytes
+            (.subscribe, [0, 0, 0] + [UInt8](repeating: 0, count: 16)),  // empty channel
+            (.subscribe, [0, 1, 0x61, 0x04] + [UInt8](repeating: 0, count: 16)),  // a reserved flag
+            (.subscribe, [0, 1, 0x61, 0] + [UInt8](repeating: 0, count: 15) + [1]),  // a position without `recover`
+            (.subscribe, [0, 1, 0x61, 1] + [UInt8](repeating: 0, count: 15)),  // truncated offset
+            (.subscribe, [1, 0] + [UInt8](repeating: 0x61, count: 256) + [0] + [UInt8](repeating: 0, count: 16)),  // channel of 256 bytes
+            (.subscribed, [0, 0, 0, 0] + [UInt8](repeating: 0, count: 16) + [2]),  // gap neither 0 nor 1
+            (.subscribed, [0, 0, 0, 0] + [UInt8](repeating: 0, count: 16) + [0, 0]),  // trailing byte
+            (.publication, [0, 1, 0x61] + [UInt8](repeating: 0, count: 15) + [5, 0, 0]),  // an offset without an epoch
+            (.publication, [0, 1, 0x61, 0, 0, 0, 0, 0, 0, 0, 7] + [UInt8](repeating: 0, count: 8) + [0, 0]),  // an epoch without an offset
+            (.unsubscribe, [0, 1, 0x61, 0, 0, 0, 0, 9]),  // trailing byte
         ]
         for (type, body) in cases {
             var buffer = frame(type: type, body: body)

@@ -117,8 +117,36 @@ enum SampleFrames {
         ("delivery-ack", Frame(.deliveryAck(.init(sequence: 7)), flags: .checksum)),
     ]
 
-    /// Frames that need a negotiated feature: compression, trace context.
+    /// Frames that need a negotiated feature: compression, trace context, channels.
     static let negotiated: [(name: String, frame: Frame)] = [
+        // With channels negotiated: a subscription recovering after offset 41, its answer
+        // (nothing lost), the next publication, and a removal.
+        (
+            "subscribe",
+            Frame(
+                .subscribe(.init(id: 11, channel: "room.lobby", recoverFrom: ChannelPosition(epoch: 0x0102_0304_0506_0708, offset: 41))),
+                flags: .checksum
+            )
+        ),
+        ("subscribed", Frame(.subscribed(.init(id: 11, epoch: 0x0102_0304_0506_0708, startingAfter: 41)), flags: .checksum)),
+        (
+            "publication",
+            Frame(
+                .publication(
+                    .init(
+                        channel: "room.lobby",
+                        position: ChannelPosition(epoch: 0x0102_0304_0506_0708, offset: 42),
+                        publisher: "alice",
+                        body: ByteBuffer(string: "hi")
+                    )
+                ),
+                flags: .checksum
+            )
+        ),
+        (
+            "unsubscribe",
+            Frame(.unsubscribe(.init(channel: "room.lobby", status: .permissionDenied, message: "not a member")), flags: .checksum)
+        ),
         // With compression negotiated: the payload "hello" six times, as raw DEFLATE (zlib level 6).
         (
             "request-compressed",

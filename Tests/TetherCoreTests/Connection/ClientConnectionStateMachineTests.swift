@@ -105,6 +105,28 @@ struct ClientConnectionStateMachineTests {
             return
         }
         #expect(unexpected.code == .unexpectedFrame)
+
+        // Channels: this client never offers the feature, so a gateway's channel frames are
+        // unexpected, and SUBSCRIBE never comes from a gateway.
+        for payload: Frame.Payload in [
+            .subscribed(.init(id: 1)),
+            .publication(.init(channel: "news")),
+            .unsubscribe(.init(channel: "news")),
+            .subscribe(.init(id: 1, channel: "news")),
+        ] {
+            var established = self.established()
+            guard
+                case .sendErrorAndClose(let refused) = established.received(
+                    Frame(payload, flags: .checksum),
+                    now: Self.start,
+                    preference: Self.foreground
+                )
+            else {
+                Issue.record("\(payload.type) is a violation")
+                continue
+            }
+            #expect(refused.code == .unexpectedFrame, "\(payload.type)")
+        }
     }
 
     @Test("requests go straight to the wire while slots are free; the rest queue; too large, duplicate and early ones are refused")

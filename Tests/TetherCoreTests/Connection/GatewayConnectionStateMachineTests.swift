@@ -152,6 +152,20 @@ struct GatewayConnectionStateMachineTests {
             throw Failure("MESSAGE without reliable delivery is a violation")
         }
         #expect(notReliable.code == .unexpectedFrame)
+        // Channels: no gateway of this release accepts the feature, so their frames are
+        // unexpected; SUBSCRIBED and PUBLICATION never come from a client.
+        for payload: Frame.Payload in [
+            .subscribe(.init(id: 1, channel: "news")),
+            .unsubscribe(.init(channel: "news")),
+            .subscribed(.init(id: 1)),
+            .publication(.init(channel: "news")),
+        ] {
+            var channels = try Self.established()
+            guard case .writeAndClose(.error(let refused), _) = channels.received(Frame(payload, flags: .checksum), now: Self.start) else {
+                throw Failure("\(payload.type) is a violation")
+            }
+            #expect(refused.code == .unexpectedFrame, "\(payload.type)")
+        }
         var third = try Self.established()
         guard case .write(.pong(let pong)) = third.received(Frame(.ping(.init(id: 7)), flags: .checksum), now: Self.start) else {
             throw Failure("PING gets PONG")
