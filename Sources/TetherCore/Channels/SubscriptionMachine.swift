@@ -8,7 +8,9 @@
 /// history no longer reaches back, the ``ChannelGap``; publications then arrive in offset
 /// order. A publication that does not follow the last one (the gateway skipped some, or its
 /// stream's epoch changed) is not delivered: the machine subscribes again from its position,
-/// so that the history fills the hole or names the gap.
+/// so that the history fills the hole or names the gap. If the publications that follow that
+/// resubscription skip again from the same position, the gateway cannot fill the hole: the
+/// machine reports the gap and delivers, rather than subscribing again and again.
 ///
 /// ```swift
 /// var subscription = SubscriptionMachine(recover: true)
@@ -51,12 +53,18 @@ package struct SubscriptionMachine: Sendable, Hashable {
         case report(Report)
         /// Drop the publication and send SUBSCRIBE again from `position`: it did not follow.
         case resubscribe(from: ChannelPosition)
+        /// Tell the application of the gap, then hand it the publication: it did not follow,
+        /// again, after a resubscription from the same position.
+        case reportGapAndDeliver(ChannelGap)
     }
 
     package private(set) var state: State
     /// Whether to subscribe from the last position (recovering what was missed) rather than
     /// from the top.
     package let recover: Bool
+    /// The position the last resubscription was sent from, until a publication follows it in
+    /// order or the connection goes down.
+    private var resubscribedFrom: ChannelPosition?
 
     /// A subscription with no connection yet.
     /// - Parameters:
@@ -100,6 +108,7 @@ package struct SubscriptionMachine: Sendable, Hashable {
 
     /// The connection went down.
     package mutating func disconnected() {
+        self.resubscribedFrom = nil
         switch self.state {
         case .subscribing(let position), .waiting(let position):
             self.state = .waiting(position: position)
@@ -147,17 +156,23 @@ package struct SubscriptionMachine: Sendable, Hashable {
     package mutating func received(_ position: ChannelPosition) -> Action {
         guard case .subscribed(let last) = self.state else { return .drop }
         if last.epoch == 0, position.epoch == 0 { return .deliver }  // no history, no positions
-        guard position.epoch == last.epoch else {
-            self.state = .subscribing(position: last)
-            return .resubscribe(from: last)
+        if position.epoch == last.epoch {
+            if position.offset <= last.offset { return .drop }
+            if position.offset == last.offset + 1 {
+                self.state = .subscribed(position: position)
+                self.resubscribedFrom = nil
+                return .deliver
+            }
         }
-        if position.offset <= last.offset { return .drop }
-        guard position.offset == last.offset + 1 else {
-            self.state = .subscribing(position: last)
-            return .resubscribe(from: last)
+        // It does not follow.
+        guard self.resubscribedFrom != last else {
+            self.state = .subscribed(position: position)
+            self.resubscribedFrom = nil
+            return .reportGapAndDeliver(ChannelGap(after: last, resumesAt: position))
         }
-        self.state = .subscribed(position: position)
-        return .deliver
+        self.resubscribedFrom = last
+        self.state = .subscribing(position: last)
+        return .resubscribe(from: last)
     }
 
     /// The gateway refused the subscription, or ended it for good.

@@ -42,6 +42,22 @@ struct SubscriptionMachineTests {
         #expect(machine.received(self.at(1, epoch: 7)) == .resubscribe(from: self.at(6)))
     }
 
+    @Test("a gateway that cannot fill a hole: after one resubscription from the same position, the gap is reported and delivery goes on")
+    func holeNotFilled() {
+        var machine = self.subscribed(after: 5)
+        #expect(machine.received(self.at(9)) == .resubscribe(from: self.at(5)))
+        #expect(machine.subscribed(startingAfter: self.at(5), gap: nil) == .report(.subscribed(recovered: true)))
+        #expect(machine.received(self.at(9)) == .reportGapAndDeliver(ChannelGap(after: self.at(5), resumesAt: self.at(9))))
+        #expect(machine.received(self.at(10)) == .deliver)
+        // A later hole gets its own resubscription first.
+        #expect(machine.received(self.at(12)) == .resubscribe(from: self.at(10)))
+        // And a new connection tries again, whatever the last one did.
+        machine.disconnected()
+        #expect(machine.connected() == .subscribe(from: self.at(10)))
+        _ = machine.subscribed(startingAfter: self.at(10), gap: nil)
+        #expect(machine.received(self.at(12)) == .resubscribe(from: self.at(10)))
+    }
+
     @Test("across a reconnect it subscribes from its position and goes on without duplicates")
     func reconnect() {
         var machine = self.subscribed(after: 0)
@@ -153,6 +169,8 @@ struct SubscriptionMachineTests {
                 accounted += Array(stride(from: gap.after.offset + 1, to: gap.resumesAt.offset, by: 1))
             case .subscribe(let from), .resubscribe(let from as ChannelPosition?):
                 try subscribe(from: from)
+            case .reportGapAndDeliver(let gap):
+                Issue.record("seed \(seed): a gateway with a history filled every hole, yet \(gap) was delivered past")
             case .none, .drop, .report(.subscribed), .unsubscribe:
                 break
             }
