@@ -305,6 +305,19 @@ struct WebSocketMessageHandlerTests {
         }
     }
 
+    @Test("a CLOSE's reason is cut to the 123 bytes beside its code, between characters, so that it stays UTF-8")
+    func closeReasonCut() {
+        #expect(Array(WebSocketMessageHandler.closeReason("short")) == Array("short".utf8))
+        #expect(WebSocketMessageHandler.closeReason(String(repeating: "a", count: 200)).count == 123)
+        // 60 two-byte characters and a three-byte one fill exactly 123 bytes; the next is cut.
+        let exact = String(repeating: "é", count: 60) + "€"
+        #expect(Array(WebSocketMessageHandler.closeReason(exact + "é")) == Array(exact.utf8))
+        // 61 two-byte characters are 122 bytes; half of the 62nd would be 123 bytes of invalid UTF-8.
+        let cut = WebSocketMessageHandler.closeReason(String(repeating: "é", count: 70))
+        #expect(cut.count == 122)
+        #expect(String(validating: Array(cut), as: UTF8.self) == String(repeating: "é", count: 61))
+    }
+
     @Test("what was written before a close leaves before the CLOSE; a write after it fails")
     func closeAfterWrites() throws {
         let (channel, _) = try self.channel(.server)

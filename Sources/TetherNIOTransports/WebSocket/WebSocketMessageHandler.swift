@@ -322,16 +322,28 @@ public final class WebSocketMessageHandler: ChannelDuplexHandler, RemovableChann
         promise: EventLoopPromise<Void>? = nil
     ) {
         self.closeSent = true
-        var data = context.channel.allocator.buffer(capacity: 2 + reason.utf8.count)
+        let reason = Self.closeReason(reason)
+        var data = context.channel.allocator.buffer(capacity: 2 + reason.count)
         data.write(webSocketErrorCode: code)
-        data.writeString(reason)
-        // A control frame carries 125 bytes at most (RFC 6455, 5.5): the reason is cut to fit.
-        if data.readableBytes > 125 { data.moveWriterIndex(to: data.readerIndex + 125) }
+        data.writeBytes(reason)
         let written = context.eventLoop.makePromise(of: Void.self)
         self.writeControl(.connectionClose, payload: data, context: context, promise: written)
         written.futureResult.assumeIsolated().whenComplete { _ in
             context.close(mode: .all, promise: promise)
         }
+    }
+
+    /// The bytes of `reason` that fit in a CLOSE frame beside its 2-byte code: a control frame
+    /// carries 125 bytes at most (RFC 6455, 5.5), and the reason must stay UTF-8 (5.5.1), so it
+    /// is cut between characters.
+    package static func closeReason(_ reason: String) -> Substring.UTF8View {
+        var length = 0
+        for scalar in reason.unicodeScalars {
+            let width = UTF8.width(scalar)
+            guard length + width <= 123 else { break }
+            length += width
+        }
+        return reason.utf8.prefix(length)
     }
 
     /// Notes the type of the Tether frame in `buffer` (and an ERROR's code), for the close code.
