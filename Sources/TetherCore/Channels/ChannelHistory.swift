@@ -144,13 +144,7 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
         guard let oldest, first <= self.topOffset else { return Recovery(gap: gap, publications: [], more: false) }
         let start = oldest.index + Int(first - oldest.offset)
         let end = min(self.kept.count, start + limit)
-        var publications: [Publication] = []
-        publications.reserveCapacity(end - start)
-        var index = self.kept.index(self.kept.startIndex, offsetBy: start)
-        for _ in start..<end {
-            publications.append(self.kept[index])
-            index = self.kept.index(after: index)
-        }
-        return Recovery(gap: gap, publications: publications, more: end < self.kept.count)
+        let range = self.kept.index(self.kept.startIndex, offsetBy: start)..<self.kept.index(self.kept.startIndex, offsetBy: end)
+        return Recovery(gap: gap, publications: Array(self.kept[range]), more: end < self.kept.count)
     }
 }

@@ -84,19 +84,13 @@ package struct SubscriptionMachine: Sendable, Hashable {
         }
     }
 
-    /// A connection is up: subscribe on it.
+    /// A connection is up: subscribe on it (also when subscribed already: a connection came up
+    /// without the last one going down first).
     package mutating func connected() -> Action {
-        switch self.state {
-        case .waiting(let position), .subscribing(let position):
-            self.state = .subscribing(position: position)
-            return .subscribe(from: self.recoveryPoint(position))
-        case .subscribed(let position):
-            // A connection came up without the last one going down first: subscribe on it.
-            self.state = .subscribing(position: position)
-            return .subscribe(from: self.recoveryPoint(position))
-        case .ended:
-            return .none
-        }
+        guard self.state != .ended else { return .none }
+        let position = self.position
+        self.state = .subscribing(position: position)
+        return .subscribe(from: self.recoveryPoint(position))
     }
 
     /// Where to recover from: the position, unless recovery is off or the channel has no
@@ -109,14 +103,8 @@ package struct SubscriptionMachine: Sendable, Hashable {
     /// The connection went down.
     package mutating func disconnected() {
         self.resubscribedFrom = nil
-        switch self.state {
-        case .subscribing(let position), .waiting(let position):
-            self.state = .waiting(position: position)
-        case .subscribed(let position):
-            self.state = .waiting(position: position)
-        case .ended:
-            break
-        }
+        guard self.state != .ended else { return }
+        self.state = .waiting(position: self.position)
     }
 
     /// The gateway accepted the subscription.
