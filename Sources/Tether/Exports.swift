@@ -1,6 +1,8 @@
 // What an app needs of the lower layers comes with `import Tether`, and nothing more: the
 // protocol's machinery stays in TetherCore (import it to implement the protocol yourself).
 @_exported import struct TetherCore.Backoff
+@_exported import struct TetherCore.ChannelGap
+@_exported import struct TetherCore.ChannelPosition
 @_exported import enum TetherCore.ClientAlert
 @_exported import struct TetherCore.Compression
 @_exported import struct TetherCore.ConfigurationError

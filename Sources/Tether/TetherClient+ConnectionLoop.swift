@@ -157,6 +157,7 @@ extension TetherClient {
                 self.logger.warning("the gateway does not offer reliable delivery; messages wait in the outbox")
             }
         }
+        self.channels.attach(connection)
         self.logger.info(
             "connected",
             metadata: [
@@ -169,6 +170,7 @@ extension TetherClient {
 
         let closure = await self.serve(connection)
         self.reliable?.detach(connection)
+        self.channels.detach(connection)
         if case .linkFailing = closure.reason {
             // Up but failing: the next attempt tries the other endpoints first.
             self.penalize(connection.endpoint)
@@ -310,6 +312,7 @@ extension TetherClient {
         }
         waiters.resume(throwing: TetherError(code: .shutdown, message: "the client stopped"))
         self.pushRouter.finish()
+        self.channels.finish()
         self.eventBroadcaster.finish()
         self.reliable?.finish()
     }

@@ -157,6 +157,7 @@ extension TetherClient {
         )
         if connectionConfiguration.compression != nil { hello.features.insert(.compression) }
         hello.features.insert(.traceContext)
+        if !probe { hello.features.insert(.channels) }
         if !probe, let reliable = self.reliable {
             let fields = try await reliable.helloFields()
             hello.features.formUnion([.reliableDelivery, .messageAnswers])
@@ -178,6 +179,7 @@ extension TetherClient {
             callbacks = ClientConnectionHandler.Callbacks(
                 push: { [weak self] push in self?.deliver(push) },
                 goAway: { [weak self] goAway in self?.goAwayReceived(goAway) },
+                channel: { [weak self] payload in self?.channels.received(payload) },
                 reliable: self.reliable.map { engine in
                     ReliableCallbacks(
                         acknowledged: { engine.acknowledged($0) },

@@ -46,6 +46,8 @@ public final class TetherClient: Service, Sendable {
     let waiterIDs = ManagedAtomic<UInt64>(1)
     let droppedPushCount = ManagedAtomic<Int>(0)
     let pushRouter: PushRouter
+    /// The channel subscriptions, on the event loop.
+    let channels: ClientChannels
     let eventBroadcaster: Broadcaster<ConnectionEvent>
     let wakeup = Wakeup()
     /// Reliable messaging, if configured.
@@ -106,6 +108,7 @@ public final class TetherClient: Service, Sendable {
         self.pushRouter = PushRouter(bufferSize: configuration.pushes.bufferSize)
         self.eventBroadcaster = Broadcaster(bufferSize: 1024)
         let eventLoop = self.eventLoop
+        self.channels = ClientChannels(loop: eventLoop)
         self.loopExecutor = EventLoopTaskExecutor(eventLoop)
         let statistics = ClientStatisticsRecorder(alerts: configuration.alerts.thresholds, clock: clock, factory: metrics)
         self.recorder = statistics

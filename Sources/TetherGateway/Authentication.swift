@@ -41,6 +41,9 @@ public struct ClientIdentity: Sendable, Hashable {
     /// The request methods the client may call and the message topics it may send; `nil`
     /// allows all of them.
     public var topics: Set<String>?
+    /// The channels the client may subscribe to (names, or prefixes ending in `*`); `nil`
+    /// allows every channel.
+    public var channels: [ChannelPattern]?
     /// Further facts from the credentials (roles, a tenant, …) for the handlers.
     public var attributes: [String: String]
 
@@ -49,12 +52,14 @@ public struct ClientIdentity: Sendable, Hashable {
         expiresAt: Date? = nil,
         rooms: Set<String>? = nil,
         topics: Set<String>? = nil,
+        channels: [ChannelPattern]? = nil,
         attributes: [String: String] = [:]
     ) {
         self.clientID = clientID
         self.expiresAt = expiresAt
         self.rooms = rooms
         self.topics = topics
+        self.channels = channels
         self.attributes = attributes
     }
 
@@ -64,17 +69,21 @@ public struct ClientIdentity: Sendable, Hashable {
     /// Whether the client may be joined to `room`.
     public func allows(room: String) -> Bool { self.rooms?.contains(room) ?? true }
 
+    /// Whether the client may subscribe to `channel`.
+    public func allows(channel: String) -> Bool { self.channels?.contains { $0.matches(channel) } ?? true }
+
     /// Whether the credentials allow `access`.
     public func allows(_ access: Access) -> Bool {
         switch access {
         case .request(let method): self.allows(topic: method)
         case .send(let topic): self.allows(topic: topic)
         case .join(let room): self.allows(room: room)
+        case .subscribe(let channel): self.allows(channel: channel)
         }
     }
 
     /// Whether the credentials restrict anything (then every access is checked).
-    var restricts: Bool { self.rooms != nil || self.topics != nil }
+    var restricts: Bool { self.rooms != nil || self.topics != nil || self.channels != nil }
 }
 
 /// What a client asks the gateway to do, for its authorization checks: the client's
@@ -87,6 +96,8 @@ public enum Access: Sendable, Hashable {
     case send(topic: String)
     /// Be joined to a room (by a handler, ``RequestContext/join(_:)``, or ``Gateway/join(room:connection:)``).
     case join(room: String)
+    /// Subscribe to a channel (a SUBSCRIBE; refused with SUBSCRIBED `permission denied`).
+    case subscribe(channel: String)
 }
 
 /// Why an authenticator refuses a client: the status and message the client gets in ERROR.

@@ -1,5 +1,5 @@
 public import NIOCore
-import TetherCore
+public import TetherCore
 
 extension Gateway {
     /// Pushes a message to the connections `target` names.
@@ -20,6 +20,28 @@ extension Gateway {
     @discardableResult
     public func push(_ topic: String, _ body: ByteBuffer, to target: PushTarget) throws(GatewayError) -> Int {
         try self.pushes.push(topic, body, to: target)
+    }
+
+    /// Publishes to a channel: the publication is appended to the channel's history (when its
+    /// rule in ``GatewayConfiguration/Channels-swift.struct`` keeps one) and sent to its
+    /// subscribers. A subscriber that was away gets it when it subscribes again from its
+    /// position, while the history keeps it; after that, it is told of the gap.
+    ///
+    /// ```swift
+    /// try gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
+    /// ```
+    /// - Parameters:
+    ///   - body: The publication's content.
+    ///   - channel: The channel, 1 to 255 bytes of UTF-8.
+    ///   - publisher: Who published it, as subscribers see it (a client id); empty for the
+    ///     gateway or the backend.
+    /// - Returns: The publication's position in the channel (both 0 in a channel without
+    ///   history). This node's subscribers only: channels are not shared in a cluster yet.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
+    ///   channel name or publisher, ``GatewayError/Code/disabled`` when channels are off.
+    @discardableResult
+    public func publish(_ body: ByteBuffer, toChannel channel: String, publisher: String = "") throws(GatewayError) -> ChannelPosition {
+        try self.pushes.publish(body, to: channel, publisher: publisher).0
     }
 
     /// Puts a connection in a room.

@@ -231,7 +231,13 @@ public final class Gateway: Service, Sendable {
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
             membersPerRoom: configuration.limits.maxMembersPerRoom
         )
-        self.pushes = Pusher(registry: self.registry, batchers: pushBatchers, cluster: cluster, metrics: gatewayMetrics)
+        self.pushes = Pusher(
+            registry: self.registry,
+            batchers: pushBatchers,
+            cluster: cluster,
+            metrics: gatewayMetrics,
+            channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock) }
+        )
         self.logger = logger
     }
 

@@ -46,6 +46,9 @@ public struct GatewayConfiguration: Sendable, Hashable {
     /// sends is compressed by these settings when the client offered it too; `nil` does not
     /// offer it.
     public var compression: Compression? = .defaults
+    /// Channels with history and recovery offered to clients (``Features/channels``); `nil`
+    /// does not offer them.
+    public var channels: Channels? = .defaults
 
     /// Listens on 127.0.0.1:7700 with the defaults below.
     public static var defaults: GatewayConfiguration {
@@ -288,6 +291,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
         var features: Features = self.checksums == .disabled ? [] : .checksum
         if self.compression != nil { features.insert(.compression) }
         features.insert(.traceContext)
+        if self.channels != nil { features.insert(.channels) }
         if deliveryEpoch != nil { features.formUnion([.reliableDelivery, .messageAnswers]) }
         return Handshake.GatewayPolicy(
             features: features,

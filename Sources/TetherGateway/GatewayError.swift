@@ -2,7 +2,8 @@
 public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Wrapped: Hashable, Sendable {
-            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument, storage, quotaExceeded
+            case invalidConfiguration, bindFailed, notListening, notRunning, alreadyRunning, invalidArgument, storage, quotaExceeded,
+                disabled
         }
         let wrapped: Wrapped
 
@@ -22,6 +23,9 @@ public struct GatewayError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let storage = Code(wrapped: .storage)
         /// A recipient has its quota of deliveries waiting (``GatewayConfiguration/Limits-swift.struct/maxDeliveriesPerRecipient``).
         public static let quotaExceeded = Code(wrapped: .quotaExceeded)
+        /// What was asked for is turned off in the configuration (channels, when
+        /// ``GatewayConfiguration/channels`` is `nil`).
+        public static let disabled = Code(wrapped: .disabled)
 
         public var description: String { "\(self.wrapped)" }
     }

@@ -148,6 +148,15 @@ public struct RequestContext: Sendable {
         try self.push(topic, body, to: .connection(self.connection.id))
     }
 
+    /// Publishes to a channel (see ``Gateway/publish(_:toChannel:publisher:)``).
+    /// - Parameter publisher: Who published it, as subscribers see it; by default this
+    ///   connection's client id.
+    /// - Returns: The publication's position in the channel.
+    @discardableResult
+    public func publish(_ body: ByteBuffer, toChannel channel: String, publisher: String? = nil) throws(GatewayError) -> ChannelPosition {
+        try self.scope.services.pushes.publish(body, to: channel, publisher: publisher ?? self.connection.clientID).0
+    }
+
     /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.
     /// - Returns: `false` if the client may not be in that room (its credentials' rooms, or
     ///   the gateway's ``Gateway/authorize(_:)`` hook), or the connection closed.

@@ -14,7 +14,8 @@ public import TetherGateway
 /// gateway's ``GatewayConfiguration/Timeouts-swift.struct/credentialGrace`` has passed.
 ///
 /// Optional claims restrict the client: `rooms` (an array of strings) lists the rooms it may
-/// be joined to, `topics` the request methods it may call and the message topics it may send.
+/// be joined to, `topics` the request methods it may call and the message topics it may send,
+/// `channels` the channels it may subscribe to (names, or prefixes ending in `*`).
 ///
 /// ```swift
 /// let authenticator = try await JWTAuthenticator(
@@ -179,11 +180,20 @@ public struct JWTAuthenticator: ClientAuthenticator {
         guard let subject = claims.sub?.value, !subject.isEmpty else {
             throw AuthenticationError(.unauthenticated, "the token has no subject (sub): it names no client id")
         }
+        var channels: [ChannelPattern]?
+        if let names = claims.channels {
+            do {
+                channels = try names.map { name throws(ConfigurationError) in try ChannelPattern(name) }
+            } catch {
+                throw AuthenticationError(.unauthenticated, "the token's channels claim is malformed: \(error.message)")
+            }
+        }
         return ClientIdentity(
             clientID: subject,
             expiresAt: claims.exp?.value,
             rooms: claims.rooms.map(Set.init),
-            topics: claims.topics.map(Set.init)
+            topics: claims.topics.map(Set.init),
+            channels: channels
         )
     }
 
@@ -216,6 +226,7 @@ struct TetherClaims: JWTPayload {
     var aud: AudienceClaim?
     var rooms: [String]?
     var topics: [String]?
+    var channels: [String]?
 
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }

@@ -133,6 +133,14 @@ final class ClientConnection: Sendable {
         self.onLoop { $0.drain(for: reason) }
     }
 
+    /// Writes a channel frame (SUBSCRIBE, UNSUBSCRIBE) and flushes it, on the event loop.
+    func send(_ payload: Frame.Payload) {
+        self.handler.execute(passing: payload) { handler, payload in
+            handler.write(payload)
+            handler.flushSoon()
+        }
+    }
+
     /// Makes the heartbeat follow the client's current heartbeat mode.
     func refreshHeartbeatMode() {
         self.onLoop { $0.refreshHeartbeatMode() }

@@ -29,6 +29,9 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
     struct Callbacks: Sendable {
         var push: @Sendable (Frame.Push) -> Void
         var goAway: @Sendable (Frame.GoAway) -> Void
+        /// SUBSCRIBED, PUBLICATION or UNSUBSCRIBE, for the client's channel subscriptions (on the
+        /// connection's event loop).
+        var channel: @Sendable (Frame.Payload) -> Void = { _ in }
         var reliable: ReliableCallbacks?
         /// What the app wants of the heartbeat now: its mode, and with NAT-timeout probing the
         /// longest interval the network is known (or being tested) to keep an idle connection.
@@ -196,6 +199,8 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             if close != nil { self.close() } else if send != nil { self.flushSoon() }
         case .push(let push):
             self.callbacks.push(push)
+        case .channel(let payload):
+            self.callbacks.channel(payload)
         case .sendPong(let ping):
             self.write(.pong(ping))
             self.flushSoon()

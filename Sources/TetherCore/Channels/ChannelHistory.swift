@@ -45,6 +45,8 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
         /// When it was appended: it ages out ``ChannelRetention/maxAge`` later.
         package var appendedAt: TetherInstant
         package var payload: Payload
+        /// What the caller counts it as (its bytes, say), summed in ``keptWeight``.
+        package var weight: Int
     }
 
     /// What a subscriber coming back gets.
@@ -65,6 +67,8 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
     package private(set) var topOffset: UInt64
     /// The publications kept, oldest first, with contiguous offsets ending at ``topOffset``.
     private var kept = CircularBuffer<Publication>()
+    /// The sum of the weights of the publications kept.
+    package private(set) var keptWeight = 0
 
     /// An empty stream, or one whose publications up to `topOffset` are gone.
     /// - Parameter epoch: Not 0 (the epoch of channels without history); a random one, from
@@ -84,11 +88,13 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
     package var count: Int { self.kept.count }
 
     /// Appends a publication; drops the oldest beyond the retention.
+    /// - Parameter weight: What it counts for in ``keptWeight`` while it is kept.
     /// - Returns: Its position.
-    package mutating func append(_ payload: Payload, at now: TetherInstant) -> ChannelPosition {
+    package mutating func append(_ payload: Payload, weight: Int = 0, at now: TetherInstant) -> ChannelPosition {
         self.topOffset += 1
-        if self.kept.count == self.retention.maxCount { self.kept.removeFirst() }
-        self.kept.append(Publication(offset: self.topOffset, appendedAt: now, payload: payload))
+        if self.kept.count == self.retention.maxCount { self.dropOldest() }
+        self.kept.append(Publication(offset: self.topOffset, appendedAt: now, payload: payload, weight: weight))
+        self.keptWeight += weight
         self.trim(at: now)
         return self.top
     }
@@ -96,8 +102,18 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
     /// Drops the publications that aged out by `now`.
     package mutating func trim(at now: TetherInstant) {
         let cutoff = now - self.retention.maxAge
-        while let first = self.kept.first, first.appendedAt <= cutoff { self.kept.removeFirst() }
+        while let first = self.kept.first, first.appendedAt <= cutoff { self.dropOldest() }
     }
+
+    /// Drops the oldest publication kept, if any (to make room elsewhere): a subscriber that
+    /// needed it gets a gap.
+    package mutating func dropOldest() {
+        guard let first = self.kept.popFirst() else { return }
+        self.keptWeight -= first.weight
+    }
+
+    /// Whether no publication is kept at `now` (the stream's position stays).
+    package func isEmpty(at now: TetherInstant) -> Bool { self.oldestKept(at: now) == nil }
 
     /// The offset of the oldest publication still kept at `now`, if any.
     private func oldestKept(at now: TetherInstant) -> (index: Int, offset: UInt64)? {

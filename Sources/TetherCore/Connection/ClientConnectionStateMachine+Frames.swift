@@ -34,6 +34,8 @@ extension ClientConnectionStateMachine {
         case messagesAcknowledged([Frame.MessageAck.Entry])
         /// DELIVERY, from the store whose epoch WELCOME announced.
         case delivery(Frame.Delivery, epoch: UInt64)
+        /// SUBSCRIBED, PUBLICATION or UNSUBSCRIBE, for the client's channel subscriptions.
+        case channel(Frame.Payload)
     }
 
     /// The channel is active: send HELLO and start the handshake's deadline.
@@ -156,10 +158,12 @@ extension ClientConnectionStateMachine {
                 ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated reliable-delivery feature")
             )
         case .subscribed, .publication, .unsubscribe:
-            // This client never offers the channels feature (Proposals/0001-channels.md).
-            return .sendErrorAndClose(
-                ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated channels feature")
-            )
+            guard negotiated.features.contains(.channels) else {
+                return .sendErrorAndClose(
+                    ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated channels feature")
+                )
+            }
+            return .channel(frame.payload)
         case .extension:
             return .none
         case .hello, .welcome, .request, .cancel, .message, .deliveryAck, .subscribe:

@@ -18,6 +18,11 @@ extension GatewayConnectionStateMachine {
         case processBatch([ReliableLaneMachine.Received])
         /// Carry out what the delivery pump decided.
         case pump(DeliveryPump.Actions)
+        /// Subscribe the connection to a channel (replacing its subscription there, if any):
+        /// check the client may, then answer SUBSCRIBED and send what it recovers.
+        case subscribe(Frame.Subscribe)
+        /// Take the connection out of this channel.
+        case unsubscribe(String)
         /// The client reported an error: close, settling these requests (cancel their tasks).
         case close(Frame.ErrorReport, settle: [UInt64])
         /// Write this last frame (ERROR) and close: the client broke the protocol. Settle these
@@ -112,8 +117,18 @@ extension GatewayConnectionStateMachine {
             return .pump(active.reliable!.pump.acknowledged(upTo: ack.sequence))
         case .message, .deliveryAck:
             return .violation(.unexpectedFrame, "\(frame.type) without the negotiated reliable-delivery feature")
+        case .subscribe(let subscribe) where negotiated.features.contains(.channels):
+            if draining {
+                return .write(
+                    .subscribed(
+                        .init(id: subscribe.id, status: .unavailable, message: "the gateway is going away; subscribe on a new connection")
+                    )
+                )
+            }
+            return .subscribe(subscribe)
+        case .unsubscribe(let unsubscribe) where negotiated.features.contains(.channels):
+            return .unsubscribe(unsubscribe.channel)
         case .subscribe, .unsubscribe:
-            // This gateway never accepts the channels feature (Proposals/0001-channels.md).
             return .violation(.unexpectedFrame, "\(frame.type) without the negotiated channels feature")
         case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery, .subscribed, .publication:
             return .violation(.unexpectedFrame, "\(frame.type) is not allowed from a client after the handshake")

@@ -389,10 +389,9 @@ public struct Features: OptionSet, Hashable, Sendable {
     /// PROTOCOL.md, section 4.14).
     public static let traceContext = Features(rawValue: 1 << 4)
     /// SUBSCRIBE, SUBSCRIBED, PUBLICATION and UNSUBSCRIBE may be used: channels with history
-    /// and recovery (PROTOCOL.md, section 12). Not in ``known`` yet: no gateway of this
-    /// release accepts it (Proposals/0001-channels.md).
+    /// and recovery (PROTOCOL.md, section 12).
     public static let channels = Features(rawValue: 1 << 5)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression, .traceContext]
+    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression, .traceContext, .channels]
 }

@@ -28,11 +28,11 @@ extension GatewayConnectionHandler {
                     self.services.metrics.refused("push_size")
                     self.logger.warning(
                         "dropping a push larger than the client accepts",
-                        metadata: ["topic": "\(frame.topic)", "bytes": "\(frame.bodySize)", "limit": "\(limit)"]
+                        metadata: ["topic": "\(frame.name)", "bytes": "\(frame.bodySize)", "limit": "\(limit)"]
                     )
                     continue
                 }
-                wrote = self.write(.push(frame)) || wrote
+                wrote = self.write(frame.payload) || wrote
             }
             guard wrote else { return false }
         }

@@ -83,6 +83,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// Inflates stored deliveries that were compressed, for a client that did not negotiate
     /// compression; made on first use.
     var deliveryInflater: PayloadInflater?
+    /// The connection subscribed to a channel once: it leaves the hub when it closes.
+    var subscribesToChannels = false
+    /// Channel recoveries whose next page waits for the connection to drain.
+    var recoveries: [ChannelHub.Continuation] = []
+    var recoveryScheduled = false
 
     init(
         services: GatewayServices,
@@ -193,6 +198,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             self.services.admission.left(admitted)
             self.admitted = nil
         }
+        self.leaveChannels()
         if self.registered {
             self.services.registry.remove(self.id)
             self.io.tellByteCounts()
@@ -298,6 +304,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
             self.startBatch(batch)
         case .pump(let actions):
             self.pump(actions)
+        case .subscribe(let request):
+            self.subscribe(request)
+        case .unsubscribe(let channel):
+            self.unsubscribe(from: channel)
         case .close(let report, let settle):
             self.logger.info("client reported an error", metadata: ["code": "\(report.code)", "message": "\(report.message)"])
             self.closeCode = self.closeCode ?? "client_\(report.code.metricLabel)"
@@ -314,6 +324,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         let writable = self.io.writabilityChanged(context: context, ownerHolds: self.holdsReads)
         if let actions = self.machine.writabilityChanged(writable) { self.pump(actions) }
+        if writable { self.scheduleRecoveries() }
         self.publishHoldings()
         context.fireChannelWritabilityChanged()
     }

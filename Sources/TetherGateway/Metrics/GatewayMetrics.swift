@@ -114,7 +114,7 @@ final class GatewayMetrics: Sendable {
         let pushKinds = LabelledCounters(Names.pushes, factory: factory)
         self.pushKinds = pushKinds
         self.pushTargets = Dictionary(
-            uniqueKeysWithValues: ["connection", "client", "room", "all"].map { ($0, pushKinds.counter([("target", $0)])) }
+            uniqueKeysWithValues: ["connection", "client", "room", "all", "channel"].map { ($0, pushKinds.counter([("target", $0)])) }
         )
         self.pushFanout = Recorder(label: Names.pushFanout, factory: factory)
         self.processed = Counter(label: Names.reliableProcessed, factory: factory)
@@ -150,12 +150,13 @@ final class GatewayMetrics: Sendable {
 
     /// A limit refused something: `connections`, `connections_per_address`,
     /// `unauthenticated`, `handshake_rate`, `store_quota`, `reply_size`, `push_size`, `body_size`,
-    /// `memory` (the memory budget), `body_timeout` (a body that did not arrive in time).
+    /// `memory` (the memory budget), `body_timeout` (a body that did not arrive in time),
+    /// `subscription` (a SUBSCRIBE refused: a limit, or the client may not).
     func refused(_ limit: String) {
         self.refusals.counter([("limit", limit)]).increment()
     }
 
-    /// A push was made to `kind` (`connection`, `client`, `room`, `all`), reaching
+    /// A push was made to `kind` (`connection`, `client`, `room`, `all`, `channel`), reaching
     /// `recipients` connections of this node.
     func pushed(_ kind: String, recipients: Int) {
         (self.pushTargets[kind] ?? self.pushKinds.counter([("target", kind)])).increment()

@@ -2,14 +2,42 @@ import NIOCore
 import TetherCompression
 import TetherCore
 
-/// One push, or several consecutive pushes to the same recipients, encoded once for all of
-/// them: with and without a checksum, since each connection negotiated whether its frames carry
-/// one.
+/// One push or channel publication, or several consecutive ones to the same recipients, encoded
+/// once for all of them: with and without a checksum, since each connection negotiated whether
+/// its frames carry one.
 struct EncodedPush: Sendable {
-    /// The pushes themselves, in order, for connections that cannot take these bytes: a channel
-    /// without Tether's encoder, one still in its handshake, or one whose size limit is below
-    /// ``largestBody``.
-    var pushes: [Frame.Push]
+    /// A frame sent to many connections: a PUSH, or a channel's PUBLICATION.
+    enum Message: Sendable {
+        case push(Frame.Push)
+        case publication(Frame.Publication)
+
+        var payload: Frame.Payload {
+            switch self {
+            case .push(let push): .push(push)
+            case .publication(let publication): .publication(publication)
+            }
+        }
+
+        var bodySize: Int {
+            switch self {
+            case .push(let push): push.bodySize
+            case .publication(let publication): publication.bodySize
+            }
+        }
+
+        /// The push's topic or the publication's channel, for logs.
+        var name: String {
+            switch self {
+            case .push(let push): push.topic
+            case .publication(let publication): publication.channel
+            }
+        }
+    }
+
+    /// The messages themselves, in order, for connections that cannot take these bytes: a
+    /// channel without Tether's encoder, one still in its handshake, or one whose size limit is
+    /// below ``largestBody``.
+    var pushes: [Message]
     /// The frames without a checksum, one after another.
     var plain: ByteBuffer
     /// The frames with their CRC-32C, one after another.
@@ -18,14 +46,19 @@ struct EncodedPush: Sendable {
     var largestBody: Int
 
     init(_ push: Frame.Push, allocator: ByteBufferAllocator) throws(FrameEncodingError) {
+        try self.init(.push(push), allocator: allocator)
+    }
+
+    init(_ push: Message, allocator: ByteBufferAllocator) throws(FrameEncodingError) {
         let encoder = FrameEncoder()
         self.pushes = [push]
         // Both encodings in one buffer (one allocation), each a slice of it. Each takes the
-        // header, the topic and its length, the body, and at most a 4-byte checksum.
-        var both = allocator.buffer(capacity: 2 * (FrameHeader.size + 2 + push.topic.utf8.count + push.bodySize + 4))
-        try encoder.encode(Frame(.push(push)), into: &both)
+        // header, the body, and at most a 4-byte checksum.
+        var both = allocator.buffer(capacity: 2 * (FrameHeader.size + push.bodySize + 4))
+        let payload = push.payload
+        try encoder.encode(Frame(payload), into: &both)
         let plainSize = both.readableBytes
-        try encoder.encode(Frame(.push(push), flags: .checksum), into: &both)
+        try encoder.encode(Frame(payload, flags: .checksum), into: &both)
         self.plain = both.readSlice(length: plainSize)!
         self.checksummed = both
         self.largestBody = push.bodySize
@@ -81,7 +114,7 @@ struct CompressedPush {
         var bytes = allocator.buffer(capacity: push.plain.readableBytes)
         let encoder = FrameEncoder()
         for frame in push.pushes {
-            try encoder.encode(Frame(.push(frame), flags: checksum ? .checksum : []), into: &bytes, deflater: deflater)
+            try encoder.encode(Frame(frame.payload, flags: checksum ? .checksum : []), into: &bytes, deflater: deflater)
         }
         if checksum { self.checksummed = bytes } else { self.plain = bytes }
         return bytes

@@ -14,6 +14,8 @@ struct Pusher: Sendable {
     /// The cluster that shares pushes to clients, rooms and everyone with the other nodes.
     let cluster: (any GatewayCluster)?
     let metrics: GatewayMetrics
+    /// The gateway's channels, if it offers them.
+    let channels: ChannelHub?
 
     private static let allocator = ByteBufferAllocator()
 
@@ -40,6 +42,46 @@ struct Pusher: Sendable {
         } catch {
             throw GatewayError(code: .invalidArgument, message: "the push cannot be encoded: \(error.message)")
         }
+        let count = self.send(push, to: recipients)
+        self.metrics.pushed(target.metricLabel, recipients: count)
+        return count
+    }
+
+    /// Publishes `body` to a channel: appended to its history (if it keeps one), then sent to
+    /// its subscribers on this node.
+    /// - Returns: The publication's position (epoch and offset; both 0 without history) and
+    ///   the number of connections it was sent to.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
+    ///   channel name, ``GatewayError/Code/disabled`` when the gateway has no channels.
+    func publish(_ body: ByteBuffer, to channel: String, publisher: String) throws(GatewayError) -> (ChannelPosition, Int) {
+        guard let hub = self.channels else {
+            throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
+        }
+        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+            throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        guard publisher.utf8.count <= Int(UInt16.max) else {
+            throw GatewayError(code: .invalidArgument, message: "a publisher must be at most 65535 bytes long")
+        }
+        let (publication, recipients) = hub.publish(body, to: channel, publisher: publisher)
+        guard !recipients.isEmpty else {
+            self.metrics.pushed("channel", recipients: 0)
+            return (publication.position, 0)
+        }
+        let push: EncodedPush
+        do {
+            push = try EncodedPush(.publication(publication), allocator: Self.allocator)
+        } catch {
+            throw GatewayError(code: .invalidArgument, message: "the publication cannot be encoded: \(error.message)")
+        }
+        let count = self.send(push, to: recipients)
+        self.metrics.pushed("channel", recipients: count)
+        return (publication.position, count)
+    }
+
+    /// Hands `push` to the batcher of each loop of `recipients`, one hop per loop.
+    /// - Returns: The number of connections.
+    private func send(_ push: EncodedPush, to recipients: [ConnectionRegistry.LoopRecipients]) -> Int {
         var count = 0
         for (index, recipients) in recipients.enumerated() {
             count += recipients.handlers.count
@@ -52,7 +94,6 @@ struct Pusher: Sendable {
                 loop.execute { Self.deliver(push, to: recipients, batcher: batcher) }
             }
         }
-        self.metrics.pushed(target.metricLabel, recipients: count)
         return count
     }
 

@@ -122,6 +122,23 @@ struct ChannelHistoryTests {
         #expect(pages == 9)
     }
 
+    @Test("the weights of what is kept are summed through appends, the count and age limits, and drops of the oldest")
+    func weights() throws {
+        var history = try self.history(maxCount: 3, maxAge: .seconds(10))
+        for (index, weight) in [10, 20, 30, 40].enumerated() {
+            _ = history.append(index, weight: weight, at: .zero + .seconds(index))
+        }
+        #expect(history.keptWeight == 90, "the first dropped by the count")
+        history.dropOldest()
+        #expect(history.keptWeight == 70 && history.count == 2)
+        #expect(!history.isEmpty(at: .zero + .seconds(12)))
+        #expect(history.isEmpty(at: .zero + .seconds(13)), "both aged out by then, before a trim")
+        history.trim(at: .zero + .seconds(13))
+        #expect(history.keptWeight == 0 && history.count == 0 && history.topOffset == 4)
+        history.dropOldest()
+        #expect(history.keptWeight == 0, "dropping from an empty history does nothing")
+    }
+
     @Test("a retention keeps at least one publication for a positive time")
     func retentionValidated() {
         #expect(throws: ConfigurationError.self) { try ChannelRetention(maxCount: 0, maxAge: .seconds(1)) }

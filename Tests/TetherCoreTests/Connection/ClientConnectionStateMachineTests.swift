@@ -106,8 +106,8 @@ struct ClientConnectionStateMachineTests {
         }
         #expect(unexpected.code == .unexpectedFrame)
 
-        // Channels: this client never offers the feature, so a gateway's channel frames are
-        // unexpected, and SUBSCRIBE never comes from a gateway.
+        // Channels not negotiated: a gateway's channel frames are unexpected, and SUBSCRIBE never
+        // comes from a gateway (see `channelFrames`).
         for payload: Frame.Payload in [
             .subscribed(.init(id: 1)),
             .publication(.init(channel: "news")),
@@ -127,6 +127,52 @@ struct ClientConnectionStateMachineTests {
             }
             #expect(refused.code == .unexpectedFrame, "\(payload.type)")
         }
+    }
+
+    @Test(
+        "with channels negotiated, SUBSCRIBED, PUBLICATION and UNSUBSCRIBE go to the subscriptions; SUBSCRIBE from a gateway is a violation"
+    )
+    func channelFrames() {
+        func established() -> Machine {
+            var hello = Self.hello
+            hello.features.insert(.channels)
+            var machine = Machine(
+                configuration: .init(
+                    hello: hello,
+                    handshakeTimeout: .seconds(5),
+                    heartbeat: HeartbeatPolicy(timeout: .seconds(2), minimumTimeout: .seconds(2))
+                )
+            )
+            _ = machine.start(now: Self.start)
+            guard case .welcome(var welcome) = Self.welcome().payload else { preconditionFailure() }
+            welcome.features.insert(.channels)
+            _ = machine.received(Frame(.welcome(welcome), flags: .checksum), now: Self.start, preference: Self.foreground)
+            return machine
+        }
+        for payload: Frame.Payload in [
+            .subscribed(.init(id: 1)), .publication(.init(channel: "news")), .unsubscribe(.init(channel: "news")),
+        ] {
+            var machine = established()
+            guard
+                case .channel(let routed) = machine.received(Frame(payload, flags: .checksum), now: Self.start, preference: Self.foreground)
+            else {
+                Issue.record("\(payload.type) goes to the subscriptions")
+                continue
+            }
+            #expect(routed == payload)
+        }
+        var machine = established()
+        guard
+            case .sendErrorAndClose(let refused) = machine.received(
+                Frame(.subscribe(.init(id: 1, channel: "news")), flags: .checksum),
+                now: Self.start,
+                preference: Self.foreground
+            )
+        else {
+            Issue.record("SUBSCRIBE from a gateway is a violation")
+            return
+        }
+        #expect(refused.code == .unexpectedFrame)
     }
 
     @Test("requests go straight to the wire while slots are free; the rest queue; too large, duplicate and early ones are refused")

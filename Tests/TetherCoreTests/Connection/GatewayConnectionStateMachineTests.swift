@@ -37,11 +37,13 @@ struct GatewayConnectionStateMachineTests {
     static func established(
         _ configuration: Machine.Configuration = Self.configuration(),
         credentialsDeadline: TetherInstant? = nil,
-        resume: UInt64? = nil
+        resume: UInt64? = nil,
+        features extra: Features = []
     ) throws -> Machine {
         var machine = Machine(configuration: configuration, now: Self.start)
         var hello = Self.hello
-        var features: Features = .checksum
+        var features: Features = Features.checksum.union(extra)
+        hello.features.formUnion(extra)
         if resume != nil {
             features.formUnion([.reliableDelivery, .messageAnswers])
             hello.features = features
@@ -152,8 +154,8 @@ struct GatewayConnectionStateMachineTests {
             throw Failure("MESSAGE without reliable delivery is a violation")
         }
         #expect(notReliable.code == .unexpectedFrame)
-        // Channels: no gateway of this release accepts the feature, so their frames are
-        // unexpected; SUBSCRIBED and PUBLICATION never come from a client.
+        // Channels without the feature negotiated: their frames are unexpected (SUBSCRIBED and
+        // PUBLICATION never come from a client; see `channelFrames`).
         for payload: Frame.Payload in [
             .subscribe(.init(id: 1, channel: "news")),
             .unsubscribe(.init(channel: "news")),
@@ -171,6 +173,37 @@ struct GatewayConnectionStateMachineTests {
             throw Failure("PING gets PONG")
         }
         #expect(pong.id == 7)
+    }
+
+    @Test(
+        "with channels negotiated, SUBSCRIBE and UNSUBSCRIBE go to the hub; a draining connection refuses SUBSCRIBE; SUBSCRIBED and PUBLICATION from a client are violations"
+    )
+    func channelFrames() throws {
+        var machine = try Self.established(features: .channels)
+        guard
+            case .subscribe(let subscribe) = machine.received(
+                Frame(.subscribe(.init(id: 3, channel: "news", recoverFrom: .init(epoch: 5, offset: 2))), flags: .checksum),
+                now: Self.start
+            )
+        else { throw Failure("SUBSCRIBE goes to the hub") }
+        #expect(subscribe.id == 3 && subscribe.recoverFrom == ChannelPosition(epoch: 5, offset: 2))
+        guard case .unsubscribe("news") = machine.received(Frame(.unsubscribe(.init(channel: "news")), flags: .checksum), now: Self.start)
+        else { throw Failure("UNSUBSCRIBE goes to the hub") }
+        for payload: Frame.Payload in [.subscribed(.init(id: 1)), .publication(.init(channel: "news"))] {
+            var wrongWay = try Self.established(features: .channels)
+            guard case .writeAndClose(.error(let refused), _) = wrongWay.received(Frame(payload, flags: .checksum), now: Self.start) else {
+                throw Failure("\(payload.type) from a client is a violation")
+            }
+            #expect(refused.code == .unexpectedFrame)
+        }
+        #expect(machine.drain(now: Self.start) == .sendGoAway)
+        guard
+            case .write(.subscribed(let refused)) = machine.received(
+                Frame(.subscribe(.init(id: 4, channel: "news")), flags: .checksum),
+                now: Self.start
+            )
+        else { throw Failure("a draining connection answers SUBSCRIBE itself") }
+        #expect(refused.id == 4 && refused.status == .unavailable)
     }
 
     // MARK: Requests

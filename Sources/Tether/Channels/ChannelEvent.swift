@@ -1,0 +1,72 @@
+public import NIOCore
+public import TetherCore
+
+/// One publication of a channel, as a subscriber receives it.
+public struct ChannelPublication: Sendable, Hashable {
+    /// The channel.
+    public var channel: String
+    /// Its position in the channel's stream (epoch and offset; both 0 in a channel without
+    /// history). Keep the last one to subscribe from it later (``TetherClient/subscribe(_:from:recover:bufferSize:)``).
+    public var position: ChannelPosition
+    /// The client id that published it; empty when the gateway or the backend did.
+    public var publisher: String
+    /// The publication's content.
+    public var body: ByteBuffer
+
+    public init(channel: String, position: ChannelPosition, publisher: String, body: ByteBuffer) {
+        self.channel = channel
+        self.position = position
+        self.publisher = publisher
+        self.body = body
+    }
+}
+
+/// What a channel subscription hears, in order.
+public enum SubscriptionEvent: Sendable, Hashable {
+    /// Subscribed on a connection (the first, or after a reconnect). `recovered`: nothing the
+    /// subscription had not received since its last position is lost — what it missed while
+    /// away follows, then the live publications. `false` when the channel keeps no history
+    /// and the subscription was away (it cannot know what it missed), or recovery is off.
+    case subscribed(recovered: Bool)
+    /// A publication, each once and in offset order.
+    case publication(ChannelPublication)
+    /// Publications were missed and cannot be had any more: the channel's history no longer
+    /// reaches back to them (``ChannelGap/missed`` says how many when known), or the
+    /// subscriber fell too far behind. The publications after it follow. An app shows "N
+    /// messages missed", or reloads the state from its backend.
+    case gap(ChannelGap)
+}
+
+/// A subscription to a channel: its events, across reconnects, until the task reading it
+/// stops (or the client stops, or the gateway refuses it, which ends it with a
+/// ``TetherError``).
+///
+/// ```swift
+/// for try await event in client.subscribe("room.lobby") {
+///     switch event {
+///     case .publication(let message): show(message)
+///     case .gap(let gap): showMissed(gap.missed)
+///     case .subscribed: break
+///     }
+/// }
+/// ```
+public struct ChannelSubscription: AsyncSequence, Sendable {
+    public typealias Element = SubscriptionEvent
+    public typealias Failure = any Error
+
+    let stream: AsyncThrowingStream<SubscriptionEvent, any Error>
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
+
+        /// The next event; `nil` once the subscription ended; throws ``TetherError`` when the
+        /// gateway refused or ended it.
+        public mutating func next() async throws -> SubscriptionEvent? {
+            try await self.base.next()
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: self.stream.makeAsyncIterator())
+    }
+}

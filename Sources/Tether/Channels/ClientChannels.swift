@@ -1,0 +1,255 @@
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// The client's channel subscriptions: one ``SubscriptionMachine`` each, across connections.
+///
+/// Everything runs on the client's event loop, where its connections' handlers run: a frame
+/// from the gateway reaches ``received(_:)`` with no hop; the application's calls hop there
+/// once. No lock.
+final class ClientChannels: @unchecked Sendable {
+    // Sendable: the mutable state is touched only on `loop`, which every entry point reaches first.
+
+    private struct Entry {
+        var machine: SubscriptionMachine
+        var continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
+        /// Tells this subscription apart from a later one to the same channel.
+        var token: UInt64
+        /// The id of the SUBSCRIBE waiting for its SUBSCRIBED.
+        var pending: UInt64?
+        /// The position of the last publication the application's buffer took.
+        var enqueued: ChannelPosition?
+        /// The buffer was full: the publications after `enqueued` were not taken. A channel
+        /// with history subscribes again from `enqueued`; one without reports a gap first.
+        var overflowed = false
+    }
+
+    private let loop: any EventLoop
+    private var connection: ClientConnection?
+    private var entries: [String: Entry] = [:]
+    private var nextID: UInt64 = 0
+    private var finished = false
+
+    init(loop: any EventLoop) {
+        self.loop = loop
+    }
+
+    /// A new subscription; its stream ends with an error if the channel name is bad, the
+    /// client subscribes to this channel already, or the client stopped.
+    func subscribe(_ channel: String, from position: ChannelPosition?, recover: Bool, bufferSize: Int) -> ChannelSubscription {
+        let (stream, continuation) = AsyncThrowingStream.makeStream(
+            of: SubscriptionEvent.self,
+            throwing: (any Error).self,
+            bufferingPolicy: .bufferingOldest(max(1, bufferSize))
+        )
+        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+            continuation.finish(
+                throwing: TetherError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+            )
+            return ChannelSubscription(stream: stream)
+        }
+        self.onLoop { channels in
+            guard let token = channels.add(channel, position: position, recover: recover, continuation: continuation) else { return }
+            continuation.onTermination = { [weak channels] _ in channels?.onLoop { $0.end(channel, token: token) } }
+        }
+        return ChannelSubscription(stream: stream)
+    }
+
+    /// A connection is up: every subscription subscribes on it, if it negotiated channels.
+    func attach(_ connection: ClientConnection) {
+        self.onLoop { channels in
+            guard connection.negotiated.features.contains(.channels) else { return }
+            channels.connection = connection
+            for name in Array(channels.entries.keys) { channels.perform(on: name) { $0.connected() } }
+        }
+    }
+
+    /// The connection went down: the subscriptions wait for the next.
+    func detach(_ connection: ClientConnection) {
+        self.onLoop { channels in
+            guard channels.connection === connection else { return }
+            channels.connection = nil
+            for name in Array(channels.entries.keys) {
+                channels.entries[name]!.machine.disconnected()
+                channels.entries[name]!.pending = nil
+            }
+        }
+    }
+
+    /// The client stopped: every subscription ends.
+    func finish() {
+        self.onLoop { channels in
+            channels.finished = true
+            let entries = channels.entries
+            channels.entries = [:]
+            for entry in entries.values { entry.continuation.finish() }
+        }
+    }
+
+    /// A channel frame from the connection, on the event loop.
+    func received(_ payload: Frame.Payload) {
+        self.loop.preconditionInEventLoop()
+        switch payload {
+        case .subscribed(let subscribed):
+            guard let name = self.entries.first(where: { $0.value.pending == subscribed.id })?.key else { return }  // replaced or left
+            self.entries[name]!.pending = nil
+            guard subscribed.status == .ok else {
+                self.refused(name, status: subscribed.status, message: subscribed.message)
+                return
+            }
+            let startingAfter = ChannelPosition(epoch: subscribed.epoch, offset: subscribed.startingAfter)
+            let gap =
+                subscribed.gap
+                ? ChannelGap(
+                    after: self.entries[name]!.machine.position ?? ChannelPosition(epoch: 0, offset: 0),
+                    resumesAt: ChannelPosition(epoch: subscribed.epoch, offset: subscribed.startingAfter + 1)
+                ) : nil
+            self.perform(on: name) { $0.subscribed(startingAfter: startingAfter, gap: gap) }
+        case .publication(let publication):
+            guard self.entries[publication.channel] != nil else { return }  // left
+            self.perform(on: publication.channel, publication: publication) { $0.received(publication.position) }
+        case .unsubscribe(let unsubscribe):
+            guard self.entries[unsubscribe.channel] != nil else { return }
+            self.refused(unsubscribe.channel, status: unsubscribe.status, message: unsubscribe.message)
+        default:
+            break
+        }
+    }
+
+    // MARK: On the loop
+
+    private func add(
+        _ channel: String,
+        position: ChannelPosition?,
+        recover: Bool,
+        continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
+    ) -> UInt64? {
+        guard !self.finished else {
+            continuation.finish(throwing: TetherError(code: .shutdown, message: "the client is stopped"))
+            return nil
+        }
+        guard self.entries[channel] == nil else {
+            continuation.finish(
+                throwing: TetherError(
+                    code: .invalidArgument,
+                    message: "this client is subscribed to \(channel) already; end that subscription first"
+                )
+            )
+            return nil
+        }
+        self.nextID += 1
+        let token = self.nextID
+        self.entries[channel] = Entry(
+            machine: SubscriptionMachine(recover: recover, position: position),
+            continuation: continuation,
+            token: token,
+            enqueued: position
+        )
+        if self.connection != nil { self.perform(on: channel) { $0.connected() } }
+        return token
+    }
+
+    /// The application stopped reading the subscription.
+    private func end(_ channel: String, token: UInt64) {
+        guard self.entries[channel]?.token == token else { return }
+        let entry = self.entries.removeValue(forKey: channel)!
+        var machine = entry.machine
+        if machine.unsubscribe() == .unsubscribe { self.connection?.send(.unsubscribe(.init(channel: channel))) }
+    }
+
+    /// The gateway refused or ended the subscription: its stream ends with why.
+    private func refused(_ channel: String, status: StatusCode, message: String) {
+        guard var entry = self.entries[channel] else { return }
+        if status == .unavailable {
+            // The gateway is going away: subscribe again on the next connection.
+            entry.machine.disconnected()
+            self.entries[channel] = entry
+            return
+        }
+        entry.machine.refused()
+        self.entries[channel] = nil
+        if status == .ok {
+            entry.continuation.finish()
+        } else {
+            entry.continuation.finish(
+                throwing: TetherError(code: .serverError, message: "subscription to \(channel) refused: \(message)", status: status)
+            )
+        }
+    }
+
+    /// Runs one event of a subscription's machine and carries out its action.
+    private func perform(
+        on channel: String,
+        publication: Frame.Publication? = nil,
+        _ event: (inout SubscriptionMachine) -> SubscriptionMachine.Action
+    ) {
+        guard var entry = self.entries[channel] else { return }
+        let action = event(&entry.machine)
+        switch action {
+        case .none, .drop:
+            break
+        case .subscribe(let from):
+            self.sendSubscribe(channel, from: from, entry: &entry)
+        case .resubscribe(let from):
+            self.sendSubscribe(channel, from: from, entry: &entry)
+        case .unsubscribe:
+            self.connection?.send(.unsubscribe(.init(channel: channel)))
+        case .report(.subscribed(let recovered)):
+            _ = entry.continuation.yield(.subscribed(recovered: recovered))
+        case .report(.gap(let gap)):
+            _ = entry.continuation.yield(.gap(gap))
+        case .deliver:
+            if let publication { Self.deliver(publication, to: &entry) }
+        case .reportGapAndDeliver(let gap):
+            _ = entry.continuation.yield(.gap(gap))
+            if let publication { Self.deliver(publication, to: &entry) }
+        }
+        self.entries[channel] = entry
+        if entry.overflowed, entry.machine.recover, (entry.machine.position?.epoch ?? 0) != 0 {
+            // The application's buffer was full: subscribe again from the last publication it
+            // took; the channel's history has the rest.
+            self.entries[channel]!.overflowed = false
+            self.entries[channel]!.machine = SubscriptionMachine(recover: true, position: entry.enqueued)
+            if self.connection != nil { self.perform(on: channel) { $0.connected() } }
+        }
+    }
+
+    private func sendSubscribe(_ channel: String, from position: ChannelPosition?, entry: inout Entry) {
+        self.nextID += 1
+        entry.pending = self.nextID
+        self.connection?.send(.subscribe(.init(id: self.nextID, channel: channel, recoverFrom: position)))
+    }
+
+    private static func deliver(_ publication: Frame.Publication, to entry: inout Entry) {
+        if entry.overflowed {
+            // Without history: what the full buffer dropped is gone; say so before going on.
+            let gap = ChannelGap(after: entry.enqueued ?? publication.position, resumesAt: publication.position)
+            guard case .enqueued = entry.continuation.yield(.gap(gap)) else { return }
+            entry.overflowed = false
+        }
+        let event = SubscriptionEvent.publication(
+            ChannelPublication(
+                channel: publication.channel,
+                position: publication.position,
+                publisher: publication.publisher,
+                body: publication.body
+            )
+        )
+        switch entry.continuation.yield(event) {
+        case .enqueued: entry.enqueued = publication.position
+        case .dropped: entry.overflowed = true
+        case .terminated: break
+        @unknown default: break
+        }
+    }
+
+    /// Runs `body` on the loop: at once when called there, else queued (in order with the
+    /// other calls queued there, such as the connection loop's ``attach(_:)``).
+    private func onLoop(_ body: @escaping @Sendable (ClientChannels) -> Void) {
+        if self.loop.inEventLoop {
+            body(self)
+        } else {
+            self.loop.execute { body(self) }
+        }
+    }
+}

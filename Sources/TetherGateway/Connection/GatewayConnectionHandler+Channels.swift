@@ -1,0 +1,86 @@
+import NIOCore
+import TetherCore
+
+extension GatewayConnectionHandler {
+    /// A SUBSCRIBE: checks the client may, registers it in the channel's hub with what it
+    /// recovers, and writes SUBSCRIBED and the first page of the recovery; the rest follows as
+    /// the connection drains.
+    func subscribe(_ request: Frame.Subscribe) {
+        guard let hub = self.services.pushes.channels else { return }  // the feature is offered only with a hub
+        self.subscribesToChannels = true
+        if let scope = self.scope, scope.checksAccess, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection)
+        {
+            self.refuse(request, .permissionDenied, "this client may not subscribe to \(request.channel)")
+            return
+        }
+        switch hub.subscribe(connection: self.id, handler: NIOLoopBound(self, eventLoop: self.eventLoop), to: request) {
+        case .refused(let status, let message):
+            self.refuse(request, status, message)
+        case .subscribed(let subscribed, let page):
+            // Publications of a subscription this one replaces, queued on this loop, go first
+            // (the client drops those that arrive before SUBSCRIBED).
+            self.pushes?.drain()
+            self.write(.subscribed(subscribed))
+            self.send(page)
+            self.flushSoon()
+        }
+    }
+
+    /// An UNSUBSCRIBE from the client.
+    func unsubscribe(from channel: String) {
+        self.services.pushes.channels?.unsubscribe(connection: self.id, from: channel)
+        self.recoveries.removeAll { $0.channel == channel }
+    }
+
+    /// The connection closed: it leaves its channels.
+    func leaveChannels() {
+        guard self.subscribesToChannels else { return }
+        self.services.pushes.channels?.remove(connection: self.id)
+        self.recoveries.removeAll()
+    }
+
+    /// Sends the next page of each recovery under way while the connection is writable.
+    func continueRecoveries() {
+        self.recoveryScheduled = false
+        guard self.context != nil, !self.recoveries.isEmpty, let hub = self.services.pushes.channels else { return }
+        let waiting = self.recoveries
+        self.recoveries.removeAll()
+        for continuation in waiting {
+            // A subscription replaced or left meanwhile has no page.
+            if let page = hub.continueRecovery(connection: self.id, continuation) { self.send(page) }
+        }
+        self.flushSoon()
+    }
+
+    private func refuse(_ request: Frame.Subscribe, _ status: StatusCode, _ message: String) {
+        self.services.metrics.refused("subscription")
+        self.write(.subscribed(Frame.Subscribed(id: request.id, status: status, message: message)))
+        self.flushSoon()
+    }
+
+    /// Writes a page of a recovery, and schedules the next one: at once while the connection
+    /// is writable, else when it becomes writable again.
+    private func send(_ page: ChannelHub.Page) {
+        let limit = self.machine.peerMaxBodySize ?? Int.max
+        for publication in page.publications {
+            guard publication.bodySize <= limit else {
+                // The client sees an offset that does not follow and subscribes again; told of
+                // the gap then.
+                self.services.metrics.refused("push_size")
+                continue
+            }
+            self.write(.publication(publication))
+        }
+        guard let next = page.next else { return }
+        self.recoveries.append(next)
+        self.scheduleRecoveries()
+    }
+
+    /// Schedules ``continueRecoveries()`` if the connection is writable; otherwise
+    /// ``channelWritabilityChanged(context:)`` does once it is.
+    func scheduleRecoveries() {
+        guard !self.recoveries.isEmpty, !self.recoveryScheduled, self.io.isWritable else { return }
+        self.recoveryScheduled = true
+        self.eventLoop.assumeIsolated().execute { self.continueRecoveries() }
+    }
+}

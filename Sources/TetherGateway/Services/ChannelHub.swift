@@ -1,0 +1,257 @@
+import NIOCore
+import TetherCore
+import TetherNIO
+
+/// The gateway's channels: each channel's subscribers, grouped by event loop as rooms' members
+/// are in ``ConnectionRegistry``, and its history in memory (``ChannelHistory``).
+///
+/// A publication is appended and its recipients are read in one step under the hub's lock;
+/// a subscription is registered and its recovery read in one step too. So every offset reaches
+/// a subscriber once: a publication appended before the subscriber was registered is in its
+/// recovery, one appended after goes to it live, and the live one is written after the
+/// recovery (it reaches the subscriber's loop after the step that wrote the recovery).
+///
+/// A recovery longer than ``GatewayConfiguration/Channels-swift.struct/recoveryPageSize``
+/// goes in pages: the subscriber is registered as *recovering* (it gets no live publication)
+/// until the page that reaches the top, read in the same step that makes it live.
+final class ChannelHub: Sendable {
+    /// A publication kept in a channel's history.
+    struct Kept: Sendable {
+        var publisher: String
+        var body: ByteBuffer
+    }
+
+    /// What a subscription gets: SUBSCRIBED and the first publications it recovers, or a refusal.
+    enum Subscription: Sendable {
+        case subscribed(Frame.Subscribed, Page)
+        case refused(StatusCode, String)
+    }
+
+    /// Publications of a recovery, oldest first, and where it continues if it is not over.
+    struct Page: Sendable {
+        var publications: [Frame.Publication]
+        var next: Continuation?
+    }
+
+    /// Where a recovery continues: after `position`, for the subscription made at `generation`
+    /// (a later SUBSCRIBE to the channel replaces it, and its continuation is void).
+    struct Continuation: Sendable {
+        var channel: String
+        var after: ChannelPosition
+        var generation: UInt64
+    }
+
+    private struct Subscriber {
+        var handler: NIOLoopBound<GatewayConnectionHandler>
+        /// Whether it gets live publications (its recovery is over).
+        var live: Bool
+        var generation: UInt64
+    }
+
+    private struct Channel {
+        var history: ChannelHistory<Kept>?
+        var subscribers: [UInt64: Subscriber] = [:]
+        /// The live subscribers grouped by loop, built at the first publication after a change.
+        var recipients: [ConnectionRegistry.LoopRecipients]?
+
+        /// Nothing to keep it for: no subscriber, no publication kept.
+        func isIdle(at now: TetherInstant) -> Bool {
+            self.subscribers.isEmpty && self.history?.isEmpty(at: now) != false
+        }
+    }
+
+    private struct State {
+        var channels: [String: Channel] = [:]
+        var channelsOf: [UInt64: Set<String>] = [:]
+        var historyBytes = 0
+        var generation: UInt64 = 0
+    }
+
+    let configuration: GatewayConfiguration.Channels
+    private let clock: any TetherClock
+    private let state = TetherLock(State())
+
+    init(configuration: GatewayConfiguration.Channels, clock: any TetherClock) {
+        self.configuration = configuration
+        self.clock = clock
+    }
+
+    /// Subscribes a connection to `channel` (replacing its subscription there), and reads what
+    /// it recovers after `position` (`nil`: from the top, nothing recovered).
+    func subscribe(
+        connection id: UInt64,
+        handler: NIOLoopBound<GatewayConnectionHandler>,
+        to request: Frame.Subscribe
+    ) -> Subscription {
+        let now = self.clock.now
+        let pageSize = self.configuration.recoveryPageSize
+        return self.state.withLockedValue { state -> Subscription in
+            let already = state.channelsOf[id]?.contains(request.channel) == true
+            if !already, (state.channelsOf[id]?.count ?? 0) >= self.configuration.maxSubscriptionsPerConnection {
+                return .refused(
+                    .resourceExhausted,
+                    "this connection is subscribed to \(self.configuration.maxSubscriptionsPerConnection) channels, the most it may be"
+                )
+            }
+            if state.channels[request.channel] == nil {
+                if state.channels.count >= self.configuration.maxChannels { Self.sweep(&state, now: now) }
+                guard state.channels.count < self.configuration.maxChannels else {
+                    return .refused(.resourceExhausted, "the gateway has \(self.configuration.maxChannels) channels, the most it keeps")
+                }
+                state.channels[request.channel] = self.newChannel(request.channel)
+            }
+            state.generation += 1
+            let generation = state.generation
+            var channel = state.channels.removeValue(forKey: request.channel)!
+            defer { state.channels[request.channel] = channel }
+            var subscribed = Frame.Subscribed(id: request.id)
+            var page = Page(publications: [], next: nil)
+            if var history = channel.history {
+                channel.history = nil  // trimmed in place, not copied
+                let before = history.keptWeight
+                history.trim(at: now)
+                state.historyBytes += history.keptWeight - before
+                channel.history = history
+                let recovery = history.recover(after: request.recoverFrom, limit: pageSize, at: now)
+                subscribed.epoch = history.epoch
+                if let gap = recovery.gap {
+                    subscribed.gap = true
+                    subscribed.startingAfter = gap.resumesAt.offset - 1
+                } else {
+                    subscribed.startingAfter = request.recoverFrom?.offset ?? history.topOffset
+                }
+                page.publications = recovery.publications.map { Self.frame($0, of: request.channel, epoch: history.epoch) }
+                if recovery.more, let last = page.publications.last {
+                    page.next = Continuation(channel: request.channel, after: last.position, generation: generation)
+                }
+            } else {
+                // Live publications only: nothing recovered, and a subscriber that asked knows it.
+                subscribed.gap = request.recoverFrom != nil
+            }
+            channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation)
+            channel.recipients = nil
+            if !already { state.channelsOf[id, default: []].insert(request.channel) }
+            return .subscribed(subscribed, page)
+        }
+    }
+
+    /// The next page of a recovery; `nil` if the subscription it was for is gone or replaced.
+    /// The page that reaches the top makes the subscriber live.
+    func continueRecovery(connection id: UInt64, _ continuation: Continuation) -> Page? {
+        let now = self.clock.now
+        let pageSize = self.configuration.recoveryPageSize
+        return self.state.withLockedValue { state -> Page? in
+            guard let subscriber = state.channels[continuation.channel]?.subscribers[id],
+                subscriber.generation == continuation.generation, !subscriber.live,
+                let history = state.channels[continuation.channel]?.history
+            else { return nil }
+            // Should the history have been trimmed past the position meanwhile, the page starts
+            // at what is kept: the subscriber sees an offset that does not follow, and subscribes
+            // again from its position (to be told of the gap).
+            let recovery = history.recover(after: continuation.after, limit: pageSize, at: now)
+            var page = Page(publications: recovery.publications.map { Self.frame($0, of: continuation.channel, epoch: history.epoch) })
+            if recovery.more, let last = page.publications.last {
+                page.next = Continuation(channel: continuation.channel, after: last.position, generation: continuation.generation)
+            } else {
+                state.channels[continuation.channel]!.subscribers[id]!.live = true
+                state.channels[continuation.channel]!.recipients = nil
+            }
+            return page
+        }
+    }
+
+    /// Takes a connection out of `channel`.
+    func unsubscribe(connection id: UInt64, from channel: String) {
+        self.state.withLockedValue { state in
+            guard state.channelsOf[id]?.remove(channel) != nil else { return }
+            if state.channelsOf[id]?.isEmpty == true { state.channelsOf[id] = nil }
+            Self.remove(id, from: channel, &state)
+        }
+    }
+
+    /// Takes a closed connection out of every channel.
+    func remove(connection id: UInt64) {
+        self.state.withLockedValue { state in
+            for channel in state.channelsOf.removeValue(forKey: id) ?? [] { Self.remove(id, from: channel, &state) }
+        }
+    }
+
+    /// Appends a publication to `channel`'s history (if it keeps one) and returns it with the
+    /// live subscribers to send it to.
+    func publish(_ body: ByteBuffer, to channel: String, publisher: String) -> (Frame.Publication, [ConnectionRegistry.LoopRecipients]) {
+        let now = self.clock.now
+        return self.state.withLockedValue { state in
+            var publication = Frame.Publication(channel: channel, publisher: publisher, body: body)
+            if state.channels[channel] == nil {
+                guard self.configuration.history(of: channel) != nil, state.channels.count < self.configuration.maxChannels else {
+                    return (publication, [])  // no subscriber, and nothing to keep it in
+                }
+                state.channels[channel] = self.newChannel(channel)
+            }
+            var entry = state.channels.removeValue(forKey: channel)!
+            defer { state.channels[channel] = entry }
+            if var history = entry.history {
+                entry.history = nil  // appended in place, not copied
+                let before = history.keptWeight
+                publication.position = history.append(Kept(publisher: publisher, body: body), weight: body.readableBytes, at: now)
+                state.historyBytes += history.keptWeight - before
+                // Over the gateway's total, this channel gives up its oldest.
+                while state.historyBytes > self.configuration.maxHistoryBytes, history.count > 0 {
+                    let weight = history.keptWeight
+                    history.dropOldest()
+                    state.historyBytes -= weight - history.keptWeight
+                }
+                entry.history = history
+            }
+            if entry.recipients == nil { entry.recipients = Self.group(entry.subscribers.values) }
+            return (publication, entry.recipients!)
+        }
+    }
+
+    /// The number of channels kept, and the bytes their histories hold.
+    var counts: (channels: Int, historyBytes: Int) {
+        self.state.withLockedValue { ($0.channels.count, $0.historyBytes) }
+    }
+
+    private func newChannel(_ name: String) -> Channel {
+        Channel(history: self.configuration.history(of: name).map { ChannelHistory(epoch: .random(in: 1...(.max)), retention: $0) })
+    }
+
+    private static func remove(_ id: UInt64, from name: String, _ state: inout State) {
+        guard state.channels[name]?.subscribers.removeValue(forKey: id) != nil else { return }
+        state.channels[name]!.recipients = nil
+        // A channel with history stays when its last subscriber leaves: its position (epoch,
+        // last offset) lets a subscriber that comes back recover, or know exactly what it
+        // missed. Idle ones go when the hub is full (``sweep(_:now:)``).
+        if state.channels[name]!.history == nil, state.channels[name]!.subscribers.isEmpty { Self.forget(name, &state) }
+    }
+
+    private static func forget(_ name: String, _ state: inout State) {
+        guard let channel = state.channels.removeValue(forKey: name) else { return }
+        state.historyBytes -= channel.history?.keptWeight ?? 0
+    }
+
+    /// Forgets the channels with no subscriber and no publication kept: a subscriber that
+    /// comes back to one gets a new epoch, and a gap of unknown size.
+    private static func sweep(_ state: inout State, now: TetherInstant) {
+        for (name, channel) in state.channels where channel.isIdle(at: now) { Self.forget(name, &state) }
+    }
+
+    private static func frame(_ kept: ChannelHistory<Kept>.Publication, of channel: String, epoch: UInt64) -> Frame.Publication {
+        Frame.Publication(
+            channel: channel,
+            position: ChannelPosition(epoch: epoch, offset: kept.offset),
+            publisher: kept.payload.publisher,
+            body: kept.payload.body
+        )
+    }
+
+    private static func group(_ subscribers: some Sequence<Subscriber>) -> [ConnectionRegistry.LoopRecipients] {
+        var groups: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
+        for subscriber in subscribers where subscriber.live {
+            let loop = subscriber.handler.eventLoop
+            groups[ObjectIdentifier(loop), default: (loop, [])].handlers.append(subscriber.handler)
+        }
+        return groups.values.map { ConnectionRegistry.LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
+    }
+}

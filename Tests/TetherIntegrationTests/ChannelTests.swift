@@ -1,0 +1,267 @@
+import NIOCore
+import Testing
+import TetherCore
+import TetherGateway
+import TetherTestSupport
+
+extension IntegrationTests {
+    /// Channels on the gateway (PROTOCOL.md, section 12), driven by raw frames over TCP.
+    @Suite("Channels on the gateway", .timeLimit(.minutes(2)))
+    struct ChannelTests {
+        struct Failure: Error, CustomStringConvertible {
+            var description: String
+            init(_ description: String) { self.description = description }
+        }
+
+        /// Subscribes and returns the SUBSCRIBED.
+        static func subscribe(
+            _ connection: RawConnection,
+            _ channel: String,
+            id: UInt64 = 1,
+            from position: ChannelPosition? = nil
+        ) async throws -> Frame.Subscribed {
+            try await connection.send(.subscribe(.init(id: id, channel: channel, recoverFrom: position)))
+            guard case .subscribed(let subscribed)? = await connection.next(where: { if case .subscribed = $0 { true } else { false } })
+            else { throw Failure("no SUBSCRIBED for \(channel)") }
+            #expect(subscribed.id == id)
+            return subscribed
+        }
+
+        /// The next `count` PUBLICATIONs.
+        static func publications(_ connection: RawConnection, count: Int) async -> [Frame.Publication] {
+            var publications: [Frame.Publication] = []
+            while publications.count < count,
+                case .publication(let publication)? = await connection.next(where: { if case .publication = $0 { true } else { false } })
+            {
+                publications.append(publication)
+            }
+            return publications
+        }
+
+        static func connect(_ endpoint: Endpoint, clientID: String = "raw") async throws -> RawConnection {
+            let connection = try await RawConnection.connect(to: endpoint)
+            let welcome = try await connection.handshake(clientID: clientID, features: [.checksum, .channels])
+            #expect(welcome?.features.contains(.channels) == true)
+            return connection
+        }
+
+        static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") throws {
+            for index in range { try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
+        }
+
+        @Test("a subscriber gets what is published from then on, numbered 1, 2, 3 in the channel's epoch")
+        func live() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let bob = try await Self.connect(endpoint)
+                let subscribed = try await Self.subscribe(bob, "room.lobby")
+                #expect(subscribed.status == .ok && subscribed.epoch != 0 && subscribed.startingAfter == 0 && !subscribed.gap)
+                try Self.publish(gateway, 1...3)
+                let received = await Self.publications(bob, count: 3)
+                #expect(received.map(\.position.offset) == [1, 2, 3])
+                #expect(
+                    received.allSatisfy { $0.position.epoch == subscribed.epoch && $0.publisher == "alice" && $0.channel == "room.lobby" }
+                )
+                #expect(received.map { String(buffer: $0.body) } == ["msg-1", "msg-2", "msg-3"])
+                bob.close()
+            }
+        }
+
+        @Test("a subscriber that comes back with its position gets what it missed, then the live ones, each offset once")
+        func recovery() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let first = try await Self.connect(endpoint, clientID: "bob")
+                let epoch = try await Self.subscribe(first, "room.lobby").epoch
+                try Self.publish(gateway, 1...5)
+                #expect(await Self.publications(first, count: 5).map(\.position.offset) == [1, 2, 3, 4, 5])
+                first.close()
+                try await first.waitForClose()
+                try Self.publish(gateway, 6...10)  // bob is away
+
+                let second = try await Self.connect(endpoint, clientID: "bob")
+                let subscribed = try await Self.subscribe(second, "room.lobby", from: ChannelPosition(epoch: epoch, offset: 5))
+                #expect(subscribed.status == .ok && subscribed.epoch == epoch && subscribed.startingAfter == 5 && !subscribed.gap)
+                try Self.publish(gateway, 11...12)
+                let received = await Self.publications(second, count: 7)
+                #expect(received.map(\.position.offset) == Array(6...12))
+                #expect(received.map { String(buffer: $0.body) } == (6...12).map { "msg-\($0)" })
+                second.close()
+            }
+        }
+
+        @Test(
+            "when history no longer reaches back, SUBSCRIBED says gap and the count follows from its offsets; another epoch is an unknown gap"
+        )
+        func gap() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 3, maxAge: .seconds(60)))
+                    ])
+                })
+                let bob = try await Self.connect(endpoint)
+                let epoch = try await Self.subscribe(bob, "room.lobby").epoch
+                try await bob.send(.unsubscribe(.init(channel: "room.lobby")))
+                try Self.publish(gateway, 1...10)  // keeps 8, 9, 10
+
+                let behind = try await Self.subscribe(bob, "room.lobby", id: 2, from: ChannelPosition(epoch: epoch, offset: 2))
+                #expect(behind.gap && behind.startingAfter == 7, "offsets 3...7 are lost: 5 of them")
+                #expect(await Self.publications(bob, count: 3).map(\.position.offset) == [8, 9, 10])
+
+                let stranger = try await Self.subscribe(bob, "room.lobby", id: 3, from: ChannelPosition(epoch: epoch &+ 1, offset: 9))
+                #expect(stranger.gap && stranger.epoch == epoch && stranger.startingAfter == 7)
+                #expect(await Self.publications(bob, count: 3).map(\.position.offset) == [8, 9, 10])
+
+                let current = try await Self.subscribe(bob, "room.lobby", id: 4, from: ChannelPosition(epoch: epoch, offset: 10))
+                #expect(!current.gap && current.startingAfter == 10)
+                bob.close()
+            }
+        }
+
+        @Test("a recovery longer than a page goes in pages while publications go on: every offset once, in order")
+        func pages() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels = try! .init(
+                        rules: [.init(pattern: .all, history: try! ChannelRetention(maxCount: 10_000, maxAge: .seconds(60)))],
+                        recoveryPageSize: 7
+                    )
+                })
+                let bob = try await Self.connect(endpoint)
+                let epoch = try await Self.subscribe(bob, "room.lobby").epoch
+                try await bob.send(.unsubscribe(.init(channel: "room.lobby")))
+                try Self.publish(gateway, 1...500)
+                let publisher = Task {
+                    for index in 501...1_000 {
+                        try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: "room.lobby")
+                        if index % 50 == 0 { await Task.yield() }
+                    }
+                }
+                let subscribed = try await Self.subscribe(bob, "room.lobby", id: 2, from: ChannelPosition(epoch: epoch, offset: 0))
+                #expect(!subscribed.gap && subscribed.startingAfter == 0)
+                try await publisher.value
+                let offsets = await Self.publications(bob, count: 1_000).map(\.position.offset)
+                let wrong = zip(offsets, 1...1_000).first { $0.0 != UInt64($0.1) }
+                #expect(
+                    offsets.count == 1_000 && wrong == nil,
+                    "\(offsets.count) received; first out of place: \(String(describing: wrong))"
+                )
+                bob.close()
+            }
+        }
+
+        @Test("a client may subscribe only where its credentials and the authorize hook allow; refusals say why")
+        func authorization() async throws {
+            struct Restricted: ClientAuthenticator {
+                func authenticate(_ hello: HandshakeInfo) async throws -> ClientIdentity {
+                    ClientIdentity(clientID: hello.clientID, channels: [try ChannelPattern("room.*")])
+                }
+            }
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    authenticator: Restricted(),
+                    routes: { gateway in
+                        gateway.authorize { access, _ in access != .subscribe(channel: "room.secret") }
+                    }
+                )
+                let bob = try await Self.connect(endpoint)
+                let news = try await Self.subscribe(bob, "news", id: 1)
+                #expect(news.status == .permissionDenied && news.message.contains("news"))
+                let secret = try await Self.subscribe(bob, "room.secret", id: 2)
+                #expect(secret.status == .permissionDenied)
+                #expect(try await Self.subscribe(bob, "room.lobby", id: 3).status == .ok)
+                bob.close()
+            }
+        }
+
+        @Test("past the subscriptions a connection may hold, SUBSCRIBE gets resource exhausted; a resubscription does not count twice")
+        func subscriptionLimit() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels?.maxSubscriptionsPerConnection = 2
+                })
+                let bob = try await Self.connect(endpoint)
+                #expect(try await Self.subscribe(bob, "a", id: 1).status == .ok)
+                #expect(try await Self.subscribe(bob, "b", id: 2).status == .ok)
+                #expect(try await Self.subscribe(bob, "a", id: 3).status == .ok)
+                #expect(try await Self.subscribe(bob, "c", id: 4).status == .resourceExhausted)
+                try await bob.send(.unsubscribe(.init(channel: "b")))
+                #expect(try await Self.subscribe(bob, "c", id: 5).status == .ok)
+                bob.close()
+            }
+        }
+
+        @Test("after UNSUBSCRIBE nothing of the channel arrives; a channel without history has no positions and recovers nothing")
+        func unsubscribeAndNoHistory() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: try! ChannelPattern("live.*"), history: nil),
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 10, maxAge: .seconds(60))),
+                    ])
+                })
+                let bob = try await Self.connect(endpoint)
+                let live = try await Self.subscribe(bob, "live.scores", from: ChannelPosition(epoch: 0, offset: 0))
+                #expect(live.status == .ok && live.epoch == 0 && live.gap, "nothing could be recovered")
+                try Self.publish(gateway, 1...2, to: "live.scores")
+                #expect(
+                    await Self.publications(bob, count: 2).map(\.position)
+                        == Array(repeating: ChannelPosition(epoch: 0, offset: 0), count: 2)
+                )
+
+                try await bob.send(.unsubscribe(.init(channel: "live.scores")))
+                try await bob.send(.ping(.init(id: 9)))
+                guard case .pong? = await bob.next()?.payload else { throw Failure("PONG first") }
+                try Self.publish(gateway, 3...3, to: "live.scores")
+                try await bob.send(.ping(.init(id: 10)))
+                let next = await bob.next()?.payload
+                guard case .pong(let pong)? = next, pong.id == 10 else {
+                    throw Failure("nothing of the channel after UNSUBSCRIBE, got \(String(describing: next))")
+                }
+                bob.close()
+            }
+        }
+
+        @Test(
+            "the histories keep at most maxHistoryBytes together (the channel published to gives up its oldest); past maxChannels a new channel is refused"
+        )
+        func bounds() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels = try! .init(
+                        rules: [.init(pattern: .all, history: try! ChannelRetention(maxCount: 1_000, maxAge: .seconds(60)))],
+                        maxChannels: 2,
+                        maxHistoryBytes: 100
+                    )
+                })
+                let bob = try await Self.connect(endpoint)
+                let epoch = try await Self.subscribe(bob, "a", id: 1).epoch
+                try await bob.send(.unsubscribe(.init(channel: "a")))
+                for _ in 1...20 { try gateway.publish(ByteBuffer(repeating: 7, count: 10), toChannel: "a") }
+                let recovered = try await Self.subscribe(bob, "a", id: 2, from: ChannelPosition(epoch: epoch, offset: 0))
+                #expect(recovered.gap && recovered.startingAfter == 10, "100 bytes: the last 10 publications of 10 bytes")
+                #expect(await Self.publications(bob, count: 10).map(\.position.offset) == Array(11...20))
+
+                #expect(try await Self.subscribe(bob, "b", id: 3).status == .ok)
+                let third = try await Self.subscribe(bob, "c", id: 4)
+                #expect(third.status == .resourceExhausted && third.message.contains("2 channels"))
+                bob.close()
+            }
+        }
+
+        @Test("a gateway without channels does not offer the feature, and publishing says so")
+        func disabled() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(configure: { $0.channels = nil })
+                let raw = try await RawConnection.connect(to: endpoint)
+                let welcome = try await raw.handshake(features: [.checksum, .channels])
+                #expect(welcome?.features == .checksum)
+                #expect {
+                    try gateway.publish(ByteBuffer(), toChannel: "news")
+                } throws: { ($0 as? GatewayError)?.code == .disabled }
+                raw.close()
+            }
+        }
+    }
+}
