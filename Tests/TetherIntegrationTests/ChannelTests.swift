@@ -151,6 +151,45 @@ extension IntegrationTests {
             }
         }
 
+        @Test("after each SUBSCRIBED of a resubscription, while another thread publishes, only offsets past its start arrive, contiguous")
+        func resubscribeWhilePublishing() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let bob = try await Self.connect(endpoint)
+                #expect(try await Self.subscribe(bob, "room.lobby").status == .ok)
+                let publisher = Task.detached {
+                    for index in 1...4_000 {
+                        try gateway.publish(ByteBuffer(string: "\(index)"), toChannel: "room.lobby")
+                        if index % 200 == 0 { try await Task.sleep(for: .milliseconds(1)) }
+                    }
+                }
+                var id: UInt64 = 1
+                var last: UInt64 = 0
+                var resubscriptions = 0
+                var misplaced: [String] = []
+                while last < 4_000, let frame = await bob.next() {
+                    switch frame.payload {
+                    case .publication(let publication):
+                        if publication.position.offset != last + 1 { misplaced.append("\(publication.position.offset) after \(last)") }
+                        last = publication.position.offset
+                        if last % 150 == 0, last < 3_900 {
+                            id += 1
+                            resubscriptions += 1
+                            try await bob.send(.subscribe(.init(id: id, channel: "room.lobby")))
+                        }
+                    case .subscribed(let subscribed) where subscribed.id == id:
+                        last = subscribed.startingAfter  // what it sends next follows this
+                    default:
+                        break  // publications of the replaced subscription, before its SUBSCRIBED
+                    }
+                }
+                try await publisher.value
+                #expect(resubscriptions > 10)
+                #expect(misplaced.isEmpty, "\(misplaced.prefix(5))")
+                bob.close()
+            }
+        }
+
         @Test("a client may subscribe only where its credentials and the authorize hook allow; refusals say why")
         func authorization() async throws {
             struct Restricted: ClientAuthenticator {

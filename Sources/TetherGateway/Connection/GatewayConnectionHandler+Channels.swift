@@ -21,7 +21,7 @@ extension GatewayConnectionHandler {
             // (the client drops those that arrive before SUBSCRIBED).
             self.pushes?.drain()
             self.write(.subscribed(subscribed))
-            self.send(page)
+            self.send(page, of: request.channel)
             self.flushSoon()
         }
     }
@@ -30,6 +30,7 @@ extension GatewayConnectionHandler {
     func unsubscribe(from channel: String) {
         self.services.pushes.channels?.unsubscribe(connection: self.id, from: channel)
         self.recoveries.removeAll { $0.channel == channel }
+        self.liveChannels[channel] = nil
     }
 
     /// The connection closed: it leaves its channels.
@@ -47,7 +48,7 @@ extension GatewayConnectionHandler {
         self.recoveries.removeAll()
         for continuation in waiting {
             // A subscription replaced or left meanwhile has no page.
-            if let page = hub.continueRecovery(connection: self.id, continuation) { self.send(page) }
+            if let page = hub.continueRecovery(connection: self.id, continuation) { self.send(page, of: continuation.channel) }
         }
         self.flushSoon()
     }
@@ -60,7 +61,7 @@ extension GatewayConnectionHandler {
 
     /// Writes a page of a recovery, and schedules the next one: at once while the connection
     /// is writable, else when it becomes writable again.
-    private func send(_ page: ChannelHub.Page) {
+    private func send(_ page: ChannelHub.Page, of channel: String) {
         let limit = self.machine.peerMaxBodySize ?? Int.max
         for publication in page.publications {
             guard publication.bodySize <= limit else {
@@ -71,9 +72,23 @@ extension GatewayConnectionHandler {
             }
             self.write(.publication(publication))
         }
+        if let liveAfter = page.liveAfter { self.liveChannels[channel] = liveAfter }
         guard let next = page.next else { return }
         self.recoveries.append(next)
         self.scheduleRecoveries()
+    }
+
+    /// Whether every publication among `messages` is for a live subscription of this
+    /// connection and published after it went live (a push always is).
+    func takesEvery(_ messages: [EncodedPush.Message]) -> Bool {
+        messages.allSatisfy(self.takes)
+    }
+
+    /// Whether `message` is a push, or a publication this connection's subscription gets.
+    func takes(_ message: EncodedPush.Message) -> Bool {
+        guard case .publication(let publication, let sequence) = message else { return true }
+        guard let liveAfter = self.liveChannels[publication.channel] else { return false }
+        return sequence > liveAfter
     }
 
     /// Schedules ``continueRecoveries()`` if the connection is writable; otherwise

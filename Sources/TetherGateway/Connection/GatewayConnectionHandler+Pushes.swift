@@ -16,14 +16,14 @@ extension GatewayConnectionHandler {
         guard let context = self.context, self.machine.isEstablished, let limit = self.machine.peerMaxBodySize else { return false }
         guard self.keepsUp(context: context) else { return false }
         let flushOwed = self.io.flushOwed
-        if self.io.framing == .byteStream, push.largestBody <= limit,
+        if self.io.framing == .byteStream, push.largestBody <= limit, !push.hasPublications || self.takesEvery(push.pushes),
             let bytes = self.sharedFrames(of: push, compressed: &compressed, context: context)
         {
             self.io.write(encoded: bytes, context: context)
         } else {
             // One frame per message, or a push over this client's limit: each push on its own.
             var wrote = false
-            for frame in push.pushes {
+            for frame in push.pushes where self.takes(frame) {
                 guard frame.bodySize <= limit else {
                     self.services.metrics.refused("push_size")
                     self.logger.warning(

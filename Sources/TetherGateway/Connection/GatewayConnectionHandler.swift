@@ -85,6 +85,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     var deliveryInflater: PayloadInflater?
     /// The connection subscribed to a channel once: it leaves the hub when it closes.
     var subscribesToChannels = false
+    /// The channels whose live publications this connection writes: those published after
+    /// the sequence given (see ``ChannelHub``).
+    var liveChannels: [String: UInt64] = [:]
     /// Channel recoveries whose next page waits for the connection to drain.
     var recoveries: [ChannelHub.Continuation] = []
     var recoveryScheduled = false

@@ -14,6 +14,12 @@ import TetherNIO
 /// A recovery longer than ``GatewayConfiguration/Channels-swift.struct/recoveryPageSize``
 /// goes in pages: the subscriber is registered as *recovering* (it gets no live publication)
 /// until the page that reaches the top, read in the same step that makes it live.
+///
+/// Each publication of a channel also gets a *sequence* on this node (history or not), and a
+/// subscription that goes live is told the sequence it goes live after: its connection writes
+/// only the publications after it. A publication whose recipients were read before a
+/// resubscription (and that is still on its way to the connection's loop) is not written
+/// after the new SUBSCRIBED, nor one that arrives after an UNSUBSCRIBE.
 final class ChannelHub: Sendable {
     /// A publication kept in a channel's history.
     struct Kept: Sendable {
@@ -31,6 +37,9 @@ final class ChannelHub: Sendable {
     struct Page: Sendable {
         var publications: [Frame.Publication]
         var next: Continuation?
+        /// When the subscription went live with this page: the sequence of the channel's last
+        /// publication, after which the connection writes the live ones.
+        var liveAfter: UInt64?
     }
 
     /// Where a recovery continues: after `position`, for the subscription made at `generation`
@@ -53,6 +62,8 @@ final class ChannelHub: Sendable {
         var subscribers: [UInt64: Subscriber] = [:]
         /// The live subscribers grouped by loop, built at the first publication after a change.
         var recipients: [ConnectionRegistry.LoopRecipients]?
+        /// The sequence of the last publication on this node.
+        var sequence: UInt64 = 0
 
         /// Nothing to keep it for: no subscriber, no publication kept.
         func isIdle(at now: TetherInstant) -> Bool {
@@ -128,6 +139,7 @@ final class ChannelHub: Sendable {
                 // Live publications only: nothing recovered, and a subscriber that asked knows it.
                 subscribed.gap = request.recoverFrom != nil
             }
+            if page.next == nil { page.liveAfter = channel.sequence }
             channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation)
             channel.recipients = nil
             if !already { state.channelsOf[id, default: []].insert(request.channel) }
@@ -155,6 +167,7 @@ final class ChannelHub: Sendable {
             } else {
                 state.channels[continuation.channel]!.subscribers[id]!.live = true
                 state.channels[continuation.channel]!.recipients = nil
+                page.liveAfter = state.channels[continuation.channel]!.sequence
             }
             return page
         }
@@ -176,20 +189,25 @@ final class ChannelHub: Sendable {
         }
     }
 
-    /// Appends a publication to `channel`'s history (if it keeps one) and returns it with the
-    /// live subscribers to send it to.
-    func publish(_ body: ByteBuffer, to channel: String, publisher: String) -> (Frame.Publication, [ConnectionRegistry.LoopRecipients]) {
+    /// Appends a publication to `channel`'s history (if it keeps one) and returns it with its
+    /// sequence and the live subscribers to send it to.
+    func publish(
+        _ body: ByteBuffer,
+        to channel: String,
+        publisher: String
+    ) -> (Frame.Publication, sequence: UInt64, [ConnectionRegistry.LoopRecipients]) {
         let now = self.clock.now
         return self.state.withLockedValue { state in
             var publication = Frame.Publication(channel: channel, publisher: publisher, body: body)
             if state.channels[channel] == nil {
                 guard self.configuration.history(of: channel) != nil, state.channels.count < self.configuration.maxChannels else {
-                    return (publication, [])  // no subscriber, and nothing to keep it in
+                    return (publication, 0, [])  // no subscriber, and nothing to keep it in
                 }
                 state.channels[channel] = self.newChannel(channel)
             }
             var entry = state.channels.removeValue(forKey: channel)!
             defer { state.channels[channel] = entry }
+            entry.sequence += 1
             if var history = entry.history {
                 entry.history = nil  // appended in place, not copied
                 let before = history.keptWeight
@@ -204,7 +222,7 @@ final class ChannelHub: Sendable {
                 entry.history = history
             }
             if entry.recipients == nil { entry.recipients = Self.group(entry.subscribers.values) }
-            return (publication, entry.recipients!)
+            return (publication, entry.sequence, entry.recipients!)
         }
     }
 

@@ -9,19 +9,22 @@ struct EncodedPush: Sendable {
     /// A frame sent to many connections: a PUSH, or a channel's PUBLICATION.
     enum Message: Sendable {
         case push(Frame.Push)
-        case publication(Frame.Publication)
+        /// `sequence`: the publication's number among every publication of its channel on this
+        /// node (with or without history), which tells a subscriber's connection whether it
+        /// was published after the subscription went live (see ``ChannelHub``).
+        case publication(Frame.Publication, sequence: UInt64)
 
         var payload: Frame.Payload {
             switch self {
             case .push(let push): .push(push)
-            case .publication(let publication): .publication(publication)
+            case .publication(let publication, _): .publication(publication)
             }
         }
 
         var bodySize: Int {
             switch self {
             case .push(let push): push.bodySize
-            case .publication(let publication): publication.bodySize
+            case .publication(let publication, _): publication.bodySize
             }
         }
 
@@ -29,7 +32,7 @@ struct EncodedPush: Sendable {
         var name: String {
             switch self {
             case .push(let push): push.topic
-            case .publication(let publication): publication.channel
+            case .publication(let publication, _): publication.channel
             }
         }
     }
@@ -44,6 +47,9 @@ struct EncodedPush: Sendable {
     var checksummed: ByteBuffer
     /// The size of the largest body among ``pushes``, for the recipients' size limits.
     var largestBody: Int
+    /// Whether a channel publication is among ``pushes`` (each recipient checks it is for one
+    /// of its live subscriptions).
+    var hasPublications: Bool
 
     init(_ push: Frame.Push, allocator: ByteBufferAllocator) throws(FrameEncodingError) {
         try self.init(.push(push), allocator: allocator)
@@ -62,12 +68,14 @@ struct EncodedPush: Sendable {
         self.plain = both.readSlice(length: plainSize)!
         self.checksummed = both
         self.largestBody = push.bodySize
+        if case .publication = push { self.hasPublications = true } else { self.hasPublications = false }
     }
 
     /// Several encoded pushes as one, their frames joined in order.
     init(joining parts: some Collection<EncodedPush>, allocator: ByteBufferAllocator) {
         self.pushes = []
         self.largestBody = 0
+        self.hasPublications = false
         self.plain = allocator.buffer(capacity: parts.reduce(0) { $0 + $1.plain.readableBytes })
         self.checksummed = allocator.buffer(capacity: parts.reduce(0) { $0 + $1.checksummed.readableBytes })
         for part in parts {
@@ -75,6 +83,7 @@ struct EncodedPush: Sendable {
             self.plain.writeImmutableBuffer(part.plain)
             self.checksummed.writeImmutableBuffer(part.checksummed)
             self.largestBody = max(self.largestBody, part.largestBody)
+            self.hasPublications = self.hasPublications || part.hasPublications
         }
     }
 

@@ -63,14 +63,14 @@ struct Pusher: Sendable {
         guard publisher.utf8.count <= Int(UInt16.max) else {
             throw GatewayError(code: .invalidArgument, message: "a publisher must be at most 65535 bytes long")
         }
-        let (publication, recipients) = hub.publish(body, to: channel, publisher: publisher)
+        let (publication, sequence, recipients) = hub.publish(body, to: channel, publisher: publisher)
         guard !recipients.isEmpty else {
             self.metrics.pushed("channel", recipients: 0)
             return (publication.position, 0)
         }
         let push: EncodedPush
         do {
-            push = try EncodedPush(.publication(publication), allocator: Self.allocator)
+            push = try EncodedPush(.publication(publication, sequence: sequence), allocator: Self.allocator)
         } catch {
             throw GatewayError(code: .invalidArgument, message: "the publication cannot be encoded: \(error.message)")
         }
