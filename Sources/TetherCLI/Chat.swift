@@ -6,7 +6,12 @@ import Tether
 struct Chat: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "An interactive chat room over a gateway started with `tether serve`.",
-        discussion: "Type a line and press return to send it; Ctrl-D leaves."
+        discussion: """
+            Type a line and press return to send it; Ctrl-D leaves. The room's messages come from \
+            the channel chat.ROOM: after a lost connection, the ones sent meanwhile arrive when it \
+            is back, or a line says how many were missed when the gateway's history no longer \
+            reaches back.
+            """
     )
 
     @Option(help: "Your name (used as the client id).")
@@ -30,7 +35,7 @@ struct Chat: AsyncParsableCommand {
 
         try await withThrowingDiscardingTaskGroup { group in
             let events = client.events
-            let messages = client.pushes(topic: "chat.message")
+            let messages = client.subscribe(DemoService.channel(of: room))
             let presence = client.pushes(topic: "chat.presence")
             group.addTask { try await client.run() }
             group.addTask {
@@ -53,10 +58,25 @@ struct Chat: AsyncParsableCommand {
                 }
             }
             group.addTask {
-                for await push in messages {
-                    if let message = try? JSONDecoder().decode(DemoService.ChatMessage.self, from: Data(push.body.readableBytesView)) {
-                        print("[\(message.room)] \(message.from): \(message.text)")
+                do {
+                    for try await event in messages {
+                        switch event {
+                        case .publication(let publication):
+                            if let message = try? JSONDecoder().decode(
+                                DemoService.ChatMessage.self,
+                                from: Data(publication.body.readableBytesView)
+                            ) {
+                                print("[\(message.room)] \(message.from): \(message.text)")
+                            }
+                        case .gap(let gap):
+                            let count = gap.missed.map { "\($0) messages" } ?? "an unknown number of messages"
+                            print("* gap: \(count) of #\(room) missed while away; the gateway's history no longer has them")
+                        case .subscribed(let recovered):
+                            if !recovered { print("* #\(room) may have had messages while away that cannot be recovered") }
+                        }
                     }
+                } catch {
+                    print("* #\(room)'s messages stopped: \(error)")
                 }
             }
             group.addTask {

@@ -12,7 +12,7 @@ import TetherNIO
 /// | `echo` | anything | the same bytes |
 /// | `time.now` | — | the gateway's time, ISO 8601 |
 /// | `chat.join` | a room name | `joined ROOM (N online)`; pushes `chat.presence` to the room |
-/// | `chat.send` | `{"room": "...", "text": "..."}` | `delivered to N`; pushes `chat.message` to the room |
+/// | `chat.send` | `{"room": "...", "text": "..."}` | `delivered to N`; pushes `chat.message` to the room, and publishes the message to the channel `chat.ROOM` (whose history lets a subscriber that was away catch up) |
 /// | `chat.leave` | a room name | `left ROOM` |
 /// | `demo.slow` | milliseconds to sleep | `slept N ms` (honours cancellation) |
 ///
@@ -68,7 +68,9 @@ enum DemoService {
                 throw RequestError(.permissionDenied, "join '\(send.room)' before sending to it")
             }
             let message = ChatMessage(room: send.room, from: context.connection.clientID, text: send.text)
-            let recipients = try context.push("chat.message", Self.json(message), to: .room(send.room))
+            let body = try Self.json(message)
+            let recipients = try context.push("chat.message", body, to: .room(send.room))
+            if send.room.utf8.count + 5 <= 255 { try context.publish(body, toChannel: Self.channel(of: send.room)) }
             return ByteBuffer(string: "delivered to \(recipients)")
         }
 
@@ -92,6 +94,9 @@ enum DemoService {
             return ByteBuffer(string: "slept \(milliseconds) ms")
         }
     }
+
+    /// The channel a room's messages are published to: `chat.ROOM`.
+    static func channel(of room: String) -> String { "chat.\(room)" }
 
     static func json(_ value: some Encodable) throws -> ByteBuffer {
         ByteBuffer(bytes: try JSONEncoder().encode(value))

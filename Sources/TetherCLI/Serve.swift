@@ -141,6 +141,8 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup(title: "Limits on what clients may claim") var limits: LimitOptions
 
+    @OptionGroup(title: "Channels") var channels: ChannelOptions
+
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
@@ -157,6 +159,7 @@ struct Serve: AsyncParsableCommand {
         try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
         try self.limits.apply(to: &configuration.limits)
+        try self.channels.apply(to: &configuration)
         let logger = Logger(label: "tether.serve")
         var authenticator: JWTAuthenticator?
         configuration.insecureOpen = self.insecureOpen
