@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 /// The lock budgets of the hot paths, counted, not estimated: `tether-lock-probe` (a process of
-/// its own, so that nothing else is counted) runs a request (three ways), a push and a reliable
+/// its own, so that nothing else is counted) runs a request (three ways), a push, a channel publication and a reliable
 /// message 500 times each, in three rounds of which it keeps the least, and counts every
 /// acquisition of Tether's one lock type (`TetherLock`, by where each lock was made and where
 /// it was taken); these tests hold the counts per operation to their budgets. A lock that lands
@@ -38,6 +38,10 @@ struct LockBudgetTests {
         // A push to a client id: the registry's lookup on the gateway; none on the client.
         Budget(operation: "push", module: "TetherGateway", budget: 1),
         Budget(operation: "push", module: "Tether", budget: 0),
+        // A publication to a channel: the channel hub's append and lookup on the gateway; none
+        // on the client (its subscriptions live on its event loop).
+        Budget(operation: "publish", module: "TetherGateway", budget: 1),
+        Budget(operation: "publish", module: "Tether", budget: 0),
         // A reliable message (send, MESSAGE_ACK, delivery to another client, its DELIVERY_ACK),
         // with the in-memory stores: what it takes today, 24.1 to 24.5 (the least of three
         // rounds; the consumer that waits for a delivery adds up to one, as the timing falls).

@@ -18,6 +18,8 @@ import TetherNIO
 /// - `request.inline`: `request("echo.inline")`, an inline handler;
 /// - `request.callback`: `dataTask("echo.inline") { … }.resume()`, the callback API;
 /// - `push`: a `Gateway.push` to alice's client id, until alice's `pushes()` yields it;
+/// - `publish`: a `Gateway.publish` to a channel alice subscribed to (its history kept),
+///   until her subscription yields it;
 /// - `reliable`: alice's `send("dm")` to bob, until its outcome is acknowledged and bob's
 ///   `deliveries()` yields it, and bob's acknowledgement.
 ///
@@ -75,6 +77,13 @@ struct LockProbe {
             report["push"] = try await Self.measure(count) {
                 _ = try gateway.push("probe", body, to: .client("alice"))
                 _ = await pushIterator.value.next()
+            }
+
+            let publications = UnsafeBox(alice.subscribe("probe.channel").makeAsyncIterator())
+            guard case .subscribed? = try await publications.value.next() else { throw ProbeError("alice was not subscribed") }
+            report["publish"] = try await Self.measure(count) {
+                try gateway.publish(body, toChannel: "probe.channel")
+                guard case .publication? = try await publications.value.next() else { throw ProbeError("no publication") }
             }
 
             let deliveries = UnsafeBox(bob.deliveries().makeAsyncIterator())
