@@ -46,14 +46,17 @@ extension IntegrationTests {
             for index in range { try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
         }
 
-        @Test("bob's connection is cut while alice publishes: on reconnect he gets what he missed, then the live ones, each once, in order")
-        func recoversAcrossCut() async throws {
+        @Test(
+            "bob's connection is cut while alice publishes: on reconnect he gets what he missed, then the live ones, each once, in order",
+            arguments: Endpoint.Transport.allCases
+        )
+        func recoversAcrossCut(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
+                let (gateway, endpoint) = try await harness.gateway(transport: transport)
                 let proxy = TCPFaultProxy(upstream: endpoint)
                 let address = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)], clientID: "bob")
+                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!, transport: transport)], clientID: "bob")
                 let events = harness.events(of: bob)
                 let reader = Reader(bob.subscribe("room.lobby"), in: harness)
                 try await eventually("bob is subscribed") { reader.subscriptions == [true] }
