@@ -362,7 +362,7 @@ extension IntegrationTests {
         }
 
         @Test(
-            "a Python websockets client frames its own HELLO and REQUEST and gets WELCOME and RESPONSE; PING, close codes and HTTP refusals follow RFC 6455",
+            "a Python websockets client frames its own HELLO, REQUEST and channel frames and gets WELCOME, RESPONSE, SUBSCRIBED and PUBLICATION; PING, close codes and HTTP refusals follow RFC 6455",
             .requires(.pythonWebsockets),
             arguments: [Endpoint.Transport.webSocket, .secureWebSocket]
         )
@@ -372,7 +372,13 @@ extension IntegrationTests {
                 let (_, endpoint) = try await harness.gateway(
                     transport: transport,
                     configure: { $0.webSocket?.allowedOrigins = ["https://app.example"] },
-                    routes: Self.echo
+                    routes: { gateway in
+                        Self.echo(gateway)
+                        gateway.handle("publish") { request, context in
+                            try context.publish(request.body, toChannel: "py.room")
+                            return ByteBuffer()
+                        }
+                    }
                 )
                 let caPath = try TestCertificates.write(Self.certificates.authority.certificatePEM, name: "ca.pem")
                 let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Peers/websocket_peer.py")
@@ -396,7 +402,7 @@ extension IntegrationTests {
                 }
                 for check in [
                     "upgrade", "handshake", "request", "ping", "fragments", "fragments-1", "fragments-ping", "close-code", "text-1003",
-                    "http-404", "http-426", "http-400", "http-403",
+                    "http-404", "http-426", "http-400", "http-403", "channel-subscribe", "channel-publication", "channel-recovery",
                 ] {
                     let result = results[check]
                     #expect(result?.ok == true, "\(check): \(result?.detail ?? "not reported"); output:\n\(output.joined(separator: "\n"))")

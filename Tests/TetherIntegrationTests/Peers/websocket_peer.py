@@ -21,8 +21,16 @@ It checks, in order, and prints one JSON object per line, {"check": ..., "ok": .
   http-426    a GET on the path without `Upgrade: websocket` gets HTTP 426
   http-400    an upgrade without the tether.v1 subprotocol gets HTTP 400
   http-403    an upgrade from the refused origin gets HTTP 403
-Only the frame header (section 2), CRC-32C (2.2), HELLO (4.1), REQUEST (4.3), RESPONSE (4.4)
-and ERROR (4.9) are implemented here, plus the WebSocket binding ("Transport bindings").
+  channel-subscribe   with the channels feature, SUBSCRIBE `py.room` gets SUBSCRIBED ok with a
+                      non-zero epoch
+  channel-publication a REQUEST `publish` (the gateway publishes its body to `py.room`) brings
+                      a PUBLICATION at offset 1, with this peer's client id as publisher
+  channel-recovery    on a new connection, SUBSCRIBE recovering from (epoch, 0) gets SUBSCRIBED
+                      starting after 0 without gap, then the publication at offset 1 again
+The gateway must also route `publish` to a handler that publishes the request's body to the
+channel `py.room`. Only the frame header (section 2), CRC-32C (2.2), HELLO (4.1), REQUEST
+(4.3), RESPONSE (4.4), ERROR (4.9), the channel frames (4.15-4.17) and the WebSocket binding
+("Transport bindings") are implemented here.
 """
 import asyncio
 import json
@@ -37,7 +45,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 MAGIC, VERSION, HEADER = b"TH", 1, 26
 HELLO, WELCOME, REQUEST, RESPONSE, ERROR = 0x01, 0x02, 0x03, 0x04, 0x0A
+SUBSCRIBE, SUBSCRIBED, PUBLICATION = 0x20, 0x21, 0x22
 CHECKSUM_FLAG = 0x0001
+FEATURE_CHECKSUM, FEATURE_CHANNELS = 0x01, 0x20
 
 
 def crc32c_table():
@@ -86,9 +96,39 @@ def tlv(tag, value):
     return struct.pack(">HH", tag, len(value)) + value
 
 
-def hello_body(client_id):
-    # min version, max version, features (none), max body size, fields: client id, user agent
-    return struct.pack(">BBII", 1, 1, 0, 1 << 20) + tlv(1, client_id.encode()) + tlv(3, b"websocket_peer.py")
+def hello_body(client_id, features=0):
+    # min version, max version, features, max body size, fields: client id, user agent
+    return struct.pack(">BBII", 1, 1, features, 1 << 20) + tlv(1, client_id.encode()) + tlv(3, b"websocket_peer.py")
+
+
+def string(text):
+    data = text.encode()
+    return struct.pack(">H", len(data)) + data
+
+
+def read_string(body, offset):
+    (length,) = struct.unpack(">H", body[offset:offset + 2])
+    return body[offset + 2:offset + 2 + length].decode(), offset + 2 + length
+
+
+def subscribe_body(channel, position=None):
+    if position is None:
+        return string(channel) + struct.pack(">BQQ", 0, 0, 0)
+    return string(channel) + struct.pack(">BQQ", 1, position[0], position[1])
+
+
+def parse_subscribed(body):
+    (status,) = struct.unpack(">H", body[:2])
+    message, offset = read_string(body, 2)
+    epoch, starting_after, gap = struct.unpack(">QQB", body[offset:offset + 17])
+    return status, message, epoch, starting_after, gap
+
+
+def parse_publication(body):
+    channel, offset = read_string(body, 0)
+    epoch, position = struct.unpack(">QQ", body[offset:offset + 16])
+    publisher, offset = read_string(body, offset + 16)
+    return channel, epoch, position, publisher, body[offset:]
 
 
 def request_body(method, payload, timeout_ms=5000):
@@ -144,6 +184,53 @@ async def conversation(url, context):
         except ConnectionClosed as closed:
             code = closed.rcvd.code if closed.rcvd else None
             report("close-code", got_error and code == 1002, "ERROR frame: %s, close code %s" % (got_error, code))
+
+
+async def next_of(ws, wanted):
+    """The next frame of type `wanted`, skipping others (a RESPONSE, a PING's answer)."""
+    while True:
+        frame_type, frame_id, body = parse(await asyncio.wait_for(ws.recv(), 10))
+        if frame_type == wanted:
+            return frame_id, body
+
+
+async def channels(url, context):
+    features = FEATURE_CHECKSUM | FEATURE_CHANNELS
+    async with connect(url, subprotocols=["tether.v1"], ssl=context, open_timeout=10) as ws:
+        await ws.send(frame(HELLO, 0, hello_body("python-peer-channels", features)))
+        frame_type, _, body = parse(await asyncio.wait_for(ws.recv(), 10))
+        (negotiated,) = struct.unpack(">I", body[1:5]) if frame_type == WELCOME else (0,)
+        await ws.send(frame(SUBSCRIBE, 41, subscribe_body("py.room")))
+        frame_id, body = await next_of(ws, SUBSCRIBED)
+        status, message, epoch, starting_after, gap = parse_subscribed(body)
+        report(
+            "channel-subscribe",
+            negotiated & FEATURE_CHANNELS and frame_id == 41 and status == 0 and epoch != 0 and gap == 0,
+            "features 0x%x id %d status %d %r epoch %x after %d gap %d" % (negotiated, frame_id, status, message, epoch, starting_after, gap),
+        )
+        await ws.send(frame(REQUEST, 42, request_body("publish", b"hello channel")))
+        _, body = await next_of(ws, PUBLICATION)
+        channel, got_epoch, offset, publisher, payload = parse_publication(body)
+        report(
+            "channel-publication",
+            channel == "py.room" and got_epoch == epoch and offset == starting_after + 1
+            and publisher == "python-peer-channels" and payload == b"hello channel",
+            "%s %x/%d by %r: %r" % (channel, got_epoch, offset, publisher, payload),
+        )
+    async with connect(url, subprotocols=["tether.v1"], ssl=context, open_timeout=10) as ws:
+        await ws.send(frame(HELLO, 0, hello_body("python-peer-channels", features)))
+        parse(await asyncio.wait_for(ws.recv(), 10))
+        await ws.send(frame(SUBSCRIBE, 1, subscribe_body("py.room", (epoch, starting_after))))
+        _, body = await next_of(ws, SUBSCRIBED)
+        status, _, again, after, gap = parse_subscribed(body)
+        _, body = await next_of(ws, PUBLICATION)
+        _, _, offset, _, payload = parse_publication(body)
+        report(
+            "channel-recovery",
+            status == 0 and again == epoch and after == starting_after and gap == 0
+            and offset == starting_after + 1 and payload == b"hello channel",
+            "status %d epoch %x after %d gap %d, then offset %d %r" % (status, again, after, gap, offset, payload),
+        )
 
 
 async def echo_in_fragments(ws, check, request_id, split):
@@ -210,6 +297,10 @@ async def main():
         await text_message(url, context)
     except Exception as error:
         report("text-1003", False, repr(error))
+    try:
+        await channels(url, context)
+    except Exception as error:
+        report("channels", False, repr(error))
     path = urllib.parse.urlsplit(url).path
     status, line = raw_http(url, context, "GET /not-tether HTTP/1.1", ["Connection: close"])
     report("http-404", status == 404, line)
