@@ -197,6 +197,13 @@ final class ChannelHub: Sendable {
         publisher: String
     ) -> (Frame.Publication, sequence: UInt64, [ConnectionRegistry.LoopRecipients]) {
         let now = self.clock.now
+        // A slice of a larger buffer (a request's body is a slice of what was read) would hold
+        // all of it for as long as the history keeps the publication: kept in a buffer of its
+        // own (copied outside the lock), the bytes counted are the bytes held.
+        var body = body
+        if body.storageCapacity > 2 * body.readableBytes + 64, self.configuration.history(of: channel) != nil {
+            body = ByteBuffer(buffer: body)
+        }
         return self.state.withLockedValue { state in
             var publication = Frame.Publication(channel: channel, publisher: publisher, body: body)
             if state.channels[channel] == nil {
