@@ -152,5 +152,35 @@ extension IntegrationTests {
                 try await eventually("bob saves the message") { saved.withLockedValue { $0 } == ["hello"] }
             }
         }
+        @Test("the channels example works: the subscriber shows what the gateway publishes")
+        func channels() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let client = try harness.client([endpoint], clientID: "bob")
+                let shown = NIOLockedValueBox<[String]>([])
+                @Sendable func show(_ publisher: String, _ body: ByteBuffer) {
+                    shown.withLockedValue { $0.append("\(publisher): \(String(buffer: body))") }
+                }
+                @Sendable func showBanner(_ text: String) { shown.withLockedValue { $0.append(text) } }
+                let subscribed = NIOLockedValueBox(false)
+                harness.spawn("the README's subscription") {
+                    // --- README: "Channels: rooms that remember" ---
+                    do {
+                        for try await event in client.subscribe("room.lobby") {
+                            switch event {
+                            case .publication(let message): show(message.publisher, message.body)  // message.position: keep it to resume after a restart
+                            case .gap(let gap): showBanner("\(gap.missed.map(String.init) ?? "some") messages missed")
+                            case .subscribed: subscribed.withLockedValue { $0 = true }
+                            }
+                        }
+                    } catch {
+                        showBanner("ended: \(error)")
+                    }
+                }
+                try await eventually("subscribed") { subscribed.withLockedValue { $0 } }
+                try gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
+                try await eventually("shown") { shown.withLockedValue { $0 } == ["alice: hi all"] }
+            }
+        }
     }
 }
