@@ -2,7 +2,9 @@
 // protocol's machinery stays in TetherCore (import it to implement the protocol yourself).
 @_exported import struct TetherCore.Backoff
 @_exported import struct TetherCore.ChannelGap
+@_exported import struct TetherCore.ChannelHistoryPage
 @_exported import struct TetherCore.ChannelPosition
+@_exported import struct TetherCore.ChannelPublication
 @_exported import enum TetherCore.ClientAlert
 @_exported import struct TetherCore.Compression
 @_exported import struct TetherCore.ConfigurationError

@@ -5,6 +5,8 @@ struct TetherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tether",
         abstract: "A persistent connection between apps and their server, as simple as HTTP.",
-        subcommands: [Serve.self, Call.self, Chat.self, Send.self, Receive.self, Demo.self, Lab.self, Proxy.self, Postgres.self]
+        subcommands: [
+            Serve.self, Call.self, Chat.self, History.self, Send.self, Receive.self, Demo.self, Lab.self, Proxy.self, Postgres.self,
+        ]
     )
 }

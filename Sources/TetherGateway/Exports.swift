@@ -1,7 +1,10 @@
 // What a server needs of the lower layers comes with `import TetherGateway`, and nothing
 // more: the protocol's machinery stays in TetherCore.
+@_exported import struct TetherCore.ChannelGap
+@_exported import struct TetherCore.ChannelHistoryPage
 @_exported import struct TetherCore.ChannelPattern
 @_exported import struct TetherCore.ChannelPosition
+@_exported import struct TetherCore.ChannelPublication
 @_exported import struct TetherCore.ChannelRetention
 @_exported import struct TetherCore.ConfigurationError
 @_exported import struct TetherCore.ConversationSequence

@@ -44,6 +44,32 @@ extension Gateway {
         try self.pushes.publish(body, to: channel, publisher: publisher).0
     }
 
+    /// A page of a channel's history: the publications after `position`, or, without one, its
+    /// latest `limit` publications; oldest first.
+    ///
+    /// ```swift
+    /// let page = try gateway.history(of: "room.lobby", limit: 50)   // the last 50
+    /// ```
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
+    ///   channel name or a limit outside 1...1,000, ``GatewayError/Code/disabled`` when channels
+    ///   are off.
+    public func history(
+        of channel: String,
+        after position: ChannelPosition? = nil,
+        limit: Int = 100
+    ) throws(GatewayError) -> ChannelHistoryPage {
+        guard let hub = self.pushes.channels else {
+            throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
+        }
+        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+            throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        guard (1...ChannelHistoryQuery.maxLimit).contains(limit) else {
+            throw GatewayError(code: .invalidArgument, message: "the limit must be 1 to \(ChannelHistoryQuery.maxLimit), got \(limit)")
+        }
+        return hub.history(of: channel, after: position, limit: limit)
+    }
+
     /// Puts a connection in a room.
     /// - Returns: `false` if no established connection has this id, or its client may not be in
     ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).

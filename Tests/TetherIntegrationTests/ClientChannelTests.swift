@@ -148,3 +148,53 @@ extension IntegrationTests {
         }
     }
 }
+
+extension IntegrationTests.ClientChannelTests {
+    @Test("history pages: the latest ones, the ones after a position in pages, a gap past what is kept, refusals")
+    func historyPages() async throws {
+        try await withHarness { harness in
+            let (gateway, endpoint) = try await harness.gateway(
+                configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: try! ChannelPattern("live.*"), history: nil),
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 50, maxAge: .seconds(60))),
+                    ])
+                },
+                routes: { gateway in gateway.authorize { access, _ in access != .subscribe(channel: "room.secret") } }
+            )
+            let bob = try harness.client([endpoint], clientID: "bob")
+            try Self.publish(gateway, 1...80)  // keeps 31...80
+
+            let latest = try await bob.history(of: "room.lobby", limit: 10)
+            #expect(latest.publications.map { String(buffer: $0.body) } == (71...80).map { "msg-\($0)" })
+            #expect(latest.top == 80 && latest.gap == nil && !latest.more && latest.epoch != 0)
+            #expect(latest.publications.allSatisfy { $0.publisher == "alice" && $0.channel == "room.lobby" })
+
+            var position = ChannelPosition(epoch: latest.epoch, offset: 40)
+            var read: [UInt64] = []
+            var pages = 0
+            while true {
+                let page = try await bob.history(of: "room.lobby", after: position, limit: 15)
+                pages += 1
+                read += page.publications.map(\.position.offset)
+                guard page.more, let last = page.publications.last else { break }
+                position = last.position
+            }
+            #expect(read == Array(41...80) && pages == 3)
+
+            let behind = try await bob.history(of: "room.lobby", after: ChannelPosition(epoch: latest.epoch, offset: 5), limit: 1_000)
+            #expect(behind.gap?.missed == 25 && behind.publications.first?.position.offset == 31 && behind.publications.count == 50)
+            #expect(try gateway.history(of: "room.lobby", limit: 3).publications.map(\.position.offset) == [78, 79, 80])
+
+            let none = try await bob.history(of: "live.scores")
+            #expect(none.epoch == 0 && none.publications.isEmpty)
+
+            await #expect {
+                _ = try await bob.history(of: "room.secret")
+            } throws: { ($0 as? TetherError)?.status == .permissionDenied }
+            await #expect {
+                _ = try await bob.history(of: "room.lobby", limit: 0)
+            } throws: { ($0 as? TetherError)?.code == .invalidArgument }
+        }
+    }
+}

@@ -30,6 +30,8 @@ import TetherGateway
 // - Request.callbackAPI: `dataTask("echo.inline") { … }.resume()`, each completion handler
 //   sending the next request from the client's event loop, as an app chains callbacks;
 // - Push.toClient: `Gateway.push` to alice's client id, until her `pushes()` yields it;
+// - Channel.publication: `Gateway.publish` to a channel alice subscribed to (its history kept),
+//   until her subscription yields it;
 // - Reliable.message: alice's `send("dm")` to bob until its outcome is acknowledged, bob's
 //   `deliveries()` yields it and he acknowledges it (the DELIVERY_ACK).
 
@@ -175,6 +177,33 @@ let benchmarks: @Sendable () -> Void = {
         },
         teardown: {
             pushes.clear()
+            try await teardown()
+        }
+    )
+
+    let publications = Box<Iterator<ChannelSubscription.AsyncIterator>>()
+    Benchmark(
+        "Channel.publication",
+        closure: { benchmark in
+            let gateway = peers.current.gateway
+            let iterator = publications.current
+            for _ in benchmark.scaledIterations {
+                try gateway.publish(body, toChannel: "bench.channel")
+                guard case .publication(let publication)? = try await iterator.base.next() else {
+                    throw BenchmarkFailure(description: "the subscription ended")
+                }
+                blackHole(publication)
+            }
+        },
+        setup: {
+            try await setup()
+            publications.current = Iterator(peers.current.alice.subscribe("bench.channel").makeAsyncIterator())
+            guard case .subscribed? = try await publications.current.base.next() else {
+                throw BenchmarkFailure(description: "alice was not subscribed")
+            }
+        },
+        teardown: {
+            publications.clear()
             try await teardown()
         }
     )

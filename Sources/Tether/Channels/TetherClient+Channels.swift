@@ -1,3 +1,4 @@
+import NIOCore
 public import TetherCore
 
 extension TetherClient {
@@ -36,5 +37,46 @@ extension TetherClient {
         bufferSize: Int = 1_024
     ) -> ChannelSubscription {
         self.channels.subscribe(channel, from: position, recover: recover, bufferSize: bufferSize)
+    }
+}
+
+extension TetherClient {
+    /// A page of a channel's history, from the gateway: the publications after `position`,
+    /// or, without one, the latest `limit`; oldest first.
+    ///
+    /// ```swift
+    /// let page = try await client.history(of: "room.lobby", limit: 50)   // the last 50, to show on opening
+    /// for message in page.publications { show(message) }
+    /// ```
+    /// - Parameters:
+    ///   - channel: The channel, 1 to 255 bytes of UTF-8.
+    ///   - position: Where to read after; with ``ChannelHistoryPage/more``, ask again after the
+    ///     last publication of the page. A position the history no longer reaches back to gets
+    ///     the ``ChannelHistoryPage/gap`` and what is kept after it.
+    ///   - limit: The most publications, 1 to 1,000.
+    ///   - timeout: As for a request.
+    /// - Throws: ``TetherError``: ``TetherError/Code/invalidArgument`` for a bad channel or limit,
+    ///   ``TetherError/Code/serverError`` with the gateway's status (`permission denied`:
+    ///   the client may not subscribe to this channel; `unknown method`: the gateway has no
+    ///   channels), and the errors of a request.
+    public func history(
+        of channel: String,
+        after position: ChannelPosition? = nil,
+        limit: Int = 100,
+        timeout: Duration? = nil
+    ) async throws(TetherError) -> ChannelHistoryPage {
+        let query = ChannelHistoryQuery(channel: channel, after: position, limit: limit)
+        let body: ByteBuffer
+        do {
+            body = try query.encoded()
+        } catch {
+            throw TetherError(code: .invalidArgument, message: error.message)
+        }
+        let reply = try await self.request(ChannelHistoryQuery.method, body: body, timeout: timeout)
+        do {
+            return try query.page(decoding: reply)
+        } catch {
+            throw TetherError(code: .invalidResponse, message: "the gateway's history page is malformed: \(error.message)")
+        }
     }
 }

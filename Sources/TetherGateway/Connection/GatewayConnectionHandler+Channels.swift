@@ -98,4 +98,21 @@ extension GatewayConnectionHandler {
         self.recoveryScheduled = true
         self.eventLoop.assumeIsolated().execute { self.continueRecoveries() }
     }
+
+    /// The handler of ``ChannelHistoryQuery/method``: a page of a channel's history, for a
+    /// client that may subscribe to it.
+    static func channelHistory(from hub: ChannelHub, router: Router) -> Gateway.InlineHandler {
+        { request, context in
+            let query: ChannelHistoryQuery
+            do throws(ChannelHistoryQuery.Malformed) {
+                query = try ChannelHistoryQuery(decoding: request.body)
+            } catch {
+                throw RequestError(.invalidRequest, "\(ChannelHistoryQuery.method): \(error.message)")
+            }
+            if router.checksAccess(of: context.connection), !router.permits(.subscribe(channel: query.channel), context.connection) {
+                throw RequestError(.permissionDenied, "this client may not read \(query.channel)")
+            }
+            return ChannelHistoryQuery.encode(hub.history(of: query.channel, after: query.after, limit: query.limit))
+        }
+    }
 }

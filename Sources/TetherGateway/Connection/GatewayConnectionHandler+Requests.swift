@@ -16,6 +16,14 @@ extension GatewayConnectionHandler {
             self.startOrQueue(request, now: now)
             return
         }
+        if request.method == ChannelHistoryQuery.method, let history = self.services.channelHistory {
+            // Checked per channel, as a subscription is (Access.subscribe), not as a method.
+            self.answer(
+                self.services.answerInline(request, handler: history, scope: scope, deadline: Self.deadline(of: request, now)),
+                directly: directly
+            )
+            return
+        }
         let router = self.services.router
         if scope.checksAccess, !router.permits(.request(method: request.method), scope.connection) {
             let refusal = Frame.Response(id: request.id, status: .permissionDenied, message: "not allowed to call '\(request.method)'")

@@ -233,6 +233,37 @@ final class ChannelHub: Sendable {
         }
     }
 
+    /// A page of `channel`'s history: what follows `after`, or (`nil`) its latest `limit`
+    /// publications, oldest first.
+    func history(of channel: String, after: ChannelPosition?, limit: Int) -> ChannelHistoryPage {
+        let now = self.clock.now
+        return self.state.withLockedValue { state in
+            guard let history = state.channels[channel]?.history else {
+                // No stream (no history, or none yet): a position of some epoch lost its history.
+                let gap = after.flatMap { $0.epoch == 0 ? nil : ChannelGap(after: $0, resumesAt: ChannelPosition(epoch: 0, offset: 1)) }
+                return ChannelHistoryPage(channel: channel, epoch: 0, top: 0, gap: gap, more: false, publications: [])
+            }
+            let top = history.topOffset
+            let from = after ?? ChannelPosition(epoch: history.epoch, offset: top - min(top, UInt64(limit)))
+            let recovery = history.recover(after: from, limit: limit, at: now)
+            return ChannelHistoryPage(
+                channel: channel,
+                epoch: history.epoch,
+                top: top,
+                gap: after == nil ? nil : recovery.gap,  // the latest ones: nothing was asked before them
+                more: recovery.more,
+                publications: recovery.publications.map {
+                    ChannelPublication(
+                        channel: channel,
+                        position: ChannelPosition(epoch: history.epoch, offset: $0.offset),
+                        publisher: $0.payload.publisher,
+                        body: $0.payload.body
+                    )
+                }
+            )
+        }
+    }
+
     /// The number of channels kept, and the bytes their histories hold.
     var counts: (channels: Int, historyBytes: Int) {
         self.state.withLockedValue { ($0.channels.count, $0.historyBytes) }

@@ -40,6 +40,8 @@ final class GatewayServices: Sendable {
     /// The metrics of requests the connection answered without routing them (draining, limits).
     let notRoutedMetrics: RequestMetrics
     let logger: Logger
+    /// Answers ``ChannelHistoryQuery/method`` when the gateway has channels.
+    let channelHistory: Gateway.InlineHandler?
 
     init(
         configuration: GatewayConfiguration,
@@ -75,11 +77,12 @@ final class GatewayServices: Sendable {
         self.metrics = metrics
         self.tracer = tracer
         var requestMetrics: [String: RequestMetrics] = [:]
-        for method in router.routes.keys + [GatewayConnectionHandler.refreshCredentialsMethod] {
+        for method in router.routes.keys + [GatewayConnectionHandler.refreshCredentialsMethod, ChannelHistoryQuery.method] {
             requestMetrics[method] = metrics.requests(method)
         }
         self.requestMetrics = requestMetrics
         self.unknownMethodMetrics = metrics.requests("unknown")
+        self.channelHistory = pushes.channels.map { GatewayConnectionHandler.channelHistory(from: $0, router: router) }
         self.notRoutedMetrics = metrics.requests("not_routed")
         self.logger = logger
     }

@@ -1,25 +1,4 @@
-public import NIOCore
 public import TetherCore
-
-/// One publication of a channel, as a subscriber receives it.
-public struct ChannelPublication: Sendable, Hashable {
-    /// The channel.
-    public var channel: String
-    /// Its position in the channel's stream (epoch and offset; both 0 in a channel without
-    /// history). Keep the last one to subscribe from it later (``TetherClient/subscribe(_:from:recover:bufferSize:)``).
-    public var position: ChannelPosition
-    /// The client id that published it; empty when the gateway or the backend did.
-    public var publisher: String
-    /// The publication's content.
-    public var body: ByteBuffer
-
-    public init(channel: String, position: ChannelPosition, publisher: String, body: ByteBuffer) {
-        self.channel = channel
-        self.position = position
-        self.publisher = publisher
-        self.body = body
-    }
-}
 
 /// What a channel subscription hears, in order.
 public enum SubscriptionEvent: Sendable, Hashable {
