@@ -168,7 +168,8 @@ extension IntegrationTests {
                     do {
                         for try await event in client.subscribe("room.lobby") {
                             switch event {
-                            case .publication(let message): show(message.publisher, message.body)  // message.position: keep it to resume after a restart
+                            // Keep message.position to resume there after a restart.
+                            case .publication(let message): show(message.publisher, message.body)
                             case .gap(let gap): showBanner("\(gap.missed.map(String.init) ?? "some") messages missed")
                             case .subscribed: subscribed.withLockedValue { $0 = true }
                             }
