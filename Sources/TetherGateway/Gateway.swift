@@ -238,6 +238,11 @@ public final class Gateway: Service, Sendable {
             metrics: gatewayMetrics,
             channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock) }
         )
+        if cluster != nil, configuration.channels != nil {
+            logger.warning(
+                "channels are kept by each node of the cluster: a publication reaches the subscribers of the node it was made on, and a client that moves to another node gets a gap"
+            )
+        }
         self.logger = logger
     }
 

@@ -1,3 +1,4 @@
+import Atomics
 import NIOCore
 import TetherCore
 import TetherNIO
@@ -27,8 +28,11 @@ final class ClientChannels: @unchecked Sendable {
     private let loop: any EventLoop
     private var connection: ClientConnection?
     private var entries: [String: Entry] = [:]
+    /// The ids of SUBSCRIBE frames.
     private var nextID: UInt64 = 0
     private var finished = false
+    /// Tells subscriptions to one channel apart (taken off the loop, when one is made).
+    private let tokens = ManagedAtomic<UInt64>(1)
 
     init(loop: any EventLoop) {
         self.loop = loop
@@ -48,9 +52,12 @@ final class ClientChannels: @unchecked Sendable {
             )
             return ChannelSubscription(stream: stream)
         }
+        // Set before the hop: a reader that stops at once still ends the subscription (its end
+        // is queued on the loop after the hop that adds it).
+        let token = self.tokens.loadThenWrappingIncrement(ordering: .relaxed)
+        continuation.onTermination = { [weak self] _ in self?.onLoop { $0.end(channel, token: token) } }
         self.onLoop { channels in
-            guard let token = channels.add(channel, position: position, recover: recover, continuation: continuation) else { return }
-            continuation.onTermination = { [weak channels] _ in channels?.onLoop { $0.end(channel, token: token) } }
+            channels.add(channel, token: token, position: position, recover: recover, continuation: continuation)
         }
         return ChannelSubscription(stream: stream)
     }
@@ -120,13 +127,14 @@ final class ClientChannels: @unchecked Sendable {
 
     private func add(
         _ channel: String,
+        token: UInt64,
         position: ChannelPosition?,
         recover: Bool,
         continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
-    ) -> UInt64? {
+    ) {
         guard !self.finished else {
             continuation.finish(throwing: TetherError(code: .shutdown, message: "the client is stopped"))
-            return nil
+            return
         }
         guard self.entries[channel] == nil else {
             continuation.finish(
@@ -135,10 +143,8 @@ final class ClientChannels: @unchecked Sendable {
                     message: "this client is subscribed to \(channel) already; end that subscription first"
                 )
             )
-            return nil
+            return
         }
-        self.nextID += 1
-        let token = self.nextID
         self.entries[channel] = Entry(
             machine: SubscriptionMachine(recover: recover, position: position),
             continuation: continuation,
@@ -146,7 +152,6 @@ final class ClientChannels: @unchecked Sendable {
             enqueued: position
         )
         if self.connection != nil { self.perform(on: channel) { $0.connected() } }
-        return token
     }
 
     /// The application stopped reading the subscription.
