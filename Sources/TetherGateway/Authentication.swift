@@ -41,8 +41,8 @@ public struct ClientIdentity: Sendable, Hashable {
     /// The request methods the client may call and the message topics it may send; `nil`
     /// allows all of them.
     public var topics: Set<String>?
-    /// The channels the client may subscribe to (names, or prefixes ending in `*`); `nil`
-    /// allows every channel.
+    /// The channels the client may subscribe to and publish to (names, or prefixes ending in
+    /// `*`); `nil` allows every channel.
     public var channels: [ChannelPattern]?
     /// Further facts from the credentials (roles, a tenant, …) for the handlers.
     public var attributes: [String: String]
@@ -78,7 +78,7 @@ public struct ClientIdentity: Sendable, Hashable {
         case .request(let method): self.allows(topic: method)
         case .send(let topic): self.allows(topic: topic)
         case .join(let room): self.allows(room: room)
-        case .subscribe(let channel): self.allows(channel: channel)
+        case .subscribe(let channel), .publish(let channel): self.allows(channel: channel)
         }
     }
 
@@ -96,8 +96,12 @@ public enum Access: Sendable, Hashable {
     case send(topic: String)
     /// Be joined to a room (by a handler, ``RequestContext/join(_:)``, or ``Gateway/join(room:connection:)``).
     case join(room: String)
-    /// Subscribe to a channel (a SUBSCRIBE; refused with SUBSCRIBED `permission denied`).
+    /// Subscribe to a channel (a SUBSCRIBE; refused with SUBSCRIBED `permission denied`), or
+    /// read its history.
     case subscribe(channel: String)
+    /// Publish to a channel (`client.publish`), where the channel's rule lets clients publish
+    /// (``GatewayConfiguration/Channels-swift.struct/Rule/clientsMayPublish``).
+    case publish(channel: String)
 }
 
 /// Why an authenticator refuses a client: the status and message the client gets in ERROR.

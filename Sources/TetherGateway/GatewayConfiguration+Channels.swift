@@ -65,11 +65,21 @@ extension GatewayConfiguration {
             public var pattern: ChannelPattern
             /// Their history; `nil`: none (live publications only).
             public var history: ChannelRetention?
+            /// Whether clients may publish to them (`client.publish`), as far as their
+            /// credentials and the ``Gateway/authorize(_:)`` hook allow
+            /// (``Access/publish(channel:)``); otherwise only the gateway and its handlers do.
+            public var clientsMayPublish: Bool
 
-            public init(pattern: ChannelPattern, history: ChannelRetention?) {
+            public init(pattern: ChannelPattern, history: ChannelRetention?, clientsMayPublish: Bool = false) {
                 self.pattern = pattern
                 self.history = history
+                self.clientsMayPublish = clientsMayPublish
             }
+        }
+
+        /// Whether clients may publish to `channel`: its first matching rule's.
+        func clientsMayPublish(to channel: String) -> Bool {
+            self.rules.first { $0.pattern.matches(channel) }?.clientsMayPublish ?? false
         }
 
         /// The history a channel keeps: its first matching rule's.

@@ -198,3 +198,40 @@ extension IntegrationTests.ClientChannelTests {
         }
     }
 }
+
+extension IntegrationTests.ClientChannelTests {
+    @Test("a client publishes where the channel's rule and its credentials allow, as itself; elsewhere it is refused")
+    func clientPublishes() async throws {
+        try await withHarness { harness in
+            let (_, endpoint) = try await harness.gateway(
+                configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: try! ChannelPattern("news.*"), history: try! ChannelRetention(maxCount: 10, maxAge: .seconds(60))),
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 10, maxAge: .seconds(60)), clientsMayPublish: true),
+                    ])
+                },
+                routes: { gateway in gateway.authorize { access, _ in access != .publish(channel: "room.quiet") } }
+            )
+            let alice = try harness.client([endpoint], clientID: "alice")
+            let bob = try harness.client([endpoint], clientID: "bob")
+            let reader = Reader(bob.subscribe("room.lobby"), in: harness)
+            try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+            let first = try await alice.publish(ByteBuffer(string: "hi bob"), toChannel: "room.lobby")
+            let second = try await alice.publish(ByteBuffer(string: "still there?"), toChannel: "room.lobby")
+            #expect(first.offset == 1 && second.offset == 2 && first.epoch == second.epoch && first.epoch != 0)
+            try await eventually("bob has both") { reader.bodies == ["hi bob", "still there?"] }
+            let publishers = reader.events.compactMap { if case .publication(let message) = $0 { message.publisher } else { nil } }
+            #expect(publishers == ["alice", "alice"])
+
+            await #expect {
+                try await alice.publish(ByteBuffer(string: "breaking"), toChannel: "news.today")
+            } throws: { ($0 as? TetherError)?.status == .permissionDenied }
+            await #expect {
+                try await alice.publish(ByteBuffer(string: "psst"), toChannel: "room.quiet")
+            } throws: { ($0 as? TetherError)?.status == .permissionDenied }
+            await #expect {
+                try await alice.publish(ByteBuffer(), toChannel: "")
+            } throws: { ($0 as? TetherError)?.code == .invalidArgument }
+        }
+    }
+}

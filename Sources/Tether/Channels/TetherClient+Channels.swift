@@ -1,4 +1,4 @@
-import NIOCore
+public import NIOCore
 public import TetherCore
 
 extension TetherClient {
@@ -77,6 +77,42 @@ extension TetherClient {
             return try query.page(decoding: reply)
         } catch {
             throw TetherError(code: .invalidResponse, message: "the gateway's history page is malformed: \(error.message)")
+        }
+    }
+}
+
+extension TetherClient {
+    /// Publishes to a channel, as this client: its subscribers get the publication with this
+    /// client's id as publisher, and its history keeps it.
+    ///
+    /// The gateway lets clients publish only to the channels whose rule says so
+    /// (`clientsMayPublish`), and that the client's credentials allow.
+    ///
+    /// ```swift
+    /// let position = try await client.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby")
+    /// ```
+    /// - Returns: The publication's position in the channel (both 0 in a channel without history).
+    /// - Throws: ``TetherError``: ``TetherError/Code/invalidArgument`` for a bad channel name,
+    ///   ``TetherError/Code/serverError`` with `permission denied` where the client may not
+    ///   publish, and the errors of a request. Like a request, a publication that timed out may
+    ///   still have been published.
+    @discardableResult
+    public func publish(
+        _ body: ByteBuffer,
+        toChannel channel: String,
+        timeout: Duration? = nil
+    ) async throws(TetherError) -> ChannelPosition {
+        let request: ByteBuffer
+        do {
+            request = try ChannelPublishRequest(channel: channel, body: body).encoded()
+        } catch {
+            throw TetherError(code: .invalidArgument, message: error.message)
+        }
+        let reply = try await self.request(ChannelPublishRequest.method, body: request, timeout: timeout)
+        do {
+            return try ChannelPublishRequest.position(decoding: reply)
+        } catch {
+            throw TetherError(code: .invalidResponse, message: "the gateway's answer to a publication is malformed: \(error.message)")
         }
     }
 }

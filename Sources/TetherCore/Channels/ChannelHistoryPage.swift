@@ -161,3 +161,53 @@ package struct ChannelHistoryQuery: Sendable, Hashable {
         return ChannelHistoryPage(channel: self.channel, epoch: epoch, top: top, gap: missed, more: more == 1, publications: publications)
     }
 }
+
+/// A client's publication to a channel: the body of a REQUEST for the reserved method
+/// ``method`` (PROTOCOL.md, section 12.2), answered with the publication's position.
+package struct ChannelPublishRequest: Sendable, Hashable {
+    package static let method = "$channel.publish"
+
+    package var channel: String
+    package var body: ByteBuffer
+
+    package init(channel: String, body: ByteBuffer) {
+        self.channel = channel
+        self.body = body
+    }
+
+    /// The REQUEST body: `channel string`, then the publication's bytes.
+    package func encoded() throws(ChannelHistoryQuery.Malformed) -> ByteBuffer {
+        guard !self.channel.isEmpty, self.channel.utf8.count <= Frame.maxChannelLength else {
+            throw ChannelHistoryQuery.Malformed("a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        var encoded = ByteBuffer()
+        encoded.reserveCapacity(2 + self.channel.utf8.count + self.body.readableBytes)
+        encoded.writeInteger(UInt16(self.channel.utf8.count))
+        encoded.writeString(self.channel)
+        encoded.writeImmutableBuffer(self.body)
+        return encoded
+    }
+
+    package init(decoding body: ByteBuffer) throws(ChannelHistoryQuery.Malformed) {
+        var body = body
+        guard let length = body.readInteger(as: UInt16.self), let channel = body.readValidatedString(length: Int(length)),
+            !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength
+        else { throw ChannelHistoryQuery.Malformed("the channel must be a string of 1 to \(Frame.maxChannelLength) bytes of UTF-8") }
+        self.init(channel: channel, body: body)
+    }
+
+    /// The RESPONSE body: `epoch u64`, `offset u64` (both 0 in a channel without history).
+    package static func encode(_ position: ChannelPosition) -> ByteBuffer {
+        var body = ByteBuffer()
+        body.writeInteger(position.epoch)
+        body.writeInteger(position.offset)
+        return body
+    }
+
+    package static func position(decoding body: ByteBuffer) throws(ChannelHistoryQuery.Malformed) -> ChannelPosition {
+        var body = body
+        guard let epoch = body.readInteger(as: UInt64.self), let offset = body.readInteger(as: UInt64.self), body.readableBytes == 0
+        else { throw ChannelHistoryQuery.Malformed("the position must be an epoch and an offset, 16 bytes") }
+        return ChannelPosition(epoch: epoch, offset: offset)
+    }
+}

@@ -115,4 +115,36 @@ extension GatewayConnectionHandler {
             return ChannelHistoryQuery.encode(hub.history(of: query.channel, after: query.after, limit: query.limit))
         }
     }
+
+    /// The handler of a reserved channel method (`$channel.history`, `$channel.publish`), if
+    /// `method` is one and the gateway has channels.
+    func channelMethod(_ method: String) -> Gateway.InlineHandler? {
+        guard method.utf8.first == UInt8(ascii: "$") else { return nil }
+        switch method {
+        case ChannelHistoryQuery.method: return self.services.channelHistory
+        case ChannelPublishRequest.method: return self.services.channelPublish
+        default: return nil
+        }
+    }
+
+    /// The handler of ``ChannelPublishRequest/method``: publishes for a client, as itself,
+    /// where the channel's rule lets clients publish and its credentials allow it.
+    static func channelPublish(to hub: ChannelHub, pusher: Pusher, router: Router) -> Gateway.InlineHandler {
+        { request, context in
+            let publication: ChannelPublishRequest
+            do throws(ChannelHistoryQuery.Malformed) {
+                publication = try ChannelPublishRequest(decoding: request.body)
+            } catch {
+                throw RequestError(.invalidRequest, "\(ChannelPublishRequest.method): \(error.message)")
+            }
+            guard hub.configuration.clientsMayPublish(to: publication.channel) else {
+                throw RequestError(.permissionDenied, "clients may not publish to \(publication.channel); the gateway and its handlers do")
+            }
+            if router.checksAccess(of: context.connection), !router.permits(.publish(channel: publication.channel), context.connection) {
+                throw RequestError(.permissionDenied, "this client may not publish to \(publication.channel)")
+            }
+            let (position, _) = try pusher.publish(publication.body, to: publication.channel, publisher: context.connection.clientID)
+            return ChannelPublishRequest.encode(position)
+        }
+    }
 }

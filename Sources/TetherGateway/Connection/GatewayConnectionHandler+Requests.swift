@@ -16,10 +16,10 @@ extension GatewayConnectionHandler {
             self.startOrQueue(request, now: now)
             return
         }
-        if request.method == ChannelHistoryQuery.method, let history = self.services.channelHistory {
-            // Checked per channel, as a subscription is (Access.subscribe), not as a method.
+        if let channels = self.channelMethod(request.method) {
+            // Checked per channel (Access.subscribe, Access.publish), not as a method.
             self.answer(
-                self.services.answerInline(request, handler: history, scope: scope, deadline: Self.deadline(of: request, now)),
+                self.services.answerInline(request, handler: channels, scope: scope, deadline: Self.deadline(of: request, now)),
                 directly: directly
             )
             return

@@ -42,6 +42,8 @@ final class GatewayServices: Sendable {
     let logger: Logger
     /// Answers ``ChannelHistoryQuery/method`` when the gateway has channels.
     let channelHistory: Gateway.InlineHandler?
+    /// Answers ``ChannelPublishRequest/method`` when the gateway has channels.
+    let channelPublish: Gateway.InlineHandler?
 
     init(
         configuration: GatewayConfiguration,
@@ -77,12 +79,15 @@ final class GatewayServices: Sendable {
         self.metrics = metrics
         self.tracer = tracer
         var requestMetrics: [String: RequestMetrics] = [:]
-        for method in router.routes.keys + [GatewayConnectionHandler.refreshCredentialsMethod, ChannelHistoryQuery.method] {
+        for method in router.routes.keys + [
+            GatewayConnectionHandler.refreshCredentialsMethod, ChannelHistoryQuery.method, ChannelPublishRequest.method,
+        ] {
             requestMetrics[method] = metrics.requests(method)
         }
         self.requestMetrics = requestMetrics
         self.unknownMethodMetrics = metrics.requests("unknown")
         self.channelHistory = pushes.channels.map { GatewayConnectionHandler.channelHistory(from: $0, router: router) }
+        self.channelPublish = pushes.channels.map { GatewayConnectionHandler.channelPublish(to: $0, pusher: pushes, router: router) }
         self.notRoutedMetrics = metrics.requests("not_routed")
         self.logger = logger
     }

@@ -164,4 +164,21 @@ struct ChannelHistoryQueryTests {
         let encoded = ChannelHistoryQuery.encode(page).readableBytesView.map { String(format: "%02x", $0) }.joined()
         #expect(encoded == String(hex))
     }
+
+    @Test("a publication request goes through its encoding unchanged; a bad channel is refused; the answer is 16 bytes")
+    func publishRequest() throws {
+        let request = ChannelPublishRequest(channel: "room.lobby", body: ByteBuffer(string: "hi"))
+        #expect(try ChannelPublishRequest(decoding: request.encoded()) == request)
+        let empty = ChannelPublishRequest(channel: "é", body: ByteBuffer())
+        #expect(try ChannelPublishRequest(decoding: empty.encoded()) == empty)
+        for bad: [UInt8] in [[], [0], [0, 0], [0, 3, 0x61], [0, 2, 0xFF, 0xFE, 1]] {
+            #expect(throws: ChannelHistoryQuery.Malformed.self) { try ChannelPublishRequest(decoding: ByteBuffer(bytes: bad)) }
+        }
+        #expect(throws: ChannelHistoryQuery.Malformed.self) { try ChannelPublishRequest(channel: "", body: ByteBuffer()).encoded() }
+        let position = ChannelPosition(epoch: 7, offset: 42)
+        #expect(try ChannelPublishRequest.position(decoding: ChannelPublishRequest.encode(position)) == position)
+        var long = ChannelPublishRequest.encode(position)
+        long.writeInteger(UInt8(0))
+        #expect(throws: ChannelHistoryQuery.Malformed.self) { try ChannelPublishRequest.position(decoding: long) }
+    }
 }
