@@ -53,22 +53,8 @@ struct Call: AsyncParsableCommand {
         configuration.reconnect.backoff.maxAttempts = 2
         let client = try TetherClient(configuration: configuration, transport: try self.gateway.transport())
 
-        let result = await withTaskGroup(of: Result<ByteBuffer, TetherError>?.self) { group in
-            group.addTask {
-                try? await client.run()
-                return nil
-            }
-            group.addTask {
-                defer { client.shutdown() }
-                do throws(TetherError) {
-                    return .success(try await client.request(method, body: ByteBuffer(string: body), timeout: timeout))
-                } catch {
-                    return .failure(error)
-                }
-            }
-            var outcome: Result<ByteBuffer, TetherError>?
-            for await result in group where result != nil { outcome = result }
-            return outcome!
+        let result = await runOnce(client) { client throws(TetherError) in
+            try await client.request(method, body: ByteBuffer(string: body), timeout: timeout)
         }
         switch result {
         case .success(let reply):
@@ -77,6 +63,30 @@ struct Call: AsyncParsableCommand {
             printError("error: \(error)")
             throw ExitCode.failure
         }
+    }
+}
+
+/// Runs `client` for one operation: its result, once `operation` ended and the client shut down.
+func runOnce<Value: Sendable>(
+    _ client: TetherClient,
+    _ operation: @escaping @Sendable (TetherClient) async throws(TetherError) -> Value
+) async -> Result<Value, TetherError> {
+    await withTaskGroup(of: Result<Value, TetherError>?.self) { group in
+        group.addTask {
+            try? await client.run()
+            return nil
+        }
+        group.addTask {
+            defer { client.shutdown() }
+            do throws(TetherError) {
+                return .success(try await operation(client))
+            } catch {
+                return .failure(error)
+            }
+        }
+        var outcome: Result<Value, TetherError>?
+        for await result in group where result != nil { outcome = result }
+        return outcome!
     }
 }
 

@@ -52,22 +52,8 @@ struct History: AsyncParsableCommand {
         configuration.reconnect.backoff.maxAttempts = 2
         let client = try TetherClient(configuration: configuration, transport: try self.gateway.transport())
         let (channel, limit) = (self.channel, self.limit)
-        let result = await withTaskGroup(of: Result<ChannelHistoryPage, TetherError>?.self) { group in
-            group.addTask {
-                try? await client.run()
-                return nil
-            }
-            group.addTask {
-                defer { client.shutdown() }
-                do throws(TetherError) {
-                    return .success(try await client.history(of: channel, after: position, limit: limit, timeout: timeout))
-                } catch {
-                    return .failure(error)
-                }
-            }
-            var outcome: Result<ChannelHistoryPage, TetherError>?
-            for await result in group where result != nil { outcome = result }
-            return outcome!
+        let result = await runOnce(client) { client throws(TetherError) in
+            try await client.history(of: channel, after: position, limit: limit, timeout: timeout)
         }
         switch result {
         case .success(let page):
