@@ -294,6 +294,46 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "500 SUBSCRIBEs recovering 1 MB each from a client that reads nothing: the gateway holds back what it cannot send, not 500 MB; read later, the last recovery arrives whole"
+        )
+        func recoveriesWaitForTheReader() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let probe = try await Self.connect(endpoint)
+                let epoch = try await Self.subscribe(probe, "room.lobby").epoch
+                probe.close()
+                let kilobyte = ByteBuffer(repeating: 0x61, count: 1_024)
+                for _ in 1...1_000 { try gateway.publish(kilobyte, toChannel: "room.lobby") }
+
+                let greedy = try await Self.connect(endpoint)
+                try await greedy.stopReading()
+                var burst = ByteBuffer()
+                for id in 1...500 {
+                    let subscribe = Frame.Subscribe(
+                        id: UInt64(id),
+                        channel: "room.lobby",
+                        recoverFrom: ChannelPosition(epoch: epoch, offset: 0)
+                    )
+                    try FrameEncoder().encode(Frame(.subscribe(subscribe), flags: .checksum), into: &burst)
+                }
+                try await greedy.send(bytes: burst)
+                try await Task.sleep(for: .seconds(1))
+                try await greedy.resumeReading()
+                // What the gateway wrote for the replaced subscriptions comes before the last
+                // SUBSCRIBED: what it wrote while nobody read, and what it held back.
+                var early = 0
+                while let frame = await greedy.next() {
+                    if case .subscribed(let subscribed) = frame.payload, subscribed.id == 500 { break }
+                    if case .publication = frame.payload { early += 1 }
+                }
+                #expect(early < 30_000, "\(early) publications of replaced subscriptions (a recovery is 1,000)")
+                let offsets = await Self.publications(greedy, count: 1_000).map(\.position.offset)
+                #expect(offsets == Array(1...1_000), "after the last SUBSCRIBED, its recovery whole and in order")
+                greedy.close()
+            }
+        }
+
         @Test("a gateway without channels does not offer the feature, and publishing says so")
         func disabled() async throws {
             try await withHarness { harness in

@@ -123,6 +123,10 @@ final class RawConnection: @unchecked Sendable {
         try await self.channel.setOption(ChannelOptions.autoRead, value: false).get()
     }
 
+    func resumeReading() async throws {
+        try await self.channel.setOption(ChannelOptions.autoRead, value: true).get()
+    }
+
     private final class Collector: ChannelInboundHandler, @unchecked Sendable {
         // @unchecked: only touched on the channel's event loop.
         typealias InboundIn = Frame

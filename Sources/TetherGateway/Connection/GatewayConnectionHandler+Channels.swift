@@ -2,14 +2,18 @@ import NIOCore
 import TetherCore
 
 extension GatewayConnectionHandler {
-    /// A SUBSCRIBE: checks the client may, registers it in the channel's hub with what it
-    /// recovers, and writes SUBSCRIBED and the first page of the recovery; the rest follows as
-    /// the connection drains.
+    /// A SUBSCRIBE: checks the client may, registers it in the channel's hub, and writes
+    /// SUBSCRIBED; the recovery follows in pages as the connection drains.
     func subscribe(_ request: Frame.Subscribe) {
         guard let hub = self.services.pushes.channels else { return }  // the feature is offered only with a hub
         self.subscribesToChannels = true
+        // A subscription this one replaces gets nothing more, whatever is on its way, and its
+        // recovery stops.
+        self.liveChannels[request.channel] = nil
+        self.recoveries.removeAll { $0.channel == request.channel }
         if let scope = self.scope, scope.checksAccess, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection)
         {
+            hub.unsubscribe(connection: self.id, from: request.channel)
             self.refuse(request, .permissionDenied, "this client may not subscribe to \(request.channel)")
             return
         }
@@ -40,17 +44,20 @@ extension GatewayConnectionHandler {
         self.recoveries.removeAll()
     }
 
-    /// Sends the next page of each recovery under way while the connection is writable.
+    /// Sends the next page of the recoveries under way, one after another, while the
+    /// connection is writable: a client that does not read its recoveries gets no more of them
+    /// until it does.
     func continueRecoveries() {
         self.recoveryScheduled = false
-        guard self.context != nil, !self.recoveries.isEmpty, let hub = self.services.pushes.channels else { return }
-        let waiting = self.recoveries
-        self.recoveries.removeAll()
-        for continuation in waiting {
+        guard let context = self.context, let hub = self.services.pushes.channels else { return }
+        while !self.recoveries.isEmpty, context.channel.isWritable, !self.machine.isClosing {
+            let continuation = self.recoveries.removeFirst()
             // A subscription replaced or left meanwhile has no page.
-            if let page = hub.continueRecovery(connection: self.id, continuation) { self.send(page, of: continuation.channel) }
+            guard let page = hub.continueRecovery(connection: self.id, continuation) else { continue }
+            self.send(page, of: continuation.channel, scheduling: false)
+            self.flushNow()  // so that the channel's writability counts this page
         }
-        self.flushSoon()
+        // Stopped by a full channel: its writability's return schedules the rest.
     }
 
     private func refuse(_ request: Frame.Subscribe, _ status: StatusCode, _ message: String) {
@@ -61,7 +68,7 @@ extension GatewayConnectionHandler {
 
     /// Writes a page of a recovery, and schedules the next one: at once while the connection
     /// is writable, else when it becomes writable again.
-    private func send(_ page: ChannelHub.Page, of channel: String) {
+    private func send(_ page: ChannelHub.Page, of channel: String, scheduling: Bool = true) {
         let limit = self.machine.peerMaxBodySize ?? Int.max
         for publication in page.publications {
             guard publication.bodySize <= limit else {
@@ -75,7 +82,7 @@ extension GatewayConnectionHandler {
         if let liveAfter = page.liveAfter { self.liveChannels[channel] = liveAfter }
         guard let next = page.next else { return }
         self.recoveries.append(next)
-        self.scheduleRecoveries()
+        if scheduling { self.scheduleRecoveries() }
     }
 
     /// Whether every publication among `messages` is for a live subscription of this

@@ -95,7 +95,6 @@ final class ChannelHub: Sendable {
         to request: Frame.Subscribe
     ) -> Subscription {
         let now = self.clock.now
-        let pageSize = self.configuration.recoveryPageSize
         return self.state.withLockedValue { state -> Subscription in
             let already = state.channelsOf[id]?.contains(request.channel) == true
             if !already, (state.channelsOf[id]?.count ?? 0) >= self.configuration.maxSubscriptionsPerConnection {
@@ -123,7 +122,10 @@ final class ChannelHub: Sendable {
                 history.trim(at: now)
                 state.historyBytes += history.keptWeight - before
                 channel.history = history
-                let recovery = history.recover(after: request.recoverFrom, limit: pageSize, at: now)
+                // Only where the recovery starts, and whether there is one: its pages are read as
+                // the connection drains (`continueRecovery`), never here, so that a burst of
+                // SUBSCRIBEs in one read cannot make the gateway write their recoveries at once.
+                let recovery = history.recover(after: request.recoverFrom, limit: 1, at: now)
                 subscribed.epoch = history.epoch
                 if let gap = recovery.gap {
                     subscribed.gap = true
@@ -131,9 +133,9 @@ final class ChannelHub: Sendable {
                 } else {
                     subscribed.startingAfter = request.recoverFrom?.offset ?? history.topOffset
                 }
-                page.publications = recovery.publications.map { Self.frame($0, of: request.channel, epoch: history.epoch) }
-                if recovery.more, let last = page.publications.last {
-                    page.next = Continuation(channel: request.channel, after: last.position, generation: generation)
+                if !recovery.publications.isEmpty {
+                    let start = ChannelPosition(epoch: history.epoch, offset: subscribed.startingAfter)
+                    page.next = Continuation(channel: request.channel, after: start, generation: generation)
                 }
             } else {
                 // Live publications only: nothing recovered, and a subscriber that asked knows it.
@@ -161,8 +163,9 @@ final class ChannelHub: Sendable {
             // at what is kept: the subscriber sees an offset that does not follow, and subscribes
             // again from its position (to be told of the gap).
             let recovery = history.recover(after: continuation.after, limit: pageSize, at: now)
-            var page = Page(publications: recovery.publications.map { Self.frame($0, of: continuation.channel, epoch: history.epoch) })
-            if recovery.more, let last = page.publications.last {
+            let (kept, cut) = Self.capped(recovery.publications)
+            var page = Page(publications: kept.map { Self.frame($0, of: continuation.channel, epoch: history.epoch) })
+            if recovery.more || cut, let last = page.publications.last {
                 page.next = Continuation(channel: continuation.channel, after: last.position, generation: continuation.generation)
             } else {
                 state.channels[continuation.channel]!.subscribers[id]!.live = true
@@ -246,13 +249,14 @@ final class ChannelHub: Sendable {
             let top = history.topOffset
             let from = after ?? ChannelPosition(epoch: history.epoch, offset: top - min(top, UInt64(limit)))
             let recovery = history.recover(after: from, limit: limit, at: now)
+            let (kept, cut) = Self.capped(recovery.publications)
             return ChannelHistoryPage(
                 channel: channel,
                 epoch: history.epoch,
                 top: top,
                 gap: after == nil ? nil : recovery.gap,  // the latest ones: nothing was asked before them
-                more: recovery.more,
-                publications: recovery.publications.map {
+                more: recovery.more || cut,
+                publications: kept.map {
                     ChannelPublication(
                         channel: channel,
                         position: ChannelPosition(epoch: history.epoch, offset: $0.offset),
@@ -291,6 +295,22 @@ final class ChannelHub: Sendable {
     /// comes back to one gets a new epoch, and a gap of unknown size.
     private static func sweep(_ state: inout State, now: TetherInstant) {
         for (name, channel) in state.channels where channel.isIdle(at: now) { Self.forget(name, &state) }
+    }
+
+    /// The most body bytes one page of a recovery or of a history query holds (a publication
+    /// larger than it goes alone): what one small frame from a client can make the gateway
+    /// write is bounded.
+    static let pageBytes = 64 << 10
+
+    /// The first publications of `publications` whose bodies hold at most ``pageBytes`` (at
+    /// least one), and whether some were left out.
+    private static func capped(_ publications: [ChannelHistory<Kept>.Publication]) -> (ArraySlice<ChannelHistory<Kept>.Publication>, Bool) {
+        var bytes = 0
+        for (index, publication) in publications.enumerated() {
+            bytes += publication.payload.body.readableBytes
+            if bytes > Self.pageBytes, index > 0 { return (publications[..<index], true) }
+        }
+        return (publications[...], false)
     }
 
     private static func frame(_ kept: ChannelHistory<Kept>.Publication, of channel: String, epoch: UInt64) -> Frame.Publication {

@@ -39,4 +39,16 @@ struct ChannelHubTests {
         _ = hub.publish(ByteBuffer(string: "x"), to: "room.lobby", publisher: "")
         #expect(hub.counts.channels == 1, "kept for the subscribers that come back")
     }
+
+    @Test("a history page holds at most 64 KiB of bodies (a larger publication alone), and says more follow")
+    func pagesByBytes() throws {
+        let hub = try Self.hub(history: try ChannelRetention(maxCount: 1_000, maxAge: .seconds(60)))
+        for _ in 1...300 { _ = hub.publish(ByteBuffer(repeating: 1, count: 1_024), to: "room.lobby", publisher: "") }
+        let page = hub.history(of: "room.lobby", after: nil, limit: 1_000)
+        #expect(page.publications.count == 64 && page.more && page.publications.first?.position.offset == 1)
+        _ = hub.publish(ByteBuffer(repeating: 1, count: 100_000), to: "room.big", publisher: "")
+        _ = hub.publish(ByteBuffer(repeating: 1, count: 10), to: "room.big", publisher: "")
+        let big = hub.history(of: "room.big", after: nil, limit: 10)
+        #expect(big.publications.map(\.position.offset) == [1] && big.more)
+    }
 }
