@@ -334,6 +334,37 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "2,000 history requests of 64 KiB each from a client that reads nothing: once its connection is full they get unavailable, not 128 MB of pages"
+        )
+        func historyWaitsForTheReader() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway()
+                let kilobyte = ByteBuffer(repeating: 0x61, count: 1_024)
+                for _ in 1...1_000 { try gateway.publish(kilobyte, toChannel: "room.lobby") }
+                let greedy = try await Self.connect(endpoint)
+                try await greedy.stopReading()
+                let query = try ChannelHistoryQuery(channel: "room.lobby", after: nil, limit: 1_000).encoded()
+                var burst = ByteBuffer()
+                for id in 1...2_000 {
+                    let request = Frame.Request(id: UInt64(id), method: ChannelHistoryQuery.method, body: query)
+                    try FrameEncoder().encode(Frame(.request(request), flags: .checksum), into: &burst)
+                }
+                try await greedy.send(bytes: burst)
+                try await Task.sleep(for: .seconds(1))
+                try await greedy.resumeReading()
+                var (pages, refused) = (0, 0)
+                while pages + refused < 2_000,
+                    case .response(let response)? = await greedy.next(where: { if case .response = $0 { true } else { false } })
+                {
+                    if response.status == .ok { pages += 1 } else if response.status == .unavailable { refused += 1 }
+                }
+                #expect(pages + refused == 2_000, "every request answered")
+                #expect(pages < 450, "\(pages) pages of 64 KiB written for a reader that read nothing (\(refused) refused)")
+                greedy.close()
+            }
+        }
+
         @Test("a gateway without channels does not offer the feature, and publishing says so")
         func disabled() async throws {
             try await withHarness { harness in

@@ -17,6 +17,18 @@ extension GatewayConnectionHandler {
             return
         }
         if let channels = self.channelMethod(request.method) {
+            guard self.io.isWritable else {
+                // A page of history is up to 64 KiB for a small request: a client that does not
+                // read its answers gets no more of them until it does.
+                let refusal = Frame.Response(
+                    id: request.id,
+                    status: .unavailable,
+                    message: "the client does not read what it was sent; ask again once it has"
+                )
+                self.services.requestMetrics(request.method).ended(.unavailable, nanoseconds: nil)
+                self.answer(refusal, directly: directly)
+                return
+            }
             // Checked per channel (Access.subscribe, Access.publish), not as a method.
             self.answer(
                 self.services.answerInline(request, handler: channels, scope: scope, deadline: Self.deadline(of: request, now)),
