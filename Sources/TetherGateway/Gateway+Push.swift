@@ -61,7 +61,7 @@ extension Gateway {
         guard let hub = self.pushes.channels else {
             throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
         }
-        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+        guard Frame.isValidChannelName(channel) else {
             throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
         }
         guard (1...ChannelHistoryQuery.maxLimit).contains(limit) else {

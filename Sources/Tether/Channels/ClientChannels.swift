@@ -46,7 +46,7 @@ final class ClientChannels: @unchecked Sendable {
             throwing: (any Error).self,
             bufferingPolicy: .bufferingOldest(max(1, bufferSize))
         )
-        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+        guard Frame.isValidChannelName(channel) else {
             continuation.finish(
                 throwing: TetherError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
             )

@@ -75,15 +75,11 @@ package struct ChannelHistoryQuery: Sendable, Hashable {
     /// The REQUEST body: `channel string`, `flags u8` (bit 0: `after` is given), `epoch u64`,
     /// `offset u64`, `limit u32`.
     package func encoded() throws(Malformed) -> ByteBuffer {
-        guard !self.channel.isEmpty, self.channel.utf8.count <= Frame.maxChannelLength else {
-            throw Malformed("a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
-        }
+        var body = ByteBuffer()
+        try body.writeChannelName(self.channel)
         guard (1...Self.maxLimit).contains(self.limit) else {
             throw Malformed("the limit must be 1 to \(Self.maxLimit), got \(self.limit)")
         }
-        var body = ByteBuffer()
-        body.writeInteger(UInt16(self.channel.utf8.count))
-        body.writeString(self.channel)
         body.writeInteger(UInt8(self.after == nil ? 0 : 1))
         body.writeInteger(self.after?.epoch ?? 0)
         body.writeInteger(self.after?.offset ?? 0)
@@ -93,9 +89,7 @@ package struct ChannelHistoryQuery: Sendable, Hashable {
 
     package init(decoding body: ByteBuffer) throws(Malformed) {
         var body = body
-        guard let length = body.readInteger(as: UInt16.self), let channel = body.readValidatedString(length: Int(length)),
-            !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength
-        else { throw Malformed("the channel must be a string of 1 to \(Frame.maxChannelLength) bytes of UTF-8") }
+        let channel = try body.readChannelName()
         guard let flags = body.readInteger(as: UInt8.self), flags <= 1, let epoch = body.readInteger(as: UInt64.self),
             let offset = body.readInteger(as: UInt64.self), let limit = body.readInteger(as: UInt32.self)
         else { throw Malformed("the body must be channel, flags (0 or 1), epoch, offset and limit") }
@@ -177,22 +171,16 @@ package struct ChannelPublishRequest: Sendable, Hashable {
 
     /// The REQUEST body: `channel string`, then the publication's bytes.
     package func encoded() throws(ChannelHistoryQuery.Malformed) -> ByteBuffer {
-        guard !self.channel.isEmpty, self.channel.utf8.count <= Frame.maxChannelLength else {
-            throw ChannelHistoryQuery.Malformed("a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
-        }
         var encoded = ByteBuffer()
         encoded.reserveCapacity(2 + self.channel.utf8.count + self.body.readableBytes)
-        encoded.writeInteger(UInt16(self.channel.utf8.count))
-        encoded.writeString(self.channel)
+        try encoded.writeChannelName(self.channel)
         encoded.writeImmutableBuffer(self.body)
         return encoded
     }
 
     package init(decoding body: ByteBuffer) throws(ChannelHistoryQuery.Malformed) {
         var body = body
-        guard let length = body.readInteger(as: UInt16.self), let channel = body.readValidatedString(length: Int(length)),
-            !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength
-        else { throw ChannelHistoryQuery.Malformed("the channel must be a string of 1 to \(Frame.maxChannelLength) bytes of UTF-8") }
+        let channel = try body.readChannelName()
         self.init(channel: channel, body: body)
     }
 
@@ -209,5 +197,24 @@ package struct ChannelPublishRequest: Sendable, Hashable {
         guard let epoch = body.readInteger(as: UInt64.self), let offset = body.readInteger(as: UInt64.self), body.readableBytes == 0
         else { throw ChannelHistoryQuery.Malformed("the position must be an epoch and an offset, 16 bytes") }
         return ChannelPosition(epoch: epoch, offset: offset)
+    }
+}
+
+extension ByteBuffer {
+    /// Writes the channel name a reserved method's body starts with (a `string`).
+    fileprivate mutating func writeChannelName(_ channel: String) throws(ChannelHistoryQuery.Malformed) {
+        guard Frame.isValidChannelName(channel) else {
+            throw ChannelHistoryQuery.Malformed("a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        self.writeInteger(UInt16(channel.utf8.count))
+        self.writeString(channel)
+    }
+
+    /// Reads the channel name a reserved method's body starts with.
+    fileprivate mutating func readChannelName() throws(ChannelHistoryQuery.Malformed) -> String {
+        guard let length = self.readInteger(as: UInt16.self), let channel = self.readValidatedString(length: Int(length)),
+            Frame.isValidChannelName(channel)
+        else { throw ChannelHistoryQuery.Malformed("the channel must be a string of 1 to \(Frame.maxChannelLength) bytes of UTF-8") }
+        return channel
     }
 }

@@ -16,7 +16,7 @@ public struct ChannelPattern: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: ``ConfigurationError`` for an empty pattern, one longer than
     ///   ``Frame/maxChannelLength``, or a `*` anywhere but at the end.
     public init(_ pattern: String) throws(ConfigurationError) {
-        guard !pattern.isEmpty, pattern.utf8.count <= Frame.maxChannelLength else {
+        guard Frame.isValidChannelName(pattern) else {
             throw ConfigurationError("a channel pattern must be 1 to \(Frame.maxChannelLength) bytes long, got \"\(pattern)\"")
         }
         let isPrefix = pattern.hasSuffix("*")

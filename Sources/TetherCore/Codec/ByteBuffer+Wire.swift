@@ -35,7 +35,7 @@ extension ByteBuffer {
     /// Reads a channel name: a string of 1 to ``Frame/maxChannelLength`` bytes.
     mutating func readChannel(in type: FrameType) throws(ProtocolError) -> String {
         let channel = try self.readShortString(field: "channel", in: type)
-        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+        guard Frame.isValidChannelName(channel) else {
             throw .malformed(type, "a channel name is 1 to \(Frame.maxChannelLength) bytes, not \(channel.utf8.count)")
         }
         return channel

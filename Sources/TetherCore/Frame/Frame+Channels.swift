@@ -4,6 +4,11 @@ extension Frame {
     /// The longest channel name, in bytes of UTF-8.
     public static let maxChannelLength = 255
 
+    /// Whether `name` can name a channel: 1 to ``maxChannelLength`` bytes of UTF-8.
+    package static func isValidChannelName(_ name: some StringProtocol) -> Bool {
+        !name.isEmpty && name.utf8.count <= Self.maxChannelLength
+    }
+
     /// SUBSCRIBE: the client subscribes to a channel, from the top or recovering what it missed
     /// after a position (PROTOCOL.md, section 12). Answered by a SUBSCRIBED with the same id.
     public struct Subscribe: Sendable, Hashable {

@@ -203,14 +203,15 @@ final class ChannelHub: Sendable {
         // A slice of a larger buffer (a request's body is a slice of what was read) would hold
         // all of it for as long as the history keeps the publication: kept in a buffer of its
         // own (copied outside the lock), the bytes counted are the bytes held.
+        let keeps = self.configuration.history(of: channel) != nil
         var body = body
-        if body.storageCapacity > 2 * body.readableBytes + 64, self.configuration.history(of: channel) != nil {
+        if keeps, body.storageCapacity > 2 * body.readableBytes + 64 {
             body = ByteBuffer(buffer: body)
         }
         return self.state.withLockedValue { state in
             var publication = Frame.Publication(channel: channel, publisher: publisher, body: body)
             if state.channels[channel] == nil {
-                guard self.configuration.history(of: channel) != nil, state.channels.count < self.configuration.maxChannels else {
+                guard keeps, state.channels.count < self.configuration.maxChannels else {
                     return (publication, 0, [])  // no subscriber, and nothing to keep it in
                 }
                 state.channels[channel] = self.newChannel(channel)
@@ -323,11 +324,6 @@ final class ChannelHub: Sendable {
     }
 
     private static func group(_ subscribers: some Sequence<Subscriber>) -> [ConnectionRegistry.LoopRecipients] {
-        var groups: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
-        for subscriber in subscribers where subscriber.live {
-            let loop = subscriber.handler.eventLoop
-            groups[ObjectIdentifier(loop), default: (loop, [])].handlers.append(subscriber.handler)
-        }
-        return groups.values.map { ConnectionRegistry.LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
+        ConnectionRegistry.LoopRecipients.grouping(subscribers.lazy.filter(\.live).map(\.handler))
     }
 }

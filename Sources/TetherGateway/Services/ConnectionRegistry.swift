@@ -28,6 +28,17 @@ final class ConnectionRegistry: Sendable {
             self.loop = loop
             self.handlers = handlers
         }
+
+        /// `handlers` grouped by their event loop: a push's one hop per loop (rooms, clients,
+        /// channels' subscribers).
+        static func grouping(_ handlers: some Sequence<NIOLoopBound<GatewayConnectionHandler>>) -> [LoopRecipients] {
+            var groups: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
+            for handler in handlers {
+                let loop = handler.eventLoop
+                groups[ObjectIdentifier(loop), default: (loop, [])].handlers.append(handler)
+            }
+            return groups.values.map { LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
+        }
     }
 
     private struct State {
@@ -186,12 +197,7 @@ final class ConnectionRegistry: Sendable {
 
     /// The established connections among `entries`, grouped by event loop.
     private static func group(_ entries: some Sequence<Entry>) -> [LoopRecipients] {
-        var groups: [ObjectIdentifier: (loop: any EventLoop, handlers: [NIOLoopBound<GatewayConnectionHandler>])] = [:]
-        for entry in entries where entry.info != nil {
-            let loop = entry.handler.eventLoop
-            groups[ObjectIdentifier(loop), default: (loop, [])].handlers.append(entry.handler)
-        }
-        return groups.values.map { LoopRecipients(loop: $0.loop, handlers: $0.handlers) }
+        LoopRecipients.grouping(entries.lazy.filter { $0.info != nil }.map(\.handler))
     }
 
     /// Hands deliveries just committed to the connections of their recipients, whose pumps send

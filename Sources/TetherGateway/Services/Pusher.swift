@@ -57,7 +57,7 @@ struct Pusher: Sendable {
         guard let hub = self.channels else {
             throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
         }
-        guard !channel.isEmpty, channel.utf8.count <= Frame.maxChannelLength else {
+        guard Frame.isValidChannelName(channel) else {
             throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
         }
         guard publisher.utf8.count <= Int(UInt16.max) else {
