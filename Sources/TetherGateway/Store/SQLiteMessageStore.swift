@@ -130,6 +130,21 @@ public final class SQLiteMessageStore: MessageStore {
         migrator.registerMigration("v4: compressed deliveries") { db in
             try db.execute(sql: "ALTER TABLE deliveries ADD COLUMN compressed INTEGER NOT NULL DEFAULT 0")
         }
+        // Channels' history (``ChannelHistoryStore``): a stream per channel, its publications
+        // by offset, their time (milliseconds since 1970) for the retention by age.
+        migrator.registerMigration("v5: channel history") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE channel_streams (
+                        channel TEXT PRIMARY KEY NOT NULL, epoch INTEGER NOT NULL, top INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE channel_publications (
+                        channel TEXT NOT NULL, position INTEGER NOT NULL, time INTEGER NOT NULL, publisher TEXT NOT NULL,
+                        body BLOB NOT NULL,
+                        PRIMARY KEY (channel, position)) WITHOUT ROWID;
+                    CREATE INDEX channel_publications_time ON channel_publications (time);
+                    """
+            )
+        }
         return migrator
     }
 
@@ -347,7 +362,7 @@ public final class SQLiteMessageStore: MessageStore {
         return receipts
     }
 
-    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         do {
             return try await self.writer.write(body)
         } catch let error as MessageStoreError {
@@ -357,7 +372,7 @@ public final class SQLiteMessageStore: MessageStore {
         }
     }
 
-    private func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         do {
             return try await self.writer.read(body)
         } catch let error as MessageStoreError {

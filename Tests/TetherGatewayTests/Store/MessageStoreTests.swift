@@ -35,6 +35,28 @@ struct MessageStoreTests {
         try await check.run(on: try self.make(kind))
     }
 
+    @Test("the channel history contract", arguments: [Kind.sqliteInMemory, .sqliteFile], ChannelHistoryStoreContract.checks)
+    func channelContract(_ kind: Kind, _ check: ChannelHistoryStoreContract.Check) async throws {
+        try await check.run(on: try self.make(kind) as! SQLiteMessageStore)
+    }
+
+    @Test("a SQLite store keeps channels' streams and publications across a close and reopen")
+    func channelPersistence() async throws {
+        let path = Self.temporaryPath()
+        let positions: [ChannelPosition]
+        do {
+            let store = try SQLiteMessageStore(path: path)
+            positions = try await store.appendPublications(
+                (1...3).map { ChannelAppend(channel: "room", publisher: "a", body: self.body("m\($0)"), time: Date(), maxCount: 10) }
+            )
+        }
+        let reopened = try SQLiteMessageStore(path: path)
+        let head = try await reopened.head(of: "room", notBefore: Date() - 60)
+        #expect(head == ChannelStreamHead(epoch: positions[0].epoch, top: 3, oldest: 1))
+        let read = try await reopened.publications(of: "room", epoch: head.epoch, after: 1, limit: 10, notBefore: Date() - 60)
+        #expect(read?.map(\.body) == [self.body("m2"), self.body("m3")])
+    }
+
     @Test("a SQLite store keeps everything, and its epoch, across a close and reopen")
     func persistence() async throws {
         let path = Self.temporaryPath()
