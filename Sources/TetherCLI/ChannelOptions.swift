@@ -15,12 +15,36 @@ struct ChannelOptions: ParsableArguments {
     @Flag(name: .customLong("channel-clients-publish"), help: "Let clients publish to channels (client.publish), as themselves.")
     var clientsPublish = false
 
-    func apply(to configuration: inout GatewayConfiguration) throws {
+    /// Where channels keep their history.
+    enum Storage: String, ExpressibleByArgument, CaseIterable {
+        case memory, store
+    }
+
+    @Option(
+        name: .customLong("channel-storage"),
+        help: """
+            Where channels keep their history: store (the --store file: it survives a restart; the default with a file) \
+            or memory (the default with --store :memory: or --postgres).
+            """
+    )
+    var storage: Storage?
+
+    /// - Parameter storeKeepsChannels: Whether the gateway's store keeps channels' history
+    ///   (a SQLite file).
+    func apply(to configuration: inout GatewayConfiguration, storeKeepsChannels: Bool) throws {
         guard self.historyCount >= 0 else { throw ValidationError("--channel-history must be 0 or more, got \(self.historyCount)") }
         let age = try duration(seconds: self.historySeconds, option: "channel-history-age")
         let retention = self.historyCount == 0 ? nil : try ChannelRetention(maxCount: self.historyCount, maxAge: age)
         var channels = configuration.channels ?? .defaults
-        channels.rules = [.init(pattern: .all, history: retention, clientsMayPublish: self.clientsPublish)]
+        let storage = self.storage ?? (storeKeepsChannels ? .store : .memory)
+        if storage == .store, !storeKeepsChannels {
+            throw ValidationError(
+                "--channel-storage store needs a --store file: the in-memory store and --postgres do not keep channels' history yet"
+            )
+        }
+        channels.rules = [
+            .init(pattern: .all, history: retention, storage: storage == .store ? .store : .memory, clientsMayPublish: self.clientsPublish)
+        ]
         configuration.channels = channels
     }
 }

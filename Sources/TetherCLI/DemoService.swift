@@ -70,7 +70,7 @@ enum DemoService {
             let message = ChatMessage(room: send.room, from: context.connection.clientID, text: send.text)
             let body = try Self.json(message)
             let recipients = try context.push("chat.message", body, to: .room(send.room))
-            if send.room.utf8.count + 5 <= 255 { try context.publish(body, toChannel: Self.channel(of: send.room)) }
+            if send.room.utf8.count + 5 <= 255 { try await context.publish(body, toChannel: Self.channel(of: send.room)) }
             return ByteBuffer(string: "delivered to \(recipients)")
         }
 

@@ -135,6 +135,9 @@ extension Gateway {
                     group.addTask { await self.forgetStaleOutboxes(in: reliable) }
                     group.addTask { await self.countStore(reliable) }
                 }
+                if let writer = self.pushes.channelWriter, let age = self.configuration.channels?.longestStoredAge {
+                    group.addTask { await self.trimChannels(in: writer.store, olderThan: age) }
+                }
                 if let cluster = self.cluster {
                     let node = ClusterNode(
                         registry: self.registry,
@@ -200,6 +203,22 @@ extension Gateway {
                 }
             } catch {
                 self.logger.warning("could not forget stale outboxes; trying again later", metadata: ["error": "\(error)"])
+            }
+            try? await self.clock.sleep(for: interval)
+        }
+    }
+
+    /// Until cancelled, drops the channels' publications older than the longest retention of a
+    /// rule that keeps them in the store, every tenth of it (at least every second, at most
+    /// every 10 minutes). Reads skip what a channel's own retention no longer keeps meanwhile.
+    private func trimChannels(in store: any ChannelHistoryStore, olderThan age: Duration) async {
+        let interval = min(max(age / 10, .seconds(1)), .seconds(600))
+        while !Task.isCancelled {
+            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            do {
+                _ = try await store.trimPublications(before: now - age.totalSeconds)
+            } catch {
+                self.logger.warning("could not trim the channels' history; trying again later", metadata: ["error": "\(error)"])
             }
             try? await self.clock.sleep(for: interval)
         }

@@ -28,7 +28,7 @@ extension Gateway {
     /// position, while the history keeps it; after that, it is told of the gap.
     ///
     /// ```swift
-    /// try gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
+    /// try await gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
     /// ```
     /// - Parameters:
     ///   - body: The publication's content.
@@ -40,15 +40,16 @@ extension Gateway {
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
     ///   channel name or publisher, ``GatewayError/Code/disabled`` when channels are off.
     @discardableResult
-    public func publish(_ body: ByteBuffer, toChannel channel: String, publisher: String = "") throws(GatewayError) -> ChannelPosition {
-        try self.pushes.publish(body, to: channel, publisher: publisher).0
+    public func publish(_ body: ByteBuffer, toChannel channel: String, publisher: String = "") async throws(GatewayError) -> ChannelPosition
+    {
+        try await self.pushes.publish(body, to: channel, publisher: publisher).0
     }
 
     /// A page of a channel's history: the publications after `position`, or, without one, its
     /// latest `limit` publications; oldest first.
     ///
     /// ```swift
-    /// let page = try gateway.history(of: "room.lobby", limit: 50)   // the last 50
+    /// let page = try await gateway.history(of: "room.lobby", limit: 50)   // the last 50
     /// ```
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
     ///   channel name or a limit outside 1...1,000, ``GatewayError/Code/disabled`` when channels
@@ -57,17 +58,8 @@ extension Gateway {
         of channel: String,
         after position: ChannelPosition? = nil,
         limit: Int = 100
-    ) throws(GatewayError) -> ChannelHistoryPage {
-        guard let hub = self.pushes.channels else {
-            throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
-        }
-        guard Frame.isValidChannelName(channel) else {
-            throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
-        }
-        guard (1...ChannelHistoryQuery.maxLimit).contains(limit) else {
-            throw GatewayError(code: .invalidArgument, message: "the limit must be 1 to \(ChannelHistoryQuery.maxLimit), got \(limit)")
-        }
-        return hub.history(of: channel, after: position, limit: limit)
+    ) async throws(GatewayError) -> ChannelHistoryPage {
+        try await self.pushes.history(of: channel, after: position, limit: limit)
     }
 
     /// Puts a connection in a room.

@@ -231,12 +231,27 @@ public final class Gateway: Service, Sendable {
             roomsPerConnection: configuration.limits.maxRoomsPerConnection,
             membersPerRoom: configuration.limits.maxMembersPerRoom
         )
+        var channelWriter: ChannelWriter?
+        if let channels = configuration.channels, channels.usesStore {
+            guard let store = messageStore as? any ChannelHistoryStore else {
+                throw GatewayError(
+                    code: .invalidConfiguration,
+                    message:
+                        "a channel rule keeps its history in the store (storage: .store), but the gateway's message store "
+                        + (messageStore == nil
+                            ? "is not set" : "does not keep channels' history (a ChannelHistoryStore, as SQLiteMessageStore)")
+                )
+            }
+            channelWriter = ChannelWriter(store: store)
+        }
         self.pushes = Pusher(
             registry: self.registry,
             batchers: pushBatchers,
             cluster: cluster,
             metrics: gatewayMetrics,
-            channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock) }
+            channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock) },
+            channelWriter: channelWriter,
+            clock: clock
         )
         if cluster != nil, configuration.channels != nil {
             logger.warning(

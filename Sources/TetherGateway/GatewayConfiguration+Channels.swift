@@ -65,26 +65,63 @@ extension GatewayConfiguration {
             public var pattern: ChannelPattern
             /// Their history; `nil`: none (live publications only).
             public var history: ChannelRetention?
+            /// Where their history is kept.
+            public var storage: Storage
             /// Whether clients may publish to them (`client.publish`), as far as their
             /// credentials and the ``Gateway/authorize(_:)`` hook allow
             /// (``Access/publish(channel:)``); otherwise only the gateway and its handlers do.
             public var clientsMayPublish: Bool
 
-            public init(pattern: ChannelPattern, history: ChannelRetention?, clientsMayPublish: Bool = false) {
+            public init(pattern: ChannelPattern, history: ChannelRetention?, storage: Storage = .memory, clientsMayPublish: Bool = false) {
                 self.pattern = pattern
                 self.history = history
+                self.storage = storage
                 self.clientsMayPublish = clientsMayPublish
             }
         }
 
-        /// Whether clients may publish to `channel`: its first matching rule's.
-        func clientsMayPublish(to channel: String) -> Bool {
-            self.rules.first { $0.pattern.matches(channel) }?.clientsMayPublish ?? false
+        /// Where a channel's history is kept.
+        public enum Storage: Sendable, Hashable {
+            /// In the gateway's memory: fast, bounded by
+            /// ``GatewayConfiguration/Channels-swift.struct/maxHistoryBytes``, lost when the
+            /// gateway stops. For channels that want a short window.
+            case memory
+            /// In the gateway's store (a ``ChannelHistoryStore``, as ``SQLiteMessageStore``):
+            /// each publication is appended before it is sent, and a subscriber that comes back
+            /// after the gateway restarted still recovers it. The gateway must be given such a
+            /// store.
+            case store
         }
 
-        /// The history a channel keeps: its first matching rule's.
+        /// Whether some rule keeps its channels' history in the store.
+        var usesStore: Bool { self.rules.contains { $0.history != nil && $0.storage == .store } }
+
+        /// The longest a rule keeping history in the store keeps a publication: what the
+        /// store's trimming keeps.
+        var longestStoredAge: Duration? {
+            self.rules.filter { $0.storage == .store }.compactMap(\.history?.maxAge).max()
+        }
+
+        /// The rule for `channel`: its first matching one.
+        func rule(for channel: String) -> Rule? {
+            self.rules.first { $0.pattern.matches(channel) }
+        }
+
+        /// Whether clients may publish to `channel`: its first matching rule's.
+        func clientsMayPublish(to channel: String) -> Bool {
+            self.rule(for: channel)?.clientsMayPublish ?? false
+        }
+
+        /// The history a channel keeps in memory: its first matching rule's.
         func history(of channel: String) -> ChannelRetention? {
-            self.rules.first { $0.pattern.matches(channel) }?.history
+            guard let rule = self.rule(for: channel), rule.storage == .memory else { return nil }
+            return rule.history
+        }
+
+        /// The history a channel keeps in the store: its first matching rule's.
+        func storedHistory(of channel: String) -> ChannelRetention? {
+            guard let rule = self.rule(for: channel), rule.storage == .store else { return nil }
+            return rule.history
         }
     }
 }

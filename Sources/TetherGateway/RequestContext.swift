@@ -153,8 +153,12 @@ public struct RequestContext: Sendable {
     ///   connection's client id.
     /// - Returns: The publication's position in the channel.
     @discardableResult
-    public func publish(_ body: ByteBuffer, toChannel channel: String, publisher: String? = nil) throws(GatewayError) -> ChannelPosition {
-        try self.scope.services.pushes.publish(body, to: channel, publisher: publisher ?? self.connection.clientID).0
+    public func publish(
+        _ body: ByteBuffer,
+        toChannel channel: String,
+        publisher: String? = nil
+    ) async throws(GatewayError) -> ChannelPosition {
+        try await self.scope.services.pushes.publish(body, to: channel, publisher: publisher ?? self.connection.clientID).0
     }
 
     /// Puts this connection in `room`; it receives the room's pushes until it leaves or closes.

@@ -45,8 +45,8 @@ extension IntegrationTests {
             return connection
         }
 
-        static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") throws {
-            for index in range { try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
+        static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") async throws {
+            for index in range { try await gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
         }
 
         @Test("a subscriber gets what is published from then on, numbered 1, 2, 3 in the channel's epoch")
@@ -56,7 +56,7 @@ extension IntegrationTests {
                 let bob = try await Self.connect(endpoint)
                 let subscribed = try await Self.subscribe(bob, "room.lobby")
                 #expect(subscribed.status == .ok && subscribed.epoch != 0 && subscribed.startingAfter == 0 && !subscribed.gap)
-                try Self.publish(gateway, 1...3)
+                try await Self.publish(gateway, 1...3)
                 let received = await Self.publications(bob, count: 3)
                 #expect(received.map(\.position.offset) == [1, 2, 3])
                 #expect(
@@ -73,16 +73,16 @@ extension IntegrationTests {
                 let (gateway, endpoint) = try await harness.gateway()
                 let first = try await Self.connect(endpoint, clientID: "bob")
                 let epoch = try await Self.subscribe(first, "room.lobby").epoch
-                try Self.publish(gateway, 1...5)
+                try await Self.publish(gateway, 1...5)
                 #expect(await Self.publications(first, count: 5).map(\.position.offset) == [1, 2, 3, 4, 5])
                 first.close()
                 try await first.waitForClose()
-                try Self.publish(gateway, 6...10)  // bob is away
+                try await Self.publish(gateway, 6...10)  // bob is away
 
                 let second = try await Self.connect(endpoint, clientID: "bob")
                 let subscribed = try await Self.subscribe(second, "room.lobby", from: ChannelPosition(epoch: epoch, offset: 5))
                 #expect(subscribed.status == .ok && subscribed.epoch == epoch && subscribed.startingAfter == 5 && !subscribed.gap)
-                try Self.publish(gateway, 11...12)
+                try await Self.publish(gateway, 11...12)
                 let received = await Self.publications(second, count: 7)
                 #expect(received.map(\.position.offset) == Array(6...12))
                 #expect(received.map { String(buffer: $0.body) } == (6...12).map { "msg-\($0)" })
@@ -103,7 +103,7 @@ extension IntegrationTests {
                 let bob = try await Self.connect(endpoint)
                 let epoch = try await Self.subscribe(bob, "room.lobby").epoch
                 try await bob.send(.unsubscribe(.init(channel: "room.lobby")))
-                try Self.publish(gateway, 1...10)  // keeps 8, 9, 10
+                try await Self.publish(gateway, 1...10)  // keeps 8, 9, 10
 
                 let behind = try await Self.subscribe(bob, "room.lobby", id: 2, from: ChannelPosition(epoch: epoch, offset: 2))
                 #expect(behind.gap && behind.startingAfter == 7, "offsets 3...7 are lost: 5 of them")
@@ -119,22 +119,46 @@ extension IntegrationTests {
             }
         }
 
-        @Test("a recovery longer than a page goes in pages while publications go on: every offset once, in order")
-        func pages() async throws {
+        /// Where the channels' history is kept in a test that runs with both.
+        enum Kept: String, CaseIterable, CustomStringConvertible {
+            case memory, store
+            var description: String { self.rawValue }
+
+            /// A gateway whose channels keep their last `maxCount` in memory or in its store.
+            func gateway(_ harness: Harness, maxCount: Int = 1_000, pageSize: Int = 256) async throws -> (Gateway, Endpoint) {
+                let storage: GatewayConfiguration.Channels.Storage = self == .memory ? .memory : .store
+                return try await harness.gateway(
+                    messageStore: self == .store ? try SQLiteMessageStore.inMemory() : nil,
+                    configure: { configuration in
+                        configuration.channels = try! .init(
+                            rules: [
+                                .init(
+                                    pattern: .all,
+                                    history: try! ChannelRetention(maxCount: maxCount, maxAge: .seconds(60)),
+                                    storage: storage
+                                )
+                            ],
+                            recoveryPageSize: pageSize
+                        )
+                    }
+                )
+            }
+        }
+
+        @Test(
+            "a recovery longer than a page goes in pages while publications go on: every offset once, in order",
+            arguments: Kept.allCases
+        )
+        func pages(kept: Kept) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
-                    configuration.channels = try! .init(
-                        rules: [.init(pattern: .all, history: try! ChannelRetention(maxCount: 10_000, maxAge: .seconds(60)))],
-                        recoveryPageSize: 7
-                    )
-                })
+                let (gateway, endpoint) = try await kept.gateway(harness, maxCount: 10_000, pageSize: 7)
                 let bob = try await Self.connect(endpoint)
                 let epoch = try await Self.subscribe(bob, "room.lobby").epoch
                 try await bob.send(.unsubscribe(.init(channel: "room.lobby")))
-                try Self.publish(gateway, 1...500)
+                try await Self.publish(gateway, 1...500)
                 let publisher = Task {
                     for index in 501...1_000 {
-                        try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: "room.lobby")
+                        try await gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: "room.lobby")
                         if index % 50 == 0 { await Task.yield() }
                     }
                 }
@@ -151,15 +175,18 @@ extension IntegrationTests {
             }
         }
 
-        @Test("after each SUBSCRIBED of a resubscription, while another thread publishes, only offsets past its start arrive, contiguous")
-        func resubscribeWhilePublishing() async throws {
+        @Test(
+            "after each SUBSCRIBED of a resubscription, while another thread publishes, only offsets past its start arrive, contiguous",
+            arguments: Kept.allCases
+        )
+        func resubscribeWhilePublishing(kept: Kept) async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
+                let (gateway, endpoint) = try await kept.gateway(harness)
                 let bob = try await Self.connect(endpoint)
                 #expect(try await Self.subscribe(bob, "room.lobby").status == .ok)
                 let publisher = Task.detached {
                     for index in 1...4_000 {
-                        try gateway.publish(ByteBuffer(string: "\(index)"), toChannel: "room.lobby")
+                        try await gateway.publish(ByteBuffer(string: "\(index)"), toChannel: "room.lobby")
                         if index % 200 == 0 { try await Task.sleep(for: .milliseconds(1)) }
                     }
                 }
@@ -248,7 +275,7 @@ extension IntegrationTests {
                 let bob = try await Self.connect(endpoint)
                 let live = try await Self.subscribe(bob, "live.scores", from: ChannelPosition(epoch: 0, offset: 0))
                 #expect(live.status == .ok && live.epoch == 0 && live.gap, "nothing could be recovered")
-                try Self.publish(gateway, 1...2, to: "live.scores")
+                try await Self.publish(gateway, 1...2, to: "live.scores")
                 #expect(
                     await Self.publications(bob, count: 2).map(\.position)
                         == Array(repeating: ChannelPosition(epoch: 0, offset: 0), count: 2)
@@ -257,7 +284,7 @@ extension IntegrationTests {
                 try await bob.send(.unsubscribe(.init(channel: "live.scores")))
                 try await bob.send(.ping(.init(id: 9)))
                 guard case .pong? = await bob.next()?.payload else { throw Failure("PONG first") }
-                try Self.publish(gateway, 3...3, to: "live.scores")
+                try await Self.publish(gateway, 3...3, to: "live.scores")
                 try await bob.send(.ping(.init(id: 10)))
                 let next = await bob.next()?.payload
                 guard case .pong(let pong)? = next, pong.id == 10 else {
@@ -282,7 +309,7 @@ extension IntegrationTests {
                 let bob = try await Self.connect(endpoint)
                 let epoch = try await Self.subscribe(bob, "a", id: 1).epoch
                 try await bob.send(.unsubscribe(.init(channel: "a")))
-                for _ in 1...20 { try gateway.publish(ByteBuffer(repeating: 7, count: 10), toChannel: "a") }
+                for _ in 1...20 { try await gateway.publish(ByteBuffer(repeating: 7, count: 10), toChannel: "a") }
                 let recovered = try await Self.subscribe(bob, "a", id: 2, from: ChannelPosition(epoch: epoch, offset: 0))
                 #expect(recovered.gap && recovered.startingAfter == 10, "100 bytes: the last 10 publications of 10 bytes")
                 #expect(await Self.publications(bob, count: 10).map(\.position.offset) == Array(11...20))
@@ -304,7 +331,7 @@ extension IntegrationTests {
                 let epoch = try await Self.subscribe(probe, "room.lobby").epoch
                 probe.close()
                 let kilobyte = ByteBuffer(repeating: 0x61, count: 1_024)
-                for _ in 1...1_000 { try gateway.publish(kilobyte, toChannel: "room.lobby") }
+                for _ in 1...1_000 { try await gateway.publish(kilobyte, toChannel: "room.lobby") }
 
                 let greedy = try await Self.connect(endpoint)
                 try await greedy.stopReading()
@@ -341,7 +368,7 @@ extension IntegrationTests {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway()
                 let kilobyte = ByteBuffer(repeating: 0x61, count: 1_024)
-                for _ in 1...1_000 { try gateway.publish(kilobyte, toChannel: "room.lobby") }
+                for _ in 1...1_000 { try await gateway.publish(kilobyte, toChannel: "room.lobby") }
                 let greedy = try await Self.connect(endpoint)
                 try await greedy.stopReading()
                 let query = try ChannelHistoryQuery(channel: "room.lobby", after: nil, limit: 1_000).encoded()
@@ -372,8 +399,8 @@ extension IntegrationTests {
                 let raw = try await RawConnection.connect(to: endpoint)
                 let welcome = try await raw.handshake(features: [.checksum, .channels])
                 #expect(welcome?.features == .checksum)
-                #expect {
-                    try gateway.publish(ByteBuffer(), toChannel: "news")
+                await #expect {
+                    try await gateway.publish(ByteBuffer(), toChannel: "news")
                 } throws: { ($0 as? GatewayError)?.code == .disabled }
                 raw.close()
             }

@@ -39,11 +39,15 @@ extension IntegrationTests {
 
             var gaps: [ChannelGap] { self.events.compactMap { if case .gap(let gap) = $0 { gap } else { nil } } }
 
+            var publications: [ChannelPublication] {
+                self.events.compactMap { if case .publication(let publication) = $0 { publication } else { nil } }
+            }
+
             var subscriptions: [Bool] { self.events.compactMap { if case .subscribed(let recovered) = $0 { recovered } else { nil } } }
         }
 
-        static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") throws {
-            for index in range { try gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
+        static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") async throws {
+            for index in range { try await gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
         }
 
         @Test(
@@ -60,16 +64,16 @@ extension IntegrationTests {
                 let events = harness.events(of: bob)
                 let reader = Reader(bob.subscribe("room.lobby"), in: harness)
                 try await eventually("bob is subscribed") { reader.subscriptions == [true] }
-                try Self.publish(gateway, 1...20)
+                try await Self.publish(gateway, 1...20)
                 try await eventually("bob has the first 20") { reader.bodies.count == 20 }
 
                 proxy.mode = .refuse
                 proxy.cutAll()
                 try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
-                try Self.publish(gateway, 21...75)  // while bob is away
+                try await Self.publish(gateway, 21...75)  // while bob is away
                 proxy.mode = .forward
                 try await eventually("bob subscribed again") { reader.subscriptions == [true, true] }
-                try Self.publish(gateway, 76...80)
+                try await Self.publish(gateway, 76...80)
                 try await eventually("bob has all 80", timeout: .seconds(20)) { reader.bodies.count >= 80 }
                 #expect(reader.bodies == (1...80).map { "msg-\($0)" })
                 #expect(reader.gaps.isEmpty)
@@ -92,12 +96,12 @@ extension IntegrationTests {
                 let events = harness.events(of: bob)
                 let reader = Reader(bob.subscribe("room.lobby"), in: harness)
                 try await eventually("bob is subscribed") { reader.subscriptions == [true] }
-                try Self.publish(gateway, 1...5)
+                try await Self.publish(gateway, 1...5)
                 try await eventually("bob has 5") { reader.bodies.count == 5 }
                 proxy.mode = .refuse
                 proxy.cutAll()
                 try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
-                try Self.publish(gateway, 6...40)  // 30 of them are gone by the time he is back
+                try await Self.publish(gateway, 6...40)  // 30 of them are gone by the time he is back
                 proxy.mode = .forward
                 try await eventually("bob has what is kept", timeout: .seconds(20)) { reader.bodies.count >= 15 }
                 #expect(reader.gaps.map(\.missed) == [25], "6...30 are lost")
@@ -115,7 +119,7 @@ extension IntegrationTests {
                 let reader = Reader(bob.subscribe("room.lobby", bufferSize: 8), in: harness, paused: paused)
                 try await eventually("bob is subscribed") { reader.subscriptions == [true] }
                 paused.withLockedValue { $0 = true }
-                try Self.publish(gateway, 1...300)
+                try await Self.publish(gateway, 1...300)
                 try await Task.sleep(for: .milliseconds(300))
                 paused.withLockedValue { $0 = false }
                 try await eventually("bob has all 300", timeout: .seconds(20)) { reader.bodies.count >= 300 }
@@ -163,7 +167,7 @@ extension IntegrationTests.ClientChannelTests {
                 routes: { gateway in gateway.authorize { access, _ in access != .subscribe(channel: "room.secret") } }
             )
             let bob = try harness.client([endpoint], clientID: "bob")
-            try Self.publish(gateway, 1...80)  // keeps 31...80
+            try await Self.publish(gateway, 1...80)  // keeps 31...80
 
             let latest = try await bob.history(of: "room.lobby", limit: 10)
             #expect(latest.publications.map { String(buffer: $0.body) } == (71...80).map { "msg-\($0)" })
@@ -184,7 +188,7 @@ extension IntegrationTests.ClientChannelTests {
 
             let behind = try await bob.history(of: "room.lobby", after: ChannelPosition(epoch: latest.epoch, offset: 5), limit: 1_000)
             #expect(behind.gap?.missed == 25 && behind.publications.first?.position.offset == 31 && behind.publications.count == 50)
-            #expect(try gateway.history(of: "room.lobby", limit: 3).publications.map(\.position.offset) == [78, 79, 80])
+            #expect(try await gateway.history(of: "room.lobby", limit: 3).publications.map(\.position.offset) == [78, 79, 80])
 
             let none = try await bob.history(of: "live.scores")
             #expect(none.epoch == 0 && none.publications.isEmpty)

@@ -179,7 +179,7 @@ extension IntegrationTests {
                     }
                 }
                 try await eventually("subscribed") { subscribed.withLockedValue { $0 } }
-                try gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
+                try await gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
                 try await eventually("shown") { shown.withLockedValue { $0 } == ["alice: hi all"] }
             }
         }

@@ -375,7 +375,7 @@ extension IntegrationTests {
                     routes: { gateway in
                         Self.echo(gateway)
                         gateway.handle("publish") { request, context in
-                            try context.publish(request.body, toChannel: "py.room")
+                            try await context.publish(request.body, toChannel: "py.room")
                             return ByteBuffer()
                         }
                     }

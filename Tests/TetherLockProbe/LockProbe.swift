@@ -82,7 +82,7 @@ struct LockProbe {
             let publications = UnsafeBox(alice.subscribe("probe.channel").makeAsyncIterator())
             guard case .subscribed? = try await publications.value.next() else { throw ProbeError("alice was not subscribed") }
             report["publish"] = try await Self.measure(count) {
-                try gateway.publish(body, toChannel: "probe.channel")
+                try await gateway.publish(body, toChannel: "probe.channel")
                 guard case .publication? = try await publications.value.next() else { throw ProbeError("no publication") }
             }
 

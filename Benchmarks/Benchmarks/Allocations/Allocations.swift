@@ -188,7 +188,7 @@ let benchmarks: @Sendable () -> Void = {
             let gateway = peers.current.gateway
             let iterator = publications.current
             for _ in benchmark.scaledIterations {
-                try gateway.publish(body, toChannel: "bench.channel")
+                try await gateway.publish(body, toChannel: "bench.channel")
                 guard case .publication(let publication)? = try await iterator.base.next() else {
                     throw BenchmarkFailure(description: "the subscription ended")
                 }

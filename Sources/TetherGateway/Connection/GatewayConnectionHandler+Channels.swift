@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import TetherCore
 
@@ -11,13 +12,50 @@ extension GatewayConnectionHandler {
         // recovery stops.
         self.liveChannels[request.channel] = nil
         self.recoveries.removeAll { $0.channel == request.channel }
+        self.subscribing[request.channel] = nil
         if let scope = self.scope, scope.checksAccess, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection)
         {
             hub.unsubscribe(connection: self.id, from: request.channel)
             self.refuse(request, .permissionDenied, "this client may not subscribe to \(request.channel)")
             return
         }
-        switch hub.subscribe(connection: self.id, handler: NIOLoopBound(self, eventLoop: self.eventLoop), to: request) {
+        if let writer = self.services.pushes.channelWriter, let retention = hub.configuration.storedHistory(of: request.channel) {
+            // Where its stream is, from the store first; answered when the store has.
+            self.subscribing[request.channel] = request.id
+            let notBefore = Self.wallClock(self.services.clock) - retention.maxAge.totalSeconds
+            let handle = self.handle
+            self.spawn {
+                let head: Result<ChannelStreamHead, any Error>
+                do {
+                    head = .success(try await writer.store.head(of: request.channel, notBefore: notBefore))
+                } catch {
+                    head = .failure(error)
+                }
+                handle.execute(passing: (request, head)) { $0.subscribe($1.0, head: $1.1) }
+            }
+            return
+        }
+        self.register(request, head: nil)
+    }
+
+    /// The store answered where the stream of a SUBSCRIBE's channel is: unless the
+    /// subscription was replaced or left meanwhile, or the connection closed, it is registered.
+    private func subscribe(_ request: Frame.Subscribe, head: Result<ChannelStreamHead, any Error>) {
+        guard self.subscribing[request.channel] == request.id else { return }
+        self.subscribing[request.channel] = nil
+        switch head {
+        case .success(let head):
+            self.register(request, head: head)
+        case .failure(let error):
+            self.refuse(request, .unavailable, "the gateway's channel store failed; subscribe again later: \(error)")
+        }
+    }
+
+    /// Registers a subscription in the hub, and writes SUBSCRIBED and the recovery's first page.
+    private func register(_ request: Frame.Subscribe, head: ChannelStreamHead?) {
+        guard let hub = self.services.pushes.channels else { return }
+        let handler = NIOLoopBound(self, eventLoop: self.eventLoop)
+        switch hub.subscribe(connection: self.id, handler: handler, to: request, head: head) {
         case .refused(let status, let message):
             self.refuse(request, status, message)
         case .subscribed(let subscribed, let page):
@@ -34,6 +72,7 @@ extension GatewayConnectionHandler {
     func unsubscribe(from channel: String) {
         self.services.pushes.channels?.unsubscribe(connection: self.id, from: channel)
         self.recoveries.removeAll { $0.channel == channel }
+        self.subscribing[channel] = nil
         self.liveChannels[channel] = nil
     }
 
@@ -42,6 +81,7 @@ extension GatewayConnectionHandler {
         guard self.subscribesToChannels else { return }
         self.services.pushes.channels?.remove(connection: self.id)
         self.recoveries.removeAll()
+        self.subscribing.removeAll()
     }
 
     /// Sends the next page of the recoveries under way, one after another, while the
@@ -51,6 +91,11 @@ extension GatewayConnectionHandler {
         self.recoveryScheduled = false
         guard let context = self.context, let hub = self.services.pushes.channels else { return }
         while !self.recoveries.isEmpty, context.channel.isWritable, !self.machine.isClosing {
+            if self.recoveries[0].fromStore {
+                // One read of the store at a time; the rest wait for its page.
+                if !self.readingStore { self.readStored(self.recoveries.removeFirst()) }
+                return
+            }
             let continuation = self.recoveries.removeFirst()
             // A subscription replaced or left meanwhile has no page.
             guard let page = hub.continueRecovery(connection: self.id, continuation) else { continue }
@@ -58,6 +103,48 @@ extension GatewayConnectionHandler {
             self.flushNow()  // so that the channel's writability counts this page
         }
         // Stopped by a full channel: its writability's return schedules the rest.
+    }
+
+    /// Reads the next page of a recovery from the store; it is written when read.
+    private func readStored(_ continuation: ChannelHub.Continuation) {
+        guard let writer = self.services.pushes.channelWriter,
+            let retention = self.services.pushes.channels?.configuration.storedHistory(of: continuation.channel)
+        else { return }
+        self.readingStore = true
+        let notBefore = Self.wallClock(self.services.clock) - retention.maxAge.totalSeconds
+        let limit = self.services.pushes.channels?.configuration.recoveryPageSize ?? 256
+        let handle = self.handle
+        self.spawn {
+            // A failed read ends the recovery where it is: the live publications that follow
+            // do not follow the subscriber's position, and it subscribes again.
+            let read = try? await writer.store.publications(
+                of: continuation.channel,
+                epoch: continuation.after.epoch,
+                after: continuation.after.offset,
+                limit: limit,
+                notBefore: notBefore
+            )
+            handle.execute(passing: (continuation, read)) { $0.storedPage($1.0, read: $1.1) }
+        }
+    }
+
+    /// A page of a recovery read from the store.
+    private func storedPage(_ continuation: ChannelHub.Continuation, read: [StoredPublication]?) {
+        self.readingStore = false
+        guard self.context != nil, !self.machine.isClosing, let hub = self.services.pushes.channels,
+            let page = hub.continueRecovery(connection: self.id, continuation, read: read)
+        else {
+            self.scheduleRecoveries()
+            return
+        }
+        self.send(page, of: continuation.channel, scheduling: false)
+        self.flushNow()
+        self.scheduleRecoveries()
+    }
+
+    /// The time as the store keeps it: the gateway's wall clock.
+    static func wallClock(_ clock: any TetherClock) -> Date {
+        Date(timeIntervalSince1970: Double(clock.wallClockMilliseconds) / 1000)
     }
 
     private func refuse(_ request: Frame.Subscribe, _ status: StatusCode, _ message: String) {
@@ -108,7 +195,7 @@ extension GatewayConnectionHandler {
 
     /// The handler of ``ChannelHistoryQuery/method``: a page of a channel's history, for a
     /// client that may subscribe to it.
-    static func channelHistory(from hub: ChannelHub, router: Router) -> Gateway.InlineHandler {
+    static func channelHistory(from pusher: Pusher, router: Router) -> Gateway.Handler {
         { request, context in
             let query: ChannelHistoryQuery
             do throws(ChannelHistoryQuery.Malformed) {
@@ -119,13 +206,13 @@ extension GatewayConnectionHandler {
             if router.checksAccess(of: context.connection), !router.permits(.subscribe(channel: query.channel), context.connection) {
                 throw RequestError(.permissionDenied, "this client may not read \(query.channel)")
             }
-            return ChannelHistoryQuery.encode(hub.history(of: query.channel, after: query.after, limit: query.limit))
+            return ChannelHistoryQuery.encode(try await pusher.history(of: query.channel, after: query.after, limit: query.limit))
         }
     }
 
     /// The handler of a reserved channel method (`$channel.history`, `$channel.publish`), if
     /// `method` is one and the gateway has channels.
-    func channelMethod(_ method: String) -> Gateway.InlineHandler? {
+    func channelMethod(_ method: String) -> Gateway.Handler? {
         guard method.utf8.first == UInt8(ascii: "$") else { return nil }
         switch method {
         case ChannelHistoryQuery.method: return self.services.channelHistory
@@ -136,7 +223,7 @@ extension GatewayConnectionHandler {
 
     /// The handler of ``ChannelPublishRequest/method``: publishes for a client, as itself,
     /// where the channel's rule lets clients publish and its credentials allow it.
-    static func channelPublish(to hub: ChannelHub, pusher: Pusher, router: Router) -> Gateway.InlineHandler {
+    static func channelPublish(to hub: ChannelHub, pusher: Pusher, router: Router) -> Gateway.Handler {
         { request, context in
             let publication: ChannelPublishRequest
             do throws(ChannelHistoryQuery.Malformed) {
@@ -150,7 +237,7 @@ extension GatewayConnectionHandler {
             if router.checksAccess(of: context.connection), !router.permits(.publish(channel: publication.channel), context.connection) {
                 throw RequestError(.permissionDenied, "this client may not publish to \(publication.channel)")
             }
-            let (position, _) = try pusher.publish(publication.body, to: publication.channel, publisher: context.connection.clientID)
+            let (position, _) = try await pusher.publish(publication.body, to: publication.channel, publisher: context.connection.clientID)
             return ChannelPublishRequest.encode(position)
         }
     }

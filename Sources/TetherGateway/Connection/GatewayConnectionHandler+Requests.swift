@@ -16,7 +16,7 @@ extension GatewayConnectionHandler {
             self.startOrQueue(request, now: now)
             return
         }
-        if let channels = self.channelMethod(request.method) {
+        if self.channelMethod(request.method) != nil {
             guard self.io.isWritable else {
                 // A page of history is up to 64 KiB for a small request: a client that does not
                 // read its answers gets no more of them until it does.
@@ -29,11 +29,9 @@ extension GatewayConnectionHandler {
                 self.answer(refusal, directly: directly)
                 return
             }
-            // Checked per channel (Access.subscribe, Access.publish), not as a method.
-            self.answer(
-                self.services.answerInline(request, handler: channels, scope: scope, deadline: Self.deadline(of: request, now)),
-                directly: directly
-            )
+            // Checked per channel (Access.subscribe, Access.publish), not as a method; in a
+            // task, as the store may be read or written.
+            self.startOrQueue(request, now: now)
             return
         }
         let router = self.services.router
@@ -73,6 +71,8 @@ extension GatewayConnectionHandler {
         let handler: Gateway.Handler
         if request.method == Self.refreshCredentialsMethod {
             handler = self.refreshCredentials
+        } else if let channels = self.channelMethod(request.method) {
+            handler = channels
         } else if case .task(let routed) = self.services.router.route(request.method) {
             handler = routed
         } else {

@@ -91,6 +91,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// Channel recoveries whose next page waits for the connection to drain.
     var recoveries: [ChannelHub.Continuation] = []
     var recoveryScheduled = false
+    /// The SUBSCRIBEs waiting for the store to answer where their channel's stream is, by
+    /// channel: a later SUBSCRIBE or UNSUBSCRIBE of the channel voids the answer.
+    var subscribing: [String: UInt64] = [:]
+    /// Whether a page of a recovery is being read from the store.
+    var readingStore = false
 
     init(
         services: GatewayServices,

@@ -48,6 +48,9 @@ final class ChannelHub: Sendable {
         var channel: String
         var after: ChannelPosition
         var generation: UInt64
+        /// Whether its pages are read from the gateway's store (a channel whose rule says
+        /// ``GatewayConfiguration/Channels-swift.struct/Storage/store``), not from memory.
+        var fromStore = false
     }
 
     private struct Subscriber {
@@ -59,6 +62,10 @@ final class ChannelHub: Sendable {
 
     private struct Channel {
         var history: ChannelHistory<Kept>?
+        /// A channel whose history is in the store: its stream's epoch, and the offset of its
+        /// last publication sent from this node (its publications are sent in the order the
+        /// store appended them, see ``ChannelWriter``).
+        var stream: ChannelPosition?
         var subscribers: [UInt64: Subscriber] = [:]
         /// The live subscribers grouped by loop, built at the first publication after a change.
         var recipients: [ConnectionRegistry.LoopRecipients]?
@@ -89,10 +96,13 @@ final class ChannelHub: Sendable {
 
     /// Subscribes a connection to `channel` (replacing its subscription there), and reads what
     /// it recovers after `position` (`nil`: from the top, nothing recovered).
+    /// - Parameter head: For a channel whose history is in the store, its stream's head as the
+    ///   store answered it just before: where the recovery starts, and what it can still get.
     func subscribe(
         connection id: UInt64,
         handler: NIOLoopBound<GatewayConnectionHandler>,
-        to request: Frame.Subscribe
+        to request: Frame.Subscribe,
+        head: ChannelStreamHead? = nil
     ) -> Subscription {
         let now = self.clock.now
         return self.state.withLockedValue { state -> Subscription in
@@ -116,7 +126,15 @@ final class ChannelHub: Sendable {
             defer { state.channels[request.channel] = channel }
             var subscribed = Frame.Subscribed(id: request.id)
             var page = Page(publications: [], next: nil)
-            if var history = channel.history {
+            if let head {
+                page.next = Self.storedRecovery(
+                    from: request,
+                    head: head,
+                    channel: &channel,
+                    subscribed: &subscribed,
+                    generation: generation
+                )
+            } else if var history = channel.history {
                 channel.history = nil  // trimmed in place, not copied
                 let before = history.keptWeight
                 history.trim(at: now)
@@ -173,6 +191,112 @@ final class ChannelHub: Sendable {
                 page.liveAfter = state.channels[continuation.channel]!.sequence
             }
             return page
+        }
+    }
+
+    /// Where the recovery of a subscription to a channel whose history is in the store starts:
+    /// `nil` if it has nothing to recover (it goes live at once).
+    private static func storedRecovery(
+        from request: Frame.Subscribe,
+        head: ChannelStreamHead,
+        channel: inout Channel,
+        subscribed: inout Frame.Subscribed,
+        generation: UInt64
+    ) -> Continuation? {
+        // The node may have sent publications the store appended after it answered (a later
+        // top), or not yet those it answered with (they are on their way, and go to the
+        // subscriber live once it is).
+        if let stream = channel.stream, stream.epoch == head.epoch {
+            channel.stream!.offset = max(stream.offset, head.top)
+        } else {
+            channel.stream = head.position
+        }
+        let top = channel.stream!.offset
+        subscribed.epoch = head.epoch
+        guard let position = request.recoverFrom else {
+            subscribed.startingAfter = top
+            return nil
+        }
+        let sameStream = position.epoch == head.epoch && position.offset <= top
+        let wanted: UInt64 = sameStream ? position.offset + 1 : 1
+        let available = head.oldest ?? head.top + 1
+        let first = max(wanted, available)
+        subscribed.gap = !sameStream || wanted < available
+        subscribed.startingAfter = first - 1
+        guard first <= top else { return nil }
+        return Continuation(
+            channel: request.channel,
+            after: ChannelPosition(epoch: head.epoch, offset: first - 1),
+            generation: generation,
+            fromStore: true
+        )
+    }
+
+    /// The next page of a recovery from the store, made of what the store read after the
+    /// continuation's position (`nil`: the stream of that epoch is gone); `nil` if the
+    /// subscription it was for is gone or replaced. The page that reaches the top this node
+    /// sent makes the subscriber live.
+    func continueRecovery(connection id: UInt64, _ continuation: Continuation, read: [StoredPublication]?) -> Page? {
+        self.state.withLockedValue { state -> Page? in
+            guard let subscriber = state.channels[continuation.channel]?.subscribers[id],
+                subscriber.generation == continuation.generation, !subscriber.live,
+                let stream = state.channels[continuation.channel]?.stream
+            else { return nil }
+            // Only what this node sent already: what follows comes live. What the store
+            // trimmed meanwhile makes an offset that does not follow, and the subscriber
+            // subscribes again from its position (to be told of the gap); so does one whose
+            // stream was lost (another epoch).
+            var bytes = 0
+            var publications: [Frame.Publication] = []
+            if stream.epoch == continuation.after.epoch {
+                for stored in read ?? [] where stored.offset <= stream.offset {
+                    bytes += stored.body.readableBytes
+                    if bytes > Self.pageBytes, !publications.isEmpty { break }
+                    publications.append(
+                        Frame.Publication(
+                            channel: continuation.channel,
+                            position: ChannelPosition(epoch: stream.epoch, offset: stored.offset),
+                            publisher: stored.publisher,
+                            body: stored.body
+                        )
+                    )
+                }
+            }
+            var page = Page(publications: publications)
+            if let last = publications.last, last.position.offset < stream.offset {
+                page.next = Continuation(
+                    channel: continuation.channel,
+                    after: last.position,
+                    generation: continuation.generation,
+                    fromStore: true
+                )
+            } else {
+                state.channels[continuation.channel]!.subscribers[id]!.live = true
+                state.channels[continuation.channel]!.recipients = nil
+                page.liveAfter = state.channels[continuation.channel]!.sequence
+            }
+            return page
+        }
+    }
+
+    /// Sends publications the store appended, in the order it appended them: each gets its
+    /// sequence on this node and the live subscribers of its channel. One the node sent
+    /// already (a subscription read the store's head after it was appended) is left out (`nil`).
+    func sendStored(_ publications: [Frame.Publication]) -> [(sequence: UInt64, recipients: [ConnectionRegistry.LoopRecipients])?] {
+        self.state.withLockedValue { state in
+            publications.map { publication in
+                // A channel nobody here subscribes to has nothing to send: its stream is read
+                // from the store when someone does.
+                guard var entry = state.channels.removeValue(forKey: publication.channel) else { return nil }
+                defer { state.channels[publication.channel] = entry }
+                if let stream = entry.stream, stream.epoch == publication.position.epoch, stream.offset >= publication.position.offset {
+                    return nil
+                }
+                entry.stream = publication.position
+                entry.sequence += 1
+                if entry.recipients == nil { entry.recipients = Self.group(entry.subscribers.values) }
+                return (entry.sequence, entry.recipients!)
+            }
         }
     }
 

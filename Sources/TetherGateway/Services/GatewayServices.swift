@@ -41,9 +41,9 @@ final class GatewayServices: Sendable {
     let notRoutedMetrics: RequestMetrics
     let logger: Logger
     /// Answers ``ChannelHistoryQuery/method`` when the gateway has channels.
-    let channelHistory: Gateway.InlineHandler?
+    let channelHistory: Gateway.Handler?
     /// Answers ``ChannelPublishRequest/method`` when the gateway has channels.
-    let channelPublish: Gateway.InlineHandler?
+    let channelPublish: Gateway.Handler?
 
     init(
         configuration: GatewayConfiguration,
@@ -86,7 +86,7 @@ final class GatewayServices: Sendable {
         }
         self.requestMetrics = requestMetrics
         self.unknownMethodMetrics = metrics.requests("unknown")
-        self.channelHistory = pushes.channels.map { GatewayConnectionHandler.channelHistory(from: $0, router: router) }
+        self.channelHistory = pushes.channels.map { _ in GatewayConnectionHandler.channelHistory(from: pushes, router: router) }
         self.channelPublish = pushes.channels.map { GatewayConnectionHandler.channelPublish(to: $0, pusher: pushes, router: router) }
         self.notRoutedMetrics = metrics.requests("not_routed")
         self.logger = logger

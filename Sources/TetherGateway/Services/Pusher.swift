@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import TetherCore
 
@@ -16,6 +17,10 @@ struct Pusher: Sendable {
     let metrics: GatewayMetrics
     /// The gateway's channels, if it offers them.
     let channels: ChannelHub?
+    /// Where the publications of channels whose history is in the store go first.
+    let channelWriter: ChannelWriter?
+    /// The gateway's clock: a publication's time in the store.
+    let clock: any TetherClock
 
     private static let allocator = ByteBufferAllocator()
 
@@ -47,13 +52,14 @@ struct Pusher: Sendable {
         return count
     }
 
-    /// Publishes `body` to a channel: appended to its history (if it keeps one), then sent to
-    /// its subscribers on this node.
+    /// Publishes `body` to a channel: appended to its history (if it keeps one; in the store
+    /// before anything is sent, if it keeps it there), then sent to its subscribers on this node.
     /// - Returns: The publication's position (epoch and offset; both 0 without history) and
     ///   the number of connections it was sent to.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
-    ///   channel name, ``GatewayError/Code/disabled`` when the gateway has no channels.
-    func publish(_ body: ByteBuffer, to channel: String, publisher: String) throws(GatewayError) -> (ChannelPosition, Int) {
+    ///   channel name, ``GatewayError/Code/disabled`` when the gateway has no channels,
+    ///   ``GatewayError/Code/storage`` when the store failed (nothing was published).
+    func publish(_ body: ByteBuffer, to channel: String, publisher: String) async throws(GatewayError) -> (ChannelPosition, Int) {
         guard let hub = self.channels else {
             throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
         }
@@ -62,6 +68,11 @@ struct Pusher: Sendable {
         }
         guard publisher.utf8.count <= Int(UInt16.max) else {
             throw GatewayError(code: .invalidArgument, message: "a publisher must be at most 65535 bytes long")
+        }
+        if let writer = self.channelWriter, let retention = hub.configuration.storedHistory(of: channel) {
+            let time = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            let append = ChannelAppend(channel: channel, publisher: publisher, body: body, time: time, maxCount: retention.maxCount)
+            return try await writer.publish(append, through: self)
         }
         let (publication, sequence, recipients) = hub.publish(body, to: channel, publisher: publisher)
         guard !recipients.isEmpty else {
@@ -77,6 +88,47 @@ struct Pusher: Sendable {
         let count = self.send(push, to: recipients)
         self.metrics.pushed("channel", recipients: count)
         return (publication.position, count)
+    }
+
+    /// A page of a channel's history: the publications after `after`, or (`nil`) its latest
+    /// `limit`; read from the store for a channel that keeps its history there.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
+    ///   channel name or limit, ``GatewayError/Code/disabled`` when the gateway has no
+    ///   channels, ``GatewayError/Code/storage`` when the store failed.
+    func history(of channel: String, after: ChannelPosition?, limit: Int) async throws(GatewayError) -> ChannelHistoryPage {
+        guard let hub = self.channels else {
+            throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
+        }
+        guard Frame.isValidChannelName(channel) else {
+            throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        guard (1...ChannelHistoryQuery.maxLimit).contains(limit) else {
+            throw GatewayError(code: .invalidArgument, message: "the limit must be 1 to \(ChannelHistoryQuery.maxLimit), got \(limit)")
+        }
+        if let writer = self.channelWriter, let retention = hub.configuration.storedHistory(of: channel) {
+            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            return try await writer.history(of: channel, after: after, limit: limit, notBefore: now - retention.maxAge.totalSeconds)
+        }
+        return hub.history(of: channel, after: after, limit: limit)
+    }
+
+    /// Sends publications the store appended to the subscribers of their channels on this
+    /// node, in order (see ``ChannelWriter``).
+    /// - Returns: The number of connections each was sent to.
+    func sendStored(_ publications: [Frame.Publication]) -> [Int] {
+        guard let hub = self.channels else { return publications.map { _ in 0 } }
+        return zip(publications, hub.sendStored(publications)).map { publication, sending in
+            guard let (sequence, recipients) = sending, !recipients.isEmpty else {
+                self.metrics.pushed("channel", recipients: 0)
+                return 0
+            }
+            guard let push = try? EncodedPush(.publication(publication, sequence: sequence), allocator: Self.allocator) else {
+                return 0  // a channel name and publisher checked before, a body the store kept: it encodes
+            }
+            let count = self.send(push, to: recipients)
+            self.metrics.pushed("channel", recipients: count)
+            return count
+        }
     }
 
     /// Hands `push` to the batcher of each loop of `recipients`, one hop per loop.

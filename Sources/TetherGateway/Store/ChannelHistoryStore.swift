@@ -13,10 +13,11 @@ public import TetherCore
 ///
 /// ## The contract
 ///
-/// - **A stream per channel**, created by the first ``appendPublications(_:)`` or
-///   ``head(of:notBefore:)`` that names the channel, with a random epoch (never 0) and offset 0.
-///   Each publication appended gets the next offset; offsets are never reused within an epoch.
-///   The epoch changes only when the stream's history is lost (a new store).
+/// - **A stream per channel**, at offset 0 of an epoch (never 0) until its first publication.
+///   ``head(of:notBefore:)`` answers the same epoch before and after that first append, and
+///   writes nothing (a client subscribing to channels nobody publishes to must not fill the
+///   store). Each publication appended gets the next offset; offsets are never reused within
+///   an epoch. The epoch changes only when the stream's history is lost (a new store).
 /// - **Atomic and durable before it returns**: the publications of one call are appended in
 ///   order, all or none, and survive the process being killed once the call returned.
 /// - **Retention**: an append drops the publications of its channel beyond its
@@ -30,8 +31,8 @@ public protocol ChannelHistoryStore: Sendable {
     /// - Throws: ``MessageStoreError``: nothing was appended.
     func appendPublications(_ publications: [ChannelAppend]) async throws -> [ChannelPosition]
 
-    /// The state of `channel`'s stream (created if it has none): its epoch, its top, and its
-    /// oldest publication published at or after `notBefore`.
+    /// The state of `channel`'s stream: its epoch, its top (0 before its first publication), and
+    /// its oldest publication published at or after `notBefore`.
     func head(of channel: String, notBefore: Date) async throws -> ChannelStreamHead
 
     /// Up to `limit` publications of `channel` after `offset`, oldest first, skipping those

@@ -14,12 +14,13 @@ extension SQLiteMessageStore: ChannelHistoryStore {
                 sql: "INSERT INTO channel_publications (channel, position, time, publisher, body) VALUES (?, ?, ?, ?, ?)"
             )
             for publication in publications {
-                var head =
-                    try heads[publication.channel]
-                    ?? {
-                        let stream = try Self.stream(of: publication.channel, db)
-                        return (stream.epoch, stream.top, publication.maxCount)
-                    }()
+                var head: (epoch: UInt64, top: UInt64, maxCount: Int)
+                if let known = heads[publication.channel] {
+                    head = known
+                } else {
+                    let stream = try self.stream(of: publication.channel, db, creating: true)
+                    head = (stream.epoch, stream.top, publication.maxCount)
+                }
                 head.top += 1
                 head.maxCount = publication.maxCount
                 try insert.execute(arguments: [
@@ -42,8 +43,8 @@ extension SQLiteMessageStore: ChannelHistoryStore {
     }
 
     public func head(of channel: String, notBefore: Date) async throws -> ChannelStreamHead {
-        try await self.write { db in
-            let stream = try Self.stream(of: channel, db)
+        try await self.read { db in
+            let stream = try self.stream(of: channel, db, creating: false)
             let oldest = try Int64.fetchOne(
                 db.cachedStatement(sql: "SELECT min(position) FROM channel_publications WHERE channel = ? AND time >= ?"),
                 arguments: [channel, Self.milliseconds(notBefore)]
@@ -64,7 +65,7 @@ extension SQLiteMessageStore: ChannelHistoryStore {
                 db.cachedStatement(sql: "SELECT epoch FROM channel_streams WHERE channel = ?"),
                 arguments: [channel]
             )
-            guard stored.map({ UInt64(bitPattern: $0) }) == epoch else { return nil }
+            guard (stored.map { UInt64(bitPattern: $0) } ?? self.streamEpoch(of: channel)) == epoch else { return nil }
             return try Row.fetchAll(
                 db.cachedStatement(
                     sql: """
@@ -92,18 +93,38 @@ extension SQLiteMessageStore: ChannelHistoryStore {
         }
     }
 
-    /// A channel's stream, created (a random epoch, offset 0) if it has none.
-    private static func stream(of channel: String, _ db: Database) throws -> (epoch: UInt64, top: UInt64) {
+    /// A channel's stream; one without a row has the epoch it will be created with
+    /// (``streamEpoch(of:)``) at offset 0, and gets its row if `creating`.
+    ///
+    /// Reading a channel never writes: a client subscribing to channels nobody publishes to
+    /// leaves nothing in the file.
+    private func stream(of channel: String, _ db: Database, creating: Bool) throws -> (epoch: UInt64, top: UInt64) {
         if let row = try Row.fetchOne(
             db.cachedStatement(sql: "SELECT epoch, top FROM channel_streams WHERE channel = ?"),
             arguments: [channel]
         ) {
             return (UInt64(bitPattern: row["epoch"] as Int64), UInt64(bitPattern: row["top"] as Int64))
         }
-        let epoch = UInt64.random(in: 1...UInt64.max)
-        try db.cachedStatement(sql: "INSERT INTO channel_streams (channel, epoch, top) VALUES (?, ?, 0)")
-            .execute(arguments: [channel, Int64(bitPattern: epoch)])
+        let epoch = self.streamEpoch(of: channel)
+        if creating {
+            try db.cachedStatement(sql: "INSERT INTO channel_streams (channel, epoch, top) VALUES (?, ?, 0)")
+                .execute(arguments: [channel, Int64(bitPattern: epoch)])
+        }
         return (epoch, 0)
+    }
+
+    /// The epoch of a channel's stream in this store: derived from the store's own random
+    /// epoch and the channel's name (FNV-1a, 64 bits), so that it is known before the stream's
+    /// first publication creates its row, and differs in another store (history lost).
+    func streamEpoch(of channel: String) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        func mix(_ byte: UInt8) {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x0000_0100_0000_01b3
+        }
+        withUnsafeBytes(of: self.epoch.littleEndian) { for byte in $0 { mix(byte) } }
+        for byte in channel.utf8 { mix(byte) }
+        return hash == 0 ? 1 : hash
     }
 
     /// A time as whole milliseconds since 1970, as the channel_publications table keeps it.

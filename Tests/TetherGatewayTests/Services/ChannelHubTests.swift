@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import Testing
 import TetherCore
@@ -38,6 +39,70 @@ struct ChannelHubTests {
         #expect(hub.counts.channels == 0)
         _ = hub.publish(ByteBuffer(string: "x"), to: "room.lobby", publisher: "")
         #expect(hub.counts.channels == 1, "kept for the subscribers that come back")
+    }
+
+    static func storedHub() throws -> ChannelHub {
+        let configuration = try GatewayConfiguration.Channels(rules: [
+            .init(pattern: .all, history: try ChannelRetention(maxCount: 100, maxAge: .seconds(60)), storage: .store)
+        ])
+        return ChannelHub(configuration: configuration, clock: ManualClock())
+    }
+
+    static func stored(_ offsets: ClosedRange<UInt64>) -> [StoredPublication] {
+        offsets.map { StoredPublication(offset: $0, publisher: "", body: ByteBuffer(string: "\($0)"), time: Date()) }
+    }
+
+    static func publication(_ offset: UInt64, epoch: UInt64 = 7) -> Frame.Publication {
+        Frame.Publication(channel: "room", position: ChannelPosition(epoch: epoch, offset: offset), publisher: "", body: ByteBuffer())
+    }
+
+    @Test("a recovery from the store stops at the top this node sent; what the store has beyond it comes live, once")
+    func storedRecoveryHandOff() throws {
+        let fixture = try GatewayHandlerFixture()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        let hub = try Self.storedHub()
+        // The store answered top 5; this node sent up to 5.
+        let head = ChannelStreamHead(epoch: 7, top: 5, oldest: 1)
+        let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 2))
+        guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: request, head: head) else {
+            Issue.record("refused")
+            return
+        }
+        #expect(subscribed.epoch == 7 && subscribed.startingAfter == 2 && !subscribed.gap)
+        let continuation = try #require(page.next)
+        #expect(continuation.fromStore && continuation.after.offset == 2 && page.liveAfter == nil)
+        #expect(hub.sendStored([Self.publication(5)]).map { $0 == nil } == [true], "5 was sent before the subscription")
+        // The store has 6 already (appended, not sent yet by this node): the page stops at 5.
+        let next = try #require(hub.continueRecovery(connection: 1, continuation, read: Self.stored(3...6)))
+        #expect(next.publications.map(\.position.offset) == [3, 4, 5])
+        #expect(next.next == nil && next.liveAfter != nil, "the page that reaches the top makes it live")
+        let sent = hub.sendStored([Self.publication(6)])
+        #expect(sent.count == 1 && sent[0]?.recipients.first?.handlers.count == 1, "6 goes to it live")
+        #expect(sent[0].map { $0.sequence > next.liveAfter! } == true)
+    }
+
+    @Test("a subscription to a stored channel is told of the gap before the oldest the store keeps, or of another epoch")
+    func storedGaps() throws {
+        let fixture = try GatewayHandlerFixture()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        let hub = try Self.storedHub()
+        let head = ChannelStreamHead(epoch: 7, top: 50, oldest: 41)
+        for (from, startingAfter) in [(ChannelPosition(epoch: 7, offset: 10), UInt64(40)), (ChannelPosition(epoch: 9, offset: 45), 40)] {
+            let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: from)
+            guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: request, head: head)
+            else {
+                Issue.record("refused")
+                return
+            }
+            #expect(subscribed.gap && subscribed.startingAfter == startingAfter, "from \(from)")
+            #expect(page.next?.after.offset == startingAfter)
+        }
+        let atTop = Frame.Subscribe(id: 2, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 50))
+        guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: atTop, head: head) else {
+            Issue.record("refused")
+            return
+        }
+        #expect(!subscribed.gap && subscribed.startingAfter == 50 && page.next == nil && page.liveAfter != nil)
     }
 
     @Test("a history page holds at most 64 KiB of bodies (a larger publication alone), and says more follow")

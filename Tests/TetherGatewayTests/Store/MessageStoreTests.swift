@@ -57,6 +57,23 @@ struct MessageStoreTests {
         #expect(read?.map(\.body) == [self.body("m2"), self.body("m3")])
     }
 
+    @Test("reading a channel's head writes nothing: subscribing to a thousand empty channels leaves the file as it was")
+    func headsWriteNothing() async throws {
+        let path = Self.temporaryPath()
+        let store = try SQLiteMessageStore(path: path)
+        var epochs: Set<UInt64> = []
+        for index in 1...1_000 { epochs.insert(try await store.head(of: "empty.\(index)", notBefore: Date()).epoch) }
+        #expect(epochs.count == 1_000)
+        let rows = try await DatabaseQueue(path: path).read { try Int.fetchOne($0, sql: "SELECT count(*) FROM channel_streams") }
+        #expect(rows == 0)
+        let first = try await store.appendPublications([
+            ChannelAppend(channel: "empty.7", publisher: "", body: self.body("x"), time: Date(), maxCount: 10)
+        ])
+        #expect(first == [ChannelPosition(epoch: try await store.head(of: "empty.7", notBefore: Date() - 60).epoch, offset: 1)])
+        let other = try SQLiteMessageStore(path: Self.temporaryPath())
+        #expect(try await other.head(of: "empty.7", notBefore: Date()).epoch != first[0].epoch, "another store, another epoch")
+    }
+
     @Test("a SQLite store keeps everything, and its epoch, across a close and reopen")
     func persistence() async throws {
         let path = Self.temporaryPath()
