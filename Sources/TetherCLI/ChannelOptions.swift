@@ -23,8 +23,8 @@ struct ChannelOptions: ParsableArguments {
     @Option(
         name: .customLong("channel-storage"),
         help: """
-            Where channels keep their history: store (the --store file: it survives a restart; the default with a file) \
-            or memory (the default with --store :memory: or --postgres).
+            Where channels keep their history: store (the --store file or --postgres: it survives a restart, and \
+            every node of a cluster shares it; the default) or memory (the default with --store :memory:).
             """
     )
     var storage: Storage?
@@ -39,7 +39,7 @@ struct ChannelOptions: ParsableArguments {
         let storage = self.storage ?? (storeKeepsChannels ? .store : .memory)
         if storage == .store, !storeKeepsChannels {
             throw ValidationError(
-                "--channel-storage store needs a --store file: the in-memory store and --postgres do not keep channels' history yet"
+                "--channel-storage store needs a --store file or --postgres: the in-memory store does not keep channels' history"
             )
         }
         channels.rules = [

@@ -159,7 +159,7 @@ struct Serve: AsyncParsableCommand {
         try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
         try self.limits.apply(to: &configuration.limits)
-        try self.channels.apply(to: &configuration, storeKeepsChannels: self.postgres == nil && self.store != ":memory:")
+        try self.channels.apply(to: &configuration, storeKeepsChannels: self.postgres != nil || self.store != ":memory:")
         let logger = Logger(label: "tether.serve")
         var authenticator: JWTAuthenticator?
         configuration.insecureOpen = self.insecureOpen

@@ -242,7 +242,7 @@ public final class Gateway: Service, Sendable {
                             ? "is not set" : "does not keep channels' history (a ChannelHistoryStore, as SQLiteMessageStore)")
                 )
             }
-            channelWriter = ChannelWriter(store: store)
+            channelWriter = ChannelWriter(store: store, sends: !(cluster?.sendsChannelPublications ?? false))
         }
         self.pushes = Pusher(
             registry: self.registry,
@@ -253,9 +253,11 @@ public final class Gateway: Service, Sendable {
             channelWriter: channelWriter,
             clock: clock
         )
-        if cluster != nil, configuration.channels != nil {
+        if let cluster, let channels = configuration.channels,
+            !cluster.sendsChannelPublications || channels.rules.contains(where: { $0.storage == .memory })
+        {
             logger.warning(
-                "channels are kept by each node of the cluster: a publication reaches the subscribers of the node it was made on, and a client that moves to another node gets a gap"
+                "channels kept in memory (or, with a cluster that does not share the store's channels, every channel) are each node's own: a publication reaches the subscribers of the node it was made on, and a client that moves to another node gets a gap"
             )
         }
         self.logger = logger

@@ -32,18 +32,21 @@ extension PostgresCluster {
                     )
                     try await connection.listen(on: "tether_node_\(id)") { signals in
                         try await connection.listen(on: "tether_pushes") { pushes in
-                            established.withLockedValue { $0 = true }
-                            self.reachable(after: failed)
-                            // Closing the connection ends both sequences, whichever way this
-                            // ends (a dropped connection, or the node leaving).
-                            try await withThrowingTaskGroup { group in
-                                group.addTask { for try await _ in signals { self.signals.ring() } }
-                                group.addTask { for try await _ in pushes { self.pushes.ring() } }
-                                defer {
-                                    group.cancelAll()
-                                    connection.close().whenComplete { _ in }  // ends the other
+                            try await connection.listen(on: "tether_channels") { channels in
+                                established.withLockedValue { $0 = true }
+                                self.reachable(after: failed)
+                                // Closing the connection ends every sequence, whichever way this
+                                // ends (a dropped connection, or the node leaving).
+                                try await withThrowingTaskGroup { group in
+                                    group.addTask { for try await _ in signals { self.signals.ring() } }
+                                    group.addTask { for try await _ in pushes { self.pushes.ring() } }
+                                    group.addTask { for try await _ in channels { self.channels.ring() } }
+                                    defer {
+                                        group.cancelAll()
+                                        connection.close().whenComplete { _ in }  // ends the others
+                                    }
+                                    try await group.next()
                                 }
-                                try await group.next()
                             }
                         }
                     }
@@ -274,6 +277,46 @@ extension PostgresCluster {
             } catch {
                 self.logger.warning("cannot read the node's signals", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
             }
+        }
+    }
+
+    /// Sends every channel publication appended to the database (by any node, this one too) to
+    /// this node's subscribers, in the order of their ids: the order their appends committed
+    /// (``PostgresSchema/channelLock``). A publication trimmed before it was read makes an
+    /// offset that does not follow, and its subscribers subscribe again (to be told of the gap).
+    func channelLoop(_ node: ClusterNode, after start: Int64) async {
+        var cursor = start
+        while !Task.isCancelled {
+            do {
+                while true {
+                    var read: [ChannelPublication] = []
+                    for (publicationID, channel, position, publisher, body, epoch) in try await self.query(
+                        """
+                        SELECT p.id, p.channel, p.position, p.publisher, p.body, s.epoch
+                        FROM tether_channel_publications p JOIN tether_channel_streams s ON s.channel = p.channel
+                        WHERE p.id > \(cursor) ORDER BY p.id LIMIT 1000
+                        """
+                    ).map({ try $0.decode((Int64, String, Int64, String, ByteBuffer, Int64).self) }) {
+                        cursor = publicationID
+                        read.append(
+                            ChannelPublication(
+                                channel: channel,
+                                position: ChannelPosition(epoch: UInt64(bitPattern: epoch), offset: UInt64(bitPattern: position)),
+                                publisher: publisher,
+                                body: body
+                            )
+                        )
+                    }
+                    if !read.isEmpty { node.channelPublications(read) }
+                    if read.count < 1000 { break }
+                }
+            } catch {
+                self.logger.warning(
+                    "cannot read the channels' publications",
+                    metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+                )
+            }
+            await self.channels.wait(upTo: self.configuration.pollInterval)
         }
     }
 

@@ -118,6 +118,8 @@ public final class PostgresCluster: GatewayCluster {
     let signals = Doorbell()
     /// Wakes the loop that reads the pushes.
     let pushes = Doorbell()
+    /// Rung by a notification on `tether_channels`: a node appended channel publications.
+    let channels = Doorbell()
 
     struct State {
         var node: Int64?
@@ -164,6 +166,9 @@ public final class PostgresCluster: GatewayCluster {
     public var nodeID: Int64? { self.state.withLockedValue { $0.node } }
 
     // MARK: GatewayCluster
+
+    /// Every node sends the channel publications the database holds (``channelLoop(_:after:)``).
+    public var sendsChannelPublications: Bool { true }
 
     public func publish(_ push: ClusterPush) {
         self.state.withLockedValue { $0.pushes.append(push) }
@@ -274,7 +279,7 @@ public final class PostgresCluster: GatewayCluster {
         // push another node makes once this node is in the cluster is never skipped.
         // Until PostgreSQL answers: without a node id no lane can be claimed, and the reliable
         // path waits (its batches fail as storage errors, and clients send again).
-        var joined: (cursor: Int64, id: Int64)?
+        var joined: (cursor: Int64, channels: Int64, id: Int64)?
         var attempts = 0
         while joined == nil {
             do {
@@ -282,7 +287,13 @@ public final class PostgresCluster: GatewayCluster {
                 for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_pushes").map({ try $0.decode(Int64.self) }) {
                     cursor = last
                 }
-                joined = (cursor, try await self.register(node))
+                var channels: Int64 = 0
+                for last in try await self.query("SELECT coalesce(max(id), 0) FROM tether_channel_publications").map({
+                    try $0.decode(Int64.self)
+                }) {
+                    channels = last
+                }
+                joined = (cursor, channels, try await self.register(node))
             } catch {
                 try Task.checkCancellation()
                 if attempts == 0 {
@@ -295,7 +306,7 @@ public final class PostgresCluster: GatewayCluster {
                 try await Task.sleep(for: .seconds(1))
             }
         }
-        let (pushesAfter, id) = (joined!.cursor, joined!.id)
+        let (pushesAfter, channelsAfter, id) = (joined!.cursor, joined!.channels, joined!.id)
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
         await withTaskGroup { group in
             group.addTask { await self.listen(id) }
@@ -303,6 +314,7 @@ public final class PostgresCluster: GatewayCluster {
             group.addTask { await self.writeLoop(id, node) }
             group.addTask { await self.signalLoop(id, node) }
             group.addTask { await self.pushLoop(id, node, after: pushesAfter) }
+            group.addTask { await self.channelLoop(node, after: channelsAfter) }
             await group.waitForAll()
         }
         // In a task of its own: this one is cancelled (that is how the gateway stops the

@@ -18,6 +18,9 @@ enum PostgresSchema {
     static let otherLocks: Int32 = 0x7e7d
     static let migrationLock: Int32 = 0
     static let pushLock: Int32 = 1
+    /// Serializes the appends to channels' streams, so that the ids of their publications
+    /// commit in order and a node tailing them (``PostgresCluster``) skips none.
+    static let channelLock: Int32 = 2
 
     /// Each migration, in order; the schema's version is the number applied.
     static let migrations: [String] = [
@@ -74,6 +77,17 @@ enum PostgresSchema {
         """
         CREATE FUNCTION tether_presence_nodes(recipient text, origin bigint) RETURNS SETOF bigint
             LANGUAGE sql VOLATILE AS 'SELECT node FROM tether_presence WHERE client = recipient AND node <> origin'
+        """,
+        // 5: channels' history (ChannelHistoryStore): a stream per channel, its publications by
+        // offset, their time (milliseconds since 1970) for the retention by age, and an id in
+        // commit order that every node tails to send the publications to its subscribers.
+        """
+        CREATE TABLE tether_channel_streams (channel text PRIMARY KEY, epoch bigint NOT NULL, top bigint NOT NULL);
+        CREATE TABLE tether_channel_publications (
+            id bigserial PRIMARY KEY, channel text NOT NULL, position bigint NOT NULL, time bigint NOT NULL,
+            publisher text NOT NULL, body bytea NOT NULL);
+        CREATE UNIQUE INDEX tether_channel_publications_position ON tether_channel_publications (channel, position);
+        CREATE INDEX tether_channel_publications_time ON tether_channel_publications (time)
         """,
     ]
 

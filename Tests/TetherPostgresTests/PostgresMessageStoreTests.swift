@@ -17,6 +17,45 @@ struct PostgresMessageStoreTests {
         }
     }
 
+    @Test("passes the channel history contract", arguments: ChannelHistoryStoreContract.checks)
+    func channelContract(_ check: ChannelHistoryStoreContract.Check) async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            try await check.run(on: try await PostgresMessageStore(client: client))
+        }
+    }
+
+    @Test("two stores on one database append to one channel concurrently: one epoch, offsets without gaps or doubles")
+    func concurrentChannelAppends() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let first = try await PostgresMessageStore(client: client)
+            let second = try await PostgresMessageStore(client: client)
+            let before = try await first.head(of: "room", notBefore: .distantPast)
+            #expect(try await second.head(of: "room", notBefore: .distantPast) == before, "the same epoch before the first publication")
+            let positions = try await withThrowingTaskGroup(of: [ChannelPosition].self) { group in
+                for store in [first, second] {
+                    group.addTask {
+                        var positions: [ChannelPosition] = []
+                        for index in 1...40 {
+                            positions += try await store.appendPublications([
+                                ChannelAppend(
+                                    channel: "room",
+                                    publisher: "",
+                                    body: ByteBuffer(string: "\(index)"),
+                                    time: Date(),
+                                    maxCount: 1_000
+                                )
+                            ])
+                        }
+                        return positions
+                    }
+                }
+                return try await group.reduce(into: []) { $0 += $1 }
+            }
+            #expect(Set(positions.map(\.epoch)) == [before.epoch])
+            #expect(positions.map(\.offset).sorted() == Array(1...80))
+        }
+    }
+
     @Test("the epoch and everything committed survive reopening; a second store on the database shares them")
     func reopen() async throws {
         try await TestPostgres.withDatabase { client, _ in

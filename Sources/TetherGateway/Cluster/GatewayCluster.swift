@@ -53,12 +53,21 @@ public protocol GatewayCluster: Sendable {
     /// its own. The answer comes once the holding node's connection read the body, so the
     /// client is paced as if it had posted to that node.
     func forwardStreamPost(_ post: ClusterStreamPost) async -> ClusterStreamAnswer?
+
+    /// Whether the cluster sends every channel publication its store appended, this node's
+    /// too, to this node's subscribers (``ClusterNode/channelPublications(_:)``): then a
+    /// node does not send its own at once, so that every node sends a channel's publications
+    /// in one order, the store's.
+    var sendsChannelPublications: Bool { get }
 }
 
 extension GatewayCluster {
     public var alternateEndpoint: String? { nil }
 
     public func forwardStreamPost(_ post: ClusterStreamPost) async -> ClusterStreamAnswer? { nil }
+
+    /// Not by default: each node sends its own channel publications to its subscribers.
+    public var sendsChannelPublications: Bool { false }
 }
 
 /// Sends HTTP-stream POSTs to the node that holds their session: what a cluster uses to
@@ -149,6 +158,17 @@ public struct ClusterNode: Sendable {
     @discardableResult
     public func push(_ push: ClusterPush) -> Int {
         (try? self.pushes.push(push.topic, push.body, to: push.target, publish: false)) ?? 0
+    }
+
+    /// Sends channel publications the store appended (by this node or another), in the
+    /// order the store appended them, to this node's subscribers (for a cluster whose
+    /// ``GatewayCluster/sendsChannelPublications`` is `true`).
+    public func channelPublications(_ publications: [ChannelPublication]) {
+        _ = self.pushes.sendStored(
+            publications.map {
+                Frame.Publication(channel: $0.channel, position: $0.position, publisher: $0.publisher, body: $0.body)
+            }
+        )
     }
 
     /// Another node appended deliveries for `recipients`: their connections here read them.

@@ -36,9 +36,13 @@ final class ChannelWriter: Sendable {
     }
 
     private let state = TetherLock(State())
+    /// Whether a round sends its publications itself; not when the cluster sends every
+    /// publication the store appended (``GatewayCluster/sendsChannelPublications``).
+    private let sends: Bool
 
-    init(store: any ChannelHistoryStore) {
+    init(store: any ChannelHistoryStore, sends: Bool = true) {
         self.store = store
+        self.sends = sends
     }
 
     /// Appends `append` to its channel's stream, with whatever other publications arrive
@@ -134,7 +138,7 @@ final class ChannelWriter: Sendable {
             let publications = zip(appends, positions).map { append, position in
                 Frame.Publication(channel: append.channel, position: position, publisher: append.publisher, body: append.body)
             }
-            let counts = pusher.sendStored(publications)
+            let counts = self.sends ? pusher.sendStored(publications) : publications.map { _ in 0 }
             results = zip(positions, counts).map { .success(($0, $1)) }
         } catch {
             let failure = GatewayError(code: .storage, message: "the channel store failed; nothing was published: \(error)")

@@ -90,6 +90,21 @@ public struct ChannelStreamHead: Sendable, Hashable {
 
     /// The stream's position: after its last publication.
     public var position: ChannelPosition { ChannelPosition(epoch: self.epoch, offset: self.top) }
+
+    /// An epoch for a channel's stream made from the store's own random epoch and the
+    /// channel's name (FNV-1a, 64 bits; never 0): known before the stream's first publication,
+    /// so that reading a channel needs no write, and different in another store (whose history
+    /// is another).
+    public static func derivedEpoch(store: UInt64, channel: String) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        func mix(_ byte: UInt8) {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x0000_0100_0000_01b3
+        }
+        withUnsafeBytes(of: store.littleEndian) { for byte in $0 { mix(byte) } }
+        for byte in channel.utf8 { mix(byte) }
+        return hash == 0 ? 1 : hash
+    }
 }
 
 /// A publication read back from a ``ChannelHistoryStore``.

@@ -113,18 +113,10 @@ extension SQLiteMessageStore: ChannelHistoryStore {
         return (epoch, 0)
     }
 
-    /// The epoch of a channel's stream in this store: derived from the store's own random
-    /// epoch and the channel's name (FNV-1a, 64 bits), so that it is known before the stream's
-    /// first publication creates its row, and differs in another store (history lost).
+    /// The epoch of a channel's stream in this store (``ChannelStreamHead/derivedEpoch(store:channel:)``):
+    /// known before the stream's first publication creates its row.
     func streamEpoch(of channel: String) -> UInt64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        func mix(_ byte: UInt8) {
-            hash ^= UInt64(byte)
-            hash = hash &* 0x0000_0100_0000_01b3
-        }
-        withUnsafeBytes(of: self.epoch.littleEndian) { for byte in $0 { mix(byte) } }
-        for byte in channel.utf8 { mix(byte) }
-        return hash == 0 ? 1 : hash
+        ChannelStreamHead.derivedEpoch(store: self.epoch, channel: channel)
     }
 
     /// A time as whole milliseconds since 1970, as the channel_publications table keeps it.
