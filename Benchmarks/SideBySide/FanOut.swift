@@ -65,7 +65,31 @@ struct FanOut: AsyncParsableCommand {
     @Option(help: "With --postgres: gateway nodes; the publisher is on the first.")
     var nodes = 1
 
+    /// What the members receive.
+    enum Target: String, ExpressibleByArgument, CaseIterable, Codable {
+        /// Pushes to a room they joined (fire-and-forget).
+        case room
+        /// Publications of a channel they subscribed to, its history in memory.
+        case channel
+        /// Publications of a channel whose history is in the store (SQLite, or PostgreSQL
+        /// with --postgres): each appended before it is sent.
+        case channelStore = "channel-store"
+
+        /// The channel the members subscribe to, for a channel target.
+        var channel: String? {
+            switch self {
+            case .room: nil
+            case .channel: "bench.memory"
+            case .channelStore: "bench.store"
+            }
+        }
+    }
+
+    @Option(parsing: .upToNextOption, help: "What the members receive, one run each: room, channel, channel-store.")
+    var targets: [Target] = [.room]
+
     struct Result: Codable {
+        var target: Target
         var members: Int
         var messages: Int
         var bodyBytes: Int
@@ -84,24 +108,43 @@ struct FanOut: AsyncParsableCommand {
 
     func run() async throws {
         var results: [Result] = []
-        for compressed in [false, true] where self.compression == .both || (self.compression == .on) == compressed {
-            results.append(try await self.run(compressed: compressed))
+        if self.targets.contains(.channelStore), self.postgres == nil {
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-channels-\(UUID().uuidString).sqlite")
+                .path
+            setenv("TETHER_BENCH_CHANNEL_STORE", path, 1)  // read by the gateway processes
         }
-        if results.count == 2 {
+        for target in self.targets {
+            for compressed in [false, true] where self.compression == .both || (self.compression == .on) == compressed {
+                results.append(try await self.run(target: target, compressed: compressed))
+            }
+        }
+        if self.targets.count > 1 {
+            let first = results[0]
+            for result in results.dropFirst() where result.compression == first.compression {
+                emit(
+                    "\(result.target.rawValue) / \(first.target.rawValue): deliveries per second "
+                        + "\(String(format: "%.2f", result.deliveriesPerSecond / first.deliveriesPerSecond))x, "
+                        + "gateway CPU \(String(format: "%.2f", result.gatewayCPUSeconds / first.gatewayCPUSeconds))x"
+                )
+            }
+        }
+        if results.count == 2, self.targets.count == 1 {
             let (off, on) = (results[0], results[1])
             emit(
                 "compression on / off: deliveries per second \(String(format: "%.2f", on.deliveriesPerSecond / off.deliveriesPerSecond))x, "
                     + "gateway CPU per delivery \(String(format: "%.2f", on.gatewayCPUSeconds / off.gatewayCPUSeconds))x"
             )
         }
-        let name = "fanout\(self.nodeCount > 1 ? "-\(self.nodeCount)-nodes" : "")\(self.compression == .off ? "" : "-compression")"
+        let targets = self.targets == [.room] ? "" : "-" + self.targets.map(\.rawValue).joined(separator: "-")
+        let name =
+            "fanout\(targets)\(self.nodeCount > 1 ? "-\(self.nodeCount)-nodes" : "")\(self.compression == .off ? "" : "-compression")"
         try writeJSON(results.count == 1 ? AnyEncodable(results[0]) : AnyEncodable(results), to: "\(self.output)/\(name).json")
     }
 
     /// The gateway processes: one, or `--nodes` with `--postgres`.
     private var nodeCount: Int { self.postgres == nil ? 1 : max(1, self.nodes) }
 
-    private func run(compressed: Bool) async throws -> Result {
+    private func run(target: Target, compressed: Bool) async throws -> Result {
         let executable = try ChildProcess.thisExecutable()
         var servers: [(process: ChildProcess, port: Int)] = []
         defer { for server in servers { server.process.terminate() } }
@@ -122,7 +165,7 @@ struct FanOut: AsyncParsableCommand {
                         [
                             "listen", "--port", "\(server.port)", "--count", "\(count)", "--messages", "\(self.messages)",
                             "--body", "\(self.body)",
-                        ] + (compressed ? ["--compression"] : [])
+                        ] + (compressed ? ["--compression"] : []) + (target.channel.map { ["--channel", $0] } ?? [])
                             + (compressed && self.sampleInflation ? ["--sample-inflation"] : [])
                     )
                 )
@@ -140,7 +183,9 @@ struct FanOut: AsyncParsableCommand {
         let messages = self.messages
         let bodySize = self.body
         let json = self.json
-        let recipients = try await TetherPeer.withClient(port: port, transport: .tcp, method: "room.publish", onLoop: false) { client in
+        let channel = target.channel
+        let method = channel == nil ? "room.publish" : "channel.publish"
+        let recipients = try await TetherPeer.withClient(port: port, transport: .tcp, method: method, onLoop: false) { client in
             let client = (client as! TetherPeer.Client).client
             var recipients = 0
             var sent = 0
@@ -150,15 +195,17 @@ struct FanOut: AsyncParsableCommand {
                 publish.writeInteger(UInt32(count))
                 publish.writeInteger(UInt32(bodySize))
                 publish.writeInteger(UInt32(json ? 1 : 0))
-                let reply = try await client.request("room.publish", body: publish, timeout: .seconds(60))
+                if let channel { publish.writeString(channel) }
+                let reply = try await client.request(method, body: publish, timeout: .seconds(60))
                 recipients = Int(reply.getInteger(at: reply.readerIndex, as: UInt32.self) ?? 0)
                 sent += count
             }
             return recipients
         }
-        // The publisher's node counts its own members only.
+        // The publisher's node counts its own members only (a channel's publications say
+        // nothing: the members' tally checks them).
         let local = self.members / servers.count + (self.members % servers.count > 0 ? 1 : 0)
-        guard recipients == (servers.count == 1 ? self.members : local) else {
+        guard channel != nil || recipients == (servers.count == 1 ? self.members : local) else {
             throw BenchError("the room has \(recipients) members on the publisher's node, not \(servers.count == 1 ? self.members : local)")
         }
         var delivered = 0
@@ -181,6 +228,7 @@ struct FanOut: AsyncParsableCommand {
         guard delivered == expected else { throw BenchError("\(delivered) pushes delivered of \(expected)") }
         let seconds = last - started
         let result = Result(
+            target: target,
             members: self.members,
             messages: self.messages,
             bodyBytes: self.body,
@@ -194,7 +242,7 @@ struct FanOut: AsyncParsableCommand {
             membersCPUSeconds: membersCPU
         )
         emit(
-            "\(self.messages) pushes of \(self.body) B\(self.json ? " JSON" : "")\(compressed ? ", compressed," : "") to a room of \(self.members): \(delivered) delivered in "
+            "\(target.rawValue): \(self.messages) \(channel == nil ? "pushes" : "publications") of \(self.body) B\(self.json ? " JSON" : "")\(compressed ? ", compressed," : "") to \(self.members) members: \(delivered) delivered in "
                 + "\(String(format: "%.2f", seconds)) s = \(Int(result.deliveriesPerSecond)) deliveries/s, "
                 + "gateway CPU \(String(format: "%.2f", cpu)) s, members' CPU \(String(format: "%.2f", membersCPU)) s"
         )
@@ -214,10 +262,11 @@ struct Listen: AsyncParsableCommand {
     @Option(help: "The size of every push's body; a push of another size is an error.") var body: Int?
     @Flag(help: "Negotiate compression (and inflate every push).") var compression = false
     @Flag(help: "With --compression: inflate only the first pushes of each member.") var sampleInflation = false
+    @Option(help: "Subscribe to this channel (and count its publications) instead of joining the room.") var channel: String?
 
     func run() async throws {
         let tally = RoomMember.Tally(members: self.count, messages: self.messages)
-        let (body, compression) = (self.body, self.compression)
+        let (body, compression, channel) = (self.body, self.compression, self.channel)
         let inflating: InflatingFrameDecoder.Mode? = compression ? (self.sampleInflation ? .sampled : .all) : nil
         try await openWireConnections(count: self.count, batch: self.batch, port: self.port, source: nil, inflating: inflating) {
             index,
@@ -227,7 +276,8 @@ struct Listen: AsyncParsableCommand {
                 joined: joined,
                 tally: tally,
                 bodySize: body,
-                compression: compression
+                compression: compression,
+                channel: channel
             )
         }
         emit("joined \(self.count)")
@@ -280,7 +330,8 @@ func openWireConnections(
     }
 }
 
-/// One room member on the wire: HELLO, then REQUEST room.join, then counts PUSHes.
+/// One room member on the wire: HELLO, then REQUEST room.join, then counts PUSHes; or, with
+/// a channel, SUBSCRIBE, then counts its PUBLICATIONs.
 final class RoomMember: ChannelInboundHandler {
     typealias InboundIn = Frame
     typealias OutboundOut = Frame
@@ -358,17 +409,27 @@ final class RoomMember: ChannelInboundHandler {
     private var received = 0
     private var unreported = 0
     private var joinSettled = false
+    private let channel: String?
 
-    init(clientID: String, joined: EventLoopPromise<Void>, tally: Tally, bodySize: Int? = nil, compression: Bool = false) {
+    init(
+        clientID: String,
+        joined: EventLoopPromise<Void>,
+        tally: Tally,
+        bodySize: Int? = nil,
+        compression: Bool = false,
+        channel: String? = nil
+    ) {
         self.clientID = clientID
         self.joined = joined
         self.tally = tally
         self.bodySize = bodySize
         self.compression = compression
+        self.channel = channel
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        let features: Features = self.compression ? [.checksum, .compression] : .checksum
+        var features: Features = self.compression ? [.checksum, .compression] : .checksum
+        if self.channel != nil { features.insert(.channels) }
         let hello = Frame.Hello(versions: 1...1, features: features, maxBodySize: 1 << 20, clientID: self.clientID)
         context.writeAndFlush(Self.wrapOutboundOut(Frame(.hello(hello), flags: .checksum)), promise: nil)
         context.fireChannelActive()
@@ -383,8 +444,23 @@ final class RoomMember: ChannelInboundHandler {
                 self.settleJoin(.failure(BenchError("the gateway did not agree to compression")))
                 return
             }
+            if let channel = self.channel {
+                let subscribe = Frame.Subscribe(id: 1, channel: channel)
+                context.writeAndFlush(Self.wrapOutboundOut(Frame(.subscribe(subscribe), flags: self.flags)), promise: nil)
+                return
+            }
             let join = Frame.Request(id: 1, method: "room.join")
             context.writeAndFlush(Self.wrapOutboundOut(Frame(.request(join), flags: self.flags)), promise: nil)
+        case .subscribed(let subscribed):
+            self.settleJoin(
+                subscribed.status == .ok ? .success(()) : .failure(BenchError("SUBSCRIBE: \(subscribed.status) \(subscribed.message)"))
+            )
+        case .publication(let publication):
+            if let size = self.bodySize, publication.body.readableBytes != size {
+                self.tally.sawWrongSize(publication.body.readableBytes)
+            }
+            self.received += 1
+            self.unreported += 1
         case .response(let response) where response.id == 1:
             self.settleJoin(
                 response.status == .ok ? .success(()) : .failure(BenchError("room.join: \(response.status) \(response.message)"))

@@ -173,9 +173,22 @@ enum TetherPeer {
         }
         var node: (store: PostgresMessageStore, cluster: PostgresCluster)?
         if let cluster { node = try await cluster.join() }
+        // `fanout --target channel-store`: the channel bench.store keeps its history in the
+        // store (PostgreSQL's in a cluster, else a SQLite file); every other one in memory.
+        var messageStore: (any MessageStore)? = node?.store
+        if messageStore == nil, let path = ProcessInfo.processInfo.environment["TETHER_BENCH_CHANNEL_STORE"] {
+            messageStore = try SQLiteMessageStore(path: path)
+        }
+        if messageStore != nil {
+            let retention = try ChannelRetention(maxCount: 1_000, maxAge: .seconds(300))
+            configuration.channels = try .init(rules: [
+                .init(pattern: try ChannelPattern("bench.store"), history: retention, storage: .store),
+                .init(pattern: .all, history: retention),
+            ])
+        }
         let gateway = try Gateway(
             configuration: configuration,
-            messageStore: node?.store,
+            messageStore: messageStore,
             cluster: node?.cluster,
             metrics: metrics,
             logger: Peer.logger
@@ -207,6 +220,25 @@ enum TetherPeer {
             var reply = ByteBuffer()
             reply.writeInteger(UInt32(recipients))
             return reply
+        }
+        // COUNT, SIZE, KIND as for room.publish, then the channel's name: the COUNT
+        // publications at once, as COUNT publishers would (a store appends those that arrive
+        // together in one transaction).
+        gateway.handle("channel.publish") { request, context in
+            var body = request.body
+            guard let count = body.readInteger(as: UInt32.self), let size = body.readInteger(as: UInt32.self),
+                let kind = body.readInteger(as: UInt32.self), let channel = body.readString(length: body.readableBytes), !channel.isEmpty
+            else { throw RequestError(.invalidRequest, "the body is COUNT, SIZE and KIND (three UInt32), then the channel") }
+            let json = kind == 1 && size >= 32
+            try await withThrowingTaskGroup { group in
+                for index in 0..<Int(count) {
+                    let payload =
+                        json ? Self.chatJSON(size: Int(size), seed: index) : ByteBuffer(repeating: UInt8(ascii: "p"), count: Int(size))
+                    group.addTask { _ = try await context.publish(payload, toChannel: channel) }
+                }
+                try await group.waitForAll()
+            }
+            return ByteBuffer()
         }
     }
 
