@@ -46,6 +46,44 @@ extension IntegrationTests {
             var subscriptions: [Bool] { self.events.compactMap { if case .subscribed(let recovered) = $0 { recovered } else { nil } } }
         }
 
+        /// bob, subscribed to room.lobby through a fault proxy in front of `endpoint`: ``leave()``
+        /// cuts him off (new connections refused) until ``comeBack()``.
+        struct AwayClient {
+            let proxy: TCPFaultProxy
+            let bob: TetherClient
+            let reader: Reader
+            let events: EventRecorder
+
+            static func start(_ harness: Harness, endpoint: Endpoint) async throws -> AwayClient {
+                let proxy = TCPFaultProxy(upstream: endpoint)
+                let address = try await proxy.start()
+                harness.onExit { proxy.cutAll() }
+                let bob = try harness.client(
+                    [Endpoint(host: "127.0.0.1", port: address.port!, transport: endpoint.transport)],
+                    clientID: "bob"
+                )
+                let away = AwayClient(
+                    proxy: proxy,
+                    bob: bob,
+                    reader: Reader(bob.subscribe("room.lobby"), in: harness),
+                    events: harness.events(of: bob)
+                )
+                try await eventually("bob is subscribed") { away.reader.subscriptions == [true] }
+                return away
+            }
+
+            /// Cuts bob's connection and returns once he noticed.
+            func leave() async throws {
+                self.proxy.mode = .refuse
+                self.proxy.cutAll()
+                try await eventually("bob notices") { !self.events.disconnectReasons.isEmpty }
+            }
+
+            func comeBack() {
+                self.proxy.mode = .forward
+            }
+        }
+
         static func publish(_ gateway: Gateway, _ range: ClosedRange<Int>, to channel: String = "room.lobby") async throws {
             for index in range { try await gateway.publish(ByteBuffer(string: "msg-\(index)"), toChannel: channel, publisher: "alice") }
         }
@@ -57,27 +95,20 @@ extension IntegrationTests {
         func recoversAcrossCut(over transport: Endpoint.Transport) async throws {
             try await withHarness { harness in
                 let (gateway, endpoint) = try await harness.gateway(transport: transport)
-                let proxy = TCPFaultProxy(upstream: endpoint)
-                let address = try await proxy.start()
-                harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!, transport: transport)], clientID: "bob")
-                let events = harness.events(of: bob)
-                let reader = Reader(bob.subscribe("room.lobby"), in: harness)
-                try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+                let away = try await AwayClient.start(harness, endpoint: endpoint)
+                let reader = away.reader
                 try await Self.publish(gateway, 1...20)
                 try await eventually("bob has the first 20") { reader.bodies.count == 20 }
 
-                proxy.mode = .refuse
-                proxy.cutAll()
-                try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
+                try await away.leave()
                 try await Self.publish(gateway, 21...75)  // while bob is away
-                proxy.mode = .forward
+                away.comeBack()
                 try await eventually("bob subscribed again") { reader.subscriptions == [true, true] }
                 try await Self.publish(gateway, 76...80)
                 try await eventually("bob has all 80", timeout: .seconds(20)) { reader.bodies.count >= 80 }
                 #expect(reader.bodies == (1...80).map { "msg-\($0)" })
                 #expect(reader.gaps.isEmpty)
-                await proxy.stop()
+                await away.proxy.stop()
             }
         }
 
@@ -89,24 +120,17 @@ extension IntegrationTests {
                         .init(pattern: .all, history: try! ChannelRetention(maxCount: 10, maxAge: .seconds(60)))
                     ])
                 })
-                let proxy = TCPFaultProxy(upstream: endpoint)
-                let address = try await proxy.start()
-                harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)], clientID: "bob")
-                let events = harness.events(of: bob)
-                let reader = Reader(bob.subscribe("room.lobby"), in: harness)
-                try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+                let away = try await AwayClient.start(harness, endpoint: endpoint)
+                let reader = away.reader
                 try await Self.publish(gateway, 1...5)
                 try await eventually("bob has 5") { reader.bodies.count == 5 }
-                proxy.mode = .refuse
-                proxy.cutAll()
-                try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
+                try await away.leave()
                 try await Self.publish(gateway, 6...40)  // 30 of them are gone by the time he is back
-                proxy.mode = .forward
+                away.comeBack()
                 try await eventually("bob has what is kept", timeout: .seconds(20)) { reader.bodies.count >= 15 }
                 #expect(reader.gaps.map(\.missed) == [25], "6...30 are lost")
                 #expect(reader.bodies == (1...5).map { "msg-\($0)" } + (31...40).map { "msg-\($0)" })
-                await proxy.stop()
+                await away.proxy.stop()
             }
         }
 

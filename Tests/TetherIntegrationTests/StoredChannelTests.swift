@@ -13,6 +13,7 @@ extension IntegrationTests {
     @Suite("Channels kept in the store", .timeLimit(.minutes(2)))
     struct StoredChannelTests {
         typealias Reader = ClientChannelTests.Reader
+        typealias AwayClient = ClientChannelTests.AwayClient
 
         static func temporaryPath() -> String {
             FileManager.default.temporaryDirectory.appendingPathComponent("tether-channels-\(UUID().uuidString).sqlite").path
@@ -42,19 +43,12 @@ extension IntegrationTests {
                     messageStore: try SQLiteMessageStore(path: path),
                     configure: Self.stored()
                 )
-                let proxy = TCPFaultProxy(upstream: endpoint)
-                let address = try await proxy.start()
-                harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)], clientID: "bob")
-                let events = harness.events(of: bob)
-                let reader = Reader(bob.subscribe("room.lobby"), in: harness)
-                try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+                let away = try await AwayClient.start(harness, endpoint: endpoint)
+                let (bob, reader) = (away.bob, away.reader)
                 try await Self.publish(first, 1...20)
                 try await eventually("bob has the first 20") { reader.bodies.count == 20 }
 
-                proxy.mode = .refuse
-                proxy.cutAll()
-                try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
+                try await away.leave()
                 try await Self.publish(first, 21...40)  // while bob is away
                 first.shutdown()
                 // The same file, the same port: a new process would find nothing else.
@@ -68,7 +62,7 @@ extension IntegrationTests {
                     if restarted == nil { try await Task.sleep(for: .milliseconds(100)) }
                 }
                 let second = try #require(restarted, "the gateway is back on its port")
-                proxy.mode = .forward
+                away.comeBack()
                 try await eventually("bob subscribed again", timeout: .seconds(10)) { reader.subscriptions == [true, true] }
                 try await Self.publish(second, 41...45)
                 try await eventually("bob has all 45", timeout: .seconds(20)) { reader.bodies.count >= 45 }
@@ -77,7 +71,7 @@ extension IntegrationTests {
                 #expect(Set(reader.publications.map(\.position.epoch)).count == 1, "one epoch across the restart")
                 let page = try await bob.history(of: "room.lobby", after: reader.publications[9].position, limit: 5)
                 #expect(page.publications.map { String(buffer: $0.body) } == (11...15).map { "msg-\($0)" })
-                await proxy.stop()
+                await away.proxy.stop()
             }
         }
 
@@ -88,25 +82,18 @@ extension IntegrationTests {
                     messageStore: try SQLiteMessageStore.inMemory(),
                     configure: Self.stored(pageSize: 7)
                 )
-                let proxy = TCPFaultProxy(upstream: endpoint)
-                let address = try await proxy.start()
-                harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)], clientID: "bob")
-                let events = harness.events(of: bob)
-                let reader = Reader(bob.subscribe("room.lobby"), in: harness)
-                try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+                let away = try await AwayClient.start(harness, endpoint: endpoint)
+                let reader = away.reader
                 try await Self.publish(gateway, 1...10)
                 try await eventually("bob has the first 10") { reader.bodies.count == 10 }
-                proxy.mode = .refuse
-                proxy.cutAll()
-                try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
+                try await away.leave()
                 try await Self.publish(gateway, 11...300)
-                proxy.mode = .forward
+                away.comeBack()
                 try await Self.publish(gateway, 301...600)  // while bob subscribes again and recovers
                 try await eventually("bob has all 600", timeout: .seconds(30)) { reader.bodies.count >= 600 }
                 #expect(reader.bodies == (1...600).map { "msg-\($0)" })
                 #expect(reader.gaps.isEmpty)
-                await proxy.stop()
+                await away.proxy.stop()
             }
         }
 
@@ -117,27 +104,20 @@ extension IntegrationTests {
                     messageStore: try SQLiteMessageStore.inMemory(),
                     configure: Self.stored(maxCount: 10)
                 )
-                let proxy = TCPFaultProxy(upstream: endpoint)
-                let address = try await proxy.start()
-                harness.onExit { proxy.cutAll() }
-                let bob = try harness.client([Endpoint(host: "127.0.0.1", port: address.port!)], clientID: "bob")
-                let events = harness.events(of: bob)
-                let reader = Reader(bob.subscribe("room.lobby"), in: harness)
-                try await eventually("bob is subscribed") { reader.subscriptions == [true] }
+                let away = try await AwayClient.start(harness, endpoint: endpoint)
+                let reader = away.reader
                 try await Self.publish(gateway, 1...5)
                 try await eventually("bob has 5") { reader.bodies.count == 5 }
-                proxy.mode = .refuse
-                proxy.cutAll()
-                try await eventually("bob notices") { !events.disconnectReasons.isEmpty }
+                try await away.leave()
                 try await Self.publish(gateway, 6...40)
-                proxy.mode = .forward
+                away.comeBack()
                 try await eventually("bob has what is kept", timeout: .seconds(20)) { reader.bodies.count >= 15 }
                 #expect(reader.gaps.map(\.missed) == [25], "6...30 are no longer in the store")
                 #expect(reader.bodies == (1...5).map { "msg-\($0)" } + (31...40).map { "msg-\($0)" })
                 let page = try await gateway.history(of: "room.lobby", after: reader.publications[0].position, limit: 3)
                 #expect(page.gap?.missed == 29)
                 #expect(page.publications.map { String(buffer: $0.body) } == ["msg-31", "msg-32", "msg-33"])
-                await proxy.stop()
+                await away.proxy.stop()
             }
         }
 
