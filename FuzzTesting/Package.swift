@@ -9,6 +9,7 @@ let tether = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletin
 //
 //   swift build -c debug -Xswiftc -sanitize=fuzzer,address --toolset lld-toolset.json
 //   .build/debug/FuzzFrameDecoder Corpus/FrameDecoder -max_total_time=300
+//   .build/debug/FuzzChannelBodies Corpus/ChannelBodies -max_total_time=300
 //   .build/debug/FuzzGatewayConnection Corpus/GatewayConnection -max_total_time=600
 //   .build/debug/FuzzClientConnection Corpus/ClientConnection -max_total_time=600
 //   .build/debug/FuzzHTTPListener Corpus/HTTPListener -max_total_time=600
@@ -42,6 +43,15 @@ let package = Package(
                 "CLibFuzzer",
                 .product(name: "TetherCore", package: tether),
                 .product(name: "TetherCompression", package: tether),
+            ],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // The reserved channel methods' bodies (package types: a @testable import).
+        .executableTarget(
+            name: "FuzzChannelBodies",
+            dependencies: [
+                "CLibFuzzer",
+                .product(name: "TetherCore", package: tether),
             ],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),

@@ -144,6 +144,36 @@ struct ChannelHistoryQueryTests {
         }
     }
 
+    /// FuzzTesting/Corpus/ChannelBodies: the fuzz target's seeds, and any input that once failed it.
+    static var corpus: [URL] {
+        let directory = URL(fileURLWithPath: #filePath)
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("FuzzTesting/Corpus/ChannelBodies")
+        let files = (try? FileManager.default.contentsOfDirectory(at: directory, includingPropertiesForKeys: nil)) ?? []
+        return files.sorted { $0.lastPathComponent < $1.lastPathComponent }
+    }
+
+    @Test("the fuzz corpus of the channel bodies replays as the fuzz target checks it: what decodes encodes back the same")
+    func corpusReplay() throws {
+        #expect(Self.corpus.count >= 5)
+        for file in Self.corpus {
+            let body = ByteBuffer(bytes: try Data(contentsOf: file))
+            if let query = try? ChannelHistoryQuery(decoding: body) {
+                #expect(try ChannelHistoryQuery(decoding: query.encoded()) == query, "\(file.lastPathComponent)")
+            }
+            if let publish = try? ChannelPublishRequest(decoding: body) {
+                #expect(try ChannelPublishRequest(decoding: publish.encoded()) == publish, "\(file.lastPathComponent)")
+            }
+            if let position = try? ChannelPublishRequest.position(decoding: body) {
+                #expect(try ChannelPublishRequest.position(decoding: ChannelPublishRequest.encode(position)) == position)
+            }
+            let query = ChannelHistoryQuery(channel: "room.lobby", after: nil, limit: ChannelHistoryQuery.maxLimit)
+            if let page = try? query.page(decoding: body) {
+                #expect(try query.page(decoding: ChannelHistoryQuery.encode(page)) == page, "\(file.lastPathComponent)")
+            }
+        }
+    }
+
     @Test("PROTOCOL.md's vector of a history page is what the encoder writes")
     func protocolVector() throws {
         let protocolURL = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
