@@ -15,6 +15,13 @@ struct ChannelOptions: ParsableArguments {
     @Flag(name: .customLong("channel-clients-publish"), help: "Let clients publish to channels (client.publish), as themselves.")
     var clientsPublish = false
 
+    @Flag(
+        name: .customLong("channel-presence"),
+        inversion: .prefixedNo,
+        help: "Keep channels' presence: clients see who is subscribed (client.presence, tether presence)."
+    )
+    var presence = true
+
     /// Where channels keep their history.
     enum Storage: String, ExpressibleByArgument, CaseIterable {
         case memory, store
@@ -43,7 +50,13 @@ struct ChannelOptions: ParsableArguments {
             )
         }
         channels.rules = [
-            .init(pattern: .all, history: retention, storage: storage == .store ? .store : .memory, clientsMayPublish: self.clientsPublish)
+            .init(
+                pattern: .all,
+                history: retention,
+                storage: storage == .store ? .store : .memory,
+                presence: self.presence,
+                clientsMayPublish: self.clientsPublish
+            )
         ]
         configuration.channels = channels
     }

@@ -6,7 +6,8 @@ struct TetherCommand: AsyncParsableCommand {
         commandName: "tether",
         abstract: "A persistent connection between apps and their server, as simple as HTTP.",
         subcommands: [
-            Serve.self, Call.self, Chat.self, History.self, Send.self, Receive.self, Demo.self, Lab.self, Proxy.self, Postgres.self,
+            Serve.self, Call.self, Chat.self, History.self, Presence.self, Send.self, Receive.self, Demo.self, Lab.self, Proxy.self,
+            Postgres.self,
         ]
     )
 }

@@ -46,6 +46,9 @@ public struct ClientIdentity: Sendable, Hashable {
     public var channels: [ChannelPattern]?
     /// Further facts from the credentials (roles, a tenant, …) for the handlers.
     public var attributes: [String: String]
+    /// What the client shows others in the presence of the channels it subscribes to (a
+    /// display name, an avatar's URL, JSON…): a JWT's `info` claim. `nil`: nothing.
+    public var info: String?
 
     public init(
         clientID: String,
@@ -53,7 +56,8 @@ public struct ClientIdentity: Sendable, Hashable {
         rooms: Set<String>? = nil,
         topics: Set<String>? = nil,
         channels: [ChannelPattern]? = nil,
-        attributes: [String: String] = [:]
+        attributes: [String: String] = [:],
+        info: String? = nil
     ) {
         self.clientID = clientID
         self.expiresAt = expiresAt
@@ -61,6 +65,7 @@ public struct ClientIdentity: Sendable, Hashable {
         self.topics = topics
         self.channels = channels
         self.attributes = attributes
+        self.info = info
     }
 
     /// Whether the client may call `method` or send a message on topic `method`.
@@ -78,7 +83,7 @@ public struct ClientIdentity: Sendable, Hashable {
         case .request(let method): self.allows(topic: method)
         case .send(let topic): self.allows(topic: topic)
         case .join(let room): self.allows(room: room)
-        case .subscribe(let channel), .publish(let channel): self.allows(channel: channel)
+        case .subscribe(let channel), .publish(let channel), .presence(let channel): self.allows(channel: channel)
         }
     }
 
@@ -102,6 +107,9 @@ public enum Access: Sendable, Hashable {
     /// Publish to a channel (`client.publish`), where the channel's rule lets clients publish
     /// (``GatewayConfiguration/Channels-swift.struct/Rule/clientsMayPublish``).
     case publish(channel: String)
+    /// See who is subscribed to a channel (`client.presence(of:)`), where the channel's rule
+    /// keeps presence (``GatewayConfiguration/Channels-swift.struct/Rule/presence``).
+    case presence(channel: String)
 }
 
 /// Why an authenticator refuses a client: the status and message the client gets in ERROR.

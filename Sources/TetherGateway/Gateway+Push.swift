@@ -62,6 +62,34 @@ extension Gateway {
         try await self.pushes.history(of: channel, after: position, limit: limit)
     }
 
+    /// Who is subscribed to a channel whose rule keeps presence, on this node: its members
+    /// by client id (bytewise), each with its connections and its ``ClientIdentity/info``.
+    ///
+    /// ```swift
+    /// let online = try gateway.presence(of: "room.lobby").members.map(\.clientID)
+    /// ```
+    /// - Parameters:
+    ///   - after: The members after this client id; empty: from the first.
+    ///   - limit: The most members, 1 to 1,000.
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
+    ///   channel name or limit, or a channel that keeps no presence;
+    ///   ``GatewayError/Code/disabled`` when channels are off.
+    public func presence(of channel: String, after: String = "", limit: Int = 1_000) throws(GatewayError) -> ChannelPresencePage {
+        guard let hub = self.pushes.channels else {
+            throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
+        }
+        guard Frame.isValidChannelName(channel) else {
+            throw GatewayError(code: .invalidArgument, message: "a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
+        }
+        guard (1...ChannelPresenceQuery.maxLimit).contains(limit) else {
+            throw GatewayError(code: .invalidArgument, message: "the limit must be 1 to \(ChannelPresenceQuery.maxLimit), got \(limit)")
+        }
+        guard hub.configuration.rule(for: channel)?.presence == true else {
+            throw GatewayError(code: .invalidArgument, message: "\(channel) keeps no presence (its rule's presence is off)")
+        }
+        return hub.presence(of: channel, after: after, limit: limit)
+    }
+
     /// Puts a connection in a room.
     /// - Returns: `false` if no established connection has this id, or its client may not be in
     ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).

@@ -67,15 +67,26 @@ extension GatewayConfiguration {
             public var history: ChannelRetention?
             /// Where their history is kept.
             public var storage: Storage
+            /// Whether they keep presence: a client that may (``Access/presence(channel:)``)
+            /// asks who is subscribed (`client.presence(of:)`), each member with its
+            /// ``ClientIdentity/info``. Each node answers for its own connections.
+            public var presence: Bool
             /// Whether clients may publish to them (`client.publish`), as far as their
             /// credentials and the ``Gateway/authorize(_:)`` hook allow
             /// (``Access/publish(channel:)``); otherwise only the gateway and its handlers do.
             public var clientsMayPublish: Bool
 
-            public init(pattern: ChannelPattern, history: ChannelRetention?, storage: Storage = .memory, clientsMayPublish: Bool = false) {
+            public init(
+                pattern: ChannelPattern,
+                history: ChannelRetention?,
+                storage: Storage = .memory,
+                presence: Bool = false,
+                clientsMayPublish: Bool = false
+            ) {
                 self.pattern = pattern
                 self.history = history
                 self.storage = storage
+                self.presence = presence
                 self.clientsMayPublish = clientsMayPublish
             }
         }

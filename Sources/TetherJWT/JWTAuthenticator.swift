@@ -15,7 +15,8 @@ public import TetherGateway
 ///
 /// Optional claims restrict the client: `rooms` (an array of strings) lists the rooms it may
 /// be joined to, `topics` the request methods it may call and the message topics it may send,
-/// `channels` the channels it may subscribe to (names, or prefixes ending in `*`).
+/// `channels` the channels it may subscribe to (names, or prefixes ending in `*`). `info` (a
+/// string) is what the client shows others in channels' presence (``ClientIdentity/info``).
 ///
 /// ```swift
 /// let authenticator = try await JWTAuthenticator(
@@ -193,7 +194,8 @@ public struct JWTAuthenticator: ClientAuthenticator {
             expiresAt: claims.exp?.value,
             rooms: claims.rooms.map(Set.init),
             topics: claims.topics.map(Set.init),
-            channels: channels
+            channels: channels,
+            info: claims.info
         )
     }
 
@@ -227,6 +229,7 @@ struct TetherClaims: JWTPayload {
     var rooms: [String]?
     var topics: [String]?
     var channels: [String]?
+    var info: String?
 
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }

@@ -263,3 +263,65 @@ extension IntegrationTests.ClientChannelTests {
         }
     }
 }
+
+extension IntegrationTests.ClientChannelTests {
+    /// Gives each client the info "I-" followed by its id.
+    struct InfoAuthenticator: ClientAuthenticator {
+        func authenticate(_ hello: HandshakeInfo) async throws -> ClientIdentity {
+            ClientIdentity(clientID: hello.clientID, info: "I-\(hello.clientID)")
+        }
+    }
+
+    @Test("presence: who is subscribed, each client once with its connections and info, in client id order; it follows who leaves")
+    func presence() async throws {
+        try await withHarness { harness in
+            let (gateway, endpoint) = try await harness.gateway(
+                configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: try! ChannelPattern("quiet.*"), history: nil),
+                        .init(pattern: .all, history: nil, presence: true),
+                    ])
+                },
+                authenticator: InfoAuthenticator(),
+                routes: { gateway in
+                    gateway.authorize { access, connection in access != .presence(channel: "room.lobby") || connection.clientID != "mallory"
+                    }
+                }
+            )
+            var readers: [Reader] = []
+            for clientID in ["carol", "alice", "bob", "alice"] {  // alice on two devices
+                let client = try harness.client([endpoint], clientID: clientID)
+                readers.append(Reader(client.subscribe("room.lobby"), in: harness))
+            }
+            let all = readers
+            try await eventually("everyone is subscribed") { all.allSatisfy { $0.subscriptions == [true] } }
+            let dave = try harness.client([endpoint], clientID: "dave")
+            let page = try await dave.presence(of: "room.lobby")
+            #expect(page.total == 3)
+            #expect(
+                page.members == [
+                    .init(clientID: "alice", connections: 2, info: "I-alice"), .init(clientID: "bob", connections: 1, info: "I-bob"),
+                    .init(clientID: "carol", connections: 1, info: "I-carol"),
+                ]
+            )
+            let second = try await dave.presence(of: "room.lobby", after: "alice", limit: 1)
+            #expect(second.total == 3 && second.members.map(\.clientID) == ["bob"])
+            #expect(try gateway.presence(of: "room.lobby").members.map(\.clientID) == ["alice", "bob", "carol"])
+
+            let bob = try harness.client([endpoint], clientID: "bob2")
+            let leaving = Task { for try await _ in bob.subscribe("room.lobby") {} }
+            try await eventually("bob2 is in") { (try? await dave.presence(of: "room.lobby").total) == 4 }
+            leaving.cancel()  // the subscription ends with the task reading it
+            try await eventually("bob2 left") { (try? await dave.presence(of: "room.lobby").total) == 3 }
+
+            await #expect {
+                _ = try await dave.presence(of: "quiet.room")
+            } throws: { ($0 as? TetherError)?.status == .invalidRequest }
+            let mallory = try harness.client([endpoint], clientID: "mallory")
+            await #expect {
+                _ = try await mallory.presence(of: "room.lobby")
+            } throws: { ($0 as? TetherError)?.status == .permissionDenied }
+            #expect(throws: GatewayError.self) { try gateway.presence(of: "quiet.room") }
+        }
+    }
+}

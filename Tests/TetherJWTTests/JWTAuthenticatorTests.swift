@@ -24,7 +24,8 @@ struct JWTAuthenticatorTests {
         notBefore: TimeInterval? = nil,
         iss: String? = nil,
         aud: [String]? = nil,
-        rooms: [String]? = nil
+        rooms: [String]? = nil,
+        info: String? = nil
     ) -> Claims {
         Claims(
             sub: sub.map { SubjectClaim(value: $0) },
@@ -32,7 +33,8 @@ struct JWTAuthenticatorTests {
             nbf: notBefore.map { NotBeforeClaim(value: Self.now + $0) },
             iss: iss.map { IssuerClaim(value: $0) },
             aud: aud.map { AudienceClaim(value: $0) },
-            rooms: rooms
+            rooms: rooms,
+            info: info
         )
     }
 
@@ -75,6 +77,9 @@ struct JWTAuthenticatorTests {
         #expect(identity.expiresAt == Self.now + 3600)
         #expect(identity.rooms == ["lobby"] && identity.allows(room: "lobby") && !identity.allows(room: "vip"))
         #expect(identity.topics == nil && identity.allows(topic: "anything"))
+        #expect(identity.info == nil)
+        let described = try await authenticator.authenticate(self.hello(try await self.hmacToken(self.claims(info: #"{"name":"Alice"}"#))))
+        #expect(described.info == #"{"name":"Alice"}"#, "the info claim is what channels' presence shows")
     }
 
     @Test("missing, foreign-key, malformed, expired, early and exp-less tokens are refused as unauthenticated, each saying why")

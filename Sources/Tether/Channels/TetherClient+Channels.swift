@@ -82,6 +82,47 @@ extension TetherClient {
 }
 
 extension TetherClient {
+    /// Who is subscribed to a channel, from the gateway: its members by client id, each with
+    /// how many connections it has there and the `info` its credentials carry.
+    ///
+    /// The gateway answers for channels whose rule keeps presence, to clients its credentials
+    /// and authorization allow; in a cluster, each node for its own connections.
+    ///
+    /// ```swift
+    /// let page = try await client.presence(of: "room.lobby")
+    /// print("\(page.total) online:", page.members.map(\.clientID))
+    /// ```
+    /// - Parameters:
+    ///   - after: The members after this client id (bytewise); empty: from the first. Ask
+    ///     again after the last one while fewer than ``ChannelPresencePage/total`` were read.
+    ///   - limit: The most members, 1 to 1,000.
+    /// - Throws: ``TetherError``: ``TetherError/Code/invalidArgument`` for a bad channel or
+    ///   limit, ``TetherError/Code/serverError`` with the gateway's status (`permission
+    ///   denied`; `invalid request` for a channel that keeps no presence), and the errors of a
+    ///   request.
+    public func presence(
+        of channel: String,
+        after: String = "",
+        limit: Int = 1_000,
+        timeout: Duration? = nil
+    ) async throws(TetherError) -> ChannelPresencePage {
+        let query = ChannelPresenceQuery(channel: channel, after: after, limit: limit)
+        let body: ByteBuffer
+        do {
+            body = try query.encoded()
+        } catch {
+            throw TetherError(code: .invalidArgument, message: error.message)
+        }
+        let reply = try await self.request(ChannelPresenceQuery.method, body: body, timeout: timeout)
+        do {
+            return try query.page(decoding: reply)
+        } catch {
+            throw TetherError(code: .invalidResponse, message: "the gateway's presence page is malformed: \(error.message)")
+        }
+    }
+}
+
+extension TetherClient {
     /// Publishes to a channel, as this client: its subscribers get the publication with this
     /// client's id as publisher, and its history keeps it.
     ///

@@ -202,7 +202,7 @@ package struct ChannelPublishRequest: Sendable, Hashable {
 
 extension ByteBuffer {
     /// Writes the channel name a reserved method's body starts with (a `string`).
-    fileprivate mutating func writeChannelName(_ channel: String) throws(ChannelHistoryQuery.Malformed) {
+    mutating func writeChannelName(_ channel: String) throws(ChannelHistoryQuery.Malformed) {
         guard Frame.isValidChannelName(channel) else {
             throw ChannelHistoryQuery.Malformed("a channel name must be 1 to \(Frame.maxChannelLength) bytes long")
         }
@@ -211,7 +211,7 @@ extension ByteBuffer {
     }
 
     /// Reads the channel name a reserved method's body starts with.
-    fileprivate mutating func readChannelName() throws(ChannelHistoryQuery.Malformed) -> String {
+    mutating func readChannelName() throws(ChannelHistoryQuery.Malformed) -> String {
         guard let length = self.readInteger(as: UInt16.self), let channel = self.readValidatedString(length: Int(length)),
             Frame.isValidChannelName(channel)
         else { throw ChannelHistoryQuery.Malformed("the channel must be a string of 1 to \(Frame.maxChannelLength) bytes of UTF-8") }

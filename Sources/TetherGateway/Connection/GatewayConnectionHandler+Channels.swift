@@ -53,9 +53,10 @@ extension GatewayConnectionHandler {
 
     /// Registers a subscription in the hub, and writes SUBSCRIBED and the recovery's first page.
     private func register(_ request: Frame.Subscribe, head: ChannelStreamHead?) {
-        guard let hub = self.services.pushes.channels else { return }
+        guard let hub = self.services.pushes.channels, let connection = self.scope?.connection else { return }
         let handler = NIOLoopBound(self, eventLoop: self.eventLoop)
-        switch hub.subscribe(connection: self.id, handler: handler, to: request, head: head) {
+        let member = ChannelHub.Member(clientID: connection.clientID, info: connection.identity?.info ?? "")
+        switch hub.subscribe(connection: self.id, handler: handler, member: member, to: request, head: head) {
         case .refused(let status, let message):
             self.refuse(request, status, message)
         case .subscribed(let subscribed, let page):
@@ -217,7 +218,28 @@ extension GatewayConnectionHandler {
         switch method {
         case ChannelHistoryQuery.method: return self.services.channelHistory
         case ChannelPublishRequest.method: return self.services.channelPublish
+        case ChannelPresenceQuery.method: return self.services.channelPresence
         default: return nil
+        }
+    }
+
+    /// The handler of ``ChannelPresenceQuery/method``: who is subscribed to a channel whose
+    /// rule keeps presence, for a client that may see it.
+    static func channelPresence(from hub: ChannelHub, router: Router) -> Gateway.Handler {
+        { request, context in
+            let query: ChannelPresenceQuery
+            do throws(ChannelHistoryQuery.Malformed) {
+                query = try ChannelPresenceQuery(decoding: request.body)
+            } catch {
+                throw RequestError(.invalidRequest, "\(ChannelPresenceQuery.method): \(error.message)")
+            }
+            guard hub.configuration.rule(for: query.channel)?.presence == true else {
+                throw RequestError(.invalidRequest, "\(query.channel) keeps no presence (its rule's presence is off)")
+            }
+            if router.checksAccess(of: context.connection), !router.permits(.presence(channel: query.channel), context.connection) {
+                throw RequestError(.permissionDenied, "this client may not see who is in \(query.channel)")
+            }
+            return ChannelPresenceQuery.encode(hub.presence(of: query.channel, after: query.after, limit: query.limit))
         }
     }
 

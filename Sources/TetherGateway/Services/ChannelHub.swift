@@ -58,6 +58,14 @@ final class ChannelHub: Sendable {
         /// Whether it gets live publications (its recovery is over).
         var live: Bool
         var generation: UInt64
+        /// Who it is, in the channel's presence.
+        var member: Member
+    }
+
+    /// A subscriber's client id and what it shows others (``ClientIdentity/info``).
+    struct Member: Sendable {
+        var clientID: String
+        var info: String
     }
 
     private struct Channel {
@@ -101,6 +109,7 @@ final class ChannelHub: Sendable {
     func subscribe(
         connection id: UInt64,
         handler: NIOLoopBound<GatewayConnectionHandler>,
+        member: Member,
         to request: Frame.Subscribe,
         head: ChannelStreamHead? = nil
     ) -> Subscription {
@@ -160,7 +169,7 @@ final class ChannelHub: Sendable {
                 subscribed.gap = request.recoverFrom != nil
             }
             if page.next == nil { page.liveAfter = channel.sequence }
-            channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation)
+            channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation, member: member)
             channel.recipients = nil
             if !already { state.channelsOf[id, default: []].insert(request.channel) }
             return .subscribed(subscribed, page)
@@ -391,6 +400,24 @@ final class ChannelHub: Sendable {
                 }
             )
         }
+    }
+
+    /// Who is subscribed to `channel` on this node: its members after client id `after`
+    /// (bytewise; empty: from the first), at most `limit`, and how many there are in all.
+    func presence(of channel: String, after: String, limit: Int) -> ChannelPresencePage {
+        let subscribers = self.state.withLockedValue { state in state.channels[channel]?.subscribers.values.map(\.member) ?? [] }
+        // Grouped and sorted outside the lock: a channel of many subscribers is asked rarely.
+        var byClient: [String: (connections: Int, info: String)] = [:]
+        for member in subscribers {
+            byClient[member.clientID, default: (0, member.info)].connections += 1
+        }
+        let after = Array(after.utf8)
+        let members = byClient.keys
+            .filter { after.isEmpty || after.lexicographicallyPrecedes($0.utf8) }
+            .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            .prefix(limit)
+            .map { ChannelPresenceMember(clientID: $0, connections: byClient[$0]!.connections, info: byClient[$0]!.info) }
+        return ChannelPresencePage(channel: channel, total: byClient.count, members: Array(members))
     }
 
     /// The number of channels kept, and the bytes their histories hold.

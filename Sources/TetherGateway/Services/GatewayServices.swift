@@ -44,6 +44,8 @@ final class GatewayServices: Sendable {
     let channelHistory: Gateway.Handler?
     /// Answers ``ChannelPublishRequest/method`` when the gateway has channels.
     let channelPublish: Gateway.Handler?
+    /// Answers ``ChannelPresenceQuery/method`` when the gateway has channels.
+    let channelPresence: Gateway.Handler?
 
     init(
         configuration: GatewayConfiguration,
@@ -88,6 +90,7 @@ final class GatewayServices: Sendable {
         self.unknownMethodMetrics = metrics.requests("unknown")
         self.channelHistory = pushes.channels.map { _ in GatewayConnectionHandler.channelHistory(from: pushes, router: router) }
         self.channelPublish = pushes.channels.map { GatewayConnectionHandler.channelPublish(to: $0, pusher: pushes, router: router) }
+        self.channelPresence = pushes.channels.map { GatewayConnectionHandler.channelPresence(from: $0, router: router) }
         self.notRoutedMetrics = metrics.requests("not_routed")
         self.logger = logger
     }

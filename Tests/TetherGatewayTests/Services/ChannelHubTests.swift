@@ -41,6 +41,8 @@ struct ChannelHubTests {
         #expect(hub.counts.channels == 1, "kept for the subscribers that come back")
     }
 
+    static let member = ChannelHub.Member(clientID: "bob", info: "")
+
     static func storedHub() throws -> ChannelHub {
         let configuration = try GatewayConfiguration.Channels(rules: [
             .init(pattern: .all, history: try ChannelRetention(maxCount: 100, maxAge: .seconds(60)), storage: .store)
@@ -64,7 +66,15 @@ struct ChannelHubTests {
         // The store answered top 5; this node sent up to 5.
         let head = ChannelStreamHead(epoch: 7, top: 5, oldest: 1)
         let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 2))
-        guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: request, head: head) else {
+        guard
+            case .subscribed(let subscribed, let page) = hub.subscribe(
+                connection: 1,
+                handler: handler,
+                member: Self.member,
+                to: request,
+                head: head
+            )
+        else {
             Issue.record("refused")
             return
         }
@@ -89,7 +99,14 @@ struct ChannelHubTests {
         let head = ChannelStreamHead(epoch: 7, top: 50, oldest: 41)
         for (from, startingAfter) in [(ChannelPosition(epoch: 7, offset: 10), UInt64(40)), (ChannelPosition(epoch: 9, offset: 45), 40)] {
             let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: from)
-            guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: request, head: head)
+            guard
+                case .subscribed(let subscribed, let page) = hub.subscribe(
+                    connection: 1,
+                    handler: handler,
+                    member: Self.member,
+                    to: request,
+                    head: head
+                )
             else {
                 Issue.record("refused")
                 return
@@ -98,7 +115,15 @@ struct ChannelHubTests {
             #expect(page.next?.after.offset == startingAfter)
         }
         let atTop = Frame.Subscribe(id: 2, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 50))
-        guard case .subscribed(let subscribed, let page) = hub.subscribe(connection: 1, handler: handler, to: atTop, head: head) else {
+        guard
+            case .subscribed(let subscribed, let page) = hub.subscribe(
+                connection: 1,
+                handler: handler,
+                member: Self.member,
+                to: atTop,
+                head: head
+            )
+        else {
             Issue.record("refused")
             return
         }
