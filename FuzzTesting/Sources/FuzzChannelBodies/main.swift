@@ -10,8 +10,9 @@ import NIOCore
 #endif
 
 /// Feeds arbitrary bytes to the decoders of the reserved channel methods' bodies (PROTOCOL.md,
-/// sections 12.1 and 12.2): the gateway's (a `$channel.history` query, a `$channel.publish`
-/// request) and the client's (a history page, a publication's position). None may crash or
+/// sections 12.1 to 12.3): the gateway's (a `$channel.history` query, a `$channel.publish`
+/// request, a `$channel.presence` query) and the client's (a history page, a publication's
+/// position, a presence page). None may crash or
 /// allocate according to an unvalidated count, and whatever one accepts must encode back to a
 /// body that decodes to the same value.
 @_cdecl("LLVMFuzzerTestOneInput")
@@ -37,6 +38,17 @@ func fuzzChannelBodies(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     if let position = try? ChannelPublishRequest.position(decoding: body) {
         guard (try? ChannelPublishRequest.position(decoding: ChannelPublishRequest.encode(position))) == position else {
             fatalError("a position does not survive a round trip: \(position)")
+        }
+    }
+    if let presence = try? ChannelPresenceQuery(decoding: body) {
+        guard let encoded = try? presence.encoded(), (try? ChannelPresenceQuery(decoding: encoded)) == presence else {
+            fatalError("a presence query does not survive a round trip: \(presence)")
+        }
+    }
+    let members = ChannelPresenceQuery(channel: "room.lobby")
+    if let page = try? members.page(decoding: body) {
+        guard (try? members.page(decoding: ChannelPresenceQuery.encode(page))) == page else {
+            fatalError("a presence page does not survive a round trip: \(page)")
         }
     }
     // A page for a query of every channel name the input could hold.

@@ -171,6 +171,13 @@ struct ChannelHistoryQueryTests {
             if let page = try? query.page(decoding: body) {
                 #expect(try query.page(decoding: ChannelHistoryQuery.encode(page)) == page, "\(file.lastPathComponent)")
             }
+            if let presence = try? ChannelPresenceQuery(decoding: body) {
+                #expect(try ChannelPresenceQuery(decoding: presence.encoded()) == presence, "\(file.lastPathComponent)")
+            }
+            let members = ChannelPresenceQuery(channel: "room.lobby")
+            if let page = try? members.page(decoding: body) {
+                #expect(try members.page(decoding: ChannelPresenceQuery.encode(page)) == page, "\(file.lastPathComponent)")
+            }
         }
     }
 
