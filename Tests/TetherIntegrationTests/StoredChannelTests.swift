@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import Testing
 import Tether
+import TetherCore
 import TetherFaultProxy
 import TetherGateway
 import TetherGatewayTesting
@@ -118,6 +119,37 @@ extension IntegrationTests {
                 #expect(page.gap?.missed == 29)
                 #expect(page.publications.map { String(buffer: $0.body) } == ["msg-31", "msg-32", "msg-33"])
                 await away.proxy.stop()
+            }
+        }
+
+        @Test("a burst of SUBSCRIBEs to stored channels starts no more store reads than the subscriptions a connection may hold")
+        func subscribeBurst() async throws {
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(
+                    messageStore: try SQLiteMessageStore.inMemory(),
+                    configure: { configuration in
+                        Self.stored()(&configuration)
+                        configuration.channels?.maxSubscriptionsPerConnection = 4
+                    }
+                )
+                let greedy = try await IntegrationTests.ChannelTests.connect(endpoint, clientID: "greedy")
+                var burst = ByteBuffer()
+                for id in 1...200 {
+                    let subscribe = Frame.Subscribe(id: UInt64(id), channel: "room.\(id)")
+                    try FrameEncoder().encode(Frame(.subscribe(subscribe), flags: .checksum), into: &burst)
+                }
+                try await greedy.send(bytes: burst)
+                var answers: [Frame.Subscribed] = []
+                while answers.count < 200,
+                    case .subscribed(let subscribed)? = await greedy.next(where: { if case .subscribed = $0 { true } else { false } })
+                {
+                    answers.append(subscribed)
+                }
+                #expect(answers.count == 200)
+                #expect(answers.filter { $0.status == .ok }.count == 4)
+                let waiting = answers.filter { $0.message.contains("waiting for the channel store") }.count
+                #expect(waiting >= 150, "refused before any store read: \(waiting) of 196")
+                greedy.close()
             }
         }
 

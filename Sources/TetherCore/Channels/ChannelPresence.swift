@@ -1,4 +1,4 @@
-public import NIOCore
+package import NIOCore
 
 /// A client subscribed to a channel that keeps presence: who is online there.
 public struct ChannelPresenceMember: Sendable, Hashable {

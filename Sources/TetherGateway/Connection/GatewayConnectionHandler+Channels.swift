@@ -20,7 +20,16 @@ extension GatewayConnectionHandler {
             return
         }
         if let writer = self.services.pushes.channelWriter, let retention = hub.configuration.storedHistory(of: request.channel) {
-            // Where its stream is, from the store first; answered when the store has.
+            // Where its stream is, from the store first; answered when the store has. Bounded
+            // as the subscriptions are: a burst of SUBSCRIBEs does not start a read each.
+            guard self.subscribing.count < hub.configuration.maxSubscriptionsPerConnection else {
+                self.refuse(
+                    request,
+                    .resourceExhausted,
+                    "this connection has \(self.subscribing.count) subscriptions waiting for the channel store, the most it may have"
+                )
+                return
+            }
             self.subscribing[request.channel] = request.id
             let notBefore = Self.wallClock(self.services.clock) - retention.maxAge.totalSeconds
             let handle = self.handle
