@@ -16,6 +16,8 @@ struct Router: Sendable {
     private(set) var messageHandlers: [String: Gateway.MessageHandler] = [:]
     /// The application's authorization hook, if it set one.
     var authorizer: Gateway.Authorizer?
+    /// The application's hook for channels gaining their first subscriber or losing their last.
+    var occupancy: Gateway.ChannelOccupancyHook?
 
     /// Whether `connection` may do `access`: its credentials allow it, and so does the hook.
     func permits(_ access: Access, _ connection: ConnectionInfo) -> Bool {

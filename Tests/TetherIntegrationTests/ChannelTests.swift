@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import Testing
 import TetherCore
@@ -389,6 +390,34 @@ extension IntegrationTests {
                 #expect(pages + refused == 2_000, "every request answered")
                 #expect(pages < 450, "\(pages) pages of 64 KiB written for a reader that read nothing (\(refused) refused)")
                 greedy.close()
+            }
+        }
+
+        @Test("the occupancy hook hears each channel's first subscriber and its last one leaving, once each, in order")
+        func occupancy() async throws {
+            let changes = NIOLockedValueBox<[String]>([])
+            try await withHarness { harness in
+                let (_, endpoint) = try await harness.gateway(routes: { gateway in
+                    gateway.onChannelOccupancy { channel, occupied in
+                        changes.withLockedValue { $0.append("\(channel) \(occupied ? "occupied" : "vacated")") }
+                    }
+                })
+                let bob = try await Self.connect(endpoint, clientID: "bob")
+                let alice = try await Self.connect(endpoint, clientID: "alice")
+                _ = try await Self.subscribe(bob, "a", id: 1)
+                _ = try await Self.subscribe(alice, "a", id: 1)
+                _ = try await Self.subscribe(alice, "b", id: 2)
+                #expect(changes.withLockedValue { $0 } == ["a occupied", "b occupied"], "alice's subscription to a changes nothing")
+                try await bob.send(.unsubscribe(.init(channel: "a")))
+                _ = try await Self.subscribe(bob, "c", id: 2)  // after the UNSUBSCRIBE, on the same connection
+                #expect(changes.withLockedValue { $0 } == ["a occupied", "b occupied", "c occupied"], "alice is still in a")
+                alice.close()
+                try await eventually("alice's channels are vacated") { changes.withLockedValue { $0.count } == 5 }
+                bob.close()
+                try await eventually("bob's too") { changes.withLockedValue { $0.count } == 6 }
+                #expect(
+                    changes.withLockedValue { $0 } == ["a occupied", "b occupied", "c occupied", "a vacated", "b vacated", "c vacated"]
+                )
             }
         }
 

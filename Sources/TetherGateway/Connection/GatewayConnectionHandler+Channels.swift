@@ -15,7 +15,7 @@ extension GatewayConnectionHandler {
         self.subscribing[request.channel] = nil
         if let scope = self.scope, scope.checksAccess, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection)
         {
-            hub.unsubscribe(connection: self.id, from: request.channel)
+            if hub.unsubscribe(connection: self.id, from: request.channel) { self.tellOccupancy() }
             self.refuse(request, .permissionDenied, "this client may not subscribe to \(request.channel)")
             return
         }
@@ -69,6 +69,7 @@ extension GatewayConnectionHandler {
         case .refused(let status, let message):
             self.refuse(request, status, message)
         case .subscribed(let subscribed, let page):
+            if page.occupied { self.tellOccupancy() }
             // Publications of a subscription this one replaces, queued on this loop, go first
             // (the client drops those that arrive before SUBSCRIBED).
             self.pushes?.drain()
@@ -80,7 +81,7 @@ extension GatewayConnectionHandler {
 
     /// An UNSUBSCRIBE from the client.
     func unsubscribe(from channel: String) {
-        self.services.pushes.channels?.unsubscribe(connection: self.id, from: channel)
+        if self.services.pushes.channels?.unsubscribe(connection: self.id, from: channel) == true { self.tellOccupancy() }
         self.recoveries.removeAll { $0.channel == channel }
         self.subscribing[channel] = nil
         self.liveChannels[channel] = nil
@@ -89,7 +90,7 @@ extension GatewayConnectionHandler {
     /// The connection closed: it leaves its channels.
     func leaveChannels() {
         guard self.subscribesToChannels else { return }
-        self.services.pushes.channels?.remove(connection: self.id)
+        if self.services.pushes.channels?.remove(connection: self.id).isEmpty == false { self.tellOccupancy() }
         self.recoveries.removeAll()
         self.subscribing.removeAll()
     }
@@ -113,6 +114,12 @@ extension GatewayConnectionHandler {
             self.flushNow()  // so that the channel's writability counts this page
         }
         // Stopped by a full channel: its writability's return schedules the rest.
+    }
+
+    /// Hands the changes of occupancy the hub recorded to the application's hook
+    /// (``Gateway/onChannelOccupancy(_:)``), if any.
+    private func tellOccupancy() {
+        self.services.pushes.channels?.drainOccupancy(to: self.services.router.occupancy)
     }
 
     /// Reads the next page of a recovery from the store; it is written when read.

@@ -40,6 +40,8 @@ final class ChannelHub: Sendable {
         /// When the subscription went live with this page: the sequence of the channel's last
         /// publication, after which the connection writes the live ones.
         var liveAfter: UInt64?
+        /// Whether the subscription is the channel's first on this node (none was before it).
+        var occupied = false
     }
 
     /// Where a recovery continues: after `position`, for the subscription made at `generation`
@@ -91,6 +93,11 @@ final class ChannelHub: Sendable {
         var channelsOf: [UInt64: Set<String>] = [:]
         var historyBytes = 0
         var generation: UInt64 = 0
+        /// Channels that gained their first subscriber (`true`) or lost their last, in the
+        /// order of the steps that did it, until ``drainOccupancy(to:)`` hands them on.
+        var occupancy: [(channel: String, occupied: Bool)] = []
+        /// Whether a caller of ``drainOccupancy(to:)`` is handing them on.
+        var drainingOccupancy = false
     }
 
     let configuration: GatewayConfiguration.Channels
@@ -169,6 +176,8 @@ final class ChannelHub: Sendable {
                 subscribed.gap = request.recoverFrom != nil
             }
             if page.next == nil { page.liveAfter = channel.sequence }
+            page.occupied = channel.subscribers.isEmpty
+            if page.occupied { state.occupancy.append((request.channel, true)) }
             channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation, member: member)
             channel.recipients = nil
             if !already { state.channelsOf[id, default: []].insert(request.channel) }
@@ -310,18 +319,22 @@ final class ChannelHub: Sendable {
     }
 
     /// Takes a connection out of `channel`.
-    func unsubscribe(connection id: UInt64, from channel: String) {
+    /// - Returns: Whether the channel lost its last subscriber on this node.
+    @discardableResult
+    func unsubscribe(connection id: UInt64, from channel: String) -> Bool {
         self.state.withLockedValue { state in
-            guard state.channelsOf[id]?.remove(channel) != nil else { return }
+            guard state.channelsOf[id]?.remove(channel) != nil else { return false }
             if state.channelsOf[id]?.isEmpty == true { state.channelsOf[id] = nil }
-            Self.remove(id, from: channel, &state)
+            return Self.remove(id, from: channel, &state)
         }
     }
 
     /// Takes a closed connection out of every channel.
-    func remove(connection id: UInt64) {
+    /// - Returns: The channels that lost their last subscriber on this node.
+    @discardableResult
+    func remove(connection id: UInt64) -> [String] {
         self.state.withLockedValue { state in
-            for channel in state.channelsOf.removeValue(forKey: id) ?? [] { Self.remove(id, from: channel, &state) }
+            (state.channelsOf.removeValue(forKey: id) ?? []).sorted().filter { Self.remove(id, from: $0, &state) }
         }
     }
 
@@ -402,6 +415,27 @@ final class ChannelHub: Sendable {
         }
     }
 
+    /// Hands the channels' changes of occupancy to `hook`, in the order they happened, one
+    /// caller at a time: a caller that finds another handing them on leaves its changes to it.
+    /// Called after a step reported a change (``Page/occupied``, a vacated channel).
+    func drainOccupancy(to hook: Gateway.ChannelOccupancyHook?) {
+        while true {
+            let batch = self.state.withLockedValue { state -> [(channel: String, occupied: Bool)]? in
+                guard !state.drainingOccupancy, !state.occupancy.isEmpty else { return nil }
+                state.drainingOccupancy = true
+                defer { state.occupancy.removeAll() }
+                return state.occupancy
+            }
+            guard let batch else { return }
+            if let hook { for change in batch { hook(change.channel, change.occupied) } }
+            let more = self.state.withLockedValue { state -> Bool in
+                state.drainingOccupancy = false
+                return !state.occupancy.isEmpty
+            }
+            if !more { return }
+        }
+    }
+
     /// Who is subscribed to `channel` on this node: its members after client id `after`
     /// (bytewise; empty: from the first), at most `limit`, and how many there are in all.
     func presence(of channel: String, after: String, limit: Int) -> ChannelPresencePage {
@@ -429,13 +463,17 @@ final class ChannelHub: Sendable {
         Channel(history: self.configuration.history(of: name).map { ChannelHistory(epoch: .random(in: 1...(.max)), retention: $0) })
     }
 
-    private static func remove(_ id: UInt64, from name: String, _ state: inout State) {
-        guard state.channels[name]?.subscribers.removeValue(forKey: id) != nil else { return }
+    /// - Returns: Whether the channel lost its last subscriber.
+    private static func remove(_ id: UInt64, from name: String, _ state: inout State) -> Bool {
+        guard state.channels[name]?.subscribers.removeValue(forKey: id) != nil else { return false }
         state.channels[name]!.recipients = nil
+        let vacated = state.channels[name]!.subscribers.isEmpty
+        if vacated { state.occupancy.append((name, false)) }
         // A channel with history stays when its last subscriber leaves: its position (epoch,
         // last offset) lets a subscriber that comes back recover, or know exactly what it
         // missed. Idle ones go when the hub is full (``sweep(_:now:)``).
         if state.channels[name]!.history == nil, state.channels[name]!.subscribers.isEmpty { Self.forget(name, &state) }
+        return vacated
     }
 
     private static func forget(_ name: String, _ state: inout State) {
