@@ -194,7 +194,7 @@ extension Gateway {
         let retention = self.configuration.timeouts.outboxRetention
         let interval = min(retention / 2, .seconds(3600))
         while !Task.isCancelled {
-            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            let now = self.clock.wallClockDate
             do {
                 try await reliable.store.touchOutboxes(reliable.lanes.inUse, at: now)
                 let forgotten = try await reliable.store.forgetOutboxes(notSeenSince: now - retention.totalSeconds)
@@ -214,7 +214,7 @@ extension Gateway {
     private func trimChannels(in store: any ChannelHistoryStore, olderThan age: Duration) async {
         let interval = min(max(age / 10, .seconds(1)), .seconds(600))
         while !Task.isCancelled {
-            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
+            let now = self.clock.wallClockDate
             do {
                 _ = try await store.trimPublications(before: now - age.totalSeconds)
             } catch {

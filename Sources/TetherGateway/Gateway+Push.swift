@@ -90,6 +90,26 @@ extension Gateway {
         return hub.presence(of: channel, after: after, limit: limit)
     }
 
+    /// What ``onChannelOccupancy(_:)`` calls: `occupied` is `true` when `channel` gained its
+    /// first subscriber on this gateway, `false` when it lost its last.
+    public typealias ChannelOccupancyHook = @Sendable (_ channel: String, _ occupied: Bool) -> Void
+
+    /// Calls `hook` when a channel gains its first subscriber on this gateway (a connection
+    /// subscribed, none was) or loses its last one (unsubscribed, refused, or closed): to start
+    /// producing a feed only while someone reads it. In a cluster, each node calls its own.
+    /// Calls come one at a time, in the order the changes happened, on the event loop of a
+    /// connection that made one: keep it short (hand the work to a task). Set it before
+    /// ``run()``.
+    ///
+    /// ```swift
+    /// gateway.onChannelOccupancy { channel, occupied in
+    ///     Task { occupied ? await feeds.start(channel) : await feeds.stop(channel) }
+    /// }
+    /// ```
+    public func onChannelOccupancy(_ hook: @escaping ChannelOccupancyHook) {
+        self.register("onChannelOccupancy") { $0.occupancy = hook }
+    }
+
     /// Puts a connection in a room.
     /// - Returns: `false` if no established connection has this id, or its client may not be in
     ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).

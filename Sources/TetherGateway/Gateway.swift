@@ -284,26 +284,6 @@ public final class Gateway: Service, Sendable {
         self.register("authorize") { $0.authorizer = check }
     }
 
-    /// What ``onChannelOccupancy(_:)`` calls: `occupied` is `true` when `channel` gained its
-    /// first subscriber on this gateway, `false` when it lost its last.
-    public typealias ChannelOccupancyHook = @Sendable (_ channel: String, _ occupied: Bool) -> Void
-
-    /// Calls `hook` when a channel gains its first subscriber on this gateway (a connection
-    /// subscribed, none was) or loses its last one (unsubscribed, refused, or closed): to start
-    /// producing a feed only while someone reads it. In a cluster, each node calls its own.
-    /// Calls come one at a time, in the order the changes happened, on the event loop of a
-    /// connection that made one: keep it short (hand the work to a task). Set it before
-    /// ``run()``.
-    ///
-    /// ```swift
-    /// gateway.onChannelOccupancy { channel, occupied in
-    ///     Task { occupied ? await feeds.start(channel) : await feeds.stop(channel) }
-    /// }
-    /// ```
-    public func onChannelOccupancy(_ hook: @escaping ChannelOccupancyHook) {
-        self.register("onChannelOccupancy") { $0.occupancy = hook }
-    }
-
     /// Creates a gateway whose clients are checked by a closure.
     /// - Parameters:
     ///   - configuration: Listening address, limits, timeouts, checksum policy.

@@ -148,15 +148,12 @@ package struct ChannelHistory<Payload: Sendable>: Sendable {
         precondition(limit >= 1, "a recovery returns at least one publication at a time")
         guard let position else { return Recovery(gap: nil, publications: [], more: false) }
         let oldest = self.oldestKept(at: now)
-        let sameStream = position.epoch == self.epoch && position.offset <= self.topOffset
-        // The first offset the subscriber needs, and the first one it can get.
-        let wanted: UInt64 = sameStream ? position.offset + 1 : 1
-        let available: UInt64 = oldest?.offset ?? self.topOffset + 1
-        let first = max(wanted, available)
-        var gap: ChannelGap?
-        if !sameStream || wanted < available {
-            gap = ChannelGap(after: position, resumesAt: ChannelPosition(epoch: self.epoch, offset: first))
-        }
+        let (first, gap) = ChannelGap.resuming(
+            position,
+            epoch: self.epoch,
+            top: self.topOffset,
+            available: oldest?.offset ?? self.topOffset + 1
+        )
         guard let oldest, first <= self.topOffset else { return Recovery(gap: gap, publications: [], more: false) }
         let start = oldest.index + Int(first - oldest.offset)
         let end = min(self.kept.count, start + limit)

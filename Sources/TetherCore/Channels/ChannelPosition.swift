@@ -54,4 +54,24 @@ public struct ChannelGap: Sendable, Hashable, CustomStringConvertible {
         let count = self.missed.map { "\($0) publications" } ?? "an unknown number of publications"
         return "\(count) missed after \(self.after), resuming at \(self.resumesAt)"
     }
+
+    /// Where a reader at `position` resumes in the stream of `epoch` whose last offset is
+    /// `top` and whose oldest publication kept is `available` (`top + 1` when none is): the
+    /// first offset it gets, and the gap before it when it cannot get all that followed its
+    /// position. A position of another epoch, or past `top`, resumes at the oldest kept, with
+    /// a gap of unknown size. What the in-memory history, the store's recoveries and its
+    /// history pages share.
+    package static func resuming(
+        _ position: ChannelPosition,
+        epoch: UInt64,
+        top: UInt64,
+        available: UInt64
+    ) -> (first: UInt64, gap: ChannelGap?) {
+        let sameStream = position.epoch == epoch && position.offset <= top
+        // The first offset the reader needs, and the first one it can get.
+        let wanted: UInt64 = sameStream ? position.offset + 1 : 1
+        let first = max(wanted, available)
+        guard !sameStream || wanted < available else { return (first, nil) }
+        return (first, ChannelGap(after: position, resumesAt: ChannelPosition(epoch: epoch, offset: first)))
+    }
 }

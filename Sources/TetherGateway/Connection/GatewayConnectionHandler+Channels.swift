@@ -31,7 +31,7 @@ extension GatewayConnectionHandler {
                 return
             }
             self.subscribing[request.channel] = request.id
-            let notBefore = Self.wallClock(self.services.clock) - retention.maxAge.totalSeconds
+            let notBefore = retention.notBefore(self.services.clock)
             let handle = self.handle
             self.spawn {
                 let head: Result<ChannelStreamHead, any Error>
@@ -128,7 +128,7 @@ extension GatewayConnectionHandler {
             let retention = self.services.pushes.channels?.configuration.storedHistory(of: continuation.channel)
         else { return }
         self.readingStore = true
-        let notBefore = Self.wallClock(self.services.clock) - retention.maxAge.totalSeconds
+        let notBefore = retention.notBefore(self.services.clock)
         let limit = self.services.pushes.channels?.configuration.recoveryPageSize ?? 256
         let handle = self.handle
         self.spawn {
@@ -157,11 +157,6 @@ extension GatewayConnectionHandler {
         self.send(page, of: continuation.channel, scheduling: false)
         self.flushNow()
         self.scheduleRecoveries()
-    }
-
-    /// The time as the store keeps it: the gateway's wall clock.
-    static func wallClock(_ clock: any TetherClock) -> Date {
-        Date(timeIntervalSince1970: Double(clock.wallClockMilliseconds) / 1000)
     }
 
     private func refuse(_ request: Frame.Subscribe, _ status: StatusCode, _ message: String) {

@@ -235,11 +235,8 @@ final class ChannelHub: Sendable {
             subscribed.startingAfter = top
             return nil
         }
-        let sameStream = position.epoch == head.epoch && position.offset <= top
-        let wanted: UInt64 = sameStream ? position.offset + 1 : 1
-        let available = head.oldest ?? head.top + 1
-        let first = max(wanted, available)
-        subscribed.gap = !sameStream || wanted < available
+        let (first, gap) = ChannelGap.resuming(position, epoch: head.epoch, top: top, available: head.oldest ?? head.top + 1)
+        subscribed.gap = gap != nil
         subscribed.startingAfter = first - 1
         guard first <= top else { return nil }
         return Continuation(
@@ -264,21 +261,14 @@ final class ChannelHub: Sendable {
             // trimmed meanwhile makes an offset that does not follow, and the subscriber
             // subscribes again from its position (to be told of the gap); so does one whose
             // stream was lost (another epoch).
-            var bytes = 0
-            var publications: [Frame.Publication] = []
-            if stream.epoch == continuation.after.epoch {
-                for stored in read ?? [] where stored.offset <= stream.offset {
-                    bytes += stored.body.readableBytes
-                    if bytes > Self.pageBytes, !publications.isEmpty { break }
-                    publications.append(
-                        Frame.Publication(
-                            channel: continuation.channel,
-                            position: ChannelPosition(epoch: stream.epoch, offset: stored.offset),
-                            publisher: stored.publisher,
-                            body: stored.body
-                        )
-                    )
-                }
+            let sent = stream.epoch == continuation.after.epoch ? (read ?? []).filter { $0.offset <= stream.offset } : []
+            let publications = Self.capped(sent) { $0.body.readableBytes }.0.map {
+                Frame.Publication(
+                    channel: continuation.channel,
+                    position: ChannelPosition(epoch: stream.epoch, offset: $0.offset),
+                    publisher: $0.publisher,
+                    body: $0.body
+                )
             }
             var page = Page(publications: publications)
             if let last = publications.last, last.position.offset < stream.offset {
@@ -493,14 +483,22 @@ final class ChannelHub: Sendable {
     static let pageBytes = 64 << 10
 
     /// The first publications of `publications` whose bodies hold at most ``pageBytes`` (at
-    /// least one), and whether some were left out.
-    private static func capped(_ publications: [ChannelHistory<Kept>.Publication]) -> (ArraySlice<ChannelHistory<Kept>.Publication>, Bool) {
+    /// least one), and whether some were left out: for pages read from memory or the store.
+    static func capped<Publication>(
+        _ publications: [Publication],
+        bodyBytes: (Publication) -> Int
+    ) -> (ArraySlice<Publication>, Bool) {
         var bytes = 0
         for (index, publication) in publications.enumerated() {
-            bytes += publication.payload.body.readableBytes
+            bytes += bodyBytes(publication)
             if bytes > Self.pageBytes, index > 0 { return (publications[..<index], true) }
         }
         return (publications[...], false)
+    }
+
+    /// ``capped(_:bodyBytes:)`` for publications kept in memory.
+    private static func capped(_ publications: [ChannelHistory<Kept>.Publication]) -> (ArraySlice<ChannelHistory<Kept>.Publication>, Bool) {
+        Self.capped(publications) { $0.payload.body.readableBytes }
     }
 
     private static func frame(_ kept: ChannelHistory<Kept>.Publication, of channel: String, epoch: UInt64) -> Frame.Publication {

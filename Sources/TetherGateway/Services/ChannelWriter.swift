@@ -80,15 +80,15 @@ final class ChannelWriter: Sendable {
             let head = try await self.store.head(of: channel, notBefore: notBefore)
             let top = head.top
             let from = after ?? ChannelPosition(epoch: head.epoch, offset: top - min(top, UInt64(limit)))
-            let sameStream = from.epoch == head.epoch && from.offset <= top
-            let wanted: UInt64 = sameStream ? from.offset + 1 : 1
-            let available = head.oldest ?? top + 1
-            let first = max(wanted, available)
-            // The latest ones: nothing was asked before them.
-            let gap =
-                after != nil && (!sameStream || wanted < available)
-                ? ChannelGap(after: from, resumesAt: ChannelPosition(epoch: head.epoch, offset: first)) : nil
-            var page = ChannelHistoryPage(channel: channel, epoch: head.epoch, top: top, gap: gap, more: false, publications: [])
+            let (first, gap) = ChannelGap.resuming(from, epoch: head.epoch, top: top, available: head.oldest ?? top + 1)
+            var page = ChannelHistoryPage(
+                channel: channel,
+                epoch: head.epoch,
+                top: top,
+                gap: after == nil ? nil : gap,  // the latest ones: nothing was asked before them
+                more: false,
+                publications: []
+            )
             guard first <= top else { return page }
             let read = try await self.store.publications(
                 of: channel,
@@ -97,17 +97,13 @@ final class ChannelWriter: Sendable {
                 limit: limit,
                 notBefore: notBefore
             )
-            var bytes = 0
-            for stored in read ?? [] where stored.offset <= top {
-                bytes += stored.body.readableBytes
-                if bytes > ChannelHub.pageBytes, !page.publications.isEmpty { break }
-                page.publications.append(
-                    ChannelPublication(
-                        channel: channel,
-                        position: ChannelPosition(epoch: head.epoch, offset: stored.offset),
-                        publisher: stored.publisher,
-                        body: stored.body
-                    )
+            let kept = (read ?? []).filter { $0.offset <= top }
+            page.publications = ChannelHub.capped(kept) { $0.body.readableBytes }.0.map {
+                ChannelPublication(
+                    channel: channel,
+                    position: ChannelPosition(epoch: head.epoch, offset: $0.offset),
+                    publisher: $0.publisher,
+                    body: $0.body
                 )
             }
             page.more = (page.publications.last?.position.offset ?? top) < top

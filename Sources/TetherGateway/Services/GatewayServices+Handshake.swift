@@ -67,7 +67,7 @@ extension GatewayServices {
             // Handshake.accept refuses a reliable HELLO without an outbox epoch.
             let id = OutboxID(client: hello.clientID, epoch: hello.outboxEpoch ?? 0)
             do {
-                try await store.touchOutboxes([id], at: Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000))
+                try await store.touchOutboxes([id], at: self.clock.wallClockDate)
             } catch {
                 logger.error("the message store is unavailable; refusing the connection", metadata: ["error": "\(error)"])
                 return .refused(.goAway(.init(reason: .overloaded, retryAfter: .seconds(1), message: "the message store is unavailable")))

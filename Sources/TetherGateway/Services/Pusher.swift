@@ -70,8 +70,13 @@ struct Pusher: Sendable {
             throw GatewayError(code: .invalidArgument, message: "a publisher must be at most 65535 bytes long")
         }
         if let writer = self.channelWriter, let retention = hub.configuration.storedHistory(of: channel) {
-            let time = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
-            let append = ChannelAppend(channel: channel, publisher: publisher, body: body, time: time, maxCount: retention.maxCount)
+            let append = ChannelAppend(
+                channel: channel,
+                publisher: publisher,
+                body: body,
+                time: self.clock.wallClockDate,
+                maxCount: retention.maxCount
+            )
             return try await writer.publish(append, through: self)
         }
         let (publication, sequence, recipients) = hub.publish(body, to: channel, publisher: publisher)
@@ -106,8 +111,7 @@ struct Pusher: Sendable {
             throw GatewayError(code: .invalidArgument, message: "the limit must be 1 to \(ChannelHistoryQuery.maxLimit), got \(limit)")
         }
         if let writer = self.channelWriter, let retention = hub.configuration.storedHistory(of: channel) {
-            let now = Date(timeIntervalSince1970: Double(self.clock.wallClockMilliseconds) / 1000)
-            return try await writer.history(of: channel, after: after, limit: limit, notBefore: now - retention.maxAge.totalSeconds)
+            return try await writer.history(of: channel, after: after, limit: limit, notBefore: retention.notBefore(self.clock))
         }
         return hub.history(of: channel, after: after, limit: limit)
     }
