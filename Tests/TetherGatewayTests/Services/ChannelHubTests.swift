@@ -50,6 +50,21 @@ struct ChannelHubTests {
         return ChannelHub(configuration: configuration, clock: ManualClock())
     }
 
+    struct Refused: Error { var status: StatusCode }
+
+    /// Subscribes connection 1 to a stored channel whose head the store answered.
+    static func subscribed(
+        _ hub: ChannelHub,
+        _ handler: NIOLoopBound<GatewayConnectionHandler>,
+        _ request: Frame.Subscribe,
+        head: ChannelStreamHead
+    ) throws -> (Frame.Subscribed, ChannelHub.Page) {
+        switch hub.subscribe(connection: 1, handler: handler, member: Self.member, to: request, head: head) {
+        case .subscribed(let subscribed, let page): return (subscribed, page)
+        case .refused(let status, _): throw Refused(status: status)
+        }
+    }
+
     static func stored(_ offsets: ClosedRange<UInt64>) -> [StoredPublication] {
         offsets.map { StoredPublication(offset: $0, publisher: "", body: ByteBuffer(string: "\($0)"), time: Date()) }
     }
@@ -66,18 +81,7 @@ struct ChannelHubTests {
         // The store answered top 5; this node sent up to 5.
         let head = ChannelStreamHead(epoch: 7, top: 5, oldest: 1)
         let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 2))
-        guard
-            case .subscribed(let subscribed, let page) = hub.subscribe(
-                connection: 1,
-                handler: handler,
-                member: Self.member,
-                to: request,
-                head: head
-            )
-        else {
-            Issue.record("refused")
-            return
-        }
+        let (subscribed, page) = try Self.subscribed(hub, handler, request, head: head)
         #expect(subscribed.epoch == 7 && subscribed.startingAfter == 2 && !subscribed.gap)
         let continuation = try #require(page.next)
         #expect(continuation.fromStore && continuation.after.offset == 2 && page.liveAfter == nil)
@@ -99,34 +103,12 @@ struct ChannelHubTests {
         let head = ChannelStreamHead(epoch: 7, top: 50, oldest: 41)
         for (from, startingAfter) in [(ChannelPosition(epoch: 7, offset: 10), UInt64(40)), (ChannelPosition(epoch: 9, offset: 45), 40)] {
             let request = Frame.Subscribe(id: 1, channel: "room", recoverFrom: from)
-            guard
-                case .subscribed(let subscribed, let page) = hub.subscribe(
-                    connection: 1,
-                    handler: handler,
-                    member: Self.member,
-                    to: request,
-                    head: head
-                )
-            else {
-                Issue.record("refused")
-                return
-            }
+            let (subscribed, page) = try Self.subscribed(hub, handler, request, head: head)
             #expect(subscribed.gap && subscribed.startingAfter == startingAfter, "from \(from)")
             #expect(page.next?.after.offset == startingAfter)
         }
         let atTop = Frame.Subscribe(id: 2, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 50))
-        guard
-            case .subscribed(let subscribed, let page) = hub.subscribe(
-                connection: 1,
-                handler: handler,
-                member: Self.member,
-                to: atTop,
-                head: head
-            )
-        else {
-            Issue.record("refused")
-            return
-        }
+        let (subscribed, page) = try Self.subscribed(hub, handler, atTop, head: head)
         #expect(!subscribed.gap && subscribed.startingAfter == 50 && page.next == nil && page.liveAfter != nil)
     }
 
