@@ -10,7 +10,7 @@ struct Chat: AsyncParsableCommand {
             Type a line and press return to send it; Ctrl-D leaves. The room's messages come from \
             the channel chat.ROOM: after a lost connection, the ones sent meanwhile arrive when it \
             is back, or a line says how many were missed when the gateway's history no longer \
-            reaches back.
+            reaches back. Who is in the room comes from the channel's presence: a line when someone             joins or leaves (a gateway started with `--no-channel-presence` refuses it: pass             `--no-presence`).
             """
     )
 
@@ -19,6 +19,9 @@ struct Chat: AsyncParsableCommand {
 
     @Option(help: "The room to join.")
     var room = "lobby"
+
+    @Flag(inversion: .prefixedNo, help: "Show who joins and leaves the room (the channel's presence events).")
+    var presence = true
 
     @OptionGroup var gateway: GatewayOptions
 
@@ -35,8 +38,8 @@ struct Chat: AsyncParsableCommand {
 
         try await withThrowingDiscardingTaskGroup { group in
             let events = client.events
-            let messages = client.subscribe(DemoService.channel(of: room))
-            let presence = client.pushes(topic: "chat.presence")
+            let messages = client.subscribe(DemoService.channel(of: room), presence: self.presence)
+            let user = self.user
             group.addTask { try await client.run() }
             group.addTask {
                 // Room membership belongs to a connection: join again after every reconnect.
@@ -58,6 +61,8 @@ struct Chat: AsyncParsableCommand {
                 }
             }
             group.addTask {
+                var here: Set<String> = []
+                var before: Set<String> = []
                 do {
                     for try await event in messages {
                         switch event {
@@ -73,17 +78,20 @@ struct Chat: AsyncParsableCommand {
                             print("* gap: \(count) of #\(room) missed while away; the gateway's history no longer has them")
                         case .subscribed(let recovered):
                             if !recovered { print("* #\(room) may have had messages while away that cannot be recovered") }
+                            // Its members follow, as joins: the roster starts afresh (quietly for
+                            // those that were there before the reconnect).
+                            before = here
+                            here = []
+                        case .joined(let member, _):
+                            if member != user, here.insert(member).inserted, !before.contains(member) {
+                                print("* \(member) is in #\(room)")
+                            }
+                        case .left(let member):
+                            if here.remove(member) != nil { print("* \(member) left #\(room)") }
                         }
                     }
                 } catch {
                     print("* #\(room)'s messages stopped: \(error)")
-                }
-            }
-            group.addTask {
-                for await push in presence {
-                    if let message = try? JSONDecoder().decode(DemoService.ChatMessage.self, from: Data(push.body.readableBytesView)) {
-                        print("* \(message.from) \(message.text) #\(message.room)")
-                    }
                 }
             }
             group.addTask {

@@ -28,8 +28,9 @@ extension GatewayConfiguration {
         /// back get a gap). Apart from ``Limits-swift.struct/memoryBudget``, which bounds what
         /// connections hold.
         public var maxHistoryBytes: Int
-        /// The publications a recovery sends at once; the next ones follow as the connection
-        /// drains, so that a long recovery is never in memory all at once.
+        /// The publications a recovery sends at once (and the members a subscription's presence
+        /// sends at once); the next ones follow as the connection drains, so that a long
+        /// recovery is never in memory all at once.
         public var recoveryPageSize: Int
 
         /// - Throws: ``ConfigurationError`` for a limit below 1.

@@ -54,7 +54,7 @@ extension IntegrationTests {
             let reader: Reader
             let events: EventRecorder
 
-            static func start(_ harness: Harness, endpoint: Endpoint) async throws -> AwayClient {
+            static func start(_ harness: Harness, endpoint: Endpoint, presence: Bool = false) async throws -> AwayClient {
                 let proxy = TCPFaultProxy(upstream: endpoint)
                 let address = try await proxy.start()
                 harness.onExit { proxy.cutAll() }
@@ -65,7 +65,7 @@ extension IntegrationTests {
                 let away = AwayClient(
                     proxy: proxy,
                     bob: bob,
-                    reader: Reader(bob.subscribe("room.lobby"), in: harness),
+                    reader: Reader(bob.subscribe("room.lobby", presence: presence), in: harness),
                     events: harness.events(of: bob)
                 )
                 try await eventually("bob is subscribed") { away.reader.subscriptions == [true] }
@@ -322,6 +322,97 @@ extension IntegrationTests.ClientChannelTests {
                 _ = try await mallory.presence(of: "room.lobby")
             } throws: { ($0 as? TetherError)?.status == .permissionDenied }
             #expect(throws: GatewayError.self) { try gateway.presence(of: "quiet.room") }
+        }
+    }
+}
+
+extension IntegrationTests.ClientChannelTests.Reader {
+    /// Who is in the channel, folded from the presence events since the last `.subscribed`.
+    var members: [String: String] {
+        var members: [String: String] = [:]
+        for event in self.events {
+            switch event {
+            case .subscribed: members = [:]
+            case .joined(let clientID, let info): members[clientID] = info
+            case .left(let clientID): members[clientID] = nil
+            case .publication, .gap: break
+            }
+        }
+        return members
+    }
+
+    /// The presence events, as "+client" and "-client".
+    var presence: [String] {
+        self.events.compactMap {
+            switch $0 {
+            case .joined(let clientID, _): "+\(clientID)"
+            case .left(let clientID): "-\(clientID)"
+            default: nil
+            }
+        }
+    }
+}
+
+extension IntegrationTests.ClientChannelTests {
+    @Test(
+        "presence events: the members first, then joins and leaves, one per client whatever its devices, across a reconnect; refused where the channel or the client may not"
+    )
+    func presenceEvents() async throws {
+        try await withHarness { harness in
+            let (_, endpoint) = try await harness.gateway(
+                configure: { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: try! ChannelPattern("quiet.*"), history: nil),
+                        .init(pattern: .all, history: nil, presence: true),
+                    ])
+                },
+                authenticator: InfoAuthenticator(),
+                routes: { gateway in
+                    gateway.authorize { access, connection in access != .presence(channel: "room.lobby") || connection.clientID != "mallory"
+                    }
+                }
+            )
+            let carol = try harness.client([endpoint], clientID: "carol")
+            let carolIn = Reader(carol.subscribe("room.lobby"), in: harness)
+            try await eventually("carol is subscribed") { carolIn.subscriptions == [true] }
+
+            let away = try await AwayClient.start(harness, endpoint: endpoint, presence: true)
+            try await eventually("bob sees carol and himself") { away.reader.members == ["bob": "I-bob", "carol": "I-carol"] }
+            var devices: [Task<Void, any Error>] = []
+            for _ in 0..<2 {  // alice on two devices: one member
+                let alice = try harness.client([endpoint], clientID: "alice")
+                devices.append(Task { for try await _ in alice.subscribe("room.lobby") {} })
+            }
+            try await eventually("bob sees alice") { away.reader.members.keys.sorted() == ["alice", "bob", "carol"] }
+            devices[0].cancel()
+            try await Task.sleep(for: .milliseconds(200))
+            #expect(away.reader.members.keys.sorted() == ["alice", "bob", "carol"], "alice is still there on her other device")
+            devices[1].cancel()
+            try await eventually("bob sees alice leave") { away.reader.members.keys.sorted() == ["bob", "carol"] }
+            #expect(away.reader.presence.filter { $0.hasSuffix("alice") } == ["+alice", "-alice"], "one join and one leave")
+            // A client that stops: its connection closes, it leaves.
+            let dave = try harness.client([endpoint], clientID: "dave")
+            let daveIn = Reader(dave.subscribe("room.lobby", presence: true), in: harness)
+            try await eventually("dave is subscribed") { daveIn.subscriptions == [true] }
+            try await eventually("bob sees dave") { away.reader.members["dave"] != nil }
+            dave.shutdown()
+            try await eventually("bob sees dave leave") { away.reader.members["dave"] == nil }
+
+            // bob away: carol leaves meanwhile; back, bob's members are the channel's again.
+            try await away.leave()
+            carol.shutdown()
+            try await Task.sleep(for: .milliseconds(200))
+            away.comeBack()
+            try await eventually("bob is back, carol gone") {
+                away.reader.subscriptions.count == 2 && away.reader.members == ["bob": "I-bob"]
+            }
+
+            let refusedQuiet = Reader(away.bob.subscribe("quiet.room", presence: true), in: harness)
+            let mallory = try harness.client([endpoint], clientID: "mallory")
+            let refusedMallory = Reader(mallory.subscribe("room.lobby", presence: true), in: harness)
+            try await eventually("both refused") { refusedQuiet.ended && refusedMallory.ended }
+            #expect((refusedQuiet.error as? TetherError)?.status == .invalidRequest)
+            #expect((refusedMallory.error as? TetherError)?.status == .permissionDenied)
         }
     }
 }

@@ -152,11 +152,23 @@ extension IntegrationTests {
                 try await eventually("bob saves the message") { saved.withLockedValue { $0 } == ["hello"] }
             }
         }
-        @Test("the channels example works: the subscriber shows what the gateway publishes")
+        /// Who the README's subscriber sees in its channel.
+        final class Roster: Sendable {
+            private let members = NIOLockedValueBox<Set<String>>([])
+            func removeAll() { self.members.withLockedValue { $0.removeAll() } }
+            func insert(_ member: String) { self.members.withLockedValue { _ = $0.insert(member) } }
+            func remove(_ member: String) { self.members.withLockedValue { _ = $0.remove(member) } }
+            var all: Set<String> { self.members.withLockedValue { $0 } }
+        }
+
+        @Test("the channels example works: the subscriber shows what the gateway publishes, and who is in the channel")
         func channels() async throws {
             try await withHarness { harness in
-                let (gateway, endpoint) = try await harness.gateway()
+                let (gateway, endpoint) = try await harness.gateway(configure: { configuration in
+                    configuration.channels!.rules[0].presence = true
+                })
                 let client = try harness.client([endpoint], clientID: "bob")
+                let roster = Roster()
                 let shown = NIOLockedValueBox<[String]>([])
                 @Sendable func show(_ publisher: String, _ body: ByteBuffer) {
                     shown.withLockedValue { $0.append("\(publisher): \(String(buffer: body))") }
@@ -166,12 +178,16 @@ extension IntegrationTests {
                 harness.spawn("the README's subscription") {
                     // --- README: "Channels: rooms that remember" ---
                     do {
-                        for try await event in client.subscribe("room.lobby") {
+                        for try await event in client.subscribe("room.lobby", presence: true) {
                             switch event {
                             // Keep message.position to resume there after a restart.
                             case .publication(let message): show(message.publisher, message.body)
                             case .gap(let gap): showBanner("\(gap.missed.map(String.init) ?? "some") messages missed")
-                            case .subscribed: subscribed.withLockedValue { $0 = true }
+                            case .subscribed:
+                                roster.removeAll()  // the members follow, as joins
+                                subscribed.withLockedValue { $0 = true }
+                            case .joined(let member, _): roster.insert(member)
+                            case .left(let member): roster.remove(member)
                             }
                         }
                     } catch {
@@ -181,6 +197,12 @@ extension IntegrationTests {
                 try await eventually("subscribed") { subscribed.withLockedValue { $0 } }
                 try await gateway.publish(ByteBuffer(string: "hi all"), toChannel: "room.lobby", publisher: "alice")
                 try await eventually("shown") { shown.withLockedValue { $0 } == ["alice: hi all"] }
+                try await eventually("bob sees himself") { roster.all == ["bob"] }
+                let alice = try harness.client([endpoint], clientID: "alice")
+                let aliceIn = Task { for try await _ in alice.subscribe("room.lobby") {} }
+                try await eventually("bob sees alice join") { roster.all == ["alice", "bob"] }
+                aliceIn.cancel()
+                try await eventually("bob sees alice leave") { roster.all == ["bob"] }
             }
         }
     }

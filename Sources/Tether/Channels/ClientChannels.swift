@@ -23,6 +23,11 @@ final class ClientChannels: @unchecked Sendable {
         /// The buffer was full: the publications after `enqueued` were not taken. A channel
         /// with history subscribes again from `enqueued`; one without reports a gap first.
         var overflowed = false
+        /// Whether it asks for the channel's presence events.
+        var presence: Bool
+        /// The buffer was full when a presence event came: it subscribes again, to get the
+        /// channel's members afresh.
+        var presenceLost = false
     }
 
     private let loop: any EventLoop
@@ -40,7 +45,13 @@ final class ClientChannels: @unchecked Sendable {
 
     /// A new subscription; its stream ends with an error if the channel name is bad, the
     /// client subscribes to this channel already, or the client stopped.
-    func subscribe(_ channel: String, from position: ChannelPosition?, recover: Bool, bufferSize: Int) -> ChannelSubscription {
+    func subscribe(
+        _ channel: String,
+        from position: ChannelPosition?,
+        recover: Bool,
+        presence: Bool,
+        bufferSize: Int
+    ) -> ChannelSubscription {
         let (stream, continuation) = AsyncThrowingStream.makeStream(
             of: SubscriptionEvent.self,
             throwing: (any Error).self,
@@ -57,7 +68,7 @@ final class ClientChannels: @unchecked Sendable {
         let token = self.tokens.loadThenWrappingIncrement(ordering: .relaxed)
         continuation.onTermination = { [weak self] _ in self?.onLoop { $0.end(channel, token: token) } }
         self.onLoop { channels in
-            channels.add(channel, token: token, position: position, recover: recover, continuation: continuation)
+            channels.add(channel, token: token, position: position, recover: recover, presence: presence, continuation: continuation)
         }
         return ChannelSubscription(stream: stream)
     }
@@ -118,9 +129,29 @@ final class ClientChannels: @unchecked Sendable {
         case .unsubscribe(let unsubscribe):
             guard self.entries[unsubscribe.channel] != nil else { return }
             self.refused(unsubscribe.channel, status: unsubscribe.status, message: unsubscribe.message)
+        case .presence(let presence):
+            self.received(presence)
         default:
             break
         }
+    }
+
+    /// A presence event: handed on if it is for the subscription now made (not one between its
+    /// SUBSCRIBE and SUBSCRIBED).
+    private func received(_ presence: Frame.Presence) {
+        guard var entry = self.entries[presence.channel], entry.presence, entry.pending == nil,
+            case .subscribed = entry.machine.state
+        else { return }
+        let event: SubscriptionEvent =
+            switch presence.kind {
+            case .joined: .joined(clientID: presence.clientID, info: presence.info)
+            case .left: .left(clientID: presence.clientID)
+            }
+        guard case .dropped = entry.continuation.yield(event) else { return }
+        // The members the app folds are wrong from here: subscribe again, for them afresh.
+        entry.presenceLost = true
+        self.entries[presence.channel] = entry
+        self.resubscribeAfterOverflow(presence.channel)
     }
 
     // MARK: On the loop
@@ -130,6 +161,7 @@ final class ClientChannels: @unchecked Sendable {
         token: UInt64,
         position: ChannelPosition?,
         recover: Bool,
+        presence: Bool,
         continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
     ) {
         guard !self.finished else {
@@ -149,7 +181,8 @@ final class ClientChannels: @unchecked Sendable {
             machine: SubscriptionMachine(recover: recover, position: position),
             continuation: continuation,
             token: token,
-            enqueued: position
+            enqueued: position,
+            presence: presence
         )
         if self.connection != nil { self.perform(on: channel) { $0.connected() } }
     }
@@ -210,19 +243,28 @@ final class ClientChannels: @unchecked Sendable {
             if let publication { Self.deliver(publication, to: &entry) }
         }
         self.entries[channel] = entry
-        if entry.overflowed, entry.machine.recover, (entry.machine.position?.epoch ?? 0) != 0 {
-            // The application's buffer was full: subscribe again from the last publication it
-            // took; the channel's history has the rest.
-            self.entries[channel]!.overflowed = false
-            self.entries[channel]!.machine = SubscriptionMachine(recover: true, position: entry.enqueued)
-            if self.connection != nil { self.perform(on: channel) { $0.connected() } }
-        }
+        self.resubscribeAfterOverflow(channel)
+    }
+
+    /// After the application's buffer was full: subscribes again from the last publication it
+    /// took, when the channel's history has the rest or the members must be had afresh.
+    private func resubscribeAfterOverflow(_ channel: String) {
+        guard let entry = self.entries[channel] else { return }
+        let recovers = entry.overflowed && entry.machine.recover && (entry.machine.position?.epoch ?? 0) != 0
+        guard recovers || entry.presenceLost else { return }
+        if recovers { self.entries[channel]!.overflowed = false }
+        self.entries[channel]!.machine = SubscriptionMachine(
+            recover: entry.machine.recover,
+            position: recovers ? entry.enqueued : entry.machine.position
+        )
+        if self.connection != nil { self.perform(on: channel) { $0.connected() } }
     }
 
     private func sendSubscribe(_ channel: String, from position: ChannelPosition?, entry: inout Entry) {
         self.nextID += 1
         entry.pending = self.nextID
-        self.connection?.send(.subscribe(.init(id: self.nextID, channel: channel, recoverFrom: position)))
+        entry.presenceLost = false  // its SUBSCRIBED brings the members afresh
+        self.connection?.send(.subscribe(.init(id: self.nextID, channel: channel, recoverFrom: position, presenceEvents: entry.presence)))
     }
 
     private static func deliver(_ publication: Frame.Publication, to entry: inout Entry) {

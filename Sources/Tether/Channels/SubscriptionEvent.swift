@@ -14,6 +14,13 @@ public enum SubscriptionEvent: Sendable, Hashable {
     /// subscriber fell too far behind. The publications after it follow. An app shows "N
     /// messages missed", or reloads the state from its backend.
     case gap(ChannelGap)
+    /// A client is in the channel, with what it shows others (``ClientIdentity``'s info on the
+    /// gateway): for a subscription made with `presence: true`. After each
+    /// ``subscribed(recovered:)`` the channel's members come first, each as `joined`, then the
+    /// changes; an app folds them by client id (a `joined` of a member it has replaces it).
+    case joined(clientID: String, info: String)
+    /// A client left the channel: its last connection there unsubscribed or closed.
+    case left(clientID: String)
 }
 
 /// A subscription to a channel: its events, across reconnects, until the task reading it
@@ -26,6 +33,7 @@ public enum SubscriptionEvent: Sendable, Hashable {
 ///     case .publication(let message): show(message)
 ///     case .gap(let gap): showMissed(gap.missed)
 ///     case .subscribed: break
+///     case .joined, .left: break  // with `presence: true`
 ///     }
 /// }
 /// ```

@@ -25,18 +25,24 @@ extension TetherClient {
     ///     `nil` starts with what is published next.
     ///   - recover: Whether a reconnect recovers what was missed (`true`), or starts again
     ///     from what is published next (`false`, reported as `.subscribed(recovered: false)`).
+    ///   - presence: Whether it gets the channel's presence: after each
+    ///     ``SubscriptionEvent/subscribed(recovered:)``, its members (``SubscriptionEvent/joined(clientID:info:)``),
+    ///     then who joins and leaves. For a channel whose rule on the gateway keeps presence,
+    ///     and a client that may see it (else the gateway refuses the subscription).
     ///   - bufferSize: How many events may wait for the reader. A reader that falls further
     ///     behind makes the subscription subscribe again from the last publication it took (the
-    ///     channel's history has the rest), or, without history, gets a gap.
+    ///     channel's history has the rest), or, without history, gets a gap; a presence event
+    ///     it could not take makes it subscribe again, to get the members afresh.
     /// - Returns: The events; a second subscription to the same channel while one runs ends at
     ///   once with ``TetherError/Code/invalidArgument``.
     public func subscribe(
         _ channel: String,
         from position: ChannelPosition? = nil,
         recover: Bool = true,
+        presence: Bool = false,
         bufferSize: Int = 1_024
     ) -> ChannelSubscription {
-        self.channels.subscribe(channel, from: position, recover: recover, bufferSize: bufferSize)
+        self.channels.subscribe(channel, from: position, recover: recover, presence: presence, bufferSize: bufferSize)
     }
 }
 

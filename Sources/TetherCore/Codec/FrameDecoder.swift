@@ -249,6 +249,21 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
             let message = try body.readShortString(field: "message", in: type)
             try Self.expectEnd(body, type)
             return .unsubscribe(Frame.Unsubscribe(channel: channel, status: status, message: message))
+        case .presence:
+            let channel = try body.readChannel(in: type)
+            let rawKind = try body.readField(UInt8.self, field: "kind", in: type)
+            guard let kind = Frame.Presence.Kind(rawValue: rawKind) else {
+                throw .malformed(type, "kind is 1 (joined) or 2 (left), not \(rawKind)")
+            }
+            let clientID = try body.readShortString(field: "client id", in: type)
+            guard !clientID.isEmpty else { throw .malformed(type, "the client id is empty") }
+            let length = try body.readField(UInt32.self, field: "info length", in: type)
+            guard length <= body.readableBytes, let info = body.readValidatedString(length: Int(length)) else {
+                throw .malformed(type, "info is truncated or not valid UTF-8")
+            }
+            try Self.expectEnd(body, type)
+            guard kind == .joined || info.isEmpty else { throw .malformed(type, "a client that left carries no info") }
+            return .presence(Frame.Presence(channel: channel, kind: kind, clientID: clientID, info: info))
         default:
             guard type.isIgnorableExtension else {
                 throw ProtocolError(code: .unknownFrameType, message: "unknown frame type 0x\(String(type.rawValue, radix: 16))")

@@ -119,7 +119,7 @@ public struct FrameEncoder: Sendable {
         case .subscribe(let subscribe): subscribe.id
         case .subscribed(let subscribed): subscribed.id
         case .extension(let ext): ext.id
-        case .hello, .welcome, .push, .goAway, .messageAck, .publication, .unsubscribe: 0
+        case .hello, .welcome, .push, .goAway, .messageAck, .publication, .unsubscribe, .presence: 0
         }
     }
 
@@ -135,6 +135,7 @@ public struct FrameEncoder: Sendable {
         case .messageAck(let ack): 2 + 10 * ack.entries.count
         case .delivery(let delivery): 2 + delivery.topic.utf8.count + delivery.body.readableBytes
         case .publication(let publication): publication.bodySize
+        case .presence(let presence): presence.bodySize
         case .extension(let ext): ext.body.readableBytes
         case .hello, .welcome, .cancel, .goAway, .error, .deliveryAck, .subscribe, .subscribed, .unsubscribe: 64
         }
@@ -273,6 +274,18 @@ public struct FrameEncoder: Sendable {
             try buffer.writeChannel(unsubscribe.channel)
             buffer.writeInteger(unsubscribe.status.rawValue)
             try buffer.writeShortString(unsubscribe.message, field: "message")
+
+        case .presence(let presence):
+            guard !presence.clientID.isEmpty else { throw FrameEncodingError(message: "a PRESENCE names a client: its client id is empty") }
+            guard presence.kind == .joined || presence.info.isEmpty else {
+                throw FrameEncodingError(message: "a PRESENCE of a client that left carries no info")
+            }
+            try buffer.writeChannel(presence.channel)
+            buffer.writeInteger(presence.kind.rawValue)
+            try buffer.writeShortString(presence.clientID, field: "client id")
+            guard presence.info.utf8.count <= Int(UInt32.max) else { throw FrameEncodingError(message: "a presence's info is too long") }
+            buffer.writeInteger(UInt32(presence.info.utf8.count))
+            buffer.writeString(presence.info)
 
         case .extension(let ext):
             buffer.writeImmutableBuffer(ext.body)

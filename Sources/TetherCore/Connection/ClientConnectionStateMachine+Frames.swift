@@ -110,7 +110,7 @@ extension ClientConnectionStateMachine {
         case .extension:
             return .none
         case .hello, .request, .response, .push, .pong, .cancel, .message, .messageAck, .delivery, .deliveryAck, .subscribe, .subscribed,
-            .publication, .unsubscribe:
+            .publication, .unsubscribe, .presence:
             return self.violation(ProtocolError(code: .unexpectedFrame, message: "\(frame.type) before WELCOME"))
         }
     }
@@ -157,7 +157,7 @@ extension ClientConnectionStateMachine {
             return .sendErrorAndClose(
                 ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated reliable-delivery feature")
             )
-        case .subscribed, .publication, .unsubscribe:
+        case .subscribed, .publication, .unsubscribe, .presence:
             guard negotiated.features.contains(.channels) else {
                 return .sendErrorAndClose(
                     ProtocolError(code: .unexpectedFrame, message: "\(frame.type) without the negotiated channels feature")

@@ -130,7 +130,7 @@ extension GatewayConnectionStateMachine {
             return .unsubscribe(unsubscribe.channel)
         case .subscribe, .unsubscribe:
             return .violation(.unexpectedFrame, "\(frame.type) without the negotiated channels feature")
-        case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery, .subscribed, .publication:
+        case .hello, .welcome, .response, .push, .goAway, .messageAck, .delivery, .subscribed, .publication, .presence:
             return .violation(.unexpectedFrame, "\(frame.type) is not allowed from a client after the handshake")
         }
     }

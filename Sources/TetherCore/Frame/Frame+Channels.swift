@@ -115,4 +115,46 @@ extension Frame {
             self.message = message
         }
     }
+
+    /// PRESENCE: a client joined or left a channel (PROTOCOL.md, section 12.4), sent to the
+    /// subscribers that asked for the channel's presence events.
+    ///
+    /// After a SUBSCRIBED that accepted them, the channel's members come first, each as
+    /// ``Kind-swift.enum/joined``, then the changes: what a subscriber folds from them, by
+    /// client id, is who is in the channel.
+    public struct Presence: Sendable, Hashable {
+        /// What happened.
+        public enum Kind: UInt8, Sendable, Hashable, CustomStringConvertible {
+            /// The client is in the channel (its first connection subscribed), with ``Presence/info``.
+            case joined = 1
+            /// The client left the channel (its last connection there went).
+            case left = 2
+
+            public var description: String {
+                switch self {
+                case .joined: "joined"
+                case .left: "left"
+                }
+            }
+        }
+
+        /// The channel.
+        public var channel: String
+        public var kind: Kind
+        /// The client's id, not empty.
+        public var clientID: String
+        /// What the client shows others (``Kind-swift.enum/joined`` only; empty otherwise).
+        public var info: String
+
+        public init(channel: String, kind: Kind, clientID: String, info: String = "") {
+            self.channel = channel
+            self.kind = kind
+            self.clientID = clientID
+            self.info = info
+        }
+
+        /// The size of the frame body this event encodes to, which the peer's maximum body
+        /// size limits.
+        public var bodySize: Int { 9 + self.channel.utf8.count + self.clientID.utf8.count + self.info.utf8.count }
+    }
 }

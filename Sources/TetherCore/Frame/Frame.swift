@@ -69,6 +69,9 @@ public struct Frame: Sendable, Hashable {
         case publication(Publication)
         /// UNSUBSCRIBE (either way): the client leaves a channel, or the gateway removed it.
         case unsubscribe(Unsubscribe)
+        /// PRESENCE (gateway → client): a client joined or left a channel, for a subscriber
+        /// that asked for its presence events.
+        case presence(Presence)
         /// An extension frame (type `0x80`–`0xFF`) this implementation does not interpret.
         case `extension`(Extension)
 
@@ -93,6 +96,7 @@ public struct Frame: Sendable, Hashable {
             case .subscribed: .subscribed
             case .publication: .publication
             case .unsubscribe: .unsubscribe
+            case .presence: .presence
             case .extension(let ext): ext.type
             }
         }
@@ -125,6 +129,7 @@ extension Frame: CustomStringConvertible {
         case .publication(let publication):
             "PUBLICATION(channel: \(publication.channel), at: \(publication.position), \(publication.body.readableBytes) bytes)"
         case .unsubscribe(let unsubscribe): "UNSUBSCRIBE(channel: \(unsubscribe.channel), status: \(unsubscribe.status))"
+        case .presence(let presence): "PRESENCE(channel: \(presence.channel), \(presence.kind) \(presence.clientID))"
         case .extension(let ext): "EXTENSION(type: \(ext.type), \(ext.body.readableBytes) bytes)"
         }
     }

@@ -94,8 +94,8 @@ extension FrameHeader {
 /// The type byte of a frame.
 ///
 /// Types `0x01`–`0x0A` are the core of protocol version 1; `0x10`–`0x13` belong to the
-/// reliable-delivery feature (`0x14`–`0x1F` are reserved for it), `0x20`–`0x23` to the
-/// channels feature (`0x24`–`0x2F` are reserved for it); `0x80`–`0xFF` are extension
+/// reliable-delivery feature (`0x14`–`0x1F` are reserved for it), `0x20`–`0x24` to the
+/// channels feature (`0x25`–`0x2F` are reserved for it); `0x80`–`0xFF` are extension
 /// frames, which a receiver that does not know them ignores. Any other unknown type is a
 /// protocol error.
 public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
@@ -120,6 +120,7 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
     public static let subscribed = FrameType(rawValue: 0x21)
     public static let publication = FrameType(rawValue: 0x22)
     public static let unsubscribe = FrameType(rawValue: 0x23)
+    public static let presence = FrameType(rawValue: 0x24)
 
     /// Whether a receiver that does not know this type must ignore the frame (types `0x80`–`0xFF`).
     public var isIgnorableExtension: Bool { self.rawValue >= 0x80 }
@@ -144,6 +145,7 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
         case .subscribed: "SUBSCRIBED"
         case .publication: "PUBLICATION"
         case .unsubscribe: "UNSUBSCRIBE"
+        case .presence: "PRESENCE"
         default: "TYPE(0x\(String(self.rawValue, radix: 16)))"
         }
     }

@@ -13,10 +13,10 @@ extension GatewayConnectionHandler {
         self.liveChannels[request.channel] = nil
         self.recoveries.removeAll { $0.channel == request.channel }
         self.subscribing[request.channel] = nil
-        if let scope = self.scope, scope.checksAccess, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection)
-        {
+        self.stopPresence(of: request.channel)
+        if let (status, message) = self.refusal(of: request, hub: hub) {
             if hub.unsubscribe(connection: self.id, from: request.channel) { self.tellOccupancy() }
-            self.refuse(request, .permissionDenied, "this client may not subscribe to \(request.channel)")
+            self.refuse(request, status, message)
             return
         }
         if let writer = self.services.pushes.channelWriter, let retention = hub.configuration.storedHistory(of: request.channel) {
@@ -47,6 +47,23 @@ extension GatewayConnectionHandler {
         self.register(request, head: nil)
     }
 
+    /// Why the client may not subscribe as `request` asks, if it may not.
+    private func refusal(of request: Frame.Subscribe, hub: ChannelHub) -> (StatusCode, String)? {
+        let scope = self.scope
+        let checks = scope?.checksAccess == true
+        if checks, let scope, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection) {
+            return (.permissionDenied, "this client may not subscribe to \(request.channel)")
+        }
+        guard request.presenceEvents else { return nil }
+        guard hub.configuration.rule(for: request.channel)?.presence == true else {
+            return (.invalidRequest, "\(request.channel) keeps no presence (its rule's presence is off); subscribe without presence events")
+        }
+        if checks, let scope, !self.services.router.permits(.presence(channel: request.channel), scope.connection) {
+            return (.permissionDenied, "this client may not see who is in \(request.channel); subscribe without presence events")
+        }
+        return nil
+    }
+
     /// The store answered where the stream of a SUBSCRIBE's channel is: unless the
     /// subscription was replaced or left meanwhile, or the connection closed, it is registered.
     private func subscribe(_ request: Frame.Subscribe, head: Result<ChannelStreamHead, any Error>) {
@@ -74,7 +91,13 @@ extension GatewayConnectionHandler {
             // (the client drops those that arrive before SUBSCRIBED).
             self.pushes?.drain()
             self.write(.subscribed(subscribed))
+            if request.presenceEvents {
+                // The members first, in pages as the connection drains; the changes after.
+                self.presenceCursors[request.channel] = PresenceCursor(generation: page.generation)
+                self.presenceSnapshots.append(request.channel)
+            }
             self.send(page, of: request.channel)
+            self.scheduleRecoveries()
             self.flushSoon()
         }
     }
@@ -85,6 +108,66 @@ extension GatewayConnectionHandler {
         self.recoveries.removeAll { $0.channel == channel }
         self.subscribing[channel] = nil
         self.liveChannels[channel] = nil
+        self.stopPresence(of: channel)
+    }
+
+    /// Where a subscription's presence events are: the generation of the subscription they
+    /// are for, and how far the pages of the channel's members reached.
+    struct PresenceCursor {
+        var generation: UInt64
+        /// The last client id the pages wrote; `nil` before the first page.
+        var reached: String?
+        /// Whether every page was written: every event is written from then on.
+        var done = false
+
+        /// Whether an event about `clientID` is written: once the pages reached it (a later
+        /// page has its state, which includes the event).
+        func writes(about clientID: String) -> Bool {
+            if self.done { return true }
+            guard let reached = self.reached else { return false }
+            return !reached.utf8.lexicographicallyPrecedes(clientID.utf8)
+        }
+    }
+
+    /// A presence event from the hub (``ChannelHub``), for the subscription made at `generation`.
+    func presenceEvent(_ event: Frame.Presence, generation: UInt64) {
+        guard self.context != nil, let cursor = self.presenceCursors[event.channel], cursor.generation == generation,
+            cursor.writes(about: event.clientID)
+        else { return }
+        guard event.bodySize <= self.machine.peerMaxBodySize ?? Int.max else {
+            self.services.metrics.refused("push_size")
+            return
+        }
+        self.write(.presence(event))
+        self.flushSoon()
+    }
+
+    /// The subscription to `channel` ended or was replaced: no more of its presence events.
+    private func stopPresence(of channel: String) {
+        guard self.presenceCursors.removeValue(forKey: channel) != nil else { return }
+        self.presenceSnapshots.removeAll { $0 == channel }
+    }
+
+    /// Writes the next page of members of the first channel whose presence pages are under way.
+    private func continuePresence(hub: ChannelHub) {
+        let channel = self.presenceSnapshots.removeFirst()
+        guard let cursor = self.presenceCursors[channel],
+            let (members, done) = hub.presenceSnapshot(
+                of: channel,
+                connection: self.id,
+                generation: cursor.generation,
+                after: cursor.reached,
+                limit: hub.configuration.recoveryPageSize
+            )
+        else { return }
+        let limit = self.machine.peerMaxBodySize ?? Int.max
+        for event in members where event.bodySize <= limit { self.write(.presence(event)) }
+        self.presenceCursors[channel]!.reached = members.last?.clientID ?? cursor.reached
+        if done {
+            self.presenceCursors[channel]!.done = true
+        } else {
+            self.presenceSnapshots.append(channel)
+        }
     }
 
     /// The connection closed: it leaves its channels.
@@ -93,6 +176,8 @@ extension GatewayConnectionHandler {
         if self.services.pushes.channels?.remove(connection: self.id).isEmpty == false { self.tellOccupancy() }
         self.recoveries.removeAll()
         self.subscribing.removeAll()
+        self.presenceCursors.removeAll()
+        self.presenceSnapshots.removeAll()
     }
 
     /// Sends the next page of the recoveries under way, one after another, while the
@@ -101,6 +186,13 @@ extension GatewayConnectionHandler {
     func continueRecoveries() {
         self.recoveryScheduled = false
         guard let context = self.context, let hub = self.services.pushes.channels else { return }
+        if !self.presenceSnapshots.isEmpty, context.channel.isWritable, !self.machine.isClosing {
+            // One page of members per turn of the loop: the presence events made meanwhile
+            // reach the connection between pages.
+            self.continuePresence(hub: hub)
+            self.flushNow()
+            self.scheduleRecoveries()
+        }
         while !self.recoveries.isEmpty, context.channel.isWritable, !self.machine.isClosing {
             if self.recoveries[0].fromStore {
                 // One read of the store at a time; the rest wait for its page.
@@ -200,7 +292,7 @@ extension GatewayConnectionHandler {
     /// Schedules ``continueRecoveries()`` if the connection is writable; otherwise
     /// ``channelWritabilityChanged(context:)`` does once it is.
     func scheduleRecoveries() {
-        guard !self.recoveries.isEmpty, !self.recoveryScheduled, self.io.isWritable else { return }
+        guard !self.recoveries.isEmpty || !self.presenceSnapshots.isEmpty, !self.recoveryScheduled, self.io.isWritable else { return }
         self.recoveryScheduled = true
         self.eventLoop.assumeIsolated().execute { self.continueRecoveries() }
     }

@@ -96,6 +96,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     var subscribing: [String: UInt64] = [:]
     /// Whether a page of a recovery is being read from the store.
     var readingStore = false
+    /// The subscriptions that get presence events, by channel: how far their members' pages
+    /// reached.
+    var presenceCursors: [String: PresenceCursor] = [:]
+    /// The channels whose members' pages wait for the connection to drain, in order.
+    var presenceSnapshots: [String] = []
 
     init(
         services: GatewayServices,

@@ -20,6 +20,14 @@ import TetherNIO
 /// only the publications after it. A publication whose recipients were read before a
 /// resubscription (and that is still on its way to the connection's loop) is not written
 /// after the new SUBSCRIBED, nor one that arrives after an UNSUBSCRIBE.
+///
+/// In a channel that keeps presence, the hub counts each client's connections, and a client's
+/// first one makes a *joined* event, its last one leaving a *left* event: handed to each
+/// subscriber's loop that asked for them in the step that made them (an `execute` under the
+/// lock, so that every loop gets a channel's events in the order they happened). A subscriber
+/// first gets the channel's members in pages (``presenceSnapshot(of:connection:generation:after:limit:)``),
+/// then the changes; its connection writes an event about a client its pages have not reached
+/// yet only when a page does (see ``GatewayConnectionHandler/presenceEvent(_:generation:)``).
 final class ChannelHub: Sendable {
     /// A publication kept in a channel's history.
     struct Kept: Sendable {
@@ -42,6 +50,8 @@ final class ChannelHub: Sendable {
         var liveAfter: UInt64?
         /// Whether the subscription is the channel's first on this node (none was before it).
         var occupied = false
+        /// The subscription's generation: its presence events carry it.
+        var generation: UInt64 = 0
     }
 
     /// Where a recovery continues: after `position`, for the subscription made at `generation`
@@ -62,6 +72,8 @@ final class ChannelHub: Sendable {
         var generation: UInt64
         /// Who it is, in the channel's presence.
         var member: Member
+        /// Whether it gets the channel's presence events.
+        var presenceEvents = false
     }
 
     /// A subscriber's client id and what it shows others (``ClientIdentity/info``).
@@ -81,6 +93,9 @@ final class ChannelHub: Sendable {
         var recipients: [ConnectionRegistry.LoopRecipients]?
         /// The sequence of the last publication on this node.
         var sequence: UInt64 = 0
+        /// In a channel that keeps presence: each client's connections subscribed, and the
+        /// info of the first (what its joined event said).
+        var clients: [String: (connections: Int, info: String)]?
 
         /// Nothing to keep it for: no subscriber, no publication kept.
         func isIdle(at now: TetherInstant) -> Bool {
@@ -177,9 +192,27 @@ final class ChannelHub: Sendable {
             }
             if page.next == nil { page.liveAfter = channel.sequence }
             page.occupied = channel.subscribers.isEmpty
+            page.generation = generation
             if page.occupied { state.occupancy.append((request.channel, true)) }
-            channel.subscribers[id] = Subscriber(handler: handler, live: page.next == nil, generation: generation, member: member)
+            let replaced = channel.subscribers[id] != nil
+            channel.subscribers[id] = Subscriber(
+                handler: handler,
+                live: page.next == nil,
+                generation: generation,
+                member: member,
+                presenceEvents: request.presenceEvents && channel.clients != nil
+            )
             channel.recipients = nil
+            if !replaced, channel.clients != nil {
+                let first = channel.clients![member.clientID] == nil
+                channel.clients![member.clientID, default: (0, member.info)].connections += 1
+                if first {
+                    Self.announce(
+                        Frame.Presence(channel: request.channel, kind: .joined, clientID: member.clientID, info: member.info),
+                        in: channel
+                    )
+                }
+            }
             if !already { state.channelsOf[id, default: []].insert(request.channel) }
             return .subscribed(subscribed, page)
         }
@@ -429,19 +462,9 @@ final class ChannelHub: Sendable {
     /// Who is subscribed to `channel` on this node: its members after client id `after`
     /// (bytewise; empty: from the first), at most `limit`, and how many there are in all.
     func presence(of channel: String, after: String, limit: Int) -> ChannelPresencePage {
-        let subscribers = self.state.withLockedValue { state in state.channels[channel]?.subscribers.values.map(\.member) ?? [] }
-        // Grouped and sorted outside the lock: a channel of many subscribers is asked rarely.
-        var byClient: [String: (connections: Int, info: String)] = [:]
-        for member in subscribers {
-            byClient[member.clientID, default: (0, member.info)].connections += 1
-        }
-        let after = Array(after.utf8)
-        let members = byClient.keys
-            .filter { after.isEmpty || after.lexicographicallyPrecedes($0.utf8) }
-            .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
-            .prefix(limit)
-            .map { ChannelPresenceMember(clientID: $0, connections: byClient[$0]!.connections, info: byClient[$0]!.info) }
-        return ChannelPresencePage(channel: channel, total: byClient.count, members: Array(members))
+        let clients = self.state.withLockedValue { state in state.channels[channel]?.clients ?? [:] }
+        // Sorted outside the lock: a channel of many subscribers is asked rarely.
+        return ChannelPresencePage(channel: channel, total: clients.count, members: Self.page(of: clients, after: after, limit: limit))
     }
 
     /// The number of channels kept, and the bytes their histories hold.
@@ -450,13 +473,80 @@ final class ChannelHub: Sendable {
     }
 
     private func newChannel(_ name: String) -> Channel {
-        Channel(history: self.configuration.history(of: name).map { ChannelHistory(epoch: .random(in: 1...(.max)), retention: $0) })
+        let rule = self.configuration.rule(for: name)
+        return Channel(
+            history: self.configuration.history(of: name).map { ChannelHistory(epoch: .random(in: 1...(.max)), retention: $0) },
+            clients: rule?.presence == true ? [:] : nil
+        )
+    }
+
+    /// Hands a presence event to the subscribers of `channel` that asked for them: one
+    /// `execute` per loop, made under the hub's lock so that each loop gets the channel's
+    /// events in the order the hub made them.
+    private static func announce(_ event: Frame.Presence, in channel: Channel) {
+        var byLoop: [ObjectIdentifier: (loop: any EventLoop, recipients: [(NIOLoopBound<GatewayConnectionHandler>, UInt64)])] = [:]
+        for subscriber in channel.subscribers.values where subscriber.presenceEvents {
+            let loop = subscriber.handler.eventLoop
+            byLoop[ObjectIdentifier(loop), default: (loop, [])].recipients.append((subscriber.handler, subscriber.generation))
+        }
+        for (loop, recipients) in byLoop.values {
+            loop.execute {
+                for (handler, generation) in recipients { handler.value.presenceEvent(event, generation: generation) }
+            }
+        }
+    }
+
+    /// A page of `channel`'s members for a subscriber's presence events: each as a joined
+    /// event, in bytewise order of client id after `after` (`nil`: from the first), at most
+    /// `limit`, and whether it is the last page. `nil` if the subscription made at
+    /// `generation` is gone or replaced.
+    func presenceSnapshot(
+        of channel: String,
+        connection id: UInt64,
+        generation: UInt64,
+        after: String?,
+        limit: Int
+    ) -> (members: [Frame.Presence], done: Bool)? {
+        let clients = self.state.withLockedValue { state -> [String: (connections: Int, info: String)]? in
+            guard let entry = state.channels[channel], entry.subscribers[id]?.generation == generation else { return nil }
+            return entry.clients
+        }
+        guard let clients else { return nil }
+        // Sorted outside the lock, from the members as they were in the step that read them.
+        let members = Self.page(of: clients, after: after ?? "", limit: limit)
+        return (
+            members.map { Frame.Presence(channel: channel, kind: .joined, clientID: $0.clientID, info: $0.info) },
+            members.count < limit
+        )
+    }
+
+    /// The members of `clients` after client id `after` (bytewise; empty: from the first), at most `limit`.
+    private static func page(
+        of clients: [String: (connections: Int, info: String)],
+        after: String,
+        limit: Int
+    ) -> [ChannelPresenceMember] {
+        let after = Array(after.utf8)
+        return clients.keys
+            .filter { after.isEmpty || after.lexicographicallyPrecedes($0.utf8) }
+            .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            .prefix(limit)
+            .map { ChannelPresenceMember(clientID: $0, connections: clients[$0]!.connections, info: clients[$0]!.info) }
     }
 
     /// - Returns: Whether the channel lost its last subscriber.
     private static func remove(_ id: UInt64, from name: String, _ state: inout State) -> Bool {
-        guard state.channels[name]?.subscribers.removeValue(forKey: id) != nil else { return false }
+        guard let subscriber = state.channels[name]?.subscribers.removeValue(forKey: id) else { return false }
         state.channels[name]!.recipients = nil
+        let clientID = subscriber.member.clientID
+        if let count = state.channels[name]!.clients?[clientID]?.connections {
+            if count > 1 {
+                state.channels[name]!.clients![clientID]!.connections = count - 1
+            } else {
+                state.channels[name]!.clients![clientID] = nil
+                Self.announce(Frame.Presence(channel: name, kind: .left, clientID: clientID), in: state.channels[name]!)
+            }
+        }
         let vacated = state.channels[name]!.subscribers.isEmpty
         if vacated { state.occupancy.append((name, false)) }
         // A channel with history stays when its last subscriber leaves: its position (epoch,

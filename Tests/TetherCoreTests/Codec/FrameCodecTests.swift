@@ -33,6 +33,9 @@ struct FrameCodecTests {
             .publication(.init(channel: "news", position: position, publisher: "", body: ByteBuffer(repeating: 7, count: 300))),
             .publication(.init(channel: "news", body: ByteBuffer(string: "no history"))),
             .unsubscribe(.init(channel: "news")),
+            .presence(.init(channel: "news", kind: .joined, clientID: "alice", info: "")),
+            .presence(.init(channel: "news", kind: .joined, clientID: "ä", info: String(repeating: "i", count: 70_000))),
+            .presence(.init(channel: "news", kind: .left, clientID: "alice")),
         ]
         for payload in frames {
             var buffer = try SampleFrames.encode(Frame(payload, flags: .checksum))
@@ -46,6 +49,8 @@ struct FrameCodecTests {
             .subscribe(.init(id: 1, channel: String(repeating: "c", count: Frame.maxChannelLength + 1))),
             .unsubscribe(.init(channel: "")),
             .publication(.init(channel: "news", position: ChannelPosition(epoch: 9, offset: 0))),
+            .presence(.init(channel: "news", kind: .joined, clientID: "")),
+            .presence(.init(channel: "news", kind: .left, clientID: "alice", info: "a leaver shows nothing")),
         ] {
             var buffer = ByteBuffer(string: "keep")
             #expect(throws: FrameEncodingError.self) { try FrameEncoder().encode(Frame(payload), into: &buffer) }
@@ -237,6 +242,13 @@ struct FrameCodecTests {
             (.publication, [0, 1, 0x61] + [UInt8](repeating: 0, count: 15) + [5, 0, 0]),  // an offset without an epoch
             (.publication, [0, 1, 0x61, 0, 0, 0, 0, 0, 0, 0, 7] + [UInt8](repeating: 0, count: 8) + [0, 0]),  // an epoch without an offset
             (.unsubscribe, [0, 1, 0x61, 0, 0, 0, 0, 9]),  // trailing byte
+            (.presence, [0, 1, 0x61, 3, 0, 1, 0x62, 0, 0, 0, 0]),  // kind neither 1 nor 2
+            (.presence, [0, 1, 0x61, 1, 0, 0, 0, 0, 0, 0]),  // empty client id
+            (.presence, [0, 1, 0x61, 2, 0, 1, 0x62, 0, 0, 0, 1, 0x41]),  // a leaver with info
+            (.presence, [0, 1, 0x61, 1, 0, 1, 0x62, 0, 0, 0, 2, 0x41]),  // info truncated
+            (.presence, [0, 1, 0x61, 1, 0, 1, 0x62, 0, 0, 0, 1, 0xff]),  // info not UTF-8
+            (.presence, [0, 1, 0x61, 1, 0, 1, 0x62, 0, 0, 0, 0, 0]),  // trailing byte
+            (.presence, [0, 1, 0x61, 1, 0, 1, 0x62, 0, 0]),  // info length truncated
         ]
         for (type, body) in cases {
             var buffer = frame(type: type, body: body)

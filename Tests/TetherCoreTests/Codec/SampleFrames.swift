@@ -120,7 +120,7 @@ enum SampleFrames {
     /// Frames that need a negotiated feature: compression, trace context, channels.
     static let negotiated: [(name: String, frame: Frame)] = [
         // With channels negotiated: a subscription recovering after offset 41, its answer
-        // (nothing lost), the next publication, and a removal.
+        // (nothing lost), the next publication, a removal, and a presence event.
         (
             "subscribe",
             Frame(
@@ -147,6 +147,7 @@ enum SampleFrames {
             "unsubscribe",
             Frame(.unsubscribe(.init(channel: "room.lobby", status: .permissionDenied, message: "not a member")), flags: .checksum)
         ),
+        ("presence", Frame(.presence(.init(channel: "room.lobby", kind: .joined, clientID: "bob", info: "Bob")), flags: .checksum)),
         // With compression negotiated: the payload "hello" six times, as raw DEFLATE (zlib level 6).
         (
             "request-compressed",

@@ -112,6 +112,7 @@ struct ClientConnectionStateMachineTests {
             .subscribed(.init(id: 1)),
             .publication(.init(channel: "news")),
             .unsubscribe(.init(channel: "news")),
+            .presence(.init(channel: "news", kind: .left, clientID: "bob")),
             .subscribe(.init(id: 1, channel: "news")),
         ] {
             var established = self.established()
@@ -151,6 +152,7 @@ struct ClientConnectionStateMachineTests {
         }
         for payload: Frame.Payload in [
             .subscribed(.init(id: 1)), .publication(.init(channel: "news")), .unsubscribe(.init(channel: "news")),
+            .presence(.init(channel: "news", kind: .joined, clientID: "bob", info: "B")),
         ] {
             var machine = established()
             guard

@@ -161,6 +161,7 @@ struct GatewayConnectionStateMachineTests {
             .unsubscribe(.init(channel: "news")),
             .subscribed(.init(id: 1)),
             .publication(.init(channel: "news")),
+            .presence(.init(channel: "news", kind: .left, clientID: "bob")),
         ] {
             var channels = try Self.established()
             guard case .writeAndClose(.error(let refused), _) = channels.received(Frame(payload, flags: .checksum), now: Self.start) else {
@@ -189,7 +190,10 @@ struct GatewayConnectionStateMachineTests {
         #expect(subscribe.id == 3 && subscribe.recoverFrom == ChannelPosition(epoch: 5, offset: 2))
         guard case .unsubscribe("news") = machine.received(Frame(.unsubscribe(.init(channel: "news")), flags: .checksum), now: Self.start)
         else { throw Failure("UNSUBSCRIBE goes to the hub") }
-        for payload: Frame.Payload in [.subscribed(.init(id: 1)), .publication(.init(channel: "news"))] {
+        for payload: Frame.Payload in [
+            .subscribed(.init(id: 1)), .publication(.init(channel: "news")),
+            .presence(.init(channel: "news", kind: .left, clientID: "bob")),
+        ] {
             var wrongWay = try Self.established(features: .channels)
             guard case .writeAndClose(.error(let refused), _) = wrongWay.received(Frame(payload, flags: .checksum), now: Self.start) else {
                 throw Failure("\(payload.type) from a client is a violation")
