@@ -62,8 +62,9 @@ extension Gateway {
         try await self.pushes.history(of: channel, after: position, limit: limit)
     }
 
-    /// Who is subscribed to a channel whose rule keeps presence, on this node: its members
-    /// by client id (bytewise), each with its connections and its ``ClientIdentity/info``.
+    /// Who is subscribed to a channel whose rule keeps presence, on this node (and on the
+    /// others of a cluster that shares presence): its members by client id (bytewise), each
+    /// with its connections and its ``ClientIdentity/info``.
     ///
     /// ```swift
     /// let online = try gateway.presence(of: "room.lobby").members.map(\.clientID)

@@ -249,7 +249,7 @@ public final class Gateway: Service, Sendable {
             batchers: pushBatchers,
             cluster: cluster,
             metrics: gatewayMetrics,
-            channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock) },
+            channels: configuration.channels.map { ChannelHub(configuration: $0, clock: clock, cluster: cluster) },
             channelWriter: channelWriter,
             clock: clock
         )

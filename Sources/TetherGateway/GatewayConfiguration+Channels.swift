@@ -70,7 +70,9 @@ extension GatewayConfiguration {
             public var storage: Storage
             /// Whether they keep presence: a client that may (``Access/presence(channel:)``)
             /// asks who is subscribed (`client.presence(of:)`), each member with its
-            /// ``ClientIdentity/info``. Each node answers for its own connections.
+            /// ``ClientIdentity/info``, and a subscriber may follow who joins and leaves
+            /// (`client.subscribe(_:presence:)`). In a cluster that shares presence
+            /// (``GatewayCluster/sharesChannelPresence``) a client on any node is in.
             public var presence: Bool
             /// Whether clients may publish to them (`client.publish`), as far as their
             /// credentials and the ``Gateway/authorize(_:)`` hook allow

@@ -78,26 +78,32 @@ extension PostgresCluster {
     /// The listening connection is up (again): what was missed while away is read.
     private func reachable(after failures: Int) {
         if failures > 0 { self.logger.notice("PostgreSQL is reachable again; the cluster resumes") }
-        self.state.withLockedValue { $0.resyncPresence = true }
+        self.state.withLockedValue { state in
+            state.resyncPresence = true
+            state.resyncChannelMembers = true
+        }
         self.writes.ring()
         self.signals.ring()
         self.pushes.ring()
     }
 
     /// Says the node is alive, and clears what dead nodes left behind.
-    func heartbeat(_ id: Int64) async {
+    func heartbeat(_ id: Int64, _ node: ClusterNode) async {
         var beats = 0
         while !Task.isCancelled {
             do {
                 _ = try await self.query("UPDATE tether_nodes SET seen_at = now() WHERE id = \(id)")
                 var others: [String] = []
                 var streamURLs: [UInt64: String] = [:]
-                for (address, leaving, key, url) in try await self.query(
+                var alive: Set<UInt64> = []
+                let heard = node.channelMembersHeard
+                for (other, address, leaving, key, url) in try await self.query(
                     """
-                    SELECT address, leaving, stream_key, stream_url FROM tether_nodes
+                    SELECT id, address, leaving, stream_key, stream_url FROM tether_nodes
                     WHERE id <> \(id) AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
                     """
-                ).map({ try $0.decode((String?, Bool, Int64?, String?).self) }) {
+                ).map({ try $0.decode((Int64, String?, Bool, Int64?, String?).self) }) {
+                    alive.insert(UInt64(bitPattern: other))
                     if let address, !leaving { others.append(address) }
                     // A leaving node still holds its streams until it has closed them.
                     if let key, let url { streamURLs[UInt64(bitPattern: key)] = url }
@@ -106,6 +112,8 @@ extension PostgresCluster {
                     state.others = others
                     state.streamURLs = streamURLs
                 }
+                // The members of a node that died (or left) leave its channels.
+                node.channelMemberNodes(alive: alive, heardBy: heard)
                 if beats % 10 == 0 { try await self.clearDeadNodes() }
             } catch {
                 self.logger.warning("cannot write the node's heartbeat", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
@@ -120,7 +128,7 @@ extension PostgresCluster {
         let dead = "SELECT id FROM tether_nodes WHERE seen_at < now() - make_interval(secs => $1)"
         var bindings = PostgresBindings()
         bindings.append(timeout)
-        for table in ["tether_presence", "tether_signals"] {
+        for table in ["tether_presence", "tether_signals", "tether_channel_members"] {
             _ = try await self.query(
                 PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE node IN (\(dead))", binds: bindings)
             )
@@ -150,6 +158,16 @@ extension PostgresCluster {
             }
             return (state.presence, state.resyncPresence, state.releases, state.unusedLanes, state.pushes)
         }
+        var (members, resyncMembers) = self.state.withLockedValue { state in
+            defer {
+                state.channelMembers = []
+                state.resyncChannelMembers = false
+            }
+            return (state.channelMembers, state.resyncChannelMembers)
+        }
+        // Read after the changes were taken: it holds each of them, and what changes next is
+        // written in the next round.
+        if resyncMembers { members = node.channelMembersHere }
         do {
             var arrived = presence.filter(\.value).map(\.key)
             let left = presence.filter { !$0.value }.map(\.key)
@@ -208,6 +226,9 @@ extension PostgresCluster {
                 try await self.insert(pushes, from: id)
                 self.logger.debug("published pushes", metadata: ["pushes": "\(pushes.count)"])
             }
+            if !members.isEmpty || resyncMembers {
+                try await self.insert(members, from: id, replacing: resyncMembers)
+            }
         } catch {
             self.logger.warning(
                 "cannot write to PostgreSQL; trying again",
@@ -220,6 +241,8 @@ extension PostgresCluster {
                 state.releases = releases + state.releases
                 state.unusedLanes = unused + state.unusedLanes
                 state.pushes = pushes + state.pushes
+                state.channelMembers = (resyncMembers ? [] : members) + state.channelMembers
+                state.resyncChannelMembers = state.resyncChannelMembers || resyncMembers
             }
             try? await Task.sleep(for: .milliseconds(200))
             self.writes.ring()
@@ -242,6 +265,56 @@ extension PostgresCluster {
                     INSERT INTO tether_pushes (origin, kind, target, topic, body)
                     SELECT \(id), kind, target, topic, body
                     FROM unnest(\(kinds), \(targets), \(pushes.map(\.topic)), \(pushes.map(\.body))) WITH ORDINALITY AS p(kind, target, topic, body, n)
+                    ORDER BY n
+                    """,
+                    logger: self.logger
+                )
+                try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+            }
+        }
+    }
+
+    /// Writes changes of this node's channel members (each client's last one in the round) to
+    /// `tether_channel_members`, and each as a row of `tether_pushes` for the other nodes, in
+    /// one transaction. `replacing`: the members are all of this node's (after reconnecting).
+    func insert(_ changes: [ClusterChannelMember], from id: Int64, replacing: Bool) async throws {
+        var last: [String: Int] = [:]  // by channel and client: the index of its last change
+        for (index, change) in changes.enumerated() { last[change.channel + "\u{0}" + change.clientID] = index }
+        let members = changes.enumerated().filter { last[$0.element.channel + "\u{0}" + $0.element.clientID] == $0.offset }.map(\.element)
+        let (channels, clients) = (members.map(\.channel), members.map(\.clientID))
+        let (connections, infos) = (members.map { Int32(clamping: $0.connections) }, members.map(\.info))
+        let bodies = members.map(StoredChannelMember.body(of:))
+        try await self.store.withDeadline { [client = self.client, logger = self.logger] in
+            try await client.withTransaction(logger: logger) { connection in
+                try await connection.query(
+                    "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
+                    logger: self.logger
+                )
+                if replacing {
+                    try await connection.query("DELETE FROM tether_channel_members WHERE node = \(id)", logger: self.logger)
+                } else {
+                    try await connection.query(
+                        """
+                        DELETE FROM tether_channel_members m USING unnest(\(channels), \(clients)) AS d(channel, client)
+                        WHERE m.node = \(id) AND m.channel = d.channel AND m.client = d.client
+                        """,
+                        logger: self.logger
+                    )
+                }
+                try await connection.query(
+                    """
+                    INSERT INTO tether_channel_members (channel, client, node, connections, info)
+                    SELECT channel, client, \(id), connections, info
+                    FROM unnest(\(channels), \(clients), \(connections), \(infos)) AS r(channel, client, connections, info)
+                    WHERE connections > 0
+                    """,
+                    logger: self.logger
+                )
+                try await connection.query(
+                    """
+                    INSERT INTO tether_pushes (origin, kind, target, topic, body)
+                    SELECT \(id), \(StoredChannelMember.kind), channel, client, body
+                    FROM unnest(\(channels), \(clients), \(bodies)) WITH ORDINALITY AS p(channel, client, body, n)
                     ORDER BY n
                     """,
                     logger: self.logger
@@ -328,6 +401,7 @@ extension PostgresCluster {
                 while true {
                     let after = cursor
                     var read = 0
+                    var members: [(node: Int64, ClusterChannelMember)] = []
                     for (pushID, origin, kind, name, topic, body) in try await self.query(
                         """
                         SELECT id, origin, kind, target, topic, body FROM tether_pushes
@@ -336,8 +410,23 @@ extension PostgresCluster {
                     ).map({ try $0.decode((Int64, Int64, Int16, String, String, ByteBuffer).self) }) {
                         read += 1
                         cursor = pushID
-                        guard origin != id, let target = StoredPushTarget.decode(kind: kind, name: name) else { continue }
+                        guard origin != id else { continue }
+                        if kind == StoredChannelMember.kind {
+                            if let member = StoredChannelMember.decode(channel: name, client: topic, body: body) {
+                                members.append((origin, member))
+                            }
+                            continue
+                        }
+                        guard let target = StoredPushTarget.decode(kind: kind, name: name) else { continue }
                         node.push(ClusterPush(topic: topic, body: body, target: target))
+                    }
+                    // Each node's changes in the order it made them.
+                    var start = members.startIndex
+                    while start < members.endIndex {
+                        let origin = members[start].node
+                        let end = members[start...].firstIndex { $0.node != origin } ?? members.endIndex
+                        node.channelMembers(members[start..<end].map(\.1), on: UInt64(bitPattern: origin))
+                        start = end
                     }
                     if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor)"]) }
                     if read < 1000 { break }

@@ -30,6 +30,11 @@ import TetherNIO
 ///   saw the presence (it reads it once it holds that row) or is committed before the read.
 /// - **Pushes** to clients, rooms and everyone go into `tether_pushes` in batches (one
 ///   transaction and one notification per batch); every node reads what follows its cursor.
+/// - **Channel presence**: each node's members of channels that keep presence (a client's
+///   connections subscribed there) are rows of `tether_channel_members`, and each change is
+///   a row of `tether_pushes` too, written in the same transaction: a node reads the rows when
+///   it joins and the changes after its cursor, and forgets the members of a node that is no
+///   longer alive at its next heartbeat.
 /// - **HTTP streams**: a node's session tokens start with its stream key, which it registers
 ///   in `tether_nodes` with the URL of its HTTP listener; a POST for a session another node
 ///   holds is forwarded there over HTTP (async-http-client), and that node's answer is the
@@ -133,6 +138,10 @@ public final class PostgresCluster: GatewayCluster {
         /// Lanes another node wants that no connection here uses.
         var unusedLanes: [OutboxID] = []
         var pushes: [ClusterPush] = []
+        /// Changes of this node's channel members to write, in order.
+        var channelMembers: [ClusterChannelMember] = []
+        /// Write every channel member of this node again (after reconnecting to PostgreSQL).
+        var resyncChannelMembers = false
         var running = false
         /// The addresses of the other live nodes, as of the last heartbeat.
         var others: [String] = []
@@ -169,6 +178,14 @@ public final class PostgresCluster: GatewayCluster {
 
     /// Every node sends the channel publications the database holds (``channelLoop(_:after:)``).
     public var sendsChannelPublications: Bool { true }
+
+    /// Every node shares its channels' members (``channelMembersChanged(_:)``).
+    public var sharesChannelPresence: Bool { true }
+
+    public func channelMembersChanged(_ member: ClusterChannelMember) {
+        self.state.withLockedValue { $0.channelMembers.append(member) }
+        self.writes.ring()
+    }
 
     public func publish(_ push: ClusterPush) {
         self.state.withLockedValue { $0.pushes.append(push) }
@@ -308,9 +325,10 @@ public final class PostgresCluster: GatewayCluster {
         }
         let (pushesAfter, channelsAfter, id) = (joined!.cursor, joined!.channels, joined!.id)
         self.logger.info("joined the cluster", metadata: ["node-id": "\(id)"])
+        await self.readChannelMembers(id, node)
         await withTaskGroup { group in
             group.addTask { await self.listen(id) }
-            group.addTask { await self.heartbeat(id) }
+            group.addTask { await self.heartbeat(id, node) }
             group.addTask { await self.writeLoop(id, node) }
             group.addTask { await self.signalLoop(id, node) }
             group.addTask { await self.pushLoop(id, node, after: pushesAfter) }
@@ -320,6 +338,27 @@ public final class PostgresCluster: GatewayCluster {
         // In a task of its own: this one is cancelled (that is how the gateway stops the
         // cluster), and leaving must still reach PostgreSQL (bounded by the operation timeout).
         await Task { await self.leave(id, node) }.value
+    }
+
+    /// The other nodes' channel members, as the node joins: the changes after the push cursor
+    /// it read before follow (applying one the rows showed already changes nothing).
+    private func readChannelMembers(_ id: Int64, _ node: ClusterNode) async {
+        do {
+            var byNode: [Int64: [ClusterChannelMember]] = [:]
+            for (member, channel, client, connections, info) in try await self.query(
+                "SELECT node, channel, client, connections, info FROM tether_channel_members WHERE node <> \(id)"
+            ).map({ try $0.decode((Int64, String, String, Int32, String).self) }) {
+                byNode[member, default: []].append(
+                    ClusterChannelMember(channel: channel, clientID: client, connections: Int(connections), info: info)
+                )
+            }
+            for (member, members) in byNode { node.channelMembers(members, on: UInt64(bitPattern: member)) }
+        } catch {
+            self.logger.warning(
+                "cannot read the other nodes' channel members; their changes from now on are seen",
+                metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+            )
+        }
     }
 
     private func register(_ node: ClusterNode) async throws -> Int64 {
@@ -352,6 +391,7 @@ public final class PostgresCluster: GatewayCluster {
             ) {
                 _ = try await self.query("UPDATE tether_nodes SET leaving = true WHERE id = \(id)")
                 _ = try await self.query("DELETE FROM tether_presence WHERE node = \(id)")
+                _ = try await self.query("DELETE FROM tether_channel_members WHERE node = \(id)")
                 _ = try await self.query("UPDATE tether_lanes SET node = NULL WHERE node = \(id)")
                 _ = try await self.query("DELETE FROM tether_nodes WHERE id = \(id)")
             }

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOCore
 import PostgresNIO
 import TetherGateway
 
@@ -89,6 +90,14 @@ enum PostgresSchema {
         CREATE UNIQUE INDEX tether_channel_publications_position ON tether_channel_publications (channel, position);
         CREATE INDEX tether_channel_publications_time ON tether_channel_publications (time)
         """,
+        // 6: the members of channels that keep presence, by node (PostgresCluster): each
+        // node's row of a client says how many of its connections are subscribed there.
+        """
+        CREATE UNLOGGED TABLE tether_channel_members (
+            channel text NOT NULL, client text NOT NULL, node bigint NOT NULL, connections integer NOT NULL, info text NOT NULL,
+            PRIMARY KEY (channel, client, node));
+        CREATE INDEX tether_channel_members_node ON tether_channel_members (node)
+        """,
     ]
 
     /// Brings the database's schema up to date.
@@ -147,6 +156,28 @@ enum StoredPushTarget {
         case 3: .all
         default: nil
         }
+    }
+}
+
+/// A change of a node's channel members, stored in `tether_pushes` as kind ``kind``: the
+/// channel in `target`, the client in `topic`, and in `body` its connections on that node
+/// (`u32`, 0: none left) followed by its info (UTF-8).
+enum StoredChannelMember {
+    static let kind: Int16 = 4
+
+    static func body(of member: ClusterChannelMember) -> ByteBuffer {
+        var body = ByteBuffer()
+        body.writeInteger(UInt32(clamping: member.connections))
+        body.writeString(member.info)
+        return body
+    }
+
+    static func decode(channel: String, client: String, body: ByteBuffer) -> ClusterChannelMember? {
+        var body = body
+        guard let connections = body.readInteger(as: UInt32.self), let info = body.readString(length: body.readableBytes) else {
+            return nil
+        }
+        return ClusterChannelMember(channel: channel, clientID: client, connections: Int(connections), info: info)
     }
 }
 

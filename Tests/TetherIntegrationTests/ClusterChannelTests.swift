@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import PostgresNIO
 import Testing
 import Tether
 import TetherCore
@@ -78,5 +79,97 @@ extension IntegrationTests {
                 #expect(Set(moved.publications.map(\.position.epoch)).count == 1, "one epoch on every node")
             }
         }
+    }
+}
+
+extension IntegrationTests.ClusterChannelTests {
+    static func presence(_ configuration: inout GatewayConfiguration) {
+        configuration.channels = try! .init(rules: [.init(pattern: .all, history: nil, presence: true)])
+    }
+
+    @Test(
+        "presence across nodes: a subscriber on A sees clients join and leave on B and C within a second, one member whatever its nodes; a node that joins later sees them; a dead node's members leave within its timeout"
+    )
+    func presenceAcrossNodes() async throws {
+        try await TestPostgres.withDatabase { postgres, url in
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                var nodes: [ClusterTestNode] = []
+                for name in ["a", "b", "c"] {
+                    nodes.append(try await harness.clusterNode(name, url: url, network: network, configure: Self.presence))
+                }
+                let (a, b, c) = (nodes[0], nodes[1], nodes[2])
+                let watcher = try harness.client([a.endpoint], clientID: "w", transport: network.transport)
+                let watching = Reader(watcher.subscribe("room.lobby", presence: true), in: harness)
+                try await eventually("w sees itself") { watching.members.keys.sorted() == ["w"] }
+
+                // x on B: seen on A within a second.
+                let xOnB = try harness.client([b.endpoint], clientID: "x", transport: network.transport)
+                let started = ContinuousClock.now
+                let xB = Task { for try await _ in xOnB.subscribe("room.lobby") {} }
+                try await eventually("A sees x join on B", timeout: .seconds(5)) { watching.members["x"] != nil }
+                let joinSeen = ContinuousClock.now - started
+                #expect(joinSeen < .seconds(1), "seen on A after \(joinSeen)")
+                #expect(try c.gateway.presence(of: "room.lobby").members.map(\.clientID) == ["w", "x"], "C answers for the cluster")
+
+                // x on C too: one member; leaving B, x is still in; leaving C, x leaves.
+                let xOnC = try harness.client([c.endpoint], clientID: "x", transport: network.transport)
+                let xC = Task { for try await _ in xOnC.subscribe("room.lobby") {} }
+                try await eventually("C counts x's second connection", timeout: .seconds(5)) {
+                    (try? a.gateway.presence(of: "room.lobby").members.first { $0.clientID == "x" }?.connections) == 2
+                }
+                xB.cancel()
+                try await eventually("A counts one connection of x", timeout: .seconds(5)) {
+                    (try? a.gateway.presence(of: "room.lobby").members.first { $0.clientID == "x" }?.connections) == 1
+                }
+                #expect(watching.members["x"] != nil, "x is still in on C")
+                #expect(watching.presence == ["+w", "+x"])
+
+                // A node that joins now sees who is in.
+                let d = try await harness.clusterNode("d", url: url, network: network, configure: Self.presence)
+                let late = try harness.client([d.endpoint], clientID: "late", transport: network.transport)
+                let lateWatching = Reader(late.subscribe("room.lobby", presence: true), in: harness)
+                try await eventually("D sees w and x", timeout: .seconds(5)) { lateWatching.members.keys.sorted() == ["late", "w", "x"] }
+
+                xC.cancel()
+                try await eventually("A and D see x leave", timeout: .seconds(5)) {
+                    watching.members["x"] == nil && lateWatching.members["x"] == nil
+                }
+                #expect(watching.presence == ["+w", "+x", "+late", "-x"])
+
+                // A node that dies (it stops saying it is alive) with a member: its member leaves
+                // once it is no longer seen within the node timeout (2 s in these nodes).
+                let ghost = try await Self.ghostNode(postgres, member: "ghost", of: "room.lobby")
+                try await eventually("A sees the ghost node's member", timeout: .seconds(5)) { watching.members["ghost"] != nil }
+                let died = ContinuousClock.now
+                try await eventually("A and D see it leave", timeout: .seconds(10)) {
+                    watching.members["ghost"] == nil && lateWatching.members["ghost"] == nil
+                }
+                let gone = ContinuousClock.now - died
+                #expect(gone < .seconds(3), "gone \(gone) after A saw it (node timeout 2 s, heartbeat 0.2 s)")
+                #expect(gone > .seconds(1), "kept while alive: gone \(gone) after A saw it")
+                _ = ghost
+            }
+        }
+    }
+
+    /// A node that registered, said `member` is in `channel`, and then never said it is alive again.
+    static func ghostNode(_ postgres: PostgresClient, member: String, of channel: String) async throws -> Int64 {
+        var id: Int64 = 0
+        for try await value in try await postgres.query("INSERT INTO tether_nodes (name) VALUES ('ghost') RETURNING id").decode(Int64.self)
+        {
+            id = value
+        }
+        var body = ByteBuffer()
+        body.writeInteger(UInt32(1))
+        body.writeString("I-ghost")
+        try await postgres.query(
+            "INSERT INTO tether_channel_members (channel, client, node, connections, info) VALUES (\(channel), \(member), \(id), 1, 'I-ghost')"
+        )
+        try await postgres.query(
+            "INSERT INTO tether_pushes (origin, kind, target, topic, body) VALUES (\(id), 4, \(channel), \(member), \(body))"
+        )
+        try await postgres.query("SELECT pg_notify('tether_pushes', '')")
+        return id
     }
 }

@@ -92,7 +92,7 @@ extension TetherClient {
     /// how many connections it has there and the `info` its credentials carry.
     ///
     /// The gateway answers for channels whose rule keeps presence, to clients its credentials
-    /// and authorization allow; in a cluster, each node for its own connections.
+    /// and authorization allow; in a cluster on PostgreSQL, for every node's connections.
     ///
     /// ```swift
     /// let page = try await client.presence(of: "room.lobby")

@@ -59,6 +59,16 @@ public protocol GatewayCluster: Sendable {
     /// node does not send its own at once, so that every node sends a channel's publications
     /// in one order, the store's.
     var sendsChannelPublications: Bool { get }
+
+    /// Whether the cluster shares the members of channels that keep presence between nodes
+    /// (``channelMembersChanged(_:)``, ``ClusterNode/channelMembers(_:on:)``): then a channel's
+    /// presence, its queries and its events are the cluster's, not each node's.
+    var sharesChannelPresence: Bool { get }
+
+    /// A client's connections subscribed to a channel that keeps presence changed on this
+    /// node (`connections` 0: it has none left here): the other nodes learn it, in the order of
+    /// the calls. Called under the gateway's channel lock: queue it, do not wait.
+    func channelMembersChanged(_ member: ClusterChannelMember)
 }
 
 extension GatewayCluster {
@@ -68,6 +78,27 @@ extension GatewayCluster {
 
     /// Not by default: each node sends its own channel publications to its subscribers.
     public var sendsChannelPublications: Bool { false }
+
+    /// Not by default: each node's presence is its own.
+    public var sharesChannelPresence: Bool { false }
+
+    public func channelMembersChanged(_ member: ClusterChannelMember) {}
+}
+
+/// What one node has of a client in a channel that keeps presence: its connections
+/// subscribed there (0: none any more) and the info of the first.
+public struct ClusterChannelMember: Sendable, Hashable {
+    public var channel: String
+    public var clientID: String
+    public var connections: Int
+    public var info: String
+
+    public init(channel: String, clientID: String, connections: Int, info: String) {
+        self.channel = channel
+        self.clientID = clientID
+        self.connections = connections
+        self.info = info
+    }
 }
 
 /// Sends HTTP-stream POSTs to the node that holds their session: what a cluster uses to
@@ -169,6 +200,32 @@ public struct ClusterNode: Sendable {
                 Frame.Publication(channel: $0.channel, position: $0.position, publisher: $0.publisher, body: $0.body)
             }
         )
+    }
+
+    /// What another node has of the members of channels that keep presence (each a client's
+    /// connections there, 0 when it has none left), in the order they changed there: this
+    /// node's subscribers see who joins and leaves the channel on any node.
+    /// - Parameter node: The other node's id in the cluster.
+    public func channelMembers(_ members: [ClusterChannelMember], on node: UInt64) {
+        self.pushes.channels?.remoteMembers(members, on: node)
+    }
+
+    /// This node's members of channels that keep presence, each a client's connections here:
+    /// what a cluster writes again after it lost them (a database that restarted).
+    public var channelMembersHere: [ClusterChannelMember] {
+        self.pushes.channels?.localMembers() ?? []
+    }
+
+    /// A mark of what this node heard of the other nodes' channel members so far: read it
+    /// before asking which nodes are alive, and pass it to ``channelMemberNodes(alive:heardBy:)``.
+    public var channelMembersHeard: UInt64 { self.pushes.channels?.heardMark ?? 0 }
+
+    /// The other nodes alive, as found after `mark` (``channelMembersHeard``) was read: what
+    /// the others had of channels' members is gone (a node that died, or left), and their
+    /// members leave. A node heard from after the mark is kept until the next call: it may
+    /// have joined after the question was asked.
+    public func channelMemberNodes(alive: Set<UInt64>, heardBy mark: UInt64) {
+        self.pushes.channels?.remoteNodes(alive: alive, heardBy: mark)
     }
 
     /// Another node appended deliveries for `recipients`: their connections here read them.

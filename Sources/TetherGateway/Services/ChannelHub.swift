@@ -65,7 +65,7 @@ final class ChannelHub: Sendable {
         var fromStore = false
     }
 
-    private struct Subscriber {
+    struct Subscriber {
         var handler: NIOLoopBound<GatewayConnectionHandler>
         /// Whether it gets live publications (its recovery is over).
         var live: Bool
@@ -82,7 +82,7 @@ final class ChannelHub: Sendable {
         var info: String
     }
 
-    private struct Channel {
+    struct Channel {
         var history: ChannelHistory<Kept>?
         /// A channel whose history is in the store: its stream's epoch, and the offset of its
         /// last publication sent from this node (its publications are sent in the order the
@@ -93,9 +93,9 @@ final class ChannelHub: Sendable {
         var recipients: [ConnectionRegistry.LoopRecipients]?
         /// The sequence of the last publication on this node.
         var sequence: UInt64 = 0
-        /// In a channel that keeps presence: each client's connections subscribed, and the
-        /// info of the first (what its joined event said).
-        var clients: [String: (connections: Int, info: String)]?
+        /// In a channel that keeps presence: each client's connections subscribed on this
+        /// node, and the info of the first.
+        var clients: [String: MemberState]?
 
         /// Nothing to keep it for: no subscriber, no publication kept.
         func isIdle(at now: TetherInstant) -> Bool {
@@ -103,7 +103,7 @@ final class ChannelHub: Sendable {
         }
     }
 
-    private struct State {
+    struct State {
         var channels: [String: Channel] = [:]
         var channelsOf: [UInt64: Set<String>] = [:]
         var historyBytes = 0
@@ -113,15 +113,26 @@ final class ChannelHub: Sendable {
         var occupancy: [(channel: String, occupied: Bool)] = []
         /// Whether a caller of ``drainOccupancy(to:)`` is handing them on.
         var drainingOccupancy = false
+        /// In a cluster that shares presence: what the other nodes have of each channel's
+        /// members, by channel, client and node.
+        var remoteMembers: [String: [String: [UInt64: MemberState]]] = [:]
+        /// The mark of each other node's last change heard (``heardMark``).
+        var heardFrom: [UInt64: UInt64] = [:]
+        /// Counts the rounds of changes heard from other nodes.
+        var heard: UInt64 = 0
     }
 
     let configuration: GatewayConfiguration.Channels
     private let clock: any TetherClock
-    private let state = TetherLock(State())
+    let state = TetherLock(State())
 
-    init(configuration: GatewayConfiguration.Channels, clock: any TetherClock) {
+    /// The cluster the members of channels that keep presence are shared with, if they are.
+    let cluster: (any GatewayCluster)?
+
+    init(configuration: GatewayConfiguration.Channels, clock: any TetherClock, cluster: (any GatewayCluster)? = nil) {
         self.configuration = configuration
         self.clock = clock
+        self.cluster = cluster?.sharesChannelPresence == true ? cluster : nil
     }
 
     /// Subscribes a connection to `channel` (replacing its subscription there), and reads what
@@ -203,15 +214,8 @@ final class ChannelHub: Sendable {
                 presenceEvents: request.presenceEvents && channel.clients != nil
             )
             channel.recipients = nil
-            if !replaced, channel.clients != nil {
-                let first = channel.clients![member.clientID] == nil
-                channel.clients![member.clientID, default: (0, member.info)].connections += 1
-                if first {
-                    Self.announce(
-                        Frame.Presence(channel: request.channel, kind: .joined, clientID: member.clientID, info: member.info),
-                        in: channel
-                    )
-                }
+            if !replaced {
+                self.joined(member, request.channel, channel: &channel, remote: state.remoteMembers[request.channel])
             }
             if !already { state.channelsOf[id, default: []].insert(request.channel) }
             return .subscribed(subscribed, page)
@@ -348,7 +352,7 @@ final class ChannelHub: Sendable {
         self.state.withLockedValue { state in
             guard state.channelsOf[id]?.remove(channel) != nil else { return false }
             if state.channelsOf[id]?.isEmpty == true { state.channelsOf[id] = nil }
-            return Self.remove(id, from: channel, &state)
+            return self.remove(id, from: channel, &state)
         }
     }
 
@@ -357,7 +361,7 @@ final class ChannelHub: Sendable {
     @discardableResult
     func remove(connection id: UInt64) -> [String] {
         self.state.withLockedValue { state in
-            (state.channelsOf.removeValue(forKey: id) ?? []).sorted().filter { Self.remove(id, from: $0, &state) }
+            (state.channelsOf.removeValue(forKey: id) ?? []).sorted().filter { self.remove(id, from: $0, &state) }
         }
     }
 
@@ -459,14 +463,6 @@ final class ChannelHub: Sendable {
         }
     }
 
-    /// Who is subscribed to `channel` on this node: its members after client id `after`
-    /// (bytewise; empty: from the first), at most `limit`, and how many there are in all.
-    func presence(of channel: String, after: String, limit: Int) -> ChannelPresencePage {
-        let clients = self.state.withLockedValue { state in state.channels[channel]?.clients ?? [:] }
-        // Sorted outside the lock: a channel of many subscribers is asked rarely.
-        return ChannelPresencePage(channel: channel, total: clients.count, members: Self.page(of: clients, after: after, limit: limit))
-    }
-
     /// The number of channels kept, and the bytes their histories hold.
     var counts: (channels: Int, historyBytes: Int) {
         self.state.withLockedValue { ($0.channels.count, $0.historyBytes) }
@@ -480,73 +476,12 @@ final class ChannelHub: Sendable {
         )
     }
 
-    /// Hands a presence event to the subscribers of `channel` that asked for them: one
-    /// `execute` per loop, made under the hub's lock so that each loop gets the channel's
-    /// events in the order the hub made them.
-    private static func announce(_ event: Frame.Presence, in channel: Channel) {
-        var byLoop: [ObjectIdentifier: (loop: any EventLoop, recipients: [(NIOLoopBound<GatewayConnectionHandler>, UInt64)])] = [:]
-        for subscriber in channel.subscribers.values where subscriber.presenceEvents {
-            let loop = subscriber.handler.eventLoop
-            byLoop[ObjectIdentifier(loop), default: (loop, [])].recipients.append((subscriber.handler, subscriber.generation))
-        }
-        for (loop, recipients) in byLoop.values {
-            loop.execute {
-                for (handler, generation) in recipients { handler.value.presenceEvent(event, generation: generation) }
-            }
-        }
-    }
-
-    /// A page of `channel`'s members for a subscriber's presence events: each as a joined
-    /// event, in bytewise order of client id after `after` (`nil`: from the first), at most
-    /// `limit`, and whether it is the last page. `nil` if the subscription made at
-    /// `generation` is gone or replaced.
-    func presenceSnapshot(
-        of channel: String,
-        connection id: UInt64,
-        generation: UInt64,
-        after: String?,
-        limit: Int
-    ) -> (members: [Frame.Presence], done: Bool)? {
-        let clients = self.state.withLockedValue { state -> [String: (connections: Int, info: String)]? in
-            guard let entry = state.channels[channel], entry.subscribers[id]?.generation == generation else { return nil }
-            return entry.clients
-        }
-        guard let clients else { return nil }
-        // Sorted outside the lock, from the members as they were in the step that read them.
-        let members = Self.page(of: clients, after: after ?? "", limit: limit)
-        return (
-            members.map { Frame.Presence(channel: channel, kind: .joined, clientID: $0.clientID, info: $0.info) },
-            members.count < limit
-        )
-    }
-
-    /// The members of `clients` after client id `after` (bytewise; empty: from the first), at most `limit`.
-    private static func page(
-        of clients: [String: (connections: Int, info: String)],
-        after: String,
-        limit: Int
-    ) -> [ChannelPresenceMember] {
-        let after = Array(after.utf8)
-        return clients.keys
-            .filter { after.isEmpty || after.lexicographicallyPrecedes($0.utf8) }
-            .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
-            .prefix(limit)
-            .map { ChannelPresenceMember(clientID: $0, connections: clients[$0]!.connections, info: clients[$0]!.info) }
-    }
-
     /// - Returns: Whether the channel lost its last subscriber.
-    private static func remove(_ id: UInt64, from name: String, _ state: inout State) -> Bool {
+    private func remove(_ id: UInt64, from name: String, _ state: inout State) -> Bool {
         guard let subscriber = state.channels[name]?.subscribers.removeValue(forKey: id) else { return false }
         state.channels[name]!.recipients = nil
-        let clientID = subscriber.member.clientID
-        if let count = state.channels[name]!.clients?[clientID]?.connections {
-            if count > 1 {
-                state.channels[name]!.clients![clientID]!.connections = count - 1
-            } else {
-                state.channels[name]!.clients![clientID] = nil
-                Self.announce(Frame.Presence(channel: name, kind: .left, clientID: clientID), in: state.channels[name]!)
-            }
-        }
+        let remote = state.remoteMembers[name]
+        self.left(subscriber.member.clientID, name, channel: &state.channels[name]!, remote: remote)
         let vacated = state.channels[name]!.subscribers.isEmpty
         if vacated { state.occupancy.append((name, false)) }
         // A channel with history stays when its last subscriber leaves: its position (epoch,

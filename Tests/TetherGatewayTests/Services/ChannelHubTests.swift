@@ -124,3 +124,39 @@ struct ChannelHubTests {
         #expect(big.publications.map(\.position.offset) == [1] && big.more)
     }
 }
+
+extension ChannelHubTests {
+    @Test(
+        "other nodes' members: the union with this node's is the channel's, each client once; a node heard from after a liveness question is kept until the next"
+    )
+    func remoteMembers() throws {
+        let hub = ChannelHub(
+            configuration: try GatewayConfiguration.Channels(rules: [.init(pattern: .all, history: nil, presence: true)]),
+            clock: ManualClock()
+        )
+        let fixture = try GatewayHandlerFixture()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        _ = hub.subscribe(
+            connection: 1,
+            handler: handler,
+            member: .init(clientID: "x", info: "here"),
+            to: Frame.Subscribe(id: 1, channel: "room")
+        )
+        let before = hub.heardMark
+        hub.remoteMembers([ClusterChannelMember(channel: "room", clientID: "x", connections: 2, info: "there")], on: 7)
+        hub.remoteMembers([ClusterChannelMember(channel: "room", clientID: "y", connections: 1, info: "Y")], on: 9)
+        var page = hub.presence(of: "room", after: "", limit: 10)
+        #expect(page.members == [.init(clientID: "x", connections: 3, info: "here"), .init(clientID: "y", connections: 1, info: "Y")])
+
+        // Asked before node 9 was heard from: not alive in that answer, kept.
+        hub.remoteNodes(alive: [7], heardBy: before)
+        #expect(hub.presence(of: "room", after: "", limit: 10).total == 2)
+        hub.remoteNodes(alive: [7], heardBy: hub.heardMark)
+        page = hub.presence(of: "room", after: "", limit: 10)
+        #expect(page.members.map(\.clientID) == ["x"], "node 9 is gone")
+        // Node 7 loses x's connections: x is still here.
+        hub.remoteMembers([ClusterChannelMember(channel: "room", clientID: "x", connections: 0, info: "")], on: 7)
+        #expect(hub.presence(of: "room", after: "", limit: 10).members == [.init(clientID: "x", connections: 1, info: "here")])
+        #expect(hub.presence(of: "other", after: "", limit: 10).total == 0)
+    }
+}
