@@ -179,13 +179,20 @@ enum TetherPeer {
         if messageStore == nil, let path = ProcessInfo.processInfo.environment["TETHER_BENCH_CHANNEL_STORE"] {
             messageStore = try SQLiteMessageStore(path: path)
         }
+        // `channels`: the recovery of 10,000 missed publications needs a deeper history
+        // (bench.recovery.store in the store, bench.recovery.memory in memory), and the
+        // presence of bench.presence's members is kept.
+        let retention = try ChannelRetention(maxCount: 1_000, maxAge: .seconds(300))
+        let deep = try ChannelRetention(maxCount: 100_000, maxAge: .seconds(600))
+        var rules: [GatewayConfiguration.Channels.Rule] = []
         if messageStore != nil {
-            let retention = try ChannelRetention(maxCount: 1_000, maxAge: .seconds(300))
-            configuration.channels = try .init(rules: [
-                .init(pattern: try ChannelPattern("bench.store"), history: retention, storage: .store),
-                .init(pattern: .all, history: retention),
-            ])
+            rules.append(.init(pattern: try ChannelPattern("bench.store"), history: retention, storage: .store))
+            rules.append(.init(pattern: try ChannelPattern("bench.recovery.store"), history: deep, storage: .store))
         }
+        rules.append(.init(pattern: try ChannelPattern("bench.recovery.memory"), history: deep))
+        rules.append(.init(pattern: try ChannelPattern("bench.presence"), history: nil, presence: true))
+        rules.append(.init(pattern: .all, history: retention))
+        configuration.channels = try .init(rules: rules)
         let gateway = try Gateway(
             configuration: configuration,
             messageStore: messageStore,
