@@ -31,6 +31,15 @@ struct ChannelsBench: AsyncParsableCommand {
     @Option(help: "Keep the stored history in this PostgreSQL database instead of a SQLite file.")
     var postgres: String?
 
+    @Option(help: "Publications each node's publisher makes in the publish-rate run (the channel's history in the store); 0 skips it.")
+    var publications = 20_000
+
+    @Option(help: "With --postgres: the nodes of the publish-rate run, each with a publisher and a subscriber.")
+    var nodes = 3
+
+    @Option(help: "Publications a publisher's request makes at once (as that many publishers would).")
+    var perRequest = 100
+
     @Option(help: "Where the results go.")
     var output = "bench-results"
 
@@ -60,9 +69,20 @@ struct ChannelsBench: AsyncParsableCommand {
         var allMembersMilliseconds: Double
     }
 
+    struct PublishRate: Codable {
+        var storage: Storage
+        var nodes: Int
+        var publications: Int
+        var perRequest: Int
+        /// From the first publish request until every node's subscriber had every publication.
+        var seconds: Double
+        var publicationsPerSecond: Double
+    }
+
     struct Results: Codable {
         var recovery: [Recovery]
         var presence: Presence?
+        var publishRate: PublishRate?
     }
 
     func run() async throws {
@@ -72,18 +92,84 @@ struct ChannelsBench: AsyncParsableCommand {
             recoveries.append(try await self.recovery(storage))
         }
         let presence = self.members > 0 ? try await self.presence() : nil
-        try writeJSON(Results(recovery: recoveries, presence: presence), to: "\(self.output)/channels.json")
+        let rate = self.publications > 0 ? try await self.publishRate(store) : nil
+        try writeJSON(Results(recovery: recoveries, presence: presence, publishRate: rate), to: "\(self.output)/channels.json")
     }
 
     /// Starts the gateway with a store (a new SQLite file, or `--postgres`).
-    private func server() throws -> (ChildProcess, port: Int) {
-        if self.postgres == nil {
-            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-channels-\(UUID().uuidString).sqlite")
-                .path
+    private func server(node: Int = 1) throws -> (ChildProcess, port: Int) {
+        if self.postgres == nil, node == 1 {
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-channels-\(UUID().uuidString).sqlite").path
             setenv("TETHER_BENCH_CHANNEL_STORE", path, 1)  // read by the gateway process
         }
-        let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n1"] } ?? []
+        let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n\(node)"] } ?? []
         return try ChildProcess.server(.tether, executable: try ChildProcess.thisExecutable(), arguments: arguments)
+    }
+
+    /// Publishers on every node at once, into one channel whose history is in the store; a
+    /// subscriber on every node counts what it gets.
+    private func publishRate(_ storage: Storage) async throws -> PublishRate {
+        let nodeCount = self.postgres == nil ? 1 : max(1, self.nodes)
+        var servers: [(process: ChildProcess, port: Int)] = []
+        defer { for server in servers { server.process.terminate() } }
+        for node in 1...nodeCount { servers.append(try self.server(node: node)) }
+        let (perNode, perRequest, bodySize) = (self.publications, self.perRequest, self.body)
+        let total = perNode * nodeCount
+        let channel = "bench.store"
+        let started = ContinuousClock.now
+        try await withThrowingTaskGroup { group in
+            for server in servers {
+                let port = server.port
+                group.addTask {
+                    try await TetherPeer.withClient(port: port) { client in
+                        var received = 0
+                        for try await event in client.subscribe(channel, bufferSize: 1 << 20) {
+                            if case .publication = event { received += 1 }
+                            if case .gap(let gap) = event { throw BenchError("a gap: \(gap)") }
+                            if received == total { return }
+                        }
+                    }
+                }
+            }
+            // The subscribers first (they count from the top).
+            try await Task.sleep(for: .milliseconds(500))
+            for server in servers {
+                let port = server.port
+                group.addTask {
+                    try await TetherPeer.withClient(port: port) { client in
+                        var publish = ByteBuffer()
+                        var sent = 0
+                        while sent < perNode {
+                            let count = min(perRequest, perNode - sent)
+                            publish.clear()
+                            publish.writeInteger(UInt32(count))
+                            publish.writeInteger(UInt32(bodySize))
+                            publish.writeInteger(UInt32(0))
+                            publish.writeString(channel)
+                            _ = try await client.request("channel.publish", body: publish, timeout: .seconds(120))
+                            sent += count
+                        }
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let elapsed = ContinuousClock.now - started - .milliseconds(500)
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let result = PublishRate(
+            storage: storage,
+            nodes: nodeCount,
+            publications: total,
+            perRequest: perRequest,
+            seconds: seconds,
+            publicationsPerSecond: Double(total) / seconds
+        )
+        emit(
+            "publish rate, history in \(storage.rawValue), \(nodeCount) node(s) publishing at once (\(perRequest) per request): "
+                + "\(total) publications, every node's subscriber had all in \(String(format: "%.2f", seconds)) s = "
+                + "\(Int(result.publicationsPerSecond)) publications/s"
+        )
+        return result
     }
 
     private func recovery(_ storage: Storage) async throws -> Recovery {
