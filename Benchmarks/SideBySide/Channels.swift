@@ -99,7 +99,8 @@ struct ChannelsBench: AsyncParsableCommand {
     /// Starts the gateway with a store (a new SQLite file, or `--postgres`).
     private func server(node: Int = 1) throws -> (ChildProcess, port: Int) {
         if self.postgres == nil, node == 1 {
-            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-channels-\(UUID().uuidString).sqlite").path
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-channels-\(UUID().uuidString).sqlite")
+                .path
             setenv("TETHER_BENCH_CHANNEL_STORE", path, 1)  // read by the gateway process
         }
         let arguments = self.postgres.map { ["--postgres", $0, "--node-name", "n\(node)"] } ?? []
