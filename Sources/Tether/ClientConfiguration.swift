@@ -35,6 +35,8 @@ public struct ClientConfiguration: Sendable {
     public var pushes: Pushes
     /// Reliable messaging; `nil` (the default) does not offer it to the gateway.
     public var reliability: Reliability?
+    /// Channel subscriptions: where they keep their positions across launches of the app.
+    public var channels: Channels
     /// When ``ConnectionEvent/alert(_:)`` is raised.
     public var alerts: Alerts
 
@@ -49,6 +51,7 @@ public struct ClientConfiguration: Sendable {
         self.heartbeat = .defaults
         self.reconnect = .defaults
         self.pushes = .defaults
+        self.channels = .defaults
         self.alerts = .defaults
     }
 
@@ -85,6 +88,7 @@ public struct ClientConfiguration: Sendable {
         try self.reconnect.validate()
         try self.pushes.validate()
         try self.reliability?.validate()
+        try self.channels.validate()
         try self.alerts.validate()
     }
 
@@ -413,6 +417,35 @@ public struct ClientConfiguration: Sendable {
 
         public func validate() throws(ConfigurationError) {
             guard self.bufferSize >= 1 else { throw ConfigurationError("pushes.bufferSize must be at least 1") }
+        }
+    }
+
+    /// Channel subscriptions (``TetherClient/subscribe(_:from:recover:presence:bufferSize:)``).
+    public struct Channels: Sendable {
+        /// Where each subscription keeps the position of the last publication the app handled,
+        /// so that a subscription made without a position after the app started again (after
+        /// a week) recovers from there: ``SQLiteOutboxStore`` keeps them in its file. `nil`
+        /// (the default): an app that wants to resume passes the position it kept itself.
+        ///
+        /// A publication counts as handled once the app asks for the next event; what was
+        /// handed out in the last ``saveInterval`` before the app quit may come again after it
+        /// starts (at least once). An app that needs each publication once keeps positions
+        /// with its own data, in the same transaction, and passes them to `subscribe`.
+        public var positions: (any ChannelPositionStore)?
+        /// How often a subscription writes its position while publications come (and once
+        /// more when it ends).
+        public var saveInterval: Duration
+
+        public init(positions: (any ChannelPositionStore)? = nil, saveInterval: Duration = .seconds(1)) throws(ConfigurationError) {
+            self.positions = positions
+            self.saveInterval = saveInterval
+            try self.validate()
+        }
+
+        public static var defaults: Channels { try! Channels() }
+
+        public func validate() throws(ConfigurationError) {
+            guard self.saveInterval >= .zero else { throw ConfigurationError("channels.saveInterval must not be negative") }
         }
     }
 }

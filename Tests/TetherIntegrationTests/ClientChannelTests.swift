@@ -1,3 +1,4 @@
+import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import Testing
@@ -413,6 +414,50 @@ extension IntegrationTests.ClientChannelTests {
             try await eventually("both refused") { refusedQuiet.ended && refusedMallory.ended }
             #expect((refusedQuiet.error as? TetherError)?.status == .invalidRequest)
             #expect((refusedMallory.error as? TetherError)?.status == .permissionDenied)
+        }
+    }
+}
+
+extension IntegrationTests.ClientChannelTests {
+    @Test(
+        "positions kept in the client's SQLite file: an app started again resumes after the last publication it handled, with no position of its own"
+    )
+    func positionsKept() async throws {
+        try await withHarness { harness in
+            let (gateway, endpoint) = try await harness.gateway()
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("positions-\(UUID().uuidString).sqlite").path
+            let store = try SQLiteOutboxStore(path: path)
+            let channels = try ClientConfiguration.Channels(positions: store, saveInterval: .zero)
+            func launch() throws -> TetherClient {
+                try harness.client([endpoint], clientID: "bob") { $0.channels = channels }
+            }
+            // First launch: bob handles 1…5 and quits while handling the 5th.
+            let first = try launch()
+            let handled = NIOLockedValueBox<[String]>([])
+            let subscribed = NIOLockedValueBox(false)
+            let reading = Task {
+                for try await event in first.subscribe("room.lobby") {
+                    if case .subscribed = event { subscribed.withLockedValue { $0 = true } }
+                    guard case .publication(let publication) = event else { continue }
+                    handled.withLockedValue { $0.append(String(buffer: publication.body)) }
+                    if handled.withLockedValue({ $0.count }) == 5 { return }
+                }
+            }
+            try await eventually("bob is subscribed") { subscribed.withLockedValue { $0 } }
+            try await Self.publish(gateway, 1...8)
+            try await reading.value
+            first.shutdown()
+            #expect(handled.withLockedValue { $0 } == (1...5).map { "msg-\($0)" })
+            try await Self.publish(gateway, 9...12)
+
+            // Second launch, no position passed: from the kept one (4, the last the app asked
+            // past), so 5 comes again (it was being handled) and nothing is missed.
+            let second = try launch()
+            let again = Reader(second.subscribe("room.lobby"), in: harness)
+            try await eventually("bob resumes") { again.bodies.count >= 8 }
+            #expect(again.bodies == (5...12).map { "msg-\($0)" })
+            #expect(again.subscriptions == [true] && again.gaps.isEmpty)
+            #expect(try await store.channelPosition(of: "room.lobby")?.offset ?? 0 >= 4)
         }
     }
 }

@@ -28,6 +28,8 @@ final class ClientChannels: @unchecked Sendable {
         /// The buffer was full when a presence event came: it subscribes again, to get the
         /// channel's members afresh.
         var presenceLost = false
+        /// Its position is being read from the client's store: it subscribes once it is.
+        var loading = false
     }
 
     private let loop: any EventLoop
@@ -50,7 +52,9 @@ final class ClientChannels: @unchecked Sendable {
         from position: ChannelPosition?,
         recover: Bool,
         presence: Bool,
-        bufferSize: Int
+        bufferSize: Int,
+        positions: ChannelPositionSaver? = nil,
+        loadsPosition: Bool = false
     ) -> ChannelSubscription {
         let (stream, continuation) = AsyncThrowingStream.makeStream(
             of: SubscriptionEvent.self,
@@ -67,10 +71,27 @@ final class ClientChannels: @unchecked Sendable {
         // is queued on the loop after the hop that adds it).
         let token = self.tokens.loadThenWrappingIncrement(ordering: .relaxed)
         continuation.onTermination = { [weak self] _ in self?.onLoop { $0.end(channel, token: token) } }
+        let loading = loadsPosition && positions != nil
         self.onLoop { channels in
-            channels.add(channel, token: token, position: position, recover: recover, presence: presence, continuation: continuation)
+            channels.add(
+                channel,
+                token: token,
+                position: position,
+                recover: recover,
+                presence: presence,
+                loading: loading,
+                continuation: continuation
+            )
         }
-        return ChannelSubscription(stream: stream)
+        if loading, let positions {
+            // Read off the loop; the subscription waits for it (in order with everything else
+            // queued on the loop for this channel, its end too).
+            Task {
+                let kept = try? await positions.store.channelPosition(of: channel)
+                self.onLoop { $0.loaded(channel, token: token, position: kept ?? nil) }
+            }
+        }
+        return ChannelSubscription(stream: stream, saver: positions)
     }
 
     /// A connection is up: every subscription subscribes on it, if it negotiated channels.
@@ -78,7 +99,9 @@ final class ClientChannels: @unchecked Sendable {
         self.onLoop { channels in
             guard connection.negotiated.features.contains(.channels) else { return }
             channels.connection = connection
-            for name in Array(channels.entries.keys) { channels.perform(on: name) { $0.connected() } }
+            for name in Array(channels.entries.keys) where !channels.entries[name]!.loading {
+                channels.perform(on: name) { $0.connected() }
+            }
         }
     }
 
@@ -162,6 +185,7 @@ final class ClientChannels: @unchecked Sendable {
         position: ChannelPosition?,
         recover: Bool,
         presence: Bool,
+        loading: Bool,
         continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
     ) {
         guard !self.finished else {
@@ -182,8 +206,21 @@ final class ClientChannels: @unchecked Sendable {
             continuation: continuation,
             token: token,
             enqueued: position,
-            presence: presence
+            presence: presence,
+            loading: loading
         )
+        if self.connection != nil, !loading { self.perform(on: channel) { $0.connected() } }
+    }
+
+    /// The position the client kept for a subscription was read: it subscribes from there.
+    private func loaded(_ channel: String, token: UInt64, position: ChannelPosition?) {
+        guard var entry = self.entries[channel], entry.token == token, entry.loading else { return }
+        entry.loading = false
+        if let position {
+            entry.machine = SubscriptionMachine(recover: entry.machine.recover, position: position)
+            entry.enqueued = position
+        }
+        self.entries[channel] = entry
         if self.connection != nil { self.perform(on: channel) { $0.connected() } }
     }
 

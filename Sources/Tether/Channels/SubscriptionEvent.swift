@@ -42,18 +42,69 @@ public struct ChannelSubscription: AsyncSequence, Sendable {
     public typealias Failure = any Error
 
     let stream: AsyncThrowingStream<SubscriptionEvent, any Error>
+    /// Where the subscription keeps its position, if the client keeps them
+    /// (``ClientConfiguration/Channels-swift.struct/positions``).
+    let saver: ChannelPositionSaver?
+
+    init(stream: AsyncThrowingStream<SubscriptionEvent, any Error>, saver: ChannelPositionSaver? = nil) {
+        self.stream = stream
+        self.saver = saver
+    }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
+        let saver: ChannelPositionSaver?
+        /// The position of the publication handed out last: handled once the app asks for the next.
+        var pending: ChannelPosition?
+        /// The last publication handled, and the last one kept.
+        var handled: ChannelPosition?
+        var saved: ChannelPosition?
+        var savedAt: TetherInstant?
 
         /// The next event; `nil` once the subscription ended; throws ``TetherError`` when the
         /// gateway refused or ended it.
+        ///
+        /// With positions kept, asking for the next event says the app handled the publication
+        /// it got last: its position is kept (at most once per ``ClientConfiguration/Channels-swift.struct/saveInterval``,
+        /// and when the subscription ends).
         public mutating func next() async throws -> SubscriptionEvent? {
-            try await self.base.next()
+            guard self.saver != nil else { return try await self.base.next() }
+            if let pending = self.pending {
+                self.handled = pending
+                self.pending = nil
+                await self.save(force: false)
+            }
+            let event: SubscriptionEvent?
+            do {
+                event = try await self.base.next()
+            } catch {
+                await self.save(force: true)
+                throw error
+            }
+            switch event {
+            case .publication(let publication)? where publication.position.epoch != 0:
+                self.pending = publication.position
+            case nil:
+                await self.save(force: true)
+            default:
+                break
+            }
+            return event
+        }
+
+        /// Keeps the position handled last, if it changed and the interval has passed (or `force`).
+        private mutating func save(force: Bool) async {
+            guard let saver = self.saver, let handled = self.handled, handled != self.saved else { return }
+            let now = saver.clock.now
+            if !force, let savedAt = self.savedAt, now < savedAt + saver.interval { return }
+            // A failed save costs a publication handed out again after a restart, not a loss.
+            guard (try? await saver.store.saveChannelPositions([saver.channel: handled])) != nil else { return }
+            self.saved = handled
+            self.savedAt = now
         }
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: self.stream.makeAsyncIterator())
+        AsyncIterator(base: self.stream.makeAsyncIterator(), saver: self.saver)
     }
 }

@@ -22,7 +22,8 @@ extension TetherClient {
     ///   - channel: The channel, 1 to 255 bytes of UTF-8.
     ///   - position: Where the app stopped last time (the ``ChannelPublication/position`` of the
     ///     last publication it handled, kept across launches): what followed it is recovered.
-    ///     `nil` starts with what is published next.
+    ///     `nil` starts where the client's kept position says
+    ///     (``ClientConfiguration/Channels-swift.struct/positions``), or with what is published next.
     ///   - recover: Whether a reconnect recovers what was missed (`true`), or starts again
     ///     from what is published next (`false`, reported as `.subscribed(recovered: false)`).
     ///   - presence: Whether it gets the channel's presence: after each
@@ -42,7 +43,19 @@ extension TetherClient {
         presence: Bool = false,
         bufferSize: Int = 1_024
     ) -> ChannelSubscription {
-        self.channels.subscribe(channel, from: position, recover: recover, presence: presence, bufferSize: bufferSize)
+        // Without a position, one the client kept is where it resumes (if it keeps them).
+        let kept = self.configuration.channels.positions.map {
+            ChannelPositionSaver(store: $0, channel: channel, interval: self.configuration.channels.saveInterval, clock: self.clock)
+        }
+        return self.channels.subscribe(
+            channel,
+            from: position,
+            recover: recover,
+            presence: presence,
+            bufferSize: bufferSize,
+            positions: kept,
+            loadsPosition: position == nil && recover
+        )
     }
 }
 

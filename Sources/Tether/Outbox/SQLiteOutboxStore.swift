@@ -3,7 +3,8 @@ import GRDB
 import NIOCore
 
 /// An ``OutboxStore`` in a SQLite file in the app's storage: accepted messages survive the app
-/// being killed and are sent after it restarts.
+/// being killed and are sent after it restarts. It is a ``ChannelPositionStore`` too: channel
+/// subscriptions keep their positions in the same file.
 ///
 /// The file uses SQLite's write-ahead log with `synchronous = NORMAL`, which survives the
 /// process being killed; set `fullSync` to also survive a power loss, at the cost of an fsync
@@ -13,7 +14,7 @@ import NIOCore
 /// let outbox = try SQLiteOutboxStore(path: documents.appendingPathComponent("tether-outbox.sqlite").path)
 /// configuration.reliability = .init(outbox: outbox)
 /// ```
-public final class SQLiteOutboxStore: OutboxStore {
+public final class SQLiteOutboxStore: OutboxStore, ChannelPositionStore {
     private let writer: any DatabaseWriter
     private let lock: OutboxFileLock?
 
@@ -62,6 +63,15 @@ public final class SQLiteOutboxStore: OutboxStore {
                             id INTEGER PRIMARY KEY NOT NULL, topic TEXT NOT NULL, conversation TEXT NOT NULL,
                             sequence INTEGER NOT NULL, priority INTEGER NOT NULL, expires_at INTEGER,
                             expired INTEGER NOT NULL, body BLOB NOT NULL);
+                        """
+                )
+            }
+            // v2: how far each channel subscription got (ChannelPositionStore).
+            migrator.registerMigration("v2") { db in
+                try db.execute(
+                    sql: """
+                        CREATE TABLE channel_positions (
+                            channel TEXT PRIMARY KEY NOT NULL, epoch INTEGER NOT NULL, offset INTEGER NOT NULL) WITHOUT ROWID;
                         """
                 )
             }
@@ -168,6 +178,30 @@ public final class SQLiteOutboxStore: OutboxStore {
                     """,
                 arguments: [Int64(bitPattern: checkpoint.epoch), Int64(bitPattern: checkpoint.lastSequence)]
             )
+        }
+    }
+
+    // MARK: ChannelPositionStore
+
+    public func channelPosition(of channel: String) async throws -> ChannelPosition? {
+        try await self.perform(write: false) { db in
+            try Row.fetchOne(db, sql: "SELECT epoch, offset FROM channel_positions WHERE channel = ?", arguments: [channel]).map { row in
+                ChannelPosition(epoch: UInt64(bitPattern: row[0] as Int64), offset: UInt64(bitPattern: row[1] as Int64))
+            }
+        }
+    }
+
+    public func saveChannelPositions(_ positions: [String: ChannelPosition]) async throws {
+        try await self.perform(write: true) { db in
+            let upsert = try db.cachedStatement(
+                sql: """
+                    INSERT INTO channel_positions (channel, epoch, offset) VALUES (?, ?, ?)
+                    ON CONFLICT (channel) DO UPDATE SET epoch = excluded.epoch, offset = excluded.offset
+                    """
+            )
+            for (channel, position) in positions {
+                try upsert.execute(arguments: [channel, Int64(bitPattern: position.epoch), Int64(bitPattern: position.offset)])
+            }
         }
     }
 

@@ -104,4 +104,25 @@ struct OutboxStoreTests {
         }
         _ = try await SQLiteOutboxStore(path: path).load()
     }
+
+    @Test("channel positions: none until saved, the last one per channel kept, across a close and reopen")
+    func channelPositions() async throws {
+        let path = Self.temporaryPath()
+        do {
+            let store = try SQLiteOutboxStore(path: path)
+            #expect(try await store.channelPosition(of: "room.lobby") == nil)
+            try await store.saveChannelPositions([
+                "room.lobby": ChannelPosition(epoch: .max, offset: 7), "ünïcödé": ChannelPosition(epoch: 3, offset: 1),
+            ])
+            try await store.saveChannelPositions(["room.lobby": ChannelPosition(epoch: .max, offset: 9)])
+        }
+        try await eventually("the lock is released with the store", timeout: .seconds(5)) {
+            (try? SQLiteOutboxStore(path: path)) != nil
+        }
+        let store = try SQLiteOutboxStore(path: path)
+        #expect(try await store.channelPosition(of: "room.lobby") == ChannelPosition(epoch: .max, offset: 9))
+        #expect(try await store.channelPosition(of: "ünïcödé") == ChannelPosition(epoch: 3, offset: 1))
+        #expect(try await store.channelPosition(of: "room") == nil)
+        #expect(try await store.load().records.isEmpty, "the outbox itself is untouched")
+    }
 }
