@@ -41,7 +41,8 @@ final class GatewayProcess: @unchecked Sendable {
         certificate: LabCertificate? = nil,
         httpPort: Int? = nil,
         postgres: (url: String, node: String)? = nil,
-        adminPort: Int? = nil
+        adminPort: Int? = nil,
+        extraArguments: [String] = []
     ) {
         self.postgres = postgres
         self.adminPort = adminPort
@@ -56,7 +57,7 @@ final class GatewayProcess: @unchecked Sendable {
         if transport.isSecure, let certificate {
             listener += ["--tls-cert", certificate.certificate, "--tls-key", certificate.key]
         }
-        self.listenerArguments = listener
+        self.listenerArguments = listener + extraArguments
     }
 
     /// Starts the gateway and returns once it accepts connections.

@@ -142,6 +142,37 @@ public enum LabReport {
                 lines.append("| \(result.name) | \(kill.nodes) | \(kill.clients) | \(kill.affected) | \(back) | \(kill.neverBack) |")
             }
         }
+        let channelRuns = results.filter { $0.channels != nil }
+        if !channelRuns.isEmpty {
+            lines.append("")
+            lines.append("## Channels: subscribers cut off while publications go on")
+            lines.append("")
+            lines.append(
+                "A gateway whose channels keep a history of N publications (in its SQLite store); each subscriber behind a proxy "
+                    + "of its own, its link cut once (connections dropped, new ones refused) at a seeded time for a seeded length; "
+                    + "packets to and from the gateway dropped at the scenario's loss. Each subscriber must end at its channel's "
+                    + "top with every publication once and in order, or inside a gap event that starts at the last one it had "
+                    + "and ends at the next one it gets. Duplicates, silent losses, inexact gaps and subscribers not at the top "
+                    + "must all be 0."
+            )
+            lines.append("")
+            lines.append(
+                "| Scenario | Subscribers / channels | History | Published (acknowledged / timed out) | Cuts p50 / max (s) | Received | "
+                    + "Gaps (missed) | Duplicates | Lost silently | Inexact or unjustified gaps | Not at the top | Caught up after a cut p50 / p95 / max (s) |"
+            )
+            lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            for result in channelRuns {
+                let run = result.channels!
+                let cuts = run.cuts.map { "\(Self.number($0.p50, 1)) / \(Self.number($0.max, 1))" } ?? "–"
+                let back =
+                    run.caughtUpAfterCut.map { "\(Self.number($0.p50, 2)) / \(Self.number($0.p95, 2)) / \(Self.number($0.max, 2))" } ?? "–"
+                lines.append(
+                    "| \(result.name) | \(run.clients) / \(run.channels) | \(run.history) | \(run.published) (\(run.publishAcknowledged) / "
+                        + "\(run.publishTimedOut)) | \(cuts) | \(run.received) of \(run.expected) | \(run.gaps) (\(run.missedInGaps)) | \(run.duplicates) | "
+                        + "\(run.silentlyLost) | \(run.inexactGaps) / \(run.unjustifiedGaps) | \(run.notCaughtUp) | \(back) |"
+                )
+            }
+        }
         for result in results {
             guard let nat = result.natTimeout else { continue }
             lines.append("")

@@ -61,6 +61,7 @@ public struct Lab: Sendable {
             }
             return try await run.run(nodeKill)
         }
+        if let channels = scenario.channels { return try await run.run(channels) }
         return try await run.run()
     }
 }

@@ -72,6 +72,26 @@ public struct Scenario: Sendable, Hashable {
         public var killAt: Duration
     }
 
+    /// Subscribers in channels whose links are cut, each once, for a while, as publications go
+    /// on: each must end with every publication once and in order, or a gap event exactly
+    /// where the channel's history ran out.
+    public struct ChannelsSetup: Sendable, Hashable {
+        /// Subscribers, spread over the channels.
+        public var clients: Int
+        public var channels: Int
+        /// Publications per second, over all channels.
+        public var rate: Int
+        /// How long the publisher publishes.
+        public var publishing: Duration
+        /// The shortest and the longest cut of a subscriber's link.
+        public var shortestCut: Duration
+        public var longestCut: Duration
+        /// The publications each channel keeps (`tether serve --channel-history`).
+        public var history: Int
+        /// The seed of the cuts' times and lengths.
+        public var seed: UInt64
+    }
+
     /// A short identifier, used on the command line and in the report.
     public var name: String
     /// What the scenario reproduces, in a few words.
@@ -100,6 +120,8 @@ public struct Scenario: Sendable, Hashable {
     public var restricted: RestrictedSetup?
     /// The node-kill experiment instead of the usual traffic, if set.
     public var nodeKill: NodeKillSetup?
+    /// The channels experiment instead of the usual traffic, if set.
+    public var channels: ChannelsSetup?
     /// How the clients reach the gateway: TCP, or WebSocket over TLS (`wss://`) for the
     /// scenarios named `…-wss`.
     public var transport: Endpoint.Transport = .tcp
@@ -127,9 +149,11 @@ public struct Scenario: Sendable, Hashable {
         heartbeatInterval: Duration = .seconds(10),
         nat: NATSetup? = nil,
         restricted: RestrictedSetup? = nil,
-        nodeKill: NodeKillSetup? = nil
+        nodeKill: NodeKillSetup? = nil,
+        channels: ChannelsSetup? = nil
     ) {
         self.nodeKill = nodeKill
+        self.channels = channels
         self.name = name
         self.summary = summary
         self.loss = loss
@@ -182,7 +206,23 @@ public struct Scenario: Sendable, Hashable {
                     summary: "three gateway nodes on PostgreSQL, one killed (SIGKILL) with a third of 1,000 clients on it",
                     steadyDuration: .seconds(30),
                     nodeKill: .init(nodes: 3, clients: 1000, killAt: .seconds(12))
-                )
+                ),
+                Scenario(
+                    name: "channels",
+                    summary:
+                        "200 subscribers in 10 channels, 100 publications/s for 90 s, each subscriber cut once for 1–60 s, 30 % loss; channels keep 300",
+                    loss: 0.3,
+                    channels: .init(
+                        clients: 200,
+                        channels: 10,
+                        rate: 100,
+                        publishing: .seconds(90),
+                        shortestCut: .seconds(1),
+                        longestCut: .seconds(60),
+                        history: 300,
+                        seed: 42
+                    )
+                ),
             ]
     }
 
@@ -280,6 +320,25 @@ public struct Scenario: Sendable, Hashable {
         return catalog + catalog.filter { ["loss-30", "blackhole"].contains($0.name) }.map { $0.over(.secureWebSocket) }
             + catalog.filter { $0.name == "loss-30" }.map { $0.over(.httpStream) }
             + Self.restrictedCatalog(clients: 10, heartbeat: .seconds(2), steady: .seconds(6), liftAt: .seconds(3))
+            + [
+                Scenario(
+                    name: "channels",
+                    summary:
+                        "30 subscribers in 3 channels, 30 publications/s for 16 s, each cut once for 1–8 s, 30 % loss; channels keep 60",
+                    loss: 0.3,
+                    heartbeatInterval: .seconds(2),
+                    channels: .init(
+                        clients: 30,
+                        channels: 3,
+                        rate: 30,
+                        publishing: .seconds(16),
+                        shortestCut: .seconds(1),
+                        longestCut: .seconds(8),
+                        history: 60,
+                        seed: 42
+                    )
+                )
+            ]
     }
 
     private static var quickTCPCatalog: [Scenario] {

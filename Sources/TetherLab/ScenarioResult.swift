@@ -69,6 +69,42 @@ public struct ScenarioResult: Codable, Sendable {
         public var neverBack: Int
     }
 
+    /// The channels experiment: what the subscribers received against the channels' tops.
+    public struct Channels: Codable, Sendable {
+        public var clients: Int
+        public var channels: Int
+        /// The publications each channel keeps.
+        public var history: Int
+        /// Publications in all the channels (their tops).
+        public var published: Int
+        /// Publish requests answered, and those that timed out (under loss; they may have been
+        /// published all the same).
+        public var publishAcknowledged: Int
+        public var publishTimedOut: Int
+        /// The lengths of the subscribers' cuts, seconds.
+        public var cuts: Percentiles?
+        /// Publications the subscribers should have had: each one's channel's top (they all
+        /// subscribed before the first publication).
+        public var expected: Int
+        /// Publications the subscribers received, each once.
+        public var received: Int
+        /// SUBSCRIBEs answered (the first ones and each one after a reconnect).
+        public var subscriptions: Int
+        /// Gap events, and the publications they said were lost.
+        public var gaps: Int
+        public var missedInGaps: Int
+        /// Each must be 0.
+        public var duplicates: Int
+        public var silentlyLost: Int
+        public var inexactGaps: Int
+        /// Gaps that resume later than the oldest publication the history could still hold.
+        public var unjustifiedGaps: Int
+        public var epochChanges: Int
+        public var notCaughtUp: Int
+        /// A link back → the subscriber had every publication made before it came back, seconds.
+        public var caughtUpAfterCut: Percentiles?
+    }
+
     public struct Restricted: Codable, Sendable {
         /// `rejected` or `blackholed`.
         public var rawPort: String
@@ -135,6 +171,7 @@ public struct ScenarioResult: Codable, Sendable {
     public var natTimeout: NATTimeout?
     public var restricted: Restricted?
     public var nodeKill: NodeKill?
+    public var channels: Channels?
     /// Bytes on the wire (application level, both ways) of one idle connection, per hour.
     public var heartbeatBytesPerHour: Double?
     /// Bytes on the wire (both links, both ways) per backlog message, minus its body.

@@ -118,5 +118,31 @@ extension IntegrationTests {
                 }
             }
         }
+
+        @Test(
+            "channels: 30 subscribers cut off once each for 1–8 s under 30 % loss while publications go on: each ends with every publication once and in order, or a gap event exactly where the history ran out",
+            .enabled(
+                if: Self.packetFilterUnavailable == nil || OutsideTool.isCI,
+                "skipped: \(Self.packetFilterUnavailable ?? ""); install with `scripts/install-test-tools` and run as root"
+            )
+        )
+        func channelsCutOff() async throws {
+            if let reason = Self.packetFilterUnavailable {
+                Issue.record("CI: real packet loss is unavailable: \(reason); install with `scripts/install-test-tools` and run as root")
+                return
+            }
+            try await withHarness(timeLimit: .seconds(200)) { harness in
+                let results = try await Self.run(["channels"], in: harness)
+                let run = try #require(results["channels"]?.channels)
+                #expect(run.published > 0 && run.received > 0)
+                #expect(run.duplicates == 0 && run.silentlyLost == 0 && run.epochChanges == 0)
+                #expect(run.inexactGaps == 0 && run.unjustifiedGaps == 0)
+                #expect(run.notCaughtUp == 0)
+                // Every publication of a subscriber's channel reached it, or was in a gap it was told of.
+                #expect(run.received + run.missedInGaps == run.expected)
+                // Each subscribed again after its cut: told `.subscribed`, or `.gap` when its history ran out.
+                #expect(run.subscriptions + run.gaps >= 2 * run.clients)
+            }
+        }
     }
 }
