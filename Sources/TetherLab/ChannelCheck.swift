@@ -31,6 +31,9 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
     public var epochChanges = 0
     /// The offset of the last publication received (0: none).
     public var last: UInt64 = 0
+    /// The publications before the first one received: published before the subscriber first
+    /// subscribed (from the top, as the lab's subscribers do).
+    public var before: UInt64 = 0
 
     public init() {}
 
@@ -70,6 +73,7 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
                     }
                     if position.offset > previous.offset + 1 { check.silentlyLost += Int(position.offset - previous.offset - 1) }
                 }
+                if last == nil, pendingGap == nil { check.before = position.offset - 1 }
                 check.received += 1
                 last = position
             }

@@ -157,7 +157,7 @@ public enum LabReport {
             )
             lines.append("")
             lines.append(
-                "| Scenario | Subscribers / channels | History | Published (acknowledged / timed out) | Cuts p50 / max (s) | Received | "
+                "| Scenario | Subscribers / channels | History | Published (acknowledged; failed, by error) | Cuts p50 / max (s) | Received | "
                     + "Gaps (missed) | Duplicates | Lost silently | Inexact or unjustified gaps | Not at the top | Caught up after a cut p50 / p95 / max (s) |"
             )
             lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -167,8 +167,8 @@ public enum LabReport {
                 let back =
                     run.caughtUpAfterCut.map { "\(Self.number($0.p50, 2)) / \(Self.number($0.p95, 2)) / \(Self.number($0.max, 2))" } ?? "–"
                 lines.append(
-                    "| \(result.name) | \(run.clients) / \(run.channels) | \(run.history) | \(run.published) (\(run.publishAcknowledged) / "
-                        + "\(run.publishTimedOut)) | \(cuts) | \(run.received) of \(run.expected) | \(run.gaps) (\(run.missedInGaps)) | \(run.duplicates) | "
+                    "| \(result.name) | \(run.clients) / \(run.channels) | \(run.history) | \(run.published) (\(run.publishAcknowledged); "
+                        + "\(run.publishFailed.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")) | \(cuts) | \(run.received) of \(run.expected)\(run.startedLate > 0 ? " (\(run.startedLate) before a late first subscription)" : "") | \(run.gaps) (\(run.missedInGaps)) | \(run.duplicates) | "
                         + "\(run.silentlyLost) | \(run.inexactGaps) / \(run.unjustifiedGaps) | \(run.notCaughtUp) | \(back) |"
                 )
             }

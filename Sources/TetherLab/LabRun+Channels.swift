@@ -59,7 +59,7 @@ extension ScenarioRun {
         /// Publications asked for, per channel (started, answered or not).
         let asked = TetherLock<[String: UInt64]>([:])
         let subscribed = TetherLock<[String: Int]>([:])
-        let published = TetherLock<(count: Int, failed: Int, top: [String: ChannelPosition])>((0, 0, [:]))
+        let published = TetherLock<(count: Int, failed: [String: Int], top: [String: ChannelPosition])>((0, [:], [:]))
         let caughtUp = TetherLock<[Double]>([])
         let everyone = [("publisher", publisher)] + subscribers.map { ($0.name, $0.client) }
         var result = ScenarioResult(name: scenario.name, summary: scenario.summary)
@@ -107,7 +107,7 @@ extension ScenarioRun {
                 }
             }
             // Everyone subscribed before the first publication (or waits for its link).
-            await self.waitUntil(seconds: 30) { subscribed.withLockedValue { $0.count } == subscribers.count }
+            await self.waitUntil(seconds: 60) { subscribed.withLockedValue { $0.count } == subscribers.count }
             let start = self.recorder.now()
             let total = Int(publishing * Double(setup.rate))
             try await withThrowingTaskGroup(of: Void.self) { publishes in
@@ -129,15 +129,16 @@ extension ScenarioRun {
                                 if position.offset > state.top[channel]?.offset ?? 0 { state.top[channel] = position }
                             }
                         } catch {
-                            // Timed out under loss: it may have been published all the same.
-                            published.withLockedValue { $0.failed += 1 }
+                            // Timed out under loss, or its connection lost: it may have been published all the same.
+                            let code = (error as? TetherError).map { "\($0.code)" } ?? "\(type(of: error))"
+                            published.withLockedValue { $0.failed[code, default: 0] += 1 }
                         }
                     }
                 }
                 try await publishes.waitForAll()
             }
             let counts = published.withLockedValue { ($0.count, $0.failed) }
-            self.say("publishing over: \(counts.0) publications acknowledged, \(counts.1) not (timed out under loss)")
+            self.say("publishing over: \(counts.0) publications acknowledged, not: \(counts.1)")
 
             // The channels' tops, as the gateway has them.
             var tops: [String: ChannelPosition] = [:]
@@ -171,9 +172,10 @@ extension ScenarioRun {
                 history: setup.history,
                 published: tops.values.reduce(0) { $0 + Int($1.offset) },
                 publishAcknowledged: counts.0,
-                publishTimedOut: counts.1,
+                publishFailed: counts.1,
                 cuts: Percentiles(cuts.map(\.length)),
-                expected: subscribers.reduce(0) { $0 + Int(tops[$1.channel]?.offset ?? 0) },
+                expected: subscribers.reduce(0) { $0 + Int(tops[$1.channel]?.offset ?? 0) } - checks.reduce(0) { $0 + Int($1.before) },
+                startedLate: checks.reduce(0) { $0 + Int($1.before) },
                 received: checks.reduce(0) { $0 + $1.received },
                 subscriptions: subscribed.withLockedValue { $0.values.reduce(0, +) },
                 gaps: checks.reduce(0) { $0 + $1.gaps },

@@ -77,15 +77,18 @@ public struct ScenarioResult: Codable, Sendable {
         public var history: Int
         /// Publications in all the channels (their tops).
         public var published: Int
-        /// Publish requests answered, and those that timed out (under loss; they may have been
-        /// published all the same).
+        /// Publish requests answered, and those that failed, by error code (timed out under
+        /// loss, their connection lost: they may have been published all the same).
         public var publishAcknowledged: Int
-        public var publishTimedOut: Int
+        public var publishFailed: [String: Int]
         /// The lengths of the subscribers' cuts, seconds.
         public var cuts: Percentiles?
-        /// Publications the subscribers should have had: each one's channel's top (they all
-        /// subscribed before the first publication).
+        /// Publications the subscribers should have had: each one's channel's top, but for those
+        /// published before it first subscribed (``startedLate``).
         public var expected: Int
+        /// Publications made before a subscriber first subscribed (a link so lossy that its
+        /// first subscription came after the publisher started), which it never asked for.
+        public var startedLate: Int
         /// Publications the subscribers received, each once.
         public var received: Int
         /// SUBSCRIBEs answered (the first ones and each one after a reconnect).

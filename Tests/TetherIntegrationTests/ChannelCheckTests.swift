@@ -23,6 +23,7 @@ struct ChannelCheckTests {
             history: 10
         )
         #expect(check.isClean && check.received == 4 && check.gaps == 1 && check.missedInGaps == 4 && check.caughtUp(to: 10))
+        #expect(check.before == 2, "subscribed after 2 were published")
         #expect(!check.caughtUp(to: 11))
     }
 

@@ -389,6 +389,54 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "bob's node is killed with SIGKILL while alice publishes to a channel: bob subscribes again on the other node and recovers, every publication once, in order, no gap"
+        )
+        func channelNodeKilled() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(150)) { harness in
+                var nodes: [(ChildProcess, Endpoint)] = []
+                for name in ["a", "b"] {
+                    let port = try LocalPostgres.freePort()
+                    let node = try ChildProcess(
+                        [
+                            "serve", "--postgres", url, "--node-name", name, "--port", "\(port)", "--store", ":memory:",
+                            "--channel-history", "5000", "--channel-clients-publish", "--log-level", "info",
+                        ],
+                        in: harness
+                    )
+                    nodes.append((node, Endpoint(host: "127.0.0.1", port: port)))
+                }
+                for (node, _) in nodes {
+                    try await eventually("a node listens", timeout: .seconds(30)) { node.lines.contains { $0.contains("listening") } }
+                }
+                let (a, b) = (nodes[0], nodes[1])
+                let bob = try harness.client([a.1, b.1], clientID: "bob")
+                let reader = IntegrationTests.ClientChannelTests.Reader(bob.subscribe("room.lobby"), in: harness)
+                try await eventually("bob is subscribed on A", timeout: .seconds(10)) { reader.subscriptions == [true] }
+                let alice = try harness.client([b.1], clientID: "alice")
+                let count = 600
+                let published = NIOLockedValueBox(0)
+                harness.spawn("alice publishes") {
+                    for index in 1...count {
+                        guard (try? await alice.publish(ByteBuffer(string: "p\(index)"), toChannel: "room.lobby")) != nil else { return }
+                        published.withLockedValue { $0 = index }
+                        try? await Task.sleep(for: .milliseconds(3))  // a stream: the kill lands mid-way
+                    }
+                }
+                try await eventually("bob gets the first ones through A", timeout: .seconds(30)) { reader.bodies.count >= 100 }
+                let publishedBeforeKill = published.withLockedValue { $0 }
+                a.0.kill()
+                #expect(try await a.0.exitStatus() == SIGKILL)
+                try await eventually("bob has every publication through B", timeout: .seconds(60)) { reader.bodies.count >= count }
+                #expect(publishedBeforeKill < count - 100, "the kill landed mid-stream")
+                try await Task.sleep(for: .milliseconds(300))
+                #expect(reader.bodies == (1...count).map { "p\($0)" }, "once each, in order")
+                #expect(reader.publications.map(\.position.offset) == Array(1...UInt64(count)))
+                #expect(reader.gaps.isEmpty && reader.subscriptions == [true, true], "subscribed again on B, recovered")
+            }
+        }
+
         @Test("PostgreSQL is restarted while alice sends to bob across nodes: every message arrives once, in order")
         func postgresRestarted() async throws {
             try OutsideTool.postgresql.require()
