@@ -31,6 +31,8 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
     public var epochChanges = 0
     /// The offset of the last publication received (0: none).
     public var last: UInt64 = 0
+    /// What was heard around the first anomaly, if any.
+    public var firstAnomaly: String?
     /// The publications before the first one received: published before the subscriber first
     /// subscribed (from the top, as the lab's subscribers do).
     public var before: UInt64 = 0
@@ -44,12 +46,17 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
         var check = ChannelCheck()
         var last: ChannelPosition?
         var pendingGap: ChannelGap?
-        for item in heard {
+        for (index, item) in heard.enumerated() {
+            let before = check.anomalies
             switch item {
             case .gap(let gap, let publishedBy):
                 check.gaps += 1
                 check.missedInGaps += Int(gap.missed ?? 0)
-                if let last, gap.after != last { check.inexactGaps += 1 }
+                // It starts at the last publication received, or, when it follows another gap
+                // (the subscriber subscribed again before the next publication came), where
+                // that one resumed.
+                let expected = pendingGap.map { ChannelPosition(epoch: $0.resumesAt.epoch, offset: $0.resumesAt.offset - 1) } ?? last
+                if let expected, gap.after != expected { check.inexactGaps += 1 }
                 // A history of `history` at top T keeps T - history + 1 and after; T is at most
                 // what was asked for.
                 if gap.resumesAt.offset + UInt64(max(0, history - 1)) > publishedBy { check.unjustifiedGaps += 1 }
@@ -57,30 +64,36 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
             case .publication(let position):
                 guard position.epoch == epoch else {
                     check.epochChanges += 1
-                    continue
+                    break
                 }
+                if last == nil, pendingGap == nil { check.before = position.offset - 1 }
                 if let gap = pendingGap {
                     pendingGap = nil
                     if position != gap.resumesAt { check.inexactGaps += 1 }
                     if let previous = last, position.offset <= previous.offset {
                         check.duplicates += 1
-                        continue
+                        break
                     }
                 } else if let previous = last {
                     if position.offset <= previous.offset {
                         check.duplicates += 1
-                        continue
+                        break
                     }
                     if position.offset > previous.offset + 1 { check.silentlyLost += Int(position.offset - previous.offset - 1) }
                 }
-                if last == nil, pendingGap == nil { check.before = position.offset - 1 }
                 check.received += 1
                 last = position
+            }
+            if check.firstAnomaly == nil, check.anomalies != before {
+                check.firstAnomaly = heard[max(0, index - 3)...min(heard.count - 1, index + 2)].map(\.description).joined(separator: ", ")
             }
         }
         check.last = last?.offset ?? 0
         return check
     }
+
+    /// Anomalies counted so far.
+    private var anomalies: Int { self.duplicates + self.silentlyLost + self.inexactGaps + self.unjustifiedGaps + self.epochChanges }
 
     /// Whether the subscriber ends at the channel's top.
     public func caughtUp(to top: UInt64) -> Bool { self.last == top }
@@ -88,5 +101,14 @@ public struct ChannelCheck: Codable, Sendable, Hashable {
     /// Whether nothing was lost silently, doubled or reported inexactly.
     public var isClean: Bool {
         self.duplicates == 0 && self.silentlyLost == 0 && self.inexactGaps == 0 && self.unjustifiedGaps == 0 && self.epochChanges == 0
+    }
+}
+
+extension ChannelCheck.Heard: CustomStringConvertible {
+    public var description: String {
+        switch self {
+        case .publication(let position): "\(position.epoch):\(position.offset)"
+        case .gap(let gap, let publishedBy): "gap(\(gap.after.offset) → \(gap.resumesAt.offset), \(publishedBy) asked)"
+        }
     }
 }

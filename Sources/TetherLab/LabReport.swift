@@ -40,7 +40,7 @@ public enum LabReport {
             "| Scenario | Conditions | Accepted | ≤ 5 s | ≤ 30 s | Eventually | Dup / order | Latency p50 / p90 / p99 (ms) | Backlog: drained in / p99 | Requests ok | Request p50 / p99 (ms) |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
-        for result in results where result.natTimeout == nil {
+        for result in results where result.natTimeout == nil && result.channels == nil {
             guard result.skipped == nil, let delivery = result.delivery else {
                 lines.append("| \(result.name) | \(result.summary) | skipped: \(result.skipped ?? "no data") | | | | | | | | |")
                 continue
@@ -64,7 +64,7 @@ public enum LabReport {
             "| Scenario | First connect p50 / p90 (ms) | Restored → connected p50 / p90 / p95 (s) | Signal | Samples | Never reconnected | Blackhole detected after p50 / max (s) | Disconnects |"
         )
         lines.append("|---|---|---|---|---|---|---|---|")
-        for result in results where result.skipped == nil && result.natTimeout == nil {
+        for result in results where result.skipped == nil && result.natTimeout == nil && result.channels == nil {
             let reconnection = result.reconnection
             let restored = reconnection?.restoredToConnected.map {
                 "\(Self.number($0.p50, 2)) / \(Self.number($0.p90, 2)) / \(Self.number($0.p95, 2))"
@@ -168,7 +168,7 @@ public enum LabReport {
                     run.caughtUpAfterCut.map { "\(Self.number($0.p50, 2)) / \(Self.number($0.p95, 2)) / \(Self.number($0.max, 2))" } ?? "–"
                 lines.append(
                     "| \(result.name) | \(run.clients) / \(run.channels) | \(run.history) | \(run.published) (\(run.publishAcknowledged); "
-                        + "\(run.publishFailed.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")) | \(cuts) | \(run.received) of \(run.expected)\(run.startedLate > 0 ? " (\(run.startedLate) before a late first subscription)" : "") | \(run.gaps) (\(run.missedInGaps)) | \(run.duplicates) | "
+                        + "\(run.publishFailed.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))) | \(cuts) | \(run.received) of \(run.expected)\(run.startedLate > 0 ? " (\(run.startedLate) before a late first subscription)" : "") | \(run.gaps) (\(run.missedInGaps)) | \(run.duplicates) | "
                         + "\(run.silentlyLost) | \(run.inexactGaps) / \(run.unjustifiedGaps) | \(run.notCaughtUp) | \(back) |"
                 )
             }

@@ -141,15 +141,19 @@ extension ScenarioRun {
             self.say("publishing over: \(counts.0) publications acknowledged, not: \(counts.1)")
 
             // The channels' tops, as the gateway has them.
+            // The channels' tops, as the gateway has them (asked again while the publisher's
+            // lossy link is down).
             var tops: [String: ChannelPosition] = [:]
-            for channel in channels {
-                for _ in 0..<20 {
+            let asking = self.recorder.now()
+            while tops.count < channels.count, self.recorder.now() - asking < 120 {
+                for channel in channels where tops[channel] == nil {
                     if let page = try? await publisher.history(of: channel, limit: 1, timeout: .seconds(10)) {
                         tops[channel] = ChannelPosition(epoch: page.epoch, offset: page.top)
-                        break
                     }
                 }
+                if tops.count < channels.count { try await Task.sleep(for: .milliseconds(500)) }
             }
+            if tops.count < channels.count { self.say("could not read the tops of \(channels.count - tops.count) channels") }
             await self.waitUntil(seconds: 300) {
                 heard.withLockedValue { state in
                     subscribers.allSatisfy { subscriber in
@@ -164,6 +168,9 @@ extension ScenarioRun {
                 checks.append(
                     ChannelCheck.check(final[subscriber.name] ?? [], epoch: tops[subscriber.channel]?.epoch ?? 0, history: setup.history)
                 )
+            }
+            for (subscriber, check) in zip(subscribers, checks) {
+                if let anomaly = check.firstAnomaly { self.say("\(subscriber.name) in \(subscriber.channel): anomaly around \(anomaly)") }
             }
             let notCaughtUp = zip(subscribers, checks).filter { !$1.caughtUp(to: tops[$0.channel]?.offset ?? 0) }.count
             result.channels = ScenarioResult.Channels(

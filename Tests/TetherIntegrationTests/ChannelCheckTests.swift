@@ -24,6 +24,13 @@ struct ChannelCheckTests {
         )
         #expect(check.isClean && check.received == 4 && check.gaps == 1 && check.missedInGaps == 4 && check.caughtUp(to: 10))
         #expect(check.before == 2, "subscribed after 2 were published")
+        let gapFirst = ChannelCheck.check([Self.gap(0, 6), Self.p(6)], epoch: 7, history: 10)
+        #expect(gapFirst.before == 0 && gapFirst.missedInGaps == 5 && gapFirst.isClean, "what it missed is in the gap")
+        // Subscribed again before the first publication after a gap came: a second gap from
+        // where the first resumed.
+        let twice = ChannelCheck.check([Self.p(3), Self.gap(3, 8), Self.gap(7, 12, publishedBy: 25), Self.p(12)], epoch: 7, history: 10)
+        #expect(twice.isClean && twice.missedInGaps == 8 && twice.gaps == 2)
+        #expect(ChannelCheck.check([Self.p(3), Self.gap(3, 8), Self.gap(5, 12), Self.p(12)], epoch: 7, history: 10).inexactGaps == 1)
         #expect(!check.caughtUp(to: 11))
     }
 
