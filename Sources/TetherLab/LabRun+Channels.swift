@@ -211,7 +211,7 @@ extension ScenarioRun {
 
     /// A subscriber (or the publisher) with the defaults a user gets.
     private func channelClient(_ name: String, _ endpoint: Endpoint) throws -> TetherClient {
-        var configuration = ClientConfiguration(endpoints: [endpoint], clientID: name)
+        let configuration = ClientConfiguration(endpoints: [endpoint], clientID: name)
         var logger = Logger(label: "tether.lab.\(name)")
         logger.logLevel = .critical
         return try TetherClient(configuration: configuration, logger: logger)
