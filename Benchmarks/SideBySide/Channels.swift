@@ -96,6 +96,17 @@ struct ChannelsBench: AsyncParsableCommand {
         try writeJSON(Results(recovery: recoveries, presence: presence, publishRate: rate), to: "\(self.output)/channels.json")
     }
 
+    /// The body of a `channel.publish` request (see `TetherPeer.installRoom`): `count`
+    /// publications of `size` bytes to `channel`.
+    static func publishRequest(_ count: Int, of size: Int, to channel: String) -> ByteBuffer {
+        var body = ByteBuffer()
+        body.writeInteger(UInt32(count))
+        body.writeInteger(UInt32(size))
+        body.writeInteger(UInt32(0))  // not JSON
+        body.writeString(channel)
+        return body
+    }
+
     /// Starts the gateway with a store (a new SQLite file, or `--postgres`).
     private func server(node: Int = 1) throws -> (ChildProcess, port: Int) {
         if self.postgres == nil, node == 1 {
@@ -138,15 +149,10 @@ struct ChannelsBench: AsyncParsableCommand {
                 let port = server.port
                 group.addTask {
                     try await TetherPeer.withClient(port: port) { client in
-                        var publish = ByteBuffer()
                         var sent = 0
                         while sent < perNode {
                             let count = min(perRequest, perNode - sent)
-                            publish.clear()
-                            publish.writeInteger(UInt32(count))
-                            publish.writeInteger(UInt32(bodySize))
-                            publish.writeInteger(UInt32(0))
-                            publish.writeString(channel)
+                            let publish = Self.publishRequest(count, of: bodySize, to: channel)
                             _ = try await client.request("channel.publish", body: publish, timeout: .seconds(120))
                             sent += count
                         }
@@ -183,15 +189,10 @@ struct ChannelsBench: AsyncParsableCommand {
             for run in 0...runs {
                 // Where the subscriber was when it left: the channel's top now.
                 let before = try await client.history(of: channel, limit: 1)
-                var publish = ByteBuffer()
                 var sent = 0
                 while sent < missed {
                     let count = min(1_000, missed - sent)
-                    publish.clear()
-                    publish.writeInteger(UInt32(count))
-                    publish.writeInteger(UInt32(bodySize))
-                    publish.writeInteger(UInt32(0))
-                    publish.writeString(channel)
+                    let publish = Self.publishRequest(count, of: bodySize, to: channel)
                     _ = try await client.request("channel.publish", body: publish, timeout: .seconds(120))
                     sent += count
                 }
@@ -285,11 +286,7 @@ struct ChannelsBench: AsyncParsableCommand {
             let elapsed = ContinuousClock.now - started
             guard seen == members else { throw BenchError("\(seen) members listed of \(members)") }
             // The generators wait for one publication each before they exit.
-            var publish = ByteBuffer()
-            publish.writeInteger(UInt32(1))
-            publish.writeInteger(UInt32(8))
-            publish.writeInteger(UInt32(0))
-            publish.writeString("bench.presence")
+            let publish = Self.publishRequest(1, of: 8, to: "bench.presence")
             _ = try await client.request("channel.publish", body: publish, timeout: .seconds(60))
             return (Array(firstPages.dropFirst()), Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1e3)
         }

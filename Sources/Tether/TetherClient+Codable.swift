@@ -78,6 +78,20 @@ extension TetherClient {
         return try await self.send(topic, body: body, conversation: conversation, priority: priority, ttl: ttl)
     }
 
+    /// Publishes `value`, encoded as JSON, to a channel; see ``publish(_:toChannel:timeout:)``.
+    /// - Throws: ``TetherError``: those of ``publish(_:toChannel:timeout:)``, or
+    ///   ``TetherError/Code/invalidArgument`` if `value` cannot be encoded.
+    @discardableResult
+    public func publish(
+        json value: some Encodable,
+        toChannel channel: String,
+        timeout: Duration? = nil,
+        encoder: JSONEncoder = JSONEncoder()
+    ) async throws(TetherError) -> ChannelPosition {
+        let body = try Self.encode(value, with: encoder, for: "the publication to '\(channel)'")
+        return try await self.publish(body, toChannel: channel, timeout: timeout)
+    }
+
     static func encode(_ value: some Encodable, with encoder: JSONEncoder, for what: String) throws(TetherError) -> ByteBuffer {
         do {
             return ByteBuffer(data: try encoder.encode(value))
@@ -88,6 +102,17 @@ extension TetherClient {
 }
 
 extension Push {
+    /// The body as `Data`.
+    public var data: Data { Data(buffer: self.body) }
+
+    /// The body decoded from JSON.
+    /// - Throws: The decoder's error.
+    public func decode<Value: Decodable>(_ type: Value.Type = Value.self, decoder: JSONDecoder = JSONDecoder()) throws -> Value {
+        try decoder.decode(Value.self, from: self.body)
+    }
+}
+
+extension ChannelPublication {
     /// The body as `Data`.
     public var data: Data { Data(buffer: self.body) }
 

@@ -37,6 +37,29 @@ extension Gateway {
         return try self.push(topic, body, to: target)
     }
 
+    /// Publishes `value` encoded as JSON to a channel; see ``publish(_:toChannel:publisher:)``.
+    ///
+    /// ```swift
+    /// try await gateway.publish(json: ChatLine(from: "alice", text: "hi"), toChannel: "room.lobby")
+    /// ```
+    /// - Throws: ``GatewayError`` with ``GatewayError/Code/invalidArgument`` for a value that
+    ///   cannot be encoded, and as ``publish(_:toChannel:publisher:)`` does.
+    @discardableResult
+    public func publish(
+        json value: some Encodable,
+        toChannel channel: String,
+        publisher: String = "",
+        encoder: JSONEncoder = JSONEncoder()
+    ) async throws(GatewayError) -> ChannelPosition {
+        let body: ByteBuffer
+        do {
+            body = ByteBuffer(data: try encoder.encode(value))
+        } catch {
+            throw GatewayError(code: .invalidArgument, message: "cannot encode the publication to '\(channel)': \(error)")
+        }
+        return try await self.publish(body, toChannel: channel, publisher: publisher)
+    }
+
     /// Registers a handler of `method` that takes and returns JSON; see ``handle(_:_:)``.
     ///
     /// A body that does not decode as `Request` is answered with ``StatusCode/invalidRequest``

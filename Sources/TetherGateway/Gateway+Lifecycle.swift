@@ -183,9 +183,14 @@ extension Gateway {
         }
     }
 
-    /// Records what the connections hold of the memory budget now.
+    /// Records what the connections hold of the memory budget now, and the channels' counts.
     func sampleMemory() {
         self.metrics.memoryHeld.record(self.memoryBudget.usedBytes)
+        if let hub = self.pushes.channels {
+            let (channels, historyBytes) = hub.counts
+            self.metrics.channels.record(channels)
+            self.metrics.historyBytes.record(historyBytes)
+        }
     }
 
     /// Until cancelled, forgets the outboxes away for longer than the retention, every half

@@ -36,4 +36,14 @@ extension Gateway {
     public func push<M: SwiftProtobuf.Message>(_ topic: String, _ message: M, to target: PushTarget) throws -> Int {
         try self.push(topic, try message.serializedByteBuffer(), to: target)
     }
+
+    /// Publishes a protobuf message to a channel; see ``Gateway/publish(_:toChannel:publisher:)``.
+    @discardableResult
+    public func publish<M: SwiftProtobuf.Message>(
+        _ message: M,
+        toChannel channel: String,
+        publisher: String = ""
+    ) async throws -> ChannelPosition {
+        try await self.publish(try message.serializedByteBuffer(), toChannel: channel, publisher: publisher)
+    }
 }

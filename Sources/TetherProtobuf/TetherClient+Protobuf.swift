@@ -44,6 +44,14 @@ extension TetherClient {
     }
 }
 
+extension ChannelPublication {
+    /// Decodes the publication's body as a protobuf message.
+    /// - Throws: SwiftProtobuf's `BinaryDecodingError` if the body is not a valid `M`.
+    public func decode<M: SwiftProtobuf.Message>(as type: M.Type = M.self) throws -> M {
+        try M(decoding: self.body)
+    }
+}
+
 extension Push {
     /// Decodes the push's body as a protobuf message.
     /// - Throws: SwiftProtobuf's `BinaryDecodingError` if the body is not a valid `M`.

@@ -145,3 +145,54 @@ extension IntegrationTests {
         }
     }
 }
+
+extension IntegrationTests.AdminTests {
+    @Test(
+        "/metrics counts channel subscriptions by what they got (from the top, recovered, a gap), recovered publications, channels and their history"
+    )
+    func channelMetrics() async throws {
+        try await withHarness { harness in
+            let (gateway, endpoint) = try await harness.gateway(
+                configure: {
+                    $0.admin = .init(port: 0)
+                    $0.channels = try! .init(rules: [
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 10, maxAge: .seconds(600)))
+                    ])
+                },
+                metrics: .prometheus()
+            )
+            let admin = "http://127.0.0.1:\(try await gateway.adminAddress.port!)"
+            func publish(_ range: ClosedRange<Int>) async throws {
+                for index in range { try await gateway.publish(ByteBuffer(string: "m\(index)"), toChannel: "room.lobby") }
+            }
+            let client = try harness.client([endpoint], clientID: "bob")
+            let fromTop = Task { for try await _ in client.subscribe("room.lobby") {} }
+            defer { fromTop.cancel() }
+            try await publish(1...5)
+            let epoch = try await client.history(of: "room.lobby", limit: 1).epoch
+            // From offset 2: 3, 4, 5 recovered. From offset 3 once 25 are published and 10 kept: a gap, 16…25 recovered.
+            let second = try harness.client([endpoint], clientID: "carol")
+            let recovered = IntegrationTests.ClientChannelTests.Reader(
+                second.subscribe("room.lobby", from: ChannelPosition(epoch: epoch, offset: 2)),
+                in: harness
+            )
+            try await eventually("carol recovered 3…5") { recovered.bodies == ["m3", "m4", "m5"] }
+            try await publish(6...25)
+            let third = try harness.client([endpoint], clientID: "dave")
+            let gapped = IntegrationTests.ClientChannelTests.Reader(
+                third.subscribe("room.lobby", from: ChannelPosition(epoch: epoch, offset: 3)),
+                in: harness
+            )
+            try await eventually("dave is told of the gap, then gets 16…25") { gapped.gaps.count == 1 && gapped.bodies.count == 10 }
+
+            let samples = try await Self.metrics(admin) { $0["tether_channel_history_bytes"] == 30 }
+            #expect(samples[#"tether_channel_subscriptions_total{result="top"}"#] == 1)
+            #expect(samples[#"tether_channel_subscriptions_total{result="recovered"}"#] == 1)
+            #expect(samples[#"tether_channel_subscriptions_total{result="gap"}"#] == 1)
+            #expect(samples["tether_channel_recovered_publications_total"] == 13)
+            #expect(samples["tether_channels"] == 1)
+            #expect(samples["tether_channel_history_bytes"] == 30, "10 kept of 3 bytes each")
+            #expect(samples[#"tether_pushes_total{target="channel"}"#] == 25)
+        }
+    }
+}

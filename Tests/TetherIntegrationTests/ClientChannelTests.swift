@@ -273,22 +273,27 @@ extension IntegrationTests.ClientChannelTests {
         }
     }
 
+    /// A gateway whose channels keep presence (but `quiet.*`), its clients' info "I-" and their
+    /// id, and mallory not allowed to see room.lobby's.
+    static func presenceGateway(_ harness: Harness) async throws -> (Gateway, Endpoint) {
+        try await harness.gateway(
+            configure: { configuration in
+                configuration.channels = try! .init(rules: [
+                    .init(pattern: try! ChannelPattern("quiet.*"), history: nil),
+                    .init(pattern: .all, history: nil, presence: true),
+                ])
+            },
+            authenticator: InfoAuthenticator(),
+            routes: { gateway in
+                gateway.authorize { access, connection in access != .presence(channel: "room.lobby") || connection.clientID != "mallory" }
+            }
+        )
+    }
+
     @Test("presence: who is subscribed, each client once with its connections and info, in client id order; it follows who leaves")
     func presence() async throws {
         try await withHarness { harness in
-            let (gateway, endpoint) = try await harness.gateway(
-                configure: { configuration in
-                    configuration.channels = try! .init(rules: [
-                        .init(pattern: try! ChannelPattern("quiet.*"), history: nil),
-                        .init(pattern: .all, history: nil, presence: true),
-                    ])
-                },
-                authenticator: InfoAuthenticator(),
-                routes: { gateway in
-                    gateway.authorize { access, connection in access != .presence(channel: "room.lobby") || connection.clientID != "mallory"
-                    }
-                }
-            )
+            let (gateway, endpoint) = try await Self.presenceGateway(harness)
             var readers: [Reader] = []
             for clientID in ["carol", "alice", "bob", "alice"] {  // alice on two devices
                 let client = try harness.client([endpoint], clientID: clientID)
@@ -360,19 +365,7 @@ extension IntegrationTests.ClientChannelTests {
     )
     func presenceEvents() async throws {
         try await withHarness { harness in
-            let (_, endpoint) = try await harness.gateway(
-                configure: { configuration in
-                    configuration.channels = try! .init(rules: [
-                        .init(pattern: try! ChannelPattern("quiet.*"), history: nil),
-                        .init(pattern: .all, history: nil, presence: true),
-                    ])
-                },
-                authenticator: InfoAuthenticator(),
-                routes: { gateway in
-                    gateway.authorize { access, connection in access != .presence(channel: "room.lobby") || connection.clientID != "mallory"
-                    }
-                }
-            )
+            let (_, endpoint) = try await Self.presenceGateway(harness)
             let carol = try harness.client([endpoint], clientID: "carol")
             let carolIn = Reader(carol.subscribe("room.lobby"), in: harness)
             try await eventually("carol is subscribed") { carolIn.subscriptions == [true] }

@@ -338,25 +338,30 @@ extension IntegrationTests {
 extension IntegrationTests {
     @Suite("A cluster when a node or PostgreSQL dies", .requires(.postgresql), .timeLimit(.minutes(3)))
     struct ClusterFailureTests {
+        /// Nodes a and b: `tether serve --postgres` processes on the database at `url`, with
+        /// `arguments`, once they listen.
+        static func serveNodes(url: String, in harness: Harness, _ arguments: [String] = []) async throws -> [(ChildProcess, Endpoint)] {
+            var nodes: [(ChildProcess, Endpoint)] = []
+            for name in ["a", "b"] {
+                let port = try LocalPostgres.freePort()
+                let node = try ChildProcess(
+                    ["serve", "--postgres", url, "--node-name", name, "--port", "\(port)", "--store", ":memory:", "--log-level", "info"]
+                        + arguments,
+                    in: harness
+                )
+                nodes.append((node, Endpoint(host: "127.0.0.1", port: port)))
+            }
+            for (node, _) in nodes {
+                try await eventually("a node listens", timeout: .seconds(30)) { node.lines.contains { $0.contains("listening") } }
+            }
+            return nodes
+        }
+
         @Test("node A is killed with SIGKILL mid-stream: alice resumes on node B, nothing lost or doubled, the handler's deliveries once")
         func nodeKilled() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(150)) { harness in
-                var nodes: [(ChildProcess, Endpoint)] = []
-                for name in ["a", "b"] {
-                    let port = try LocalPostgres.freePort()
-                    let node = try ChildProcess(
-                        [
-                            "serve", "--postgres", url, "--node-name", name, "--port", "\(port)", "--store", ":memory:", "--log-level",
-                            "info",
-                        ],
-                        in: harness
-                    )
-                    nodes.append((node, Endpoint(host: "127.0.0.1", port: port)))
-                }
-                for (node, _) in nodes {
-                    try await eventually("a node listens", timeout: .seconds(30)) { node.lines.contains { $0.contains("listening") } }
-                }
+                let nodes = try await Self.serveNodes(url: url, in: harness)
                 let (a, b) = (nodes[0], nodes[1])
                 let alice = try harness.client([a.1, b.1], clientID: "alice") { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }
                 let bob = try harness.client([b.1], clientID: "bob") { $0.reliability = try! .init(outbox: InMemoryOutboxStore()) }
@@ -395,21 +400,7 @@ extension IntegrationTests {
         func channelNodeKilled() async throws {
             let url = try await TestPostgres.makeDatabase()
             try await withHarness(timeLimit: .seconds(150)) { harness in
-                var nodes: [(ChildProcess, Endpoint)] = []
-                for name in ["a", "b"] {
-                    let port = try LocalPostgres.freePort()
-                    let node = try ChildProcess(
-                        [
-                            "serve", "--postgres", url, "--node-name", name, "--port", "\(port)", "--store", ":memory:",
-                            "--channel-history", "5000", "--channel-clients-publish", "--log-level", "info",
-                        ],
-                        in: harness
-                    )
-                    nodes.append((node, Endpoint(host: "127.0.0.1", port: port)))
-                }
-                for (node, _) in nodes {
-                    try await eventually("a node listens", timeout: .seconds(30)) { node.lines.contains { $0.contains("listening") } }
-                }
+                let nodes = try await Self.serveNodes(url: url, in: harness, ["--channel-history", "5000", "--channel-clients-publish"])
                 let (a, b) = (nodes[0], nodes[1])
                 let bob = try harness.client([a.1, b.1], clientID: "bob")
                 let reader = IntegrationTests.ClientChannelTests.Reader(bob.subscribe("room.lobby"), in: harness)

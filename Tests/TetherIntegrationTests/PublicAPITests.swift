@@ -72,6 +72,21 @@ extension IntegrationTests {
                 try gateway.push("score", json: Entered(room: "match", members: 2), to: .client("json"))
                 let push = await iterator.next()
                 #expect(try push?.decode(Entered.self) == Entered(room: "match", members: 2))
+
+                // Channels: JSON published by the gateway and by a client, decoded by the subscriber.
+                var events = client.subscribe("json.room").makeAsyncIterator()
+                #expect(try await events.next() == .subscribed(recovered: true))
+                try await gateway.publish(json: Entered(room: "json.room", members: 1), toChannel: "json.room")
+                let event = try await events.next()
+                guard case .publication(let first)? = event else {
+                    Issue.record("not a publication: \(String(describing: event))")
+                    return
+                }
+                #expect(try first.decode(Entered.self) == Entered(room: "json.room", members: 1))
+                let refused = await #expect(throws: TetherError.self) {
+                    try await client.publish(json: Enter(room: "x"), toChannel: "json.room")
+                }
+                #expect(refused?.status == .permissionDenied, "clients may not publish unless the channel's rule says so")
             }
         }
 

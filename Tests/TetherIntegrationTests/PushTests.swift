@@ -261,6 +261,14 @@ extension IntegrationTests {
 
                 try gateway.push("typed", Google_Protobuf_StringValue("pushed"), to: .all)
                 try await eventually("the typed push arrives") { pushes.bodies.count == 1 }
+
+                // A channel's publication, typed both ways.
+                let reader = IntegrationTests.ClientChannelTests.Reader(client.subscribe("typed.channel"), in: harness)
+                try await eventually("subscribed") { reader.subscriptions == [true] }
+                let position = try await gateway.publish(Google_Protobuf_StringValue("published"), toChannel: "typed.channel")
+                try await eventually("the typed publication arrives") { reader.publications.count == 1 }
+                #expect(try reader.publications[0].decode(as: Google_Protobuf_StringValue.self).value == "published")
+                #expect(reader.publications[0].position == position)
             }
         }
     }

@@ -87,6 +87,7 @@ extension GatewayConnectionHandler {
             self.refuse(request, status, message)
         case .subscribed(let subscribed, let page):
             if page.occupied { self.tellOccupancy() }
+            self.services.metrics.subscribed(subscribed.gap ? "gap" : request.recoverFrom == nil ? "top" : "recovered")
             // Publications of a subscription this one replaces, queued on this loop, go first
             // (the client drops those that arrive before SUBSCRIBED).
             self.pushes?.drain()
@@ -270,6 +271,7 @@ extension GatewayConnectionHandler {
             }
             self.write(.publication(publication))
         }
+        if !page.publications.isEmpty { self.services.metrics.recovered.increment(by: page.publications.count) }
         if let liveAfter = page.liveAfter { self.liveChannels[channel] = liveAfter }
         guard let next = page.next else { return }
         self.recoveries.append(next)

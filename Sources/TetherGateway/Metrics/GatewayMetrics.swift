@@ -47,6 +47,10 @@ final class GatewayMetrics: Sendable {
         static let memoryHeld = "tether_memory_held_bytes"
         static let memoryBudget = "tether_memory_budget_bytes"
         static let budgetPauses = "tether_memory_budget_pauses_total"
+        static let channelSubscriptions = "tether_channel_subscriptions_total"
+        static let channelRecovered = "tether_channel_recovered_publications_total"
+        static let channels = "tether_channels"
+        static let channelHistoryBytes = "tether_channel_history_bytes"
     }
 
     static let durationBuckets: [Duration] = [
@@ -92,6 +96,14 @@ final class GatewayMetrics: Sendable {
     let memoryBudget: Gauge
     /// Connections that paused their reads because the memory budget was exhausted.
     let budgetPauses: Counter
+    /// Accepted SUBSCRIBEs by what they got: `recovered` (from a position, nothing lost),
+    /// `gap` (told of publications lost), `top` (no position: from what comes next).
+    private let subscriptions: [String: Counter]
+    /// Publications sent in recoveries (counted per page).
+    let recovered: Counter
+    /// Channels the hub keeps, and the bytes their in-memory histories hold, sampled.
+    let channels: Gauge
+    let historyBytes: Gauge
 
     /// - Parameter factory: Where they go; `nil` for swift-metrics' global factory.
     init(factory: (any MetricsFactory)?) {
@@ -132,6 +144,18 @@ final class GatewayMetrics: Sendable {
         self.memoryHeld = Gauge(label: Names.memoryHeld, factory: factory)
         self.memoryBudget = Gauge(label: Names.memoryBudget, factory: factory)
         self.budgetPauses = Counter(label: Names.budgetPauses, factory: factory)
+        let subscriptions = LabelledCounters(Names.channelSubscriptions, factory: factory)
+        self.subscriptions = Dictionary(
+            uniqueKeysWithValues: ["recovered", "gap", "top"].map { ($0, subscriptions.counter([("result", $0)])) }
+        )
+        self.recovered = Counter(label: Names.channelRecovered, factory: factory)
+        self.channels = Gauge(label: Names.channels, factory: factory)
+        self.historyBytes = Gauge(label: Names.channelHistoryBytes, factory: factory)
+    }
+
+    /// A SUBSCRIBE was accepted: `recovered`, `gap` or `top` (see ``subscriptions``).
+    func subscribed(_ result: String) {
+        self.subscriptions[result]?.increment()
     }
 
     func transport(_ transport: ConnectionTransport) -> PerTransport {
