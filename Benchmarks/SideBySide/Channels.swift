@@ -162,7 +162,7 @@ struct ChannelsBench: AsyncParsableCommand {
             try await group.waitForAll()
         }
         let elapsed = ContinuousClock.now - started - .milliseconds(500)
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.totalSeconds
         let result = PublishRate(
             storage: storage,
             nodes: nodeCount,
@@ -220,7 +220,7 @@ struct ChannelsBench: AsyncParsableCommand {
                     }
                 }
                 let elapsed = ContinuousClock.now - started
-                if run > 0 { times.append(Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1e3) }
+                if run > 0 { times.append(elapsed.totalSeconds * 1e3) }
             }
             return times
         }
@@ -272,7 +272,7 @@ struct ChannelsBench: AsyncParsableCommand {
                 guard page.total == members, page.members.count == 1_000 else {
                     throw BenchError("the presence page says \(page.total) members and holds \(page.members.count)")
                 }
-                firstPages.append(Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1e3)
+                firstPages.append(elapsed.totalSeconds * 1e3)
             }
             let started = ContinuousClock.now
             var seen = 0
@@ -288,7 +288,7 @@ struct ChannelsBench: AsyncParsableCommand {
             // The generators wait for one publication each before they exit.
             let publish = Self.publishRequest(1, of: 8, to: "bench.presence")
             _ = try await client.request("channel.publish", body: publish, timeout: .seconds(60))
-            return (Array(firstPages.dropFirst()), Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1e3)
+            return (Array(firstPages.dropFirst()), elapsed.totalSeconds * 1e3)
         }
         for generator in generators {
             _ = generator.readLine()

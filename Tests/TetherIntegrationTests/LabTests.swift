@@ -11,6 +11,20 @@ extension IntegrationTests {
         /// Why packet loss cannot be injected on this machine (`nil` if it can).
         static let packetFilterUnavailable = PacketFilter.unavailableReason()
 
+        /// Runs a test that drops real packets where the machine can, and in CI (where it
+        /// fails if it cannot); elsewhere skips it, saying how to install what it needs.
+        static let needsPacketLoss = ConditionTrait.enabled(
+            if: Self.packetFilterUnavailable == nil || OutsideTool.isCI,
+            "skipped: \(Self.packetFilterUnavailable ?? ""); install with `scripts/install-test-tools` and run as root"
+        )
+
+        /// Whether packets can be dropped here; in CI, an issue says why not.
+        static func packetLossAvailable() -> Bool {
+            guard let reason = Self.packetFilterUnavailable else { return true }
+            Issue.record("CI: real packet loss is unavailable: \(reason); install with `scripts/install-test-tools` and run as root")
+            return false
+        }
+
         static func run(_ scenarios: [String], in harness: Harness) async throws -> [String: ScenarioResult] {
             let output = FileManager.default.temporaryDirectory.appendingPathComponent("tether-lab-\(UUID().uuidString)").path
             harness.onExit { try? FileManager.default.removeItem(atPath: output) }
@@ -87,16 +101,10 @@ extension IntegrationTests {
 
         @Test(
             "30 % packet loss and a blackhole without signal (real dropped packets), over TCP and over WSS; 30 % loss over the HTTP stream",
-            .enabled(
-                if: Self.packetFilterUnavailable == nil || OutsideTool.isCI,
-                "skipped: \(Self.packetFilterUnavailable ?? ""); install with `scripts/install-test-tools` and run as root"
-            )
+            Self.needsPacketLoss
         )
         func withPacketLoss() async throws {
-            if let reason = Self.packetFilterUnavailable {
-                Issue.record("CI: real packet loss is unavailable: \(reason); install with `scripts/install-test-tools` and run as root")
-                return
-            }
+            guard Self.packetLossAvailable() else { return }
             try await withHarness(timeLimit: .seconds(210)) { harness in
                 let results = try await Self.run(["loss-30", "blackhole", "loss-30-wss", "blackhole-wss", "loss-30-http"], in: harness)
                 try Self.expectEverythingDelivered(results["loss-30-http"])
@@ -121,16 +129,10 @@ extension IntegrationTests {
 
         @Test(
             "channels: 30 subscribers cut off once each for 1–8 s under 30 % loss while publications go on: each ends with every publication once and in order, or a gap event exactly where the history ran out",
-            .enabled(
-                if: Self.packetFilterUnavailable == nil || OutsideTool.isCI,
-                "skipped: \(Self.packetFilterUnavailable ?? ""); install with `scripts/install-test-tools` and run as root"
-            )
+            Self.needsPacketLoss
         )
         func channelsCutOff() async throws {
-            if let reason = Self.packetFilterUnavailable {
-                Issue.record("CI: real packet loss is unavailable: \(reason); install with `scripts/install-test-tools` and run as root")
-                return
-            }
+            guard Self.packetLossAvailable() else { return }
             try await withHarness(timeLimit: .seconds(200)) { harness in
                 let results = try await Self.run(["channels"], in: harness)
                 let run = try #require(results["channels"]?.channels)

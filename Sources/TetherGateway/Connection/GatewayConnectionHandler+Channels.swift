@@ -49,16 +49,16 @@ extension GatewayConnectionHandler {
 
     /// Why the client may not subscribe as `request` asks, if it may not.
     private func refusal(of request: Frame.Subscribe, hub: ChannelHub) -> (StatusCode, String)? {
-        let scope = self.scope
-        let checks = scope?.checksAccess == true
-        if checks, let scope, !self.services.router.permits(.subscribe(channel: request.channel), scope.connection) {
+        // The connection whose access the router checks, if it checks this one's.
+        let checked = self.scope.flatMap { $0.checksAccess ? $0.connection : nil }
+        if let checked, !self.services.router.permits(.subscribe(channel: request.channel), checked) {
             return (.permissionDenied, "this client may not subscribe to \(request.channel)")
         }
         guard request.presenceEvents else { return nil }
         guard hub.configuration.rule(for: request.channel)?.presence == true else {
             return (.invalidRequest, "\(request.channel) keeps no presence (its rule's presence is off); subscribe without presence events")
         }
-        if checks, let scope, !self.services.router.permits(.presence(channel: request.channel), scope.connection) {
+        if let checked, !self.services.router.permits(.presence(channel: request.channel), checked) {
             return (.permissionDenied, "this client may not see who is in \(request.channel); subscribe without presence events")
         }
         return nil

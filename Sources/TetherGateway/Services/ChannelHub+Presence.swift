@@ -142,14 +142,14 @@ extension ChannelHub {
         after: String?,
         limit: Int
     ) -> (members: [Frame.Presence], done: Bool)? {
-        let read = self.state.withLockedValue { state -> ([String: MemberState], [String: [UInt64: MemberState]])? in
-            guard let entry = state.channels[channel], entry.subscribers[id]?.generation == generation else { return nil }
-            return (entry.clients ?? [:], state.remoteMembers[channel] ?? [:])
+        let read = self.state.withLockedValue { state -> Members? in
+            guard state.channels[channel]?.subscribers[id]?.generation == generation else { return nil }
+            return Self.members(of: channel, in: state)
         }
-        guard let (local, remote) = read else { return nil }
+        guard let read else { return nil }
         // Merged and sorted outside the lock, from the members as they were in the step that
         // read them.
-        let members = Self.page(of: Self.merged(local, remote), after: after ?? "", limit: limit)
+        let members = Self.page(of: read.merged, after: after ?? "", limit: limit)
         return (
             members.map { Frame.Presence(channel: channel, kind: .joined, clientID: $0.clientID, info: $0.info) },
             members.count < limit
@@ -160,28 +160,35 @@ extension ChannelHub {
     /// from the first), at most `limit`, and how many there are in all; on every node of a
     /// cluster that shares presence, else on this one.
     func presence(of channel: String, after: String, limit: Int) -> ChannelPresencePage {
-        let (local, remote) = self.state.withLockedValue { state in
-            (state.channels[channel]?.clients ?? [:], state.remoteMembers[channel] ?? [:])
-        }
         // Merged and sorted outside the lock: a channel of many subscribers is asked rarely.
-        let members = Self.merged(local, remote)
+        let members = self.state.withLockedValue { Self.members(of: channel, in: $0) }.merged
         return ChannelPresencePage(channel: channel, total: members.count, members: Self.page(of: members, after: after, limit: limit))
     }
 
-    /// Each client's connections on every node, with the info of this node's first (or of the
-    /// lowest node's).
-    private static func merged(_ local: [String: MemberState], _ remote: [String: [UInt64: MemberState]]) -> [String: MemberState] {
-        guard !remote.isEmpty else { return local }
-        var members = local
-        for (clientID, nodes) in remote {
-            let connections = nodes.values.reduce(0) { $0 + $1.connections }
-            if let mine = members[clientID] {
-                members[clientID]!.connections = mine.connections + connections
-            } else if let first = nodes.keys.min() {
-                members[clientID] = (connections, nodes[first]!.info)
+    /// A channel's members as read under the lock: this node's and the other nodes'.
+    private struct Members {
+        var local: [String: MemberState]
+        var remote: [String: [UInt64: MemberState]]
+
+        /// Each client's connections on every node, with the info of this node's first (or of
+        /// the lowest node's).
+        var merged: [String: MemberState] {
+            guard !self.remote.isEmpty else { return self.local }
+            var members = self.local
+            for (clientID, nodes) in self.remote {
+                let connections = nodes.values.reduce(0) { $0 + $1.connections }
+                if let mine = members[clientID] {
+                    members[clientID]!.connections = mine.connections + connections
+                } else if let first = nodes.keys.min() {
+                    members[clientID] = (connections, nodes[first]!.info)
+                }
             }
+            return members
         }
-        return members
+    }
+
+    private static func members(of channel: String, in state: State) -> Members {
+        Members(local: state.channels[channel]?.clients ?? [:], remote: state.remoteMembers[channel] ?? [:])
     }
 
     /// The members of `clients` after client id `after` (bytewise; empty: from the first), at most `limit`.
