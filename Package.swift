@@ -17,6 +17,11 @@ import PackageDescription
 //   TetherStreamForwarding  sends HTTP-stream POSTs to the node of a cluster that holds their
 //                  session (async-http-client)
 //   TetherProtobuf typed swift-protobuf conveniences for client and gateway
+//   TetherServerAPI the server API a backend in any language drives the gateway with: JSON
+//                  over HTTP, its server code generated from openapi.yaml (swift-openapi-
+//                  generator, served by Hummingbird) on a listener of its own
+//   TetherBackendProxy the event proxy: clients' connects, requests and reliable messages
+//                  handed to the backend over HTTP (async-http-client)
 //   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
 //   TetherTesting  for an app's tests: a manual clock, the fault proxy (not linked into
 //                  `tether`)
@@ -48,6 +53,8 @@ let package = Package(
         .library(name: "TetherPostgres", targets: ["TetherPostgres"]),
         .library(name: "TetherStreamForwarding", targets: ["TetherStreamForwarding"]),
         .library(name: "TetherProtobuf", targets: ["TetherProtobuf"]),
+        .library(name: "TetherServerAPI", targets: ["TetherServerAPI"]),
+        .library(name: "TetherBackendProxy", targets: ["TetherBackendProxy"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
         .library(name: "TetherGatewayTesting", targets: ["TetherGatewayTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
@@ -74,6 +81,11 @@ let package = Package(
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-openapi-generator.git", from: "1.14.3"),
+        .package(url: "https://github.com/apple/swift-openapi-runtime.git", from: "1.13.4"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/hummingbird-project/swift-openapi-hummingbird.git", from: "2.1.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
     ],
     targets: [
         // CRC-32C with the processor's instruction; the only C in Tether (see its header).
@@ -228,6 +240,42 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        // The server API: openapi.yaml is the contract; the build plugin generates the server's
+        // types and routes from it, so the document cannot drift from the code.
+        .target(
+            name: "TetherServerAPI",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
+                .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSwift6,
+            plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")]
+        ),
+        // The event proxy to the backend: connects, requests and reliable messages over HTTP.
+        .target(
+            name: "TetherBackendProxy",
+            dependencies: [
+                "TetherCore",
+                "TetherGateway",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
         // A TCP proxy that injects faults (cut, blackhole, delay, loss): `tether proxy`, the lab
         // and the tests use it.
         .target(
@@ -291,6 +339,8 @@ let package = Package(
                 "TetherStreamForwarding",
                 "TetherFaultProxy",
                 "TetherLab",
+                "TetherServerAPI",
+                "TetherBackendProxy",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -459,6 +509,8 @@ let package = Package(
                 "TetherStreamForwarding",
                 "TetherCompression",
                 "TetherTestSupport",
+                "TetherServerAPI",
+                "TetherBackendProxy",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "JWTKit", package: "jwt-kit"),

@@ -3,10 +3,12 @@ import Foundation
 import Logging
 import PostgresNIO
 import ServiceLifecycle
+import TetherBackendProxy
 import TetherCore
 import TetherGateway
 import TetherJWT
 import TetherPostgres
+import TetherServerAPI
 import TetherStreamForwarding
 
 #if canImport(Glibc)
@@ -143,6 +145,8 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup(title: "Channels") var channels: ChannelOptions
 
+    @OptionGroup(title: "A backend in any language: the server API and the event proxy") var backend: BackendOptions
+
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
@@ -161,7 +165,9 @@ struct Serve: AsyncParsableCommand {
         try self.limits.apply(to: &configuration.limits)
         try self.channels.apply(to: &configuration, storeKeepsChannels: self.postgres != nil || self.store != ":memory:")
         let logger = Logger(label: "tether.serve")
-        var authenticator: JWTAuthenticator?
+        var authenticator: (any ClientAuthenticator)?
+        let proxy = try self.backend.proxy(logger: logger)
+        _ = try self.backend.api()  // checked before anything starts
         configuration.insecureOpen = self.insecureOpen
         var adminToken: String?
         if let adminTokenFile {
@@ -180,7 +186,11 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError(error.message)
             }
         }
-        if self.jwtKeys.isEmpty {
+        if let proxy, proxy.configuration.connect {
+            guard self.jwtKeys.isEmpty else { throw ValidationError("--backend-connect and --jwt-key both check credentials: choose one") }
+            authenticator = proxy
+            logger.info("clients' credentials are checked by the backend")
+        } else if self.jwtKeys.isEmpty {
             if self.jwtIssuer != nil || self.jwtAudience != nil { throw ValidationError("--jwt-issuer and --jwt-audience need --jwt-key") }
             if let host = configuration.nonLoopbackHosts.first, !self.insecureOpen {
                 throw ValidationError(
@@ -201,7 +211,7 @@ struct Serve: AsyncParsableCommand {
             logger.info("clients must present a JWT whose subject is their client id", metadata: ["keys": "\(self.jwtKeys.count)"])
         }
         if let postgres {
-            try await self.runCluster(postgres, configuration: configuration, authenticator: authenticator, logger: logger)
+            try await self.runCluster(postgres, configuration: configuration, authenticator: authenticator, proxy: proxy, logger: logger)
             return
         }
         if self.nodes != 1 || self.nodeName != nil { throw ValidationError("--nodes and --node-name need --postgres") }
@@ -222,11 +232,27 @@ struct Serve: AsyncParsableCommand {
             metrics: configuration.admin == nil ? .system : .prometheus(),
             logger: Logger(label: "tether.gateway")
         )
-        DemoService.install(on: gateway)
-        let services = ServiceGroup(
-            configuration: .init(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let services = try self.install(on: gateway, proxy: proxy, node: 0, logger: logger)
+        let group = ServiceGroup(
+            configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
-        try await services.run()
+        try await group.run()
+    }
+
+    /// Gives `gateway` its handlers (the backend's, or the demo's when no backend is
+    /// configured) and returns the services to run: the gateway, and its server API.
+    private func install(on gateway: Gateway, proxy: HTTPBackend?, node: Int, logger: Logger) throws -> [any Service] {
+        var services: [any Service] = [gateway]
+        if let proxy {
+            proxy.install(on: gateway)
+        } else if !self.backend.configured {
+            DemoService.install(on: gateway)
+        }
+        if let api = try self.backend.api(node: node) {
+            services.append(ServerAPIService(gateway: gateway, configuration: api, logger: Logger(label: "tether.api")))
+            logger.info("server API", metadata: ["listen": "\(api.host):\(api.port)", "keys": "\(api.keys.count)"])
+        }
+        return services
     }
 
     /// Runs `--nodes` gateways, each a node of the cluster on the database at `url`, until
@@ -234,7 +260,8 @@ struct Serve: AsyncParsableCommand {
     private func runCluster(
         _ url: String,
         configuration: GatewayConfiguration,
-        authenticator: JWTAuthenticator?,
+        authenticator: (any ClientAuthenticator)?,
+        proxy: HTTPBackend?,
         logger: Logger
     ) async throws {
         guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
@@ -260,6 +287,7 @@ struct Serve: AsyncParsableCommand {
                 clientConfiguration: clientConfiguration,
                 configuration: configuration,
                 authenticator: authenticator,
+                proxy: proxy,
                 forwarder: forwarder,
                 logger: logger
             )
@@ -270,16 +298,17 @@ struct Serve: AsyncParsableCommand {
         try? await forwarder.shutdown()
     }
 
-    /// The nodes of ``runCluster(_:configuration:authenticator:logger:)``, until SIGTERM or SIGINT.
+    /// The nodes of ``runCluster(_:configuration:authenticator:proxy:logger:)``, until SIGTERM or SIGINT.
     private func runNodes(
         url: String,
         clientConfiguration: PostgresClient.Configuration,
         configuration: GatewayConfiguration,
-        authenticator: JWTAuthenticator?,
+        authenticator: (any ClientAuthenticator)?,
+        proxy: HTTPBackend?,
         forwarder: HTTPStreamForwarder,
         logger: Logger
     ) async throws {
-        var gateways: [Gateway] = []
+        var services: [any Service] = []
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<self.nodes {
                 let name = self.nodes == 1 ? self.nodeName : "\(self.nodeName ?? "node")-\(index + 1)"
@@ -337,17 +366,16 @@ struct Serve: AsyncParsableCommand {
                     metrics: configuration.admin == nil ? .system : .prometheus(),
                     logger: nodeLogger
                 )
-                DemoService.install(on: gateway)
-                gateways.append(gateway)
+                services += try self.install(on: gateway, proxy: proxy, node: index, logger: logger)
                 logger.info(
                     "cluster node",
                     metadata: ["node": "\(name ?? "-")", "listen": "\(nodeConfiguration.listen.map { "\($0.host):\($0.port)" } ?? "-")"]
                 )
             }
-            let services = ServiceGroup(
-                configuration: .init(services: gateways, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+            let serviceGroup = ServiceGroup(
+                configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
             )
-            try await services.run()
+            try await serviceGroup.run()
             group.cancelAll()  // the PostgreSQL clients, once every gateway left its cluster
         }
     }

@@ -328,6 +328,19 @@ public final class Gateway: Service, Sendable {
         self.register("handle(\"\(method)\")") { $0.add(method, .task(handler)) }
     }
 
+    /// Registers the handler of every method that starts with `prefix` and has no handler of
+    /// its own (``handle(_:_:)``): the longest matching prefix wins. An empty prefix handles
+    /// every method; reserved methods (`$…`) are never routed by prefix. Requests count in
+    /// the metrics under `prefix*`. Register it before ``run()``.
+    ///
+    /// ```swift
+    /// gateway.handle(prefix: "order.") { request, context in try await backend.call(request) }
+    /// ```
+    public func handle(prefix: String, _ handler: @escaping Handler) {
+        precondition(!prefix.hasPrefix("$"), "methods starting with $ are reserved for the protocol")
+        self.register("handle(prefix: \"\(prefix)\")") { $0.add(prefix: prefix, .task(handler)) }
+    }
+
     /// Registers a handler of `method` that answers at once, replacing any earlier one.
     ///
     /// An inline handler is called on the connection's event loop as soon as the request is

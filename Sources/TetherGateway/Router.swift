@@ -14,10 +14,17 @@ struct Router: Sendable {
 
     private(set) var routes: [String: Route] = [:]
     private(set) var messageHandlers: [String: Gateway.MessageHandler] = [:]
+    /// Routes of every method that starts with a prefix (``Gateway/handle(prefix:_:)``),
+    /// longest prefix first: looked at only when no method matches exactly.
+    private(set) var prefixRoutes: [(prefix: String, route: Route)] = []
+    /// The same for message topics (``Gateway/onMessage(prefix:_:)``).
+    private(set) var prefixMessageHandlers: [(prefix: String, handler: Gateway.MessageHandler)] = []
     /// The application's authorization hook, if it set one.
     var authorizer: Gateway.Authorizer?
     /// The application's hook for channels gaining their first subscriber or losing their last.
     var occupancy: Gateway.ChannelOccupancyHook?
+    /// What the application adds to `/ready` (``Gateway/addReadinessCheck(_:)``).
+    var readinessChecks: [Gateway.ReadinessCheck] = []
 
     /// Whether `connection` may do `access`: its credentials allow it, and so does the hook.
     func permits(_ access: Access, _ connection: ConnectionInfo) -> Bool {
@@ -32,13 +39,25 @@ struct Router: Sendable {
     /// The route of a request method, if any.
     @inline(__always)
     func route(_ method: String) -> Route? {
-        self.routes[method]
+        if let route = self.routes[method] { return route }
+        return self.prefixRoutes.isEmpty ? nil : self.prefixRoute(method)?.route
+    }
+
+    /// The prefix route of a method no route names exactly; reserved methods (`$…`) are
+    /// never routed by prefix.
+    func prefixRoute(_ method: String) -> (prefix: String, route: Route)? {
+        guard !method.hasPrefix("$") else { return nil }
+        return self.prefixRoutes.first { method.hasPrefix($0.prefix) }
     }
 
     /// The handler of a message topic, if any.
     func messageHandler(_ topic: String) -> Gateway.MessageHandler? {
-        self.messageHandlers[topic]
+        if let handler = self.messageHandlers[topic] { return handler }
+        return self.prefixMessageHandlers.first { topic.hasPrefix($0.prefix) }?.handler
     }
+
+    /// What a prefix route's metrics are labelled with: the prefix and `*`.
+    static func label(ofPrefix prefix: String) -> String { prefix + "*" }
 
     mutating func add(_ method: String, _ route: Route) {
         self.routes[method] = route
@@ -46,5 +65,17 @@ struct Router: Sendable {
 
     mutating func add(topic: String, _ handler: @escaping Gateway.MessageHandler) {
         self.messageHandlers[topic] = handler
+    }
+
+    mutating func add(prefix: String, _ route: Route) {
+        self.prefixRoutes.removeAll { $0.prefix == prefix }
+        self.prefixRoutes.append((prefix, route))
+        self.prefixRoutes.sort { $0.prefix.utf8.count > $1.prefix.utf8.count }
+    }
+
+    mutating func add(topicPrefix prefix: String, _ handler: @escaping Gateway.MessageHandler) {
+        self.prefixMessageHandlers.removeAll { $0.prefix == prefix }
+        self.prefixMessageHandlers.append((prefix, handler))
+        self.prefixMessageHandlers.sort { $0.prefix.utf8.count > $1.prefix.utf8.count }
     }
 }

@@ -31,6 +31,8 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case postgresql
     /// Prometheus' server: it scrapes a gateway's `/metrics` and checks the dashboard's queries.
     case prometheus
+    /// schemathesis (pip): fuzzes the server API against its OpenAPI document.
+    case schemathesis
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -43,6 +45,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .curl: "apt-get install curl"
         case .postgresql: "apt-get install postgresql"
         case .prometheus: "apt-get install prometheus"
+        case .schemathesis: "apt-get install python3 python3-pip; python3 -m pip install schemathesis"
         }
     }
 
@@ -136,6 +139,9 @@ package enum OutsideTool: String, CaseIterable, Sendable {
             return Self.postgresBinaries == nil ? "PostgreSQL's server (initdb, pg_ctl) is not installed" : nil
         case .prometheus:
             return Self.prometheusExecutable == nil ? "Prometheus' server is not installed" : nil
+        case .schemathesis:
+            if let reason = OutsideTool.python3.unavailableReason { return reason }
+            return Self.run(["python3", "-m", "schemathesis.cli", "--version"]) ? nil : "the Python package schemathesis is not installed"
         }
     }
 

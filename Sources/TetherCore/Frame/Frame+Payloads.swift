@@ -231,6 +231,9 @@ extension Frame {
             /// The client's credentials expired (and were not refreshed): connect again with
             /// fresh ones.
             public static let credentialsExpired = Reason(rawValue: 4)
+            /// The server disconnected the client for good (a banned user, credentials
+            /// revoked): it must not connect again with the same credentials.
+            public static let revoked = Reason(rawValue: 5)
 
             public var description: String {
                 switch self {
@@ -239,6 +242,7 @@ extension Frame {
                 case .maintenance: "maintenance"
                 case .overloaded: "overloaded"
                 case .credentialsExpired: "credentials expired"
+                case .revoked: "revoked"
                 default: "reason \(self.rawValue)"
                 }
             }

@@ -64,7 +64,19 @@ extension Gateway {
                 reasons.append("store unreachable: \((error as? MessageStoreError)?.message ?? "\(error)")")
             }
         }
+        for check in self.router.readinessChecks {
+            if let reason = check() { reasons.append(reason) }
+        }
         return Readiness(ready: reasons.isEmpty, reasons: reasons)
+    }
+
+    /// A check of something the gateway depends on: `nil` when it is fine, or why the gateway
+    /// is not ready (`/ready` answers 503 with the reason).
+    public typealias ReadinessCheck = @Sendable () -> String?
+
+    /// Adds a check to `/ready` (a backend the gateway calls, say). Add it before ``run()``.
+    public func addReadinessCheck(_ check: @escaping ReadinessCheck) {
+        self.register("addReadinessCheck") { $0.readinessChecks.append(check) }
     }
 
     /// The process's health, as `/health` says it.

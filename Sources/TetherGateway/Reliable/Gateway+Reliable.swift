@@ -4,7 +4,9 @@ import TetherCore
 
 /// A reliable message as its handler receives it (PROTOCOL.md, section 9.1).
 public struct ReliableMessage: Sendable {
-    /// The client's id of the message.
+    /// The outbox it came from: its sender's client id and outbox epoch (one per installation).
+    public var outbox: OutboxID
+    /// The client's id of the message, unique in its outbox.
     public var id: UInt64
     /// The topic the client sent it on; it selected this handler.
     public var topic: String
@@ -14,6 +16,11 @@ public struct ReliableMessage: Sendable {
     public var sequence: UInt64
     /// The message's content.
     public var body: ByteBuffer
+
+    /// A key that names this message and no other, however often it is sent:
+    /// `CLIENT/OUTBOX-EPOCH/ID` (the epoch in hexadecimal). Keep it with the message's side
+    /// effects (a unique index) to make them happen once.
+    public var idempotencyKey: String { "\(self.outbox.client)/\(String(self.outbox.epoch, radix: 16))/\(self.id)" }
 }
 
 /// What a message handler knows and may do: who sent the message, and deliveries that are
@@ -94,6 +101,13 @@ extension Gateway {
     /// ```
     public func onMessage(_ topic: String, _ handler: @escaping MessageHandler) {
         self.register("onMessage(\"\(topic)\")") { $0.add(topic: topic, handler) }
+    }
+
+    /// Registers the handler of reliable messages on every topic that starts with `prefix` and
+    /// has no handler of its own (``onMessage(_:_:)``); the longest matching prefix wins, and
+    /// an empty prefix takes every topic. Register it before ``run()``.
+    public func onMessage(prefix: String, _ handler: @escaping MessageHandler) {
+        self.register("onMessage(prefix: \"\(prefix)\")") { $0.add(topicPrefix: prefix, handler) }
     }
 
     /// Delivers a message reliably to a client id, outside any message handler.

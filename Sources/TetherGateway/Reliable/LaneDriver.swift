@@ -154,6 +154,7 @@ struct LaneDriver: Sendable {
             pushes: self.pushes
         )
         let reliableMessage = ReliableMessage(
+            outbox: self.lane.machine.configuration.outbox,
             id: message.id,
             topic: message.topic,
             conversation: message.conversation,

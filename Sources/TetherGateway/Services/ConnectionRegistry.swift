@@ -228,6 +228,14 @@ final class ConnectionRegistry: Sendable {
         self.state.withLockedValue { $0.connections[id]?.handler }
     }
 
+    /// The established connections of a client id.
+    func established(ofClient clientID: String) -> [ConnectionInfo] {
+        self.state.withLockedValue { state in
+            guard let ids = state.byClient[clientID]?.ids else { return [] }
+            return ids.compactMap { state.connections[$0]?.info }
+        }
+    }
+
     /// Information about established connections.
     var established: [ConnectionInfo] {
         self.state.withLockedValue { state in state.connections.values.compactMap(\.info) }

@@ -86,6 +86,10 @@ final class GatewayServices: Sendable {
         ] {
             requestMetrics[method] = metrics.requests(method)
         }
+        for (prefix, _) in router.prefixRoutes {
+            let label = Router.label(ofPrefix: prefix)
+            requestMetrics[label] = metrics.requests(label)
+        }
         self.requestMetrics = requestMetrics
         self.unknownMethodMetrics = metrics.requests("unknown")
         self.channelHistory = pushes.channels.map { _ in GatewayConnectionHandler.channelHistory(from: pushes, router: router) }
@@ -97,7 +101,11 @@ final class GatewayServices: Sendable {
 
     /// The metrics of `method`'s requests.
     func requestMetrics(_ method: String) -> RequestMetrics {
-        self.requestMetrics[method] ?? self.unknownMethodMetrics
+        if let metrics = self.requestMetrics[method] { return metrics }
+        // A method routed by prefix counts under its prefix: one series per route, whatever
+        // the methods clients call.
+        guard let (prefix, _) = self.router.prefixRoute(method) else { return self.unknownMethodMetrics }
+        return self.requestMetrics[Router.label(ofPrefix: prefix)] ?? self.unknownMethodMetrics
     }
 
     /// The intake monitor of `eventLoop`; `nil` for a loop outside the gateway's group (a

@@ -1,0 +1,104 @@
+public import TetherGateway
+
+/// Which events go to the backend, where, and how hard the gateway leans on it.
+///
+/// ```swift
+/// let backend = try BackendConfiguration(
+///     url: "http://127.0.0.1:5000",
+///     connect: true,
+///     requests: ["order.*"],
+///     messages: ["orders.*"]
+/// )
+/// ```
+public struct BackendConfiguration: Sendable {
+    /// The backend's base URL (`http://` or `https://`); events go to `URL/tether/…`.
+    public var url: String
+    /// Whether every HELLO's credentials go to the backend (`POST /tether/connect`), which
+    /// says who the client is.
+    public var connect: Bool
+    /// The request methods answered by the backend (`POST /tether/request/METHOD`): names, or
+    /// prefixes ending in `*` (`*` alone: every method the gateway has no handler for).
+    public var requests: [String]
+    /// The reliable-message topics processed by the backend (`POST /tether/message/TOPIC`),
+    /// as ``requests``.
+    public var messages: [String]
+    /// How long a connect or a message call may take; a request's own deadline bounds its call.
+    public var timeout: Duration
+    /// The most calls under way at once on this node; more wait for a slot (their clients are
+    /// paced by the requests and messages they have waiting, not refused).
+    public var maxConcurrentCalls: Int
+    /// The largest answer the gateway reads from the backend, in bytes.
+    public var maxResponseBytes: Int
+    /// An `Authorization` header sent with every call, so that the backend can tell the
+    /// gateway's calls from others (`Bearer SECRET`).
+    public var authorization: String?
+    /// When the gateway stops calling a backend that fails.
+    public var breaker: Breaker
+
+    /// The circuit breaker's thresholds.
+    public struct Breaker: Sendable, Hashable {
+        /// Failures in a row (no answer, a timeout, a 5xx) that open the breaker: calls are then
+        /// answered `unavailable` at once.
+        public var failures: Int
+        /// How long it stays open before one call probes the backend again.
+        public var openFor: Duration
+
+        public static let defaults = Breaker(failures: 5, openFor: .seconds(5))
+
+        public init(failures: Int, openFor: Duration) {
+            self.failures = failures
+            self.openFor = openFor
+        }
+    }
+
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration`` for a URL
+    ///   that is not `http://` or `https://`, nothing to proxy, an empty or reserved (`$…`)
+    ///   pattern, a `*` anywhere but at the end, or a limit that is not positive.
+    public init(
+        url: String,
+        connect: Bool = false,
+        requests: [String] = [],
+        messages: [String] = [],
+        timeout: Duration = .seconds(5),
+        maxConcurrentCalls: Int = 256,
+        maxResponseBytes: Int = 4 << 20,
+        authorization: String? = nil,
+        breaker: Breaker = .defaults
+    ) throws(GatewayError) {
+        var base = url
+        while base.hasSuffix("/") { base.removeLast() }
+        guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > 8 else {
+            throw GatewayError(code: .invalidConfiguration, message: "the backend's URL must start with http:// or https://, got '\(url)'")
+        }
+        guard connect || !requests.isEmpty || !messages.isEmpty else {
+            throw GatewayError(
+                code: .invalidConfiguration,
+                message: "the backend proxies nothing: set connect, or name request methods or message topics"
+            )
+        }
+        for pattern in requests + messages {
+            let body = pattern.hasSuffix("*") ? pattern.dropLast() : Substring(pattern)
+            guard pattern == "*" || !body.isEmpty, !body.contains("*"), !pattern.hasPrefix("$") else {
+                throw GatewayError(
+                    code: .invalidConfiguration,
+                    message: "'\(pattern)' is not a method or topic pattern: a name, or a prefix ending in * (not starting with $)"
+                )
+            }
+        }
+        guard timeout > .zero, maxConcurrentCalls > 0, maxResponseBytes > 0, breaker.failures > 0, breaker.openFor > .zero else {
+            throw GatewayError(
+                code: .invalidConfiguration,
+                message: "the backend's timeout, maxConcurrentCalls, maxResponseBytes and breaker must be positive"
+            )
+        }
+        self.url = base
+        self.connect = connect
+        self.requests = requests
+        self.messages = messages
+        self.timeout = timeout
+        self.maxConcurrentCalls = maxConcurrentCalls
+        self.maxResponseBytes = maxResponseBytes
+        self.authorization = authorization
+        self.breaker = breaker
+    }
+}

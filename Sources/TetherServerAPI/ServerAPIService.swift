@@ -1,0 +1,212 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdCore
+public import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import OpenAPIHummingbird
+import OpenAPIRuntime
+public import ServiceLifecycle
+public import TetherGateway
+
+/// The server API of a gateway, on a listener of its own: what a backend in any language
+/// drives the gateway with (`openapi.yaml` in this module says every call).
+///
+/// Run it beside the gateway, in the same service group:
+///
+/// ```swift
+/// let api = ServerAPIService(gateway: gateway, configuration: try ServerAPIConfiguration(port: 8090, keys: [key]))
+/// let group = ServiceGroup(services: [gateway, api], gracefulShutdownSignals: [.sigterm], logger: logger)
+/// try await group.run()
+/// ```
+///
+/// Its routes are generated from `openapi.yaml` (swift-openapi-generator) and served by
+/// Hummingbird; in front of them, every call's API key and body size are checked, and a call
+/// that is malformed is answered 400 with an `Error` body, never a 500.
+public struct ServerAPIService: Service {
+    private let gateway: Gateway
+    private let configuration: ServerAPIConfiguration
+    private let logger: Logger
+    private let bound = Bound()
+
+    /// - Parameters:
+    ///   - gateway: The gateway the calls act on.
+    ///   - configuration: Where to listen, the API keys, the limits.
+    ///   - logger: Where the API logs.
+    public init(gateway: Gateway, configuration: ServerAPIConfiguration, logger: Logger = Logger(label: "tether.api")) {
+        self.gateway = gateway
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// Serves until graceful shutdown (the service group's signal), then finishes the calls
+    /// under way and returns.
+    public func run() async throws {
+        let router = Router()
+        router.add(middleware: APIGuard(keys: APIKeys(self.configuration.keys), maxBodyBytes: self.configuration.maxBodyBytes))
+        let handler = ServerAPIHandler(gateway: self.gateway)
+        try handler.registerHandlers(on: router, middlewares: [RefusalMiddleware(logger: self.logger)])
+        let bound = self.bound
+        let application = Application(
+            router: router,
+            server: .http1(configuration: .init(idleTimeout: self.configuration.idleTimeout.timeAmount)),
+            configuration: .init(
+                address: .hostname(self.configuration.host, port: self.configuration.port),
+                serverName: "tether",
+                availableConnectionsDelegate: MaximumAvailableConnections(self.configuration.maxConnections)
+            ),
+            onServerRunning: { channel in bound.resolve(channel.localAddress?.port) },
+            logger: self.logger
+        )
+        do {
+            try await application.runService()
+        } catch {
+            bound.resolve(nil)
+            throw error
+        }
+        bound.resolve(nil)
+    }
+
+    /// The port the API listens on, once it does (useful with port 0).
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notListening`` if the API stopped
+    ///   before it listened.
+    public func listeningPort() async throws(GatewayError) -> Int {
+        guard let port = await self.bound.port() else {
+            throw GatewayError(code: .notListening, message: "the server API stopped before it listened")
+        }
+        return port
+    }
+
+    /// The port, once known; waiters are resumed when the listener is up or failed.
+    private final class Bound: Sendable {
+        private enum State {
+            case waiting([CheckedContinuation<Int?, Never>])
+            case resolved(Int?)
+        }
+
+        private let state = NIOLockedValueBox(State.waiting([]))
+
+        func resolve(_ port: Int?) {
+            let waiters: [CheckedContinuation<Int?, Never>] = self.state.withLockedValue { state in
+                guard case .waiting(let waiters) = state else { return [] }
+                state = .resolved(port)
+                return waiters
+            }
+            for waiter in waiters { waiter.resume(returning: port) }
+        }
+
+        func port() async -> Int? {
+            await withCheckedContinuation { continuation in
+                let resolved: Int?? = self.state.withLockedValue { state in
+                    switch state {
+                    case .resolved(let port):
+                        return .some(port)
+                    case .waiting(var waiters):
+                        waiters.append(continuation)
+                        state = .waiting(waiters)
+                        return .none
+                    }
+                }
+                if case .some(let port) = resolved { continuation.resume(returning: port) }
+            }
+        }
+    }
+}
+
+extension Duration {
+    fileprivate var timeAmount: TimeAmount {
+        let (seconds, attoseconds) = self.components
+        return .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+    }
+}
+
+/// Checks every call's API key and body size before its route runs: a call without a valid
+/// key is answered 401, a body over the limit 413, each with an `Error` body.
+struct APIGuard<Context: Hummingbird.RequestContext>: RouterMiddleware {
+    let keys: APIKeys
+    let maxBodyBytes: Int
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard self.keys.authorizes(request.headers[.authorization]) else {
+            var response = Self.refusal(
+                status: .unauthorized,
+                code: "unauthorized",
+                message: "an API key is needed: Authorization: Bearer KEY"
+            )
+            response.headers[.wwwAuthenticate] = "Bearer"
+            return response
+        }
+        if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > self.maxBodyBytes {
+            return Self.tooLarge(self.maxBodyBytes)
+        }
+        var request = request
+        do {
+            let body = try await request.body.collect(upTo: self.maxBodyBytes)
+            request.body = RequestBody(buffer: body)
+        } catch let error as HTTPError where error.status == .contentTooLarge {
+            return Self.tooLarge(self.maxBodyBytes)
+        }
+        return try await next(request, context)
+    }
+
+    static func tooLarge(_ limit: Int) -> Response {
+        refusal(status: .contentTooLarge, code: "too_large", message: "the body is larger than the API's maximum of \(limit) bytes")
+    }
+
+    static func refusal(status: HTTPResponse.Status, code: String, message: String) -> Response {
+        Response(
+            status: status,
+            headers: [.contentType: "application/json"],
+            body: ResponseBody(byteBuffer: ByteBuffer(string: APIFailure(status: status.code, code: code, message: message).json))
+        )
+    }
+}
+
+/// Answers a call the generated code could not take (malformed JSON, an unknown property, a
+/// parameter of the wrong type, a wrong content type) with its 4xx and an `Error` body, and
+/// any other failure with a 500 that says no more than that.
+struct RefusalMiddleware: ServerMiddleware {
+    let logger: Logger
+
+    func intercept(
+        _ request: HTTPRequest,
+        body: HTTPBody?,
+        metadata: ServerRequestMetadata,
+        operationID: String,
+        next: @Sendable (HTTPRequest, HTTPBody?, ServerRequestMetadata) async throws -> (HTTPResponse, HTTPBody?)
+    ) async throws -> (HTTPResponse, HTTPBody?) {
+        do {
+            return try await next(request, body, metadata)
+        } catch let error as ServerError {
+            if let failure = error.underlyingError as? APIFailure {
+                return failure.response
+            }
+            guard (400..<500).contains(error.httpStatus.code) || Self.isDecoding(error.underlyingError) else {
+                self.logger.error("the server API failed", metadata: ["operation": "\(operationID)", "error": "\(error.underlyingError)"])
+                return APIFailure(status: 500, code: "internal", message: "the gateway failed to answer; see its log").response
+            }
+            let status = (400..<500).contains(error.httpStatus.code) ? error.httpStatus.code : 400
+            return APIFailure(status: status, code: "invalid_argument", message: "\(error.causeDescription): \(error.underlyingError)")
+                .response
+        }
+    }
+
+    private static func isDecoding(_ error: any Error) -> Bool { error is DecodingError }
+}
+
+extension APIFailure {
+    /// The JSON `Error` body.
+    var json: String {
+        struct Body: Encodable {
+            var code: String
+            var message: String
+        }
+        let data = (try? JSONEncoder().encode(Body(code: self.code, message: self.message))) ?? Data()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    var response: (HTTPResponse, HTTPBody?) {
+        (HTTPResponse(status: .init(code: self.status), headerFields: [.contentType: "application/json"]), HTTPBody(self.json))
+    }
+}

@@ -1,0 +1,456 @@
+import AsyncHTTPClient
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import Testing
+import Tether
+import TetherBackendProxy
+import TetherCore
+import TetherGateway
+import TetherServerAPI
+import TetherTestSupport
+
+/// The package's root, for the files tests read (the OpenAPI document, the Python backend).
+private let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent()
+
+/// Calls the server API as a backend would, with AsyncHTTPClient and JSON.
+struct APICaller {
+    var port: Int
+    var key: String?
+
+    struct Reply {
+        var status: Int
+        var headers: [String: String]
+        var json: [String: Any]
+    }
+
+    func call(_ method: HTTPMethod = .POST, _ path: String, body: String? = nil, bytes: ByteBuffer? = nil) async throws -> Reply {
+        var request = HTTPClientRequest(url: "http://127.0.0.1:\(self.port)\(path)")
+        request.method = method
+        if let key { request.headers.add(name: "Authorization", value: "Bearer \(key)") }
+        if let body {
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: body))
+        } else if let bytes {
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(bytes)
+        }
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        let data = Data(buffer: try await response.body.collect(upTo: 8 << 20))
+        let json = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] ?? [:]
+        var headers: [String: String] = [:]
+        for header in response.headers { headers[header.name.lowercased()] = header.value }
+        return Reply(status: Int(response.status.code), headers: headers, json: json)
+    }
+}
+
+extension Harness {
+    /// A server API in front of `gateway` on an ephemeral port; stopped when the harness ends.
+    func serverAPI(_ gateway: Gateway, keys: [String], maxBodyBytes: Int = 4 << 20) async throws -> Int {
+        let api = ServerAPIService(
+            gateway: gateway,
+            configuration: try ServerAPIConfiguration(port: 0, keys: keys, maxBodyBytes: maxBodyBytes),
+            logger: testLogger("api")
+        )
+        let task = Task { try await api.run() }
+        self.onExit { task.cancel() }
+        return try await api.listeningPort()
+    }
+}
+
+/// The Python backend of `Examples/python-backend`, as a process of its own.
+final class PythonBackend: Sendable {
+    let port: Int
+    let database: String
+    private let process: NIOLockedValueBox<ChildProcess?>
+    private let harness: Harness
+
+    init(in harness: Harness, environment: [String: String] = [:]) async throws {
+        self.port = try await freePort()
+        self.database = FileManager.default.temporaryDirectory.appendingPathComponent("tether-backend-\(UUID().uuidString).sqlite").path
+        self.harness = harness
+        self.process = NIOLockedValueBox(nil)
+        let database = self.database
+        harness.onExit {
+            for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: database + suffix) }
+        }
+        try await self.start()
+    }
+
+    /// Starts it (again), on the same port and database.
+    func start() async throws {
+        let script = packageRoot.appendingPathComponent("Examples/python-backend/backend.py").path
+        let process = try ChildProcess(
+            executable: "/usr/bin/env",
+            ["python3", script, "--port", "\(self.port)", "--db", self.database],
+            in: self.harness
+        )
+        self.process.withLockedValue { $0 = process }
+        try await eventually("the Python backend listens") { process.lines.contains { $0.hasPrefix("backend listening") } }
+    }
+
+    /// SIGKILL: it dies mid-call, without answering.
+    func kill() async throws {
+        let process = self.process.withLockedValue { $0 }
+        process?.kill()
+        _ = try await process?.exitStatus()
+    }
+
+    var url: String { "http://127.0.0.1:\(self.port)" }
+
+    /// Its `/stats`: what it processed.
+    func stats() async throws -> [String: Any] {
+        let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: self.url + "/stats"), timeout: .seconds(10))
+        let data = Data(buffer: try await response.body.collect(upTo: 1 << 20))
+        return try JSONSerialization.jsonObject(with: data) as? [String: Any] ?? [:]
+    }
+}
+
+extension IntegrationTests {
+    @Suite("A backend in any language: the server API and the event proxy", .timeLimit(.minutes(4)))
+    struct BackendTests {
+        static let keys = ["first-key-0123456789", "second-key-0123456789"]
+
+        @Test("the server API publishes, pushes, answers queries and disconnects; refusals change nothing")
+        func serverAPI() async throws {
+            try await withHarness { harness in
+                let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore()) { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 100, maxAge: .seconds(60)), presence: true)
+                    ])
+                }
+                let port = try await harness.serverAPI(gateway, keys: Self.keys, maxBodyBytes: 64 << 10)
+                let api = APICaller(port: port, key: Self.keys[0])
+                let rotated = APICaller(port: port, key: Self.keys[1])
+                let alice = try harness.client([endpoint], clientID: "alice")
+                let pushes = PushCollector(alice, in: harness)
+                let reader = ClientChannelTests.Reader(alice.subscribe("news"), in: harness)
+                try await eventually("alice is subscribed") { reader.subscriptions.count == 1 }
+
+                // A channel publication, with either key (rotation).
+                let published = try await api.call(.POST, "/v1/publish", body: #"{"channel":"news","data":"hello","publisher":"shop"}"#)
+                #expect(published.status == 200)
+                #expect(published.json["offset"] as? Int == 1)
+                let pushed = try await rotated.call(.POST, "/v1/publish", body: #"{"client":"alice","topic":"note","data_base64":"AAEC"}"#)
+                #expect(pushed.status == 200 && pushed.json["delivered"] as? Int == 1)
+                try await eventually("alice has both") { reader.bodies == ["hello"] && pushes.bodies.count == 1 }
+                #expect(reader.publications.first?.publisher == "shop")
+
+                // A batch: every publication checked before any is sent.
+                let refusedBatch = try await api.call(
+                    .POST,
+                    "/v1/publish/batch",
+                    body: #"{"publications":[{"client":"alice","topic":"t","data":"1"},{"client":"alice","data":"no topic"}]}"#
+                )
+                #expect(refusedBatch.status == 400)
+                #expect((refusedBatch.json["message"] as? String)?.contains("publications[1]") == true)
+                let batch = try await api.call(
+                    .POST,
+                    "/v1/publish/batch",
+                    body:
+                        #"{"publications":[{"client":"alice","topic":"t","data":"1"},{"channel":"news","data":"2"},{"everyone":true,"topic":"t","data":"3"}]}"#
+                )
+                #expect(batch.status == 200)
+                #expect((batch.json["results"] as? [[String: Any]])?.count == 3)
+                try await eventually("alice has the batch") { pushes.bodies.count == 3 && reader.bodies == ["hello", "2"] }
+
+                // Queries.
+                let history = try await api.call(.GET, "/v1/channels/news/history?limit=10")
+                #expect(history.status == 200)
+                let publications = history.json["publications"] as? [[String: Any]] ?? []
+                #expect(publications.map { $0["data"] as? String } == ["hello", "2"])
+                let epoch = history.json["epoch"] as? String ?? ""
+                let after = try await api.call(.GET, "/v1/channels/news/history?epoch=\(epoch)&offset=1")
+                #expect((after.json["publications"] as? [[String: Any]])?.count == 1)
+                let presence = try await api.call(.GET, "/v1/channels/news/presence")
+                #expect((presence.json["members"] as? [[String: Any]])?.first?["client"] as? String == "alice")
+                let connections = try await api.call(.GET, "/v1/clients/alice/connections")
+                #expect((connections.json["connections"] as? [[String: Any]])?.count == 1)
+                let nobody = try await api.call(.GET, "/v1/clients/nobody/connections")
+                #expect((nobody.json["connections"] as? [[String: Any]])?.isEmpty == true)
+
+                // Refusals: each a 4xx with an Error body, and nothing published.
+                let noKey = try await APICaller(port: port, key: nil).call(.POST, "/v1/publish", body: #"{"channel":"news","data":"x"}"#)
+                #expect(noKey.status == 401 && noKey.headers["www-authenticate"] == "Bearer")
+                #expect(noKey.json["code"] as? String == "unauthorized")
+                let wrongKey = try await APICaller(port: port, key: "not-a-key-0123456789").call(
+                    .POST,
+                    "/v1/publish",
+                    body: #"{"channel":"news","data":"x"}"#
+                )
+                #expect(wrongKey.status == 401)
+                for (body, fragment) in [
+                    (#"{"channel":"news","data":"x""#, "JSON"),
+                    (#"{"channel":"news","data":"x","extra":1}"#, "extra"),
+                    (#"{"channel":"news","data":"x","data_base64":"AA=="}"#, "not both"),
+                    (#"{"channel":"news","client":"alice","data":"x"}"#, "one target"),
+                    (#"{"channel":"news","data_base64":"%%%"}"#, "base64"),
+                    (#"{"everyone":false,"topic":"t","data":"x"}"#, "everyone"),
+                ] {
+                    let refused = try await api.call(.POST, "/v1/publish", body: body)
+                    #expect(refused.status == 400, "\(body)")
+                    #expect((refused.json["message"] as? String)?.contains(fragment) == true, "\(body): \(refused.json)")
+                }
+                let oversized = try await api.call(
+                    .POST,
+                    "/v1/publish",
+                    body: #"{"channel":"news","data":""# + String(repeating: "x", count: 70_000) + #""}"#
+                )
+                #expect(oversized.status == 413 && oversized.json["code"] as? String == "too_large")
+                let badLimit = try await api.call(.GET, "/v1/channels/news/history?limit=5000")
+                #expect(badLimit.status == 400)
+                let stillTwo = try await api.call(.GET, "/v1/channels/news/history")
+                #expect((stillTwo.json["publications"] as? [[String: Any]])?.count == 2, "a refused call published nothing")
+                #expect(pushes.bodies.count == 3)
+
+                // Disconnect: GOAWAY, and alice is gone.
+                let events = harness.events(of: alice)
+                let disconnected = try await api.call(
+                    .POST,
+                    "/v1/clients/alice/disconnect",
+                    body: #"{"message":"banned","reconnect":false}"#
+                )
+                #expect(disconnected.status == 200 && disconnected.json["disconnected"] as? Int == 1)
+                try await eventually("alice was disconnected") { !events.disconnectReasons.isEmpty }
+            }
+        }
+
+        /// A gateway whose connects, `order.*` requests and `chat.*` messages go to the Python backend.
+        static func proxiedGateway(
+            _ harness: Harness,
+            backendURL: String,
+            maxCalls: Int = 64,
+            breaker: BackendConfiguration.Breaker = .defaults
+        ) async throws -> (Gateway, Endpoint, HTTPBackend) {
+            let proxy = HTTPBackend(
+                configuration: try BackendConfiguration(
+                    url: backendURL,
+                    connect: true,
+                    requests: ["order.*"],
+                    messages: ["chat.*"],
+                    timeout: .seconds(2),
+                    maxConcurrentCalls: maxCalls,
+                    breaker: breaker
+                ),
+                logger: testLogger("backend")
+            )
+            let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
+                proxy.install(on: $0)
+            }
+            return (gateway, endpoint, proxy)
+        }
+
+        static func client(_ harness: Harness, _ endpoint: Endpoint, _ id: String, token: String) throws -> TetherClient {
+            try harness.client([endpoint], clientID: id) {
+                $0.authentication = .token(ByteBuffer(string: token))
+                $0.reliability = try! ClientConfiguration.Reliability(outbox: InMemoryOutboxStore())
+            }
+        }
+
+        @Test("connects and requests go to a Python backend: identities, answers, statuses", .requires(.python3))
+        func proxiedConnectsAndRequests() async throws {
+            try OutsideTool.python3.require()
+            try await withHarness { harness in
+                let backend = try await PythonBackend(in: harness)
+                let (_, endpoint, proxy) = try await Self.proxiedGateway(harness, backendURL: backend.url)
+
+                // connect: the backend says who the client is, or refuses.
+                let identity = try await proxy.authenticate(
+                    HandshakeInfo(clientID: "alice", authToken: ByteBuffer(string: "alice-token"), userAgent: nil, remoteAddress: nil)
+                )
+                #expect(identity.clientID == "alice" && identity.info == #"{"name": "Alice"}"#)
+                await #expect(throws: AuthenticationError(.unauthenticated, "unknown token")) {
+                    try await proxy.authenticate(
+                        HandshakeInfo(clientID: "alice", authToken: ByteBuffer(string: "x"), userAgent: nil, remoteAddress: nil)
+                    )
+                }
+                await #expect(throws: AuthenticationError(.permissionDenied, "this token is bob's")) {
+                    try await proxy.authenticate(
+                        HandshakeInfo(clientID: "alice", authToken: ByteBuffer(string: "bob-token"), userAgent: nil, remoteAddress: nil)
+                    )
+                }
+
+                // requests: the backend's answer, its statuses.
+                let alice = try Self.client(harness, endpoint, "alice", token: "alice-token")
+                let order = try await alice.request("order.create", body: ByteBuffer(string: #"{"item":"book"}"#), timeout: .seconds(10))
+                let answer = try JSONSerialization.jsonObject(with: Data(buffer: order)) as? [String: Any]
+                #expect(answer?["item"] as? String == "book" && answer?["order"] as? Int == 1)
+                await #expect {
+                    _ = try await alice.request("order.create", body: ByteBuffer(string: "not json"), timeout: .seconds(10))
+                } throws: { error in
+                    (error as? TetherError)?.status == .invalidRequest
+                        && (error as? TetherError)?.message.contains("an order is JSON") == true
+                }
+                await #expect {
+                    _ = try await alice.request("order.reject", timeout: .seconds(10))
+                } throws: { error in
+                    (error as? TetherError)?.status == StatusCode(rawValue: 1001) && (error as? TetherError)?.message == "out of stock"
+                }
+                await #expect {
+                    _ = try await alice.request("order.nothing", timeout: .seconds(10))
+                } throws: { error in (error as? TetherError)?.status == .unknownMethod }
+                await #expect {
+                    _ = try await alice.request("not.proxied", timeout: .seconds(10))
+                } throws: { error in (error as? TetherError)?.status == .unknownMethod }
+
+                // A client the backend refuses never connects.
+                let mallory = try Self.client(harness, endpoint, "mallory", token: "stolen")
+                let malloryEvents = harness.events(of: mallory)
+                try await eventually("mallory is refused") {
+                    malloryEvents.all.contains {
+                        if case .connectFailed(_, let error) = $0 { error.message.contains("unknown token") } else { false }
+                    }
+                }
+                #expect(malloryEvents.connects == 0)
+            }
+        }
+
+        @Test(
+            "2,000 reliable messages to a backend killed and restarted mid-stream: each processed once, every outcome acknowledged",
+            .requires(.python3)
+        )
+        func messagesThroughABackendKilled() async throws {
+            try OutsideTool.python3.require()
+            try await withHarness(timeLimit: .seconds(180)) { harness in
+                let backend = try await PythonBackend(in: harness)
+                let (_, endpoint, _) = try await Self.proxiedGateway(
+                    harness,
+                    backendURL: backend.url,
+                    breaker: .init(failures: 3, openFor: .milliseconds(300))
+                )
+                let alice = try Self.client(harness, endpoint, "alice", token: "alice-token")
+                let count = 2_000
+                let conversations = ["a", "b", "c", "d"]
+                var receipts: [MessageReceipt] = []
+                for index in 0..<count {
+                    if index == count / 4 {
+                        try await eventually("the backend processed some") { ((try? await backend.stats())?["processed"] as? Int ?? 0) > 0 }
+                        try await backend.kill()
+                        try await Task.sleep(for: .milliseconds(700))
+                        try await backend.start()
+                    }
+                    receipts.append(
+                        try await alice.send(
+                            "chat.room",
+                            body: ByteBuffer(string: "message \(index)"),
+                            conversation: conversations[index % conversations.count]
+                        )
+                    )
+                }
+                var outcomes: [String: Int] = [:]
+                for receipt in receipts {
+                    let outcome = await alice.outcome(of: receipt)
+                    outcomes["\(outcome.map { "\($0)" } ?? "unknown")", default: 0] += 1
+                }
+                #expect(outcomes == ["acknowledged": count], "\(outcomes)")
+                let stats = try await backend.stats()
+                #expect(stats["processed"] as? Int == count)
+                let perConversation = stats["conversations"] as? [String: [String: Int]] ?? [:]
+                for conversation in conversations {
+                    let expected = count / conversations.count
+                    #expect(
+                        perConversation[conversation] == ["messages": expected, "distinct": expected, "last": expected],
+                        "\(conversation)"
+                    )
+                }
+                print("backend killed after \(count / 4) sends: \(stats["processed"] ?? "?") processed once, outcomes \(outcomes)")
+
+                // A refusal by the backend is the outcome the sender sees.
+                let refused = try await alice.send("chat.room", body: ByteBuffer(string: "refuse me"))
+                let outcome = await alice.outcome(of: refused)
+                #expect(outcome == .refused(.invalidRequest), "\(String(describing: outcome))")
+            }
+        }
+
+        @Test("a slow backend paces requests instead of refusing them; a dead one trips the breaker and /ready", .requires(.python3))
+        func slowAndDeadBackends() async throws {
+            try OutsideTool.python3.require()
+            try await withHarness { harness in
+                let backend = try await PythonBackend(in: harness)
+                let (_, endpoint, _) = try await Self.proxiedGateway(harness, backendURL: backend.url, maxCalls: 2)
+                let alice = try Self.client(harness, endpoint, "alice", token: "alice-token")
+                let started = ContinuousClock.now
+                let answers = try await withThrowingTaskGroup(of: String.self) { group in
+                    for index in 0..<10 {
+                        group.addTask {
+                            String(
+                                buffer: try await alice.request("order.slow", body: ByteBuffer(string: "\(index)"), timeout: .seconds(20))
+                            )
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0.append($1) }
+                }
+                #expect(answers.sorted() == (0..<10).map(String.init).sorted())
+                print("10 requests of 0.2 s through 2 call slots: \(ContinuousClock.now - started) (paced, none refused)")
+
+                // A backend that is not there: unavailable, then the breaker opens and /ready says so.
+                let deadURL = "http://127.0.0.1:\(try await freePort())"
+                let (deadGateway, deadEndpoint, deadProxy) = try await Self.proxiedGateway(
+                    harness,
+                    backendURL: deadURL,
+                    breaker: .init(failures: 3, openFor: .seconds(30))
+                )
+                // The connect goes to the dead backend too: refused as unavailable.
+                let bob = try Self.client(harness, deadEndpoint, "bob", token: "bob-token")
+                let bobEvents = harness.events(of: bob)
+                try await eventually("bob is refused as unavailable") {
+                    bobEvents.all.contains {
+                        if case .connectFailed(_, let error) = $0 { error.message.contains("backend") } else { false }
+                    }
+                }
+                try await eventually("the breaker opens") { deadProxy.breakerIsOpen }
+                let readiness = await deadGateway.readiness()
+                #expect(!readiness.ready)
+                #expect(readiness.reasons.contains { $0.hasPrefix("backend unavailable") }, "\(readiness.reasons)")
+            }
+        }
+
+        @Test("schemathesis fuzzes the running server API against openapi.yaml", .requires(.schemathesis))
+        func schemathesis() async throws {
+            try OutsideTool.schemathesis.require()
+            try await withHarness(timeLimit: .seconds(240)) { harness in
+                let (gateway, _) = try await harness.gateway(messageStore: InMemoryMessageStore()) { configuration in
+                    configuration.channels = try! .init(rules: [
+                        .init(pattern: .all, history: try! ChannelRetention(maxCount: 100, maxAge: .seconds(60)), presence: true)
+                    ])
+                }
+                let port = try await harness.serverAPI(gateway, keys: Self.keys)
+                let document = packageRoot.appendingPathComponent("Sources/TetherServerAPI/openapi.yaml").path
+                // A 413 (a body over the API's maximum) is a refusal too; a 5xx is never expected.
+                let config = FileManager.default.temporaryDirectory.appendingPathComponent("schemathesis-\(UUID().uuidString).toml").path
+                try #"""
+                [checks.negative_data_rejection]
+                expected-statuses = ["400", "401", "404", "405", "406", "409", "413", "415", "422", "429"]
+                """#.write(toFile: config, atomically: true, encoding: .utf8)
+                harness.onExit { try? FileManager.default.removeItem(atPath: config) }
+                // Valid calls must get documented answers of the documented shape; invalid ones a
+                // 4xx, never a 5xx. Left out: positive_data_acceptance (the document's rules across
+                // fields, such as one target per publication, are in its descriptions: schema-valid
+                // calls may be refused) and unsupported_method (an undocumented method gets 404,
+                // not 405).
+                for (mode, checks) in [
+                    ("positive", ["--checks", "all", "--exclude-checks", "positive_data_acceptance,unsupported_method"]),
+                    ("negative", ["--checks", "not_a_server_error,negative_data_rejection"]),
+                ] {
+                    let run = try ChildProcess(
+                        executable: "/usr/bin/env",
+                        [
+                            "python3", "-m", "schemathesis.cli", "--config-file", config, "run", document, "--url",
+                            "http://127.0.0.1:\(port)",
+                            "-H", "Authorization: Bearer \(Self.keys[0])", "--mode", mode, "--max-examples", "25",
+                            "--phases", "examples,coverage,fuzzing", "-w", "1", "--seed", "43", "--no-color",
+                        ] + checks,
+                        in: harness
+                    )
+                    let status = try await run.exitStatus(timeout: .seconds(200))
+                    let summary = run.lines.filter { $0.contains("generated") || $0.contains("failures") || $0.contains("passed") }
+                    print("schemathesis \(mode): exit \(status); \(summary.joined(separator: " | "))")
+                    #expect(status == 0, "schemathesis \(mode) found failures:\n\(run.lines.suffix(60).joined(separator: "\n"))")
+                }
+            }
+        }
+    }
+}
