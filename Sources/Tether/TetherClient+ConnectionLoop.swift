@@ -59,6 +59,21 @@ extension TetherClient {
                 self.eventBroadcaster.yield(.failed(error))
                 throw error
 
+            case .revoked:
+                let error = self.state.withLockedValue { state in
+                    let error = TetherError(
+                        code: .notConnected,
+                        message:
+                            "the gateway revoked this client's access (GOAWAY revoked: \(state.revocation ?? "")); it no longer connects"
+                    )
+                    state.terminalError = error
+                    return error
+                }
+                self.failWaiters(with: error)
+                self.logger.error("the gateway revoked this client's access; no longer connecting")
+                self.eventBroadcaster.yield(.failed(error))
+                throw error
+
             case .stop:
                 return
             }
@@ -285,7 +300,9 @@ extension TetherClient {
             self.logger.warning("ignoring an invalid alternate endpoint in GOAWAY", metadata: ["endpoint": "\(goAway.alternateEndpoint!)"])
         }
         self.state.withLockedValue { state in
-            if state.machine.goAwayReceived(retryAfter: goAway.retryAfter, alternate: alternate) {
+            let revoked = goAway.reason == .revoked
+            if revoked { state.revocation = goAway.message }
+            if state.machine.goAwayReceived(retryAfter: goAway.retryAfter, alternate: alternate, revoked: revoked) {
                 state.ready = nil
             }
         }

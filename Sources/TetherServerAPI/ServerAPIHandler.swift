@@ -60,6 +60,39 @@ struct ServerAPIHandler: APIProtocol {
         return .ok(.init(body: .json(.init(results: results))))
     }
 
+    func sendMessage(_ input: Operations.SendMessage.Input) async throws -> Operations.SendMessage.Output {
+        guard case .json(let body) = input.body else { throw APIFailure.invalid("the body must be JSON") }
+        let key = input.headers.idempotencyKey
+        let payload: ByteBuffer
+        do throws(APIFailure) {
+            guard (1...255).contains(key.utf8.count) else { throw APIFailure.invalid("Idempotency-Key must be 1 to 255 bytes") }
+            guard !body.client.isEmpty, body.client.utf8.count <= Int(UInt16.max) else {
+                throw APIFailure.invalid("a client id must be 1 to 65535 bytes long")
+            }
+            guard !body.topic.isEmpty, body.topic.utf8.count <= Int(UInt16.max) else {
+                throw APIFailure.invalid("a topic must be 1 to 65535 bytes long")
+            }
+            payload = try Payload.decode(text: body.data, base64: body.dataBase64)
+        } catch {
+            return .badRequest(.init(body: .json(error.schema)))
+        }
+        do {
+            switch try await self.gateway.deliver(to: body.client, topic: body.topic, body: payload, idempotencyKey: key) {
+            case .delivered(let sequence):
+                return .ok(.init(body: .json(.init(duplicate: false, sequence: Int64(clamping: sequence)))))
+            case .duplicate:
+                return .ok(.init(body: .json(.init(duplicate: true))))
+            }
+        } catch {
+            let failure = APIFailure(error)
+            switch failure.status {
+            case 429: return .tooManyRequests(.init(body: .json(failure.schema)))
+            case 503: return .serviceUnavailable(.init(body: .json(failure.schema)))
+            default: return .badRequest(.init(body: .json(failure.schema)))
+            }
+        }
+    }
+
     // MARK: Channels
 
     func channelHistory(_ input: Operations.ChannelHistory.Input) async throws -> Operations.ChannelHistory.Output {
@@ -204,17 +237,7 @@ struct Outgoing: Sendable {
                     : "a publication has one target, got \(targets.joined(separator: ", "))"
             )
         }
-        switch (publication.data, publication.dataBase64) {
-        case (let text?, nil):
-            self.payload = ByteBuffer(string: text)
-        case (nil, let base64?):
-            guard let data = Data(base64Encoded: base64) else { throw .invalid("data_base64 is not valid base64") }
-            self.payload = ByteBuffer(bytes: data)
-        case (nil, nil):
-            throw .invalid("a publication needs data or data_base64")
-        case (.some, .some):
-            throw .invalid("a publication has data or data_base64, not both")
-        }
+        self.payload = try Payload.decode(text: publication.data, base64: publication.dataBase64)
         if let channel = publication.channel {
             guard publication.topic == nil else { throw .invalid("a channel publication has no topic (its channel says what it is)") }
             guard Frame.isValidChannelName(channel) else {
@@ -257,6 +280,21 @@ struct Outgoing: Sendable {
 
 /// A payload as the API hands it back: text when it is UTF-8, base64 otherwise.
 struct Payload {
+    /// A payload as a call gives it: exactly one of `data` and `data_base64`.
+    static func decode(text: String?, base64: String?) throws(APIFailure) -> ByteBuffer {
+        switch (text, base64) {
+        case (let text?, nil):
+            return ByteBuffer(string: text)
+        case (nil, let base64?):
+            guard let data = Data(base64Encoded: base64) else { throw .invalid("data_base64 is not valid base64") }
+            return ByteBuffer(bytes: data)
+        case (nil, nil):
+            throw .invalid("a payload needs data or data_base64")
+        case (.some, .some):
+            throw .invalid("a payload has data or data_base64, not both")
+        }
+    }
+
     var text: String?
     var base64: String?
 

@@ -27,9 +27,16 @@ struct APICaller {
         var json: [String: Any]
     }
 
-    func call(_ method: HTTPMethod = .POST, _ path: String, body: String? = nil, bytes: ByteBuffer? = nil) async throws -> Reply {
+    func call(
+        _ method: HTTPMethod = .POST,
+        _ path: String,
+        body: String? = nil,
+        bytes: ByteBuffer? = nil,
+        headers: [String: String] = [:]
+    ) async throws -> Reply {
         var request = HTTPClientRequest(url: "http://127.0.0.1:\(self.port)\(path)")
         request.method = method
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
         if let key { request.headers.add(name: "Authorization", value: "Bearer \(key)") }
         if let body {
             request.headers.add(name: "Content-Type", value: "application/json")
@@ -214,7 +221,82 @@ extension IntegrationTests {
                     body: #"{"message":"banned","reconnect":false}"#
                 )
                 #expect(disconnected.status == 200 && disconnected.json["disconnected"] as? Int == 1)
-                try await eventually("alice was disconnected") { !events.disconnectReasons.isEmpty }
+                try await eventually("alice stops connecting: her access was revoked") {
+                    events.all.contains { if case .failed(let error) = $0 { error.message.contains("banned") } else { false } }
+                }
+                #expect(events.connects == 1)
+                try await eventually("the gateway closed alice's connection") { gateway.connections(of: "alice").isEmpty }
+
+                // With reconnect: the client comes back after retry_after_ms.
+                let bob = try harness.client([endpoint], clientID: "bob")
+                let bobEvents = harness.events(of: bob)
+                try await eventually("bob is connected") { bobEvents.connects == 1 }
+                let moved = try await api.call(.POST, "/v1/clients/bob/disconnect", body: #"{"reconnect":true,"retry_after_ms":50}"#)
+                #expect(moved.json["disconnected"] as? Int == 1)
+                try await eventually("bob is back") { bobEvents.connects == 2 }
+            }
+        }
+
+        @Test(
+            "POST /v1/messages: stored and delivered once per idempotency key, even for calls made at once",
+            arguments: ["memory", "sqlite"]
+        )
+        func keyedMessages(store: String) async throws {
+            try await withHarness { harness in
+                let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-keyed-\(UUID().uuidString).sqlite").path
+                harness.onExit { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
+                let messageStore: any MessageStore = store == "memory" ? InMemoryMessageStore() : try SQLiteMessageStore(path: path)
+                let (gateway, endpoint) = try await harness.gateway(messageStore: messageStore)
+                let port = try await harness.serverAPI(gateway, keys: Self.keys)
+                let api = APICaller(port: port, key: Self.keys[0])
+                let bob = try harness.client([endpoint], clientID: "bob") {
+                    $0.reliability = try! ClientConfiguration.Reliability(outbox: InMemoryOutboxStore())
+                }
+                let received = DeliveryCollector(bob, in: harness)
+
+                let first = try await api.call(
+                    .POST,
+                    "/v1/messages",
+                    body: #"{"client":"bob","topic":"order.shipped","data":"42"}"#,
+                    headers: ["Idempotency-Key": "order-42"]
+                )
+                #expect(first.status == 200 && first.json["duplicate"] as? Bool == false && first.json["sequence"] as? Int == 1)
+                let again = try await api.call(
+                    .POST,
+                    "/v1/messages",
+                    body: #"{"client":"bob","topic":"order.shipped","data":"42"}"#,
+                    headers: ["Idempotency-Key": "order-42"]
+                )
+                #expect(again.status == 200 && again.json["duplicate"] as? Bool == true && again.json["sequence"] == nil)
+                // Ten calls with one new key at once: one stores.
+                let duplicates = try await withThrowingTaskGroup(of: Bool.self) { group in
+                    for _ in 0..<10 {
+                        group.addTask {
+                            let reply = try await api.call(
+                                .POST,
+                                "/v1/messages",
+                                body: #"{"client":"bob","topic":"order.shipped","data":"43"}"#,
+                                headers: ["Idempotency-Key": "order-43"]
+                            )
+                            return reply.json["duplicate"] as? Bool ?? false
+                        }
+                    }
+                    return try await group.reduce(into: 0) { $0 += $1 ? 1 : 0 }
+                }
+                #expect(duplicates == 9)
+                // Refusals store nothing.
+                let noKey = try await api.call(.POST, "/v1/messages", body: #"{"client":"bob","topic":"t","data":"x"}"#)
+                #expect(noKey.status == 400)
+                let longKey = try await api.call(
+                    .POST,
+                    "/v1/messages",
+                    body: #"{"client":"bob","topic":"t","data":"x"}"#,
+                    headers: ["Idempotency-Key": String(repeating: "k", count: 256)]
+                )
+                #expect(longKey.status == 400)
+                try await eventually("bob has both, once") { received.bodies == ["42", "43"] }
+                try await Task.sleep(for: .milliseconds(200))
+                #expect(received.bodies == ["42", "43"] && received.violations.isEmpty)
             }
         }
 

@@ -48,6 +48,8 @@ extension TetherClient {
         var failedSinceConnected: [Endpoint: TetherError] = [:]
         /// Set once the client gave up or shut down; requests fail with it.
         var terminalError: TetherError?
+        /// The message of a GOAWAY `revoked`: the client stops once its connection closes.
+        var revocation: String?
         /// What a path change decided while the run loop waited; the loop performs it on waking.
         var pendingAction: ConnectivityStateMachine.Action?
         /// The heartbeat mode the app set; new connections start in it.

@@ -110,6 +110,14 @@ public enum Handshake {
                 )
             )
         }
+        guard !hello.clientID.hasPrefix("$") else {
+            return .failure(
+                ProtocolError(
+                    code: .invalidRequest,
+                    message: "client ids starting with $ are reserved for the gateway ('\(hello.clientID.prefix(64))')"
+                )
+            )
+        }
         guard hello.maxBodySize >= UInt32(Self.minimumBodyLimit) else {
             return .failure(
                 ProtocolError(

@@ -68,6 +68,9 @@ package struct ConnectivityStateMachine: Sendable {
         case waitForPath(next: Endpoint)
         /// Give up: the attempt limit was reached.
         case fail(attempts: Int)
+        /// Give up: the gateway revoked the client's access (GOAWAY `revoked`); connecting again
+        /// with the same credentials would be refused.
+        case revoked
         /// Stop: the client is shut down.
         case stop
     }
@@ -122,7 +125,7 @@ package struct ConnectivityStateMachine: Sendable {
     /// Attempts at endpoints of the list since the last backoff.
     private var triedInRound = 0
     /// GOAWAY's instructions, applied when the draining connection closes.
-    private var goAway: (retryAfter: Duration, alternate: Endpoint?)?
+    private var goAway: (retryAfter: Duration, alternate: Endpoint?, revoked: Bool)?
     /// The last network path reported; `nil` until a monitor reports one (assumed available).
     package private(set) var path: NetworkPath?
     /// The connection is closing because the path changed: reconnect without delay.
@@ -212,15 +215,17 @@ package struct ConnectivityStateMachine: Sendable {
     /// - Parameters:
     ///   - retryAfter: How long to wait after the connection closed before connecting again.
     ///   - alternate: Where to connect next, if the gateway named a place.
+    ///   - revoked: The gateway revoked the client's access: it does not connect again once the
+    ///     connection closed (``Action/revoked``).
     /// - Returns: Whether to stop sending new requests on the connection (it was the one in use).
-    package mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?) -> Bool {
+    package mutating func goAwayReceived(retryAfter: Duration, alternate: Endpoint?, revoked: Bool = false) -> Bool {
         switch self.state {
         case .connected(let endpoint):
-            self.goAway = (retryAfter, alternate)
+            self.goAway = (retryAfter, alternate, revoked)
             self.state = .draining(endpoint)
             return true
         case .draining:
-            self.goAway = (retryAfter, alternate)
+            self.goAway = (retryAfter, alternate, revoked || self.goAway?.revoked == true)
             return false
         case .idle, .connecting, .backingOff, .waitingForPath, .failed, .shutDown:
             return false
@@ -240,6 +245,11 @@ package struct ConnectivityStateMachine: Sendable {
             preconditionFailure("connectionClosed in state \(self.state): no connection was established")
         }
 
+        if self.goAway?.revoked == true {
+            self.goAway = nil
+            self.state = .failed(attempts: 0)
+            return .revoked
+        }
         let wasStable = uptime >= self.configuration.stableAfter
         if wasStable {
             self.consecutiveFailures = 0

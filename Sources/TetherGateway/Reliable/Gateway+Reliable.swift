@@ -118,6 +118,71 @@ extension Gateway {
     ///   waiting, or the store's failure.
     @discardableResult
     public func deliver(to recipient: String, topic: String, body: ByteBuffer) async throws(GatewayError) -> UInt64 {
+        try await self.deliver(to: recipient, topic: topic, body: body, processed: [])!
+    }
+
+    /// What became of a delivery made with an idempotency key.
+    public enum KeyedDelivery: Sendable, Hashable {
+        /// Stored now: the recipient gets it once, at this sequence of its stream.
+        case delivered(sequence: UInt64)
+        /// A delivery with the same key was made before: nothing was stored this time.
+        case duplicate
+    }
+
+    /// Delivers a message reliably to a client id once per idempotency key, however often the
+    /// call is repeated (a backend retrying after a timeout).
+    ///
+    /// The key is recorded in the same store write as the delivery, so two calls with one key
+    /// store one delivery, even at the same moment on two nodes of a cluster. Keys are kept per
+    /// day (UTC) for the store's outbox retention, and a call checks the day before too: a
+    /// repeat is recognised for at least 24 hours after the first call.
+    ///
+    /// ```swift
+    /// let result = try await gateway.deliver(to: "bob", topic: "order.shipped", body: body, idempotencyKey: "order-42-shipped")
+    /// ```
+    /// - Throws: ``GatewayError``: ``GatewayError/Code/invalidArgument`` for a key that is not
+    ///   1 to 255 bytes, and as ``deliver(to:topic:body:)``.
+    public func deliver(
+        to recipient: String,
+        topic: String,
+        body: ByteBuffer,
+        idempotencyKey key: String
+    ) async throws(GatewayError) -> KeyedDelivery {
+        guard (1...255).contains(key.utf8.count) else {
+            throw GatewayError(code: .invalidArgument, message: "an idempotency key must be 1 to 255 bytes long")
+        }
+        guard let reliable = self.reliable else {
+            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
+        }
+        let day = UInt64(max(0, self.clock.wallClockMilliseconds) / 86_400_000)
+        let today = OutboxID(client: Self.keyedDeliveriesClient, epoch: day)
+        do {
+            let yesterday = OutboxID(client: Self.keyedDeliveriesClient, epoch: day &- 1)
+            if try await reliable.store.lastProcessed(yesterday, conversation: key) > 0 { return .duplicate }
+            // The day's outbox is kept (with its keys) for the outbox retention after its day.
+            try await reliable.store.touchOutboxes([today], at: self.clock.wallClockDate)
+        } catch {
+            throw GatewayError(code: .storage, message: "could not read the store: \(error)")
+        }
+        let processed = ProcessedMessage(outbox: today, conversation: key, sequence: 1)
+        guard let sequence = try await self.deliver(to: recipient, topic: topic, body: body, processed: [processed]) else {
+            return .duplicate
+        }
+        return .delivered(sequence: sequence)
+    }
+
+    /// The outboxes of keyed deliveries: one per day, named so that no client can claim it
+    /// (a client id starting with `$` is refused at the handshake).
+    static let keyedDeliveriesClient = "$api"
+
+    /// Stores a delivery with `processed` in one write.
+    /// - Returns: The delivery's sequence, or `nil` when `processed` conflicted (a key used before).
+    private func deliver(
+        to recipient: String,
+        topic: String,
+        body: ByteBuffer,
+        processed: [ProcessedMessage]
+    ) async throws(GatewayError) -> UInt64? {
         guard let reliable = self.reliable else {
             throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
         }
@@ -157,7 +222,9 @@ extension Gateway {
         }
         let receipts: [DeliveryReceipt]
         do {
-            receipts = try await reliable.writer.commit(StoreWrite(deliveries: [delivery]))
+            receipts = try await reliable.writer.commit(StoreWrite(processed: processed, deliveries: [delivery]))
+        } catch  where error.code == .conflict && !processed.isEmpty {
+            return nil
         } catch {
             throw GatewayError(code: .storage, message: "could not store the delivery: \(error)")
         }

@@ -479,3 +479,28 @@ struct GatewayConnectionStateMachineTests {
         #expect(machine.acknowledgementRecorded(true)?.record == 4)
     }
 }
+
+@Suite("Handshake: client ids")
+struct HandshakeClientIDTests {
+    @Test("a client id starting with $ is refused (reserved for the gateway's records); others are accepted")
+    func reservedClientIDs() throws {
+        let policy = Handshake.GatewayPolicy(
+            features: .checksum,
+            heartbeatInterval: .seconds(10),
+            idleTimeout: .seconds(30),
+            maxBodySize: 1 << 20,
+            maxConcurrentRequests: 8,
+            deliveryEpoch: nil
+        )
+        var hello = GatewayConnectionStateMachineTests.hello
+        for (clientID, refused) in [("$api", true), ("$", true), ("alice", false), ("a$b", false)] {
+            hello.clientID = clientID
+            switch Handshake.accept(hello, policy: policy, connectionID: 1) {
+            case .success:
+                #expect(!refused, "\(clientID)")
+            case .failure(let error):
+                #expect(refused && error.code == .invalidRequest && error.message.contains("reserved"), "\(clientID): \(error)")
+            }
+        }
+    }
+}

@@ -135,6 +135,24 @@ struct ConnectivityStateMachineTests {
         #expect(machine.connectFailed() == .connect(self.a, attempt: 2))
     }
 
+    @Test("GOAWAY revoked: the client does not connect again once the connection closed, even when the network changes")
+    func goAwayRevoked() throws {
+        var machine = try self.machine(endpoints: [self.a, self.b])
+        _ = machine.start()
+        _ = machine.connectSucceeded()
+        #expect(machine.goAwayReceived(retryAfter: .seconds(1), alternate: self.x, revoked: true) == true)
+        #expect(machine.connectionClosed(uptime: .seconds(60)) == .revoked)
+        #expect(machine.state == .failed(attempts: 0))
+        #expect(machine.pathChanged(NetworkPath(isAvailable: true, identity: "home")) == .none)
+        // A second GOAWAY on a draining connection keeps the revocation.
+        var draining = try self.machine(endpoints: [self.a])
+        _ = draining.start()
+        _ = draining.connectSucceeded()
+        _ = draining.goAwayReceived(retryAfter: .zero, alternate: nil, revoked: true)
+        _ = draining.goAwayReceived(retryAfter: .zero, alternate: nil)
+        #expect(draining.connectionClosed(uptime: .seconds(1)) == .revoked)
+    }
+
     @Test("GOAWAY without an alternate moves to the next endpoint of the list")
     func goAwayWithoutAlternate() throws {
         var machine = try self.machine(endpoints: [self.a, self.b])
