@@ -14,7 +14,8 @@ struct TetherBench: AsyncParsableCommand {
         abstract: "Tether side by side with raw NIO, HTTP/1.1, gRPC and WebSocket peers.",
         subcommands: [
             Run.self, Serve.self, Drive.self, Idle.self, Hold.self, FanOut.self, Listen.self, Reliable.self, ReliableGateway.self,
-            ReliableReceiver.self, ClusterBench.self, CompressionBench.self, ChannelsBench.self,
+            ReliableReceiver.self, ClusterBench.self, CompressionBench.self, ChannelsBench.self, BackendBench.self,
+            BackendServe.self, BackendGateway.self,
         ]
     )
 }

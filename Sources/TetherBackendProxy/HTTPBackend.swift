@@ -138,17 +138,22 @@ public final class HTTPBackend: ClientAuthenticator, Sendable {
     func request(_ request: GatewayRequest, _ context: RequestContext) async throws -> ByteBuffer {
         let connection = context.connection
         let timeout = request.timeout > .zero ? request.timeout : self.configuration.timeout
+        var headers = [
+            ("Content-Type", "application/octet-stream"),
+            ("Tether-Client", Self.headerValue(connection.clientID)),
+            ("Tether-Connection", String(connection.id)),
+            ("Tether-Request", String(request.id)),
+            ("Tether-Timeout-Ms", String(Self.milliseconds(timeout))),
+        ]
+        // The client's trace goes on in the backend (W3C Trace Context).
+        for name in ["traceparent", "tracestate"] {
+            if let value = request.traceContext?.fields[name] { headers.append((name, Self.headerValue(value))) }
+        }
         let answer: Answer
         do {
             answer = try await self.call(
                 "request/" + Self.pathSegment(request.method),
-                headers: [
-                    ("Content-Type", "application/octet-stream"),
-                    ("Tether-Client", Self.headerValue(connection.clientID)),
-                    ("Tether-Connection", String(connection.id)),
-                    ("Tether-Request", String(request.id)),
-                    ("Tether-Timeout-Ms", String(Self.milliseconds(timeout))),
-                ],
+                headers: headers,
                 body: request.body,
                 timeout: timeout
             )

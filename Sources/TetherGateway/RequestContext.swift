@@ -39,6 +39,9 @@ public struct GatewayRequest: Sendable {
     public var id: UInt64
     /// The time the handler has before the gateway answers `deadline exceeded`.
     public var timeout: Duration
+    /// The trace context the client sent with the request (W3C `traceparent`, `tracestate`),
+    /// if it negotiated trace context: what a handler forwards to the services it calls.
+    public var traceContext: TraceContext?
 }
 
 /// What every request of one connection shares in its ``RequestContext``: made once per

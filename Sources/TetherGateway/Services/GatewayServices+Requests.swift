@@ -61,7 +61,13 @@ extension GatewayServices {
     private func gatewayRequest(_ request: Frame.Request) -> GatewayRequest {
         // The connection set the effective deadline (the client's, capped by ours).
         let timeout = request.timeout ?? self.configuration.timeouts.handler
-        return GatewayRequest(method: request.method, body: request.body, id: request.id, timeout: timeout)
+        return GatewayRequest(
+            method: request.method,
+            body: request.body,
+            id: request.id,
+            timeout: timeout,
+            traceContext: request.traceContext
+        )
     }
 
     private func response(to request: Frame.Request, outcome: Outcome, logger: @autoclosure () -> Logger) -> Frame.Response {
