@@ -481,6 +481,11 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
         .testTarget(
+            name: "TetherBackendProxyTests",
+            dependencies: ["TetherCore", "TetherBackendProxy"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
             name: "TetherJWTTests",
             dependencies: [
                 "TetherCore",
