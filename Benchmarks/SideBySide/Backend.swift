@@ -78,12 +78,21 @@ struct BackendBench: AsyncParsableCommand {
             throw BenchError("the gateway did not start: \(gateway.errors())")
         }
         let (port, apiPort) = (ports[0], ports[1])
-        let body = ByteBuffer(repeating: UInt8(ascii: "x"), count: 32)
 
         var configuration = HTTPClient.Configuration()
         configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 1)
         let http = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
-        defer { try? http.syncShutdown() }
+        do {
+            try await self.measure(http, backendPort: backendPort, port: port, apiPort: apiPort)
+            try await http.shutdown()
+        } catch {
+            try? await http.shutdown()
+            throw error
+        }
+    }
+
+    private func measure(_ http: HTTPClient, backendPort: Int, port: Int, apiPort: Int) async throws {
+        let body = ByteBuffer(repeating: UInt8(ascii: "x"), count: 32)
 
         // Latencies, sequential.
         let direct = try await Self.latency(self.requests) {

@@ -18,7 +18,7 @@ struct BackendOptions: ParsableArguments {
     var apiPort: Int?
 
     @Option(name: .customLong("api-host"), help: "With --api-port: the API's address (loopback by default: keep it private).")
-    var apiHost = "127.0.0.1"
+    var apiHost: String?
 
     @Option(name: .customLong("api-key-file"), help: "With --api-port: a file of API keys, one per line (16 to 512 bytes each).")
     var apiKeyFile: String?
@@ -46,19 +46,25 @@ struct BackendOptions: ParsableArguments {
     )
     var messages: [String] = []
 
-    @Option(name: .customLong("backend-timeout"), help: "With --backend: how long a connect or message call may take, in seconds.")
-    var timeoutSeconds = 5.0
+    @Option(
+        name: .customLong("backend-timeout"),
+        help: "With --backend: how long a connect or message call may take, in seconds (default: 5)."
+    )
+    var timeoutSeconds: Double?
 
-    @Option(name: .customLong("backend-max-calls"), help: "With --backend: the most calls to the backend under way at once.")
-    var maxCalls = 256
+    @Option(name: .customLong("backend-max-calls"), help: "With --backend: the most calls to the backend under way at once (default: 256).")
+    var maxCalls: Int?
 
     /// Whether anything of a backend is configured (the demo handlers are installed otherwise).
-    var configured: Bool { self.apiPort != nil || self.backend != nil }
+    func configured(_ file: ServeFile?) -> Bool {
+        self.apiPort != nil || self.backend != nil || file?.api?.port != nil || file?.backend != nil
+    }
 
-    /// The event proxy, if `--backend` is given.
-    /// - Parameter authorization: Sent with every call (`TETHER_BACKEND_AUTHORIZATION`).
-    func proxy(logger: Logger) throws -> HTTPBackend? {
-        guard let backend else {
+    /// The event proxy, if `--backend` is given (or the configuration file's `backend`); an
+    /// option wins over the file.
+    func proxy(file: ServeFile?, logger: Logger) throws -> HTTPBackend? {
+        let fromFile = file?.backend
+        guard let backend = self.backend ?? fromFile?.url else {
             if self.connect || !self.requests.isEmpty || !self.messages.isEmpty {
                 throw ValidationError("--backend-connect, --backend-request and --backend-message need --backend URL")
             }
@@ -68,12 +74,12 @@ struct BackendOptions: ParsableArguments {
         do {
             configuration = try BackendConfiguration(
                 url: backend,
-                connect: self.connect,
-                requests: self.requests,
-                messages: self.messages,
-                timeout: try duration(seconds: self.timeoutSeconds, option: "backend-timeout"),
-                maxConcurrentCalls: self.maxCalls,
-                authorization: ProcessInfo.processInfo.environment["TETHER_BACKEND_AUTHORIZATION"]
+                connect: self.connect || fromFile?.connect == true,
+                requests: self.requests.isEmpty ? fromFile?.requests ?? [] : self.requests,
+                messages: self.messages.isEmpty ? fromFile?.messages ?? [] : self.messages,
+                timeout: try duration(seconds: self.timeoutSeconds ?? fromFile?.timeoutSeconds ?? 5, option: "backend-timeout"),
+                maxConcurrentCalls: self.maxCalls ?? fromFile?.maxCalls ?? 256,
+                authorization: ProcessInfo.processInfo.environment["TETHER_BACKEND_AUTHORIZATION"] ?? fromFile?.authorization
             )
         } catch let error as GatewayError {
             throw ValidationError("--backend: \(error.message)")
@@ -88,13 +94,15 @@ struct BackendOptions: ParsableArguments {
         return HTTPBackend(configuration: configuration, logger: Logger(label: "tether.backend"))
     }
 
-    /// The server API's configuration for node `index` (port + index), if `--api-port` is given.
-    func api(node index: Int = 0) throws -> ServerAPIConfiguration? {
-        guard let apiPort else {
+    /// The server API's configuration for node `index` (port + index), if `--api-port` is given
+    /// (or the configuration file's `api.port`).
+    func api(file: ServeFile?, node index: Int = 0) throws -> ServerAPIConfiguration? {
+        guard let apiPort = self.apiPort ?? file?.api?.port else {
             if self.apiKeyFile != nil { throw ValidationError("--api-key-file needs --api-port") }
+            if file?.api != nil { throw ValidationError("--config: api needs a port") }
             return nil
         }
-        var keys: [String] = []
+        var keys: [String] = file?.api?.keys ?? []
         if let environment = ProcessInfo.processInfo.environment["TETHER_API_KEYS"] {
             keys += environment.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }
@@ -105,10 +113,17 @@ struct BackendOptions: ParsableArguments {
             keys += text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }
         guard !keys.isEmpty else {
-            throw ValidationError("--api-port needs API keys: set TETHER_API_KEYS (comma-separated) or --api-key-file")
+            throw ValidationError(
+                "--api-port needs API keys: set TETHER_API_KEYS (comma-separated), --api-key-file, or api.keys in --config"
+            )
         }
         do {
-            return try ServerAPIConfiguration(host: self.apiHost, port: apiPort == 0 ? 0 : apiPort + index, keys: keys)
+            return try ServerAPIConfiguration(
+                host: self.apiHost ?? file?.api?.host ?? "127.0.0.1",
+                port: apiPort == 0 ? 0 : apiPort + index,
+                keys: keys,
+                maxBodyBytes: file?.api?.maxBodyBytes ?? 4 << 20
+            )
         } catch {
             throw ValidationError("--api-port: \(error.message)")
         }

@@ -147,6 +147,12 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup(title: "A backend in any language: the server API and the event proxy") var backend: BackendOptions
 
+    @Option(
+        name: .customLong("config"),
+        help: "A YAML or JSON file of the server API, the backend and channel rules (see ServeFile.swift); options win over it."
+    )
+    var configFile: String?
+
     @OptionGroup var logging: LoggingOptions
 
     func run() async throws {
@@ -163,11 +169,24 @@ struct Serve: AsyncParsableCommand {
         try configuration.timeouts.validate()
         configuration.checksums = self.requireChecksums ? .required : .optional
         try self.limits.apply(to: &configuration.limits)
-        try self.channels.apply(to: &configuration, storeKeepsChannels: self.postgres != nil || self.store != ":memory:")
+        let file = try self.configFile.map(ServeFile.load)
+        let storeKeepsChannels = self.postgres != nil || self.store != ":memory:"
+        try self.channels.apply(to: &configuration, storeKeepsChannels: storeKeepsChannels)
+        if let rules = file?.channels, !rules.isEmpty {
+            // The file's rules first; the options' rule takes the channels none of them matches.
+            let fileRules: [GatewayConfiguration.Channels.Rule]
+            do {
+                fileRules = try rules.enumerated().map { try $1.rule(index: $0, storeKeepsChannels: storeKeepsChannels) }
+            } catch let error as ValidationError {
+                throw ValidationError("--config \(self.configFile ?? ""): \(error.message)")
+            }
+            let optionRules = configuration.channels?.rules ?? []
+            configuration.channels?.rules = fileRules + optionRules
+        }
         let logger = Logger(label: "tether.serve")
         var authenticator: (any ClientAuthenticator)?
-        let proxy = try self.backend.proxy(logger: logger)
-        _ = try self.backend.api()  // checked before anything starts
+        let proxy = try self.backend.proxy(file: file, logger: logger)
+        _ = try self.backend.api(file: file)  // checked before anything starts
         configuration.insecureOpen = self.insecureOpen
         var adminToken: String?
         if let adminTokenFile {
@@ -211,7 +230,14 @@ struct Serve: AsyncParsableCommand {
             logger.info("clients must present a JWT whose subject is their client id", metadata: ["keys": "\(self.jwtKeys.count)"])
         }
         if let postgres {
-            try await self.runCluster(postgres, configuration: configuration, authenticator: authenticator, proxy: proxy, logger: logger)
+            try await self.runCluster(
+                postgres,
+                configuration: configuration,
+                authenticator: authenticator,
+                proxy: proxy,
+                file: file,
+                logger: logger
+            )
             return
         }
         if self.nodes != 1 || self.nodeName != nil { throw ValidationError("--nodes and --node-name need --postgres") }
@@ -232,7 +258,7 @@ struct Serve: AsyncParsableCommand {
             metrics: configuration.admin == nil ? .system : .prometheus(),
             logger: Logger(label: "tether.gateway")
         )
-        let services = try self.install(on: gateway, proxy: proxy, node: 0, logger: logger)
+        let services = try self.install(on: gateway, proxy: proxy, file: file, node: 0, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
@@ -241,14 +267,14 @@ struct Serve: AsyncParsableCommand {
 
     /// Gives `gateway` its handlers (the backend's, or the demo's when no backend is
     /// configured) and returns the services to run: the gateway, and its server API.
-    private func install(on gateway: Gateway, proxy: HTTPBackend?, node: Int, logger: Logger) throws -> [any Service] {
+    private func install(on gateway: Gateway, proxy: HTTPBackend?, file: ServeFile?, node: Int, logger: Logger) throws -> [any Service] {
         var services: [any Service] = [gateway]
         if let proxy {
             proxy.install(on: gateway)
-        } else if !self.backend.configured {
+        } else if !self.backend.configured(file) {
             DemoService.install(on: gateway)
         }
-        if let api = try self.backend.api(node: node) {
+        if let api = try self.backend.api(file: file, node: node) {
             services.append(ServerAPIService(gateway: gateway, configuration: api, logger: Logger(label: "tether.api")))
             logger.info("server API", metadata: ["listen": "\(api.host):\(api.port)", "keys": "\(api.keys.count)"])
         }
@@ -262,6 +288,7 @@ struct Serve: AsyncParsableCommand {
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
         proxy: HTTPBackend?,
+        file: ServeFile?,
         logger: Logger
     ) async throws {
         guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
@@ -288,6 +315,7 @@ struct Serve: AsyncParsableCommand {
                 configuration: configuration,
                 authenticator: authenticator,
                 proxy: proxy,
+                file: file,
                 forwarder: forwarder,
                 logger: logger
             )
@@ -298,13 +326,14 @@ struct Serve: AsyncParsableCommand {
         try? await forwarder.shutdown()
     }
 
-    /// The nodes of ``runCluster(_:configuration:authenticator:proxy:logger:)``, until SIGTERM or SIGINT.
+    /// The nodes of ``runCluster(_:configuration:authenticator:proxy:file:logger:)``, until SIGTERM or SIGINT.
     private func runNodes(
         url: String,
         clientConfiguration: PostgresClient.Configuration,
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
         proxy: HTTPBackend?,
+        file: ServeFile?,
         forwarder: HTTPStreamForwarder,
         logger: Logger
     ) async throws {
@@ -366,7 +395,7 @@ struct Serve: AsyncParsableCommand {
                     metrics: configuration.admin == nil ? .system : .prometheus(),
                     logger: nodeLogger
                 )
-                services += try self.install(on: gateway, proxy: proxy, node: index, logger: logger)
+                services += try self.install(on: gateway, proxy: proxy, file: file, node: index, logger: logger)
                 logger.info(
                     "cluster node",
                     metadata: ["node": "\(name ?? "-")", "listen": "\(nodeConfiguration.listen.map { "\($0.host):\($0.port)" } ?? "-")"]

@@ -490,6 +490,63 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "tether serve --config: every bad key or value is an error that names it; a good file configures the API, the backend and channel rules"
+        )
+        func configurationFile() async throws {
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-config-\(UUID().uuidString)")
+                try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+                harness.onExit { try? FileManager.default.removeItem(at: directory) }
+                func write(_ text: String, _ name: String = "tether.yaml") throws -> String {
+                    let path = directory.appendingPathComponent(name).path
+                    try text.write(toFile: path, atomically: true, encoding: .utf8)
+                    return path
+                }
+                for (text, expected) in [
+                    ("backend:\n  url: http://127.0.0.1:1\n  connect: true\n  timeout: 5\n", "backend.timeout: unknown key"),
+                    ("backend:\n  url: http://127.0.0.1:1\n  connect: yes please\n", "backend.connect must be true or false"),
+                    ("backend:\n  connect: true\n", "backend.url is missing"),
+                    ("backend:\n  url: ftp://x\n  connect: true\n", "http:// or https://"),
+                    ("channels:\n  - pattern: \"room.*\"\n    storage: disk\n", "channels[0].storage must be store or memory"),
+                    ("channels:\n  - pattern: \"a*b\"\n", "channels[0].pattern"),
+                    ("channels:\n  - pattern: \"room.*\"\n    history: -1\n", "channels[0].history must be 0 or more"),
+                    ("api:\n  port: 0\n  keys: [short]\n", "16 to 512 bytes"),
+                    ("api:\n  keys: [long-enough-key-0123456789]\n", "api needs a port"),
+                    ("apis: {}\n", "apis: unknown key"),
+                    ("{\"backend\": {\"url\": \"http://127.0.0.1:1\", \"connect\": 1}}", "backend.connect must be true or false"),
+                ] {
+                    let path = try write(text)
+                    let refused = try ChildProcess(["serve", "--port", "0", "--store", ":memory:", "--config", path], in: harness)
+                    #expect(try await refused.exitStatus() != 0, "\(text)")
+                    let said = refused.lines.joined(separator: "\n")
+                    #expect(said.contains(expected), "\(text) → \(said)")
+                }
+
+                // A good file: the API with its keys, and channel rules before the options' rule.
+                let (port, apiPort) = (try await freePort(), try await freePort())
+                let path = try write(
+                    """
+                    api:
+                      port: \(apiPort)
+                      keys: [\(Self.keys[0])]
+                    channels:
+                      - pattern: "quiet.*"
+                        history: 10
+                        presence: false
+                    """
+                )
+                let serve = try ChildProcess(["serve", "--port", "\(port)", "--store", ":memory:", "--config", path], in: harness)
+                let api = APICaller(port: apiPort, key: Self.keys[0])
+                try await eventually("the API answers") { (try? await api.call(.GET, "/v1/clients/x/connections"))?.status == 200 }
+                let quiet = try await api.call(.GET, "/v1/channels/quiet.room/presence")
+                #expect(quiet.status == 400 && (quiet.json["message"] as? String)?.contains("keeps no presence") == true, "\(quiet.json)")
+                let loud = try await api.call(.GET, "/v1/channels/loud/presence")
+                #expect(loud.status == 200, "the options' rule (presence on) takes the others")
+                serve.kill()
+            }
+        }
+
         @Test("schemathesis fuzzes the running server API against openapi.yaml", .requires(.schemathesis))
         func schemathesis() async throws {
             try OutsideTool.schemathesis.require()

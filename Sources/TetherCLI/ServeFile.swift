@@ -1,0 +1,230 @@
+import ArgumentParser
+import Foundation
+import TetherCore
+import TetherGateway
+import Yams
+
+/// `tether serve --config FILE`: the server API, the backend and channel rules in one YAML or
+/// JSON file (JSON is YAML). Every key is checked: an unknown key or a bad value is an error
+/// that names it, and nothing starts.
+///
+/// ```yaml
+/// api:
+///   port: 8090
+///   keys: [first-key-0123456789]     # and TETHER_API_KEYS
+/// backend:
+///   url: http://127.0.0.1:5000
+///   connect: true
+///   requests: ["order.*"]
+///   messages: ["chat.*"]
+///   timeout_seconds: 5
+///   max_calls: 256
+/// channels:
+///   - pattern: "room.*"
+///     history: 1000
+///     history_age_seconds: 600
+///     presence: true
+///     storage: store
+///     clients_publish: false
+/// ```
+///
+/// What a command-line option also sets, the option decides.
+struct ServeFile: Decodable, Equatable {
+    struct API: Decodable, Equatable {
+        var host: String?
+        var port: Int?
+        var keys: [String]?
+        var maxBodyBytes: Int?
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case host, port, keys
+            case maxBodyBytes = "max_body_bytes"
+        }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
+            self.host = try container.decodeIfPresent(String.self, forKey: .host)
+            self.port = try container.decodeIfPresent(Int.self, forKey: .port)
+            self.keys = try container.decodeIfPresent([String].self, forKey: .keys)
+            self.maxBodyBytes = try container.decodeIfPresent(Int.self, forKey: .maxBodyBytes)
+        }
+    }
+
+    struct Backend: Decodable, Equatable {
+        var url: String
+        var connect: Bool?
+        var requests: [String]?
+        var messages: [String]?
+        var timeoutSeconds: Double?
+        var maxCalls: Int?
+        var authorization: String?
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case url, connect, requests, messages, authorization
+            case timeoutSeconds = "timeout_seconds"
+            case maxCalls = "max_calls"
+        }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
+            self.url = try container.decode(String.self, forKey: .url)
+            self.connect = try container.decodeIfPresent(Bool.self, forKey: .connect)
+            self.requests = try container.decodeIfPresent([String].self, forKey: .requests)
+            self.messages = try container.decodeIfPresent([String].self, forKey: .messages)
+            self.timeoutSeconds = try container.decodeIfPresent(Double.self, forKey: .timeoutSeconds)
+            self.maxCalls = try container.decodeIfPresent(Int.self, forKey: .maxCalls)
+            self.authorization = try container.decodeIfPresent(String.self, forKey: .authorization)
+        }
+    }
+
+    struct ChannelRule: Decodable, Equatable {
+        var pattern: String
+        var history: Int?
+        var historyAgeSeconds: Double?
+        var presence: Bool?
+        var storage: String?
+        var clientsPublish: Bool?
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case pattern, history, presence, storage
+            case historyAgeSeconds = "history_age_seconds"
+            case clientsPublish = "clients_publish"
+        }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
+            self.pattern = try container.decode(String.self, forKey: .pattern)
+            self.history = try container.decodeIfPresent(Int.self, forKey: .history)
+            self.historyAgeSeconds = try container.decodeIfPresent(Double.self, forKey: .historyAgeSeconds)
+            self.presence = try container.decodeIfPresent(Bool.self, forKey: .presence)
+            self.storage = try container.decodeIfPresent(String.self, forKey: .storage)
+            self.clientsPublish = try container.decodeIfPresent(Bool.self, forKey: .clientsPublish)
+        }
+
+        /// The rule, checked; `index` names it in errors.
+        func rule(index: Int, storeKeepsChannels: Bool) throws -> GatewayConfiguration.Channels.Rule {
+            let name = "channels[\(index)]"
+            let pattern: ChannelPattern
+            do {
+                pattern = try ChannelPattern(self.pattern)
+            } catch {
+                throw ValidationError("\(name).pattern: \(error)")
+            }
+            let count = self.history ?? 1_000
+            guard count >= 0 else { throw ValidationError("\(name).history must be 0 or more, got \(count)") }
+            let age = self.historyAgeSeconds ?? 300
+            guard age > 0, age.isFinite else { throw ValidationError("\(name).history_age_seconds must be positive, got \(age)") }
+            var retention: ChannelRetention?
+            if count > 0 {
+                do {
+                    retention = try ChannelRetention(maxCount: count, maxAge: .nanoseconds(Int64(age * 1e9)))
+                } catch {
+                    throw ValidationError("\(name): \(error)")
+                }
+            }
+            let storage: GatewayConfiguration.Channels.Storage
+            switch self.storage ?? (storeKeepsChannels ? "store" : "memory") {
+            case "store":
+                guard storeKeepsChannels else {
+                    throw ValidationError("\(name).storage store needs a --store file or --postgres: the in-memory store keeps no channels")
+                }
+                storage = .store
+            case "memory":
+                storage = .memory
+            case let other:
+                throw ValidationError("\(name).storage must be store or memory, got '\(other)'")
+            }
+            return .init(
+                pattern: pattern,
+                history: retention,
+                storage: storage,
+                presence: self.presence ?? true,
+                clientsMayPublish: self.clientsPublish ?? false
+            )
+        }
+    }
+
+    var api: API?
+    var backend: Backend?
+    var channels: [ChannelRule]?
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case api, backend, channels
+    }
+
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
+        self.api = try container.decodeIfPresent(API.self, forKey: .api)
+        self.backend = try container.decodeIfPresent(Backend.self, forKey: .backend)
+        self.channels = try container.decodeIfPresent([ChannelRule].self, forKey: .channels)
+    }
+
+    /// Reads and checks `path`.
+    /// - Throws: `ValidationError` naming the file and the key of the first problem.
+    static func load(_ path: String) throws -> ServeFile {
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+            throw ValidationError("--config: cannot read \(path)")
+        }
+        do {
+            return try YAMLDecoder().decode(ServeFile.self, from: text)
+        } catch let error as DecodingError {
+            throw ValidationError("--config \(path): \(Self.describe(error))")
+        } catch {
+            throw ValidationError("--config \(path): \(error)")
+        }
+    }
+
+    /// A decoding error as `key.path: what is wrong`.
+    static func describe(_ error: DecodingError) -> String {
+        func path(_ codingPath: [any CodingKey]) -> String {
+            let text = codingPath.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined()
+            return text.hasPrefix(".") ? String(text.dropFirst()) : (text.isEmpty ? "(the top level)" : text)
+        }
+        switch error {
+        case .keyNotFound(let key, let context):
+            return "\(path(context.codingPath + [key])) is missing"
+        case .typeMismatch(let type, let context):
+            return "\(path(context.codingPath)) must be \(Self.name(of: type))"
+        case .valueNotFound(let type, let context):
+            return "\(path(context.codingPath)) must be \(Self.name(of: type)), not null"
+        case .dataCorrupted(let context):
+            return "\(path(context.codingPath)): \(context.debugDescription)"
+        @unknown default:
+            return "\(error)"
+        }
+    }
+
+    private static func name(of type: Any.Type) -> String {
+        switch type {
+        case is String.Type: "a string"
+        case is Int.Type: "an integer"
+        case is Double.Type: "a number"
+        case is Bool.Type: "true or false"
+        case is [String].Type, is [Any].Type: "a list"
+        default: "\(type)".contains("Dictionary") || "\(type)".contains("Keyed") ? "a mapping" : "\(type)"
+        }
+    }
+}
+
+/// A coding key for any name: to list the keys a mapping has.
+private struct AnyKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+extension Decoder {
+    /// A keyed container that refuses keys `Key` does not name (a typo must not be ignored).
+    fileprivate func strictContainer<Key: CodingKey & CaseIterable>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
+        let all = try self.container(keyedBy: AnyKey.self)
+        let known = Set(Key.allCases.map(\.stringValue))
+        for key in all.allKeys where !known.contains(key.stringValue) {
+            let expected = known.sorted().joined(separator: ", ")
+            throw DecodingError.dataCorrupted(
+                .init(codingPath: self.codingPath + [key], debugDescription: "unknown key (expected one of: \(expected))")
+            )
+        }
+        return try self.container(keyedBy: type)
+    }
+}
