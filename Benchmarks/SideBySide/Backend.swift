@@ -42,6 +42,9 @@ struct BackendBench: AsyncParsableCommand {
     @Option(help: "Clients sending them (each its own client id, so its own lane).")
     var senders = 16
 
+    @Option(help: "Connections the gateway's proxy keeps to the backend.")
+    var proxyConnections = 8
+
     @Option(help: "Where the results go.")
     var output = "bench-results"
 
@@ -61,6 +64,7 @@ struct BackendBench: AsyncParsableCommand {
         var reliableMessagesPerSecond: Double
         var messages: Int
         var senders: Int
+        var proxyConnections: Int
     }
 
     func run() async throws {
@@ -70,7 +74,10 @@ struct BackendBench: AsyncParsableCommand {
         guard let ready = backend.readLine(), ready.hasPrefix("ready "), let backendPort = Int(ready.dropFirst(6)) else {
             throw BenchError("the backend did not start: \(backend.errors())")
         }
-        let gateway = try ChildProcess(executable, ["backend-gateway", "--backend", "http://127.0.0.1:\(backendPort)"])
+        let gateway = try ChildProcess(
+            executable,
+            ["backend-gateway", "--backend", "http://127.0.0.1:\(backendPort)", "--connections", "\(self.proxyConnections)"]
+        )
         defer { gateway.terminate() }
         guard let line = gateway.readLine(), line.hasPrefix("ready "),
             case let ports = line.dropFirst(6).split(separator: " ").compactMap({ Int($0) }), ports.count == 2
@@ -141,7 +148,8 @@ struct BackendBench: AsyncParsableCommand {
                 batch: self.batch,
                 reliableMessagesPerSecond: rate,
                 messages: self.messages,
-                senders: self.senders
+                senders: self.senders,
+                proxyConnections: self.proxyConnections
             ),
             to: "\(self.output)/backend.json"
         )
@@ -265,11 +273,19 @@ struct BackendGateway: AsyncParsableCommand {
     @Option(help: "The backend's URL.")
     var backend: String
 
+    @Option(help: "Connections the proxy keeps to the backend.")
+    var connections = 8
+
     func run() async throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: 0)
+        // The proxy's own pool, as many connections as calls may be under way.
+        var pool = HTTPClient.Configuration()
+        pool.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: self.connections)
+        let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: pool)
         let proxy = HTTPBackend(
             configuration: try BackendConfiguration(url: self.backend, requests: ["backend.*"], messages: ["bench.*"]),
+            httpClient: client,
             logger: Peer.logger
         )
         let gateway = try Gateway(configuration: configuration, messageStore: InMemoryMessageStore(), logger: Peer.logger)

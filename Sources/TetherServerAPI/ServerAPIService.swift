@@ -46,7 +46,12 @@ public struct ServerAPIService: Service {
         let router = Router()
         router.add(middleware: APIGuard(keys: APIKeys(self.configuration.keys), maxBodyBytes: self.configuration.maxBodyBytes))
         let handler = ServerAPIHandler(gateway: self.gateway)
-        try handler.registerHandlers(on: router, middlewares: [RefusalMiddleware(logger: self.logger)])
+        // Compact JSON: the generated code's default pretty-prints and sorts every answer's keys.
+        try handler.registerHandlers(
+            on: router,
+            configuration: .init(jsonEncodingOptions: []),
+            middlewares: [RefusalMiddleware(logger: self.logger)]
+        )
         let bound = self.bound
         let application = Application(
             router: router,
@@ -60,7 +65,9 @@ public struct ServerAPIService: Service {
             logger: self.logger
         )
         do {
-            try await application.runService()
+            // As a service of the caller's group: it stops on the group's graceful shutdown
+            // (runService() would also catch SIGTERM and SIGINT on its own).
+            try await application.run()
         } catch {
             bound.resolve(nil)
             throw error
