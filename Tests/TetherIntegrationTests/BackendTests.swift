@@ -9,6 +9,7 @@ import Tether
 import TetherBackendProxy
 import TetherCore
 import TetherGateway
+import TetherPostgres
 import TetherServerAPI
 import TetherTestSupport
 
@@ -297,6 +298,65 @@ extension IntegrationTests {
                 try await eventually("bob has both, once") { received.bodies == ["42", "43"] }
                 try await Task.sleep(for: .milliseconds(200))
                 #expect(received.bodies == ["42", "43"] && received.violations.isEmpty)
+            }
+        }
+
+        @Test(
+            "keyed messages on PostgreSQL: the same key sent at once through two gateways sharing the store is stored once",
+            .requires(.postgresql)
+        )
+        func keyedMessagesOnPostgres() async throws {
+            try OutsideTool.postgresql.require()
+            try await TestPostgres.withDatabase { client, _ in
+                try await withHarness { harness in
+                    let stores = [
+                        try await PostgresMessageStore(client: client, logger: testLogger("postgres")),
+                        try await PostgresMessageStore(client: client, logger: testLogger("postgres")),
+                    ]
+                    var gateways: [Gateway] = []
+                    for store in stores { gateways.append(try await harness.gateway(messageStore: store).0) }
+                    let nodes = gateways
+                    for round in 0..<5 {
+                        let key = "shipment-\(round)"
+                        let results = await withTaskGroup(of: Result<Gateway.KeyedDelivery, GatewayError>.self) { group in
+                            for call in 0..<20 {
+                                group.addTask {
+                                    do throws(GatewayError) {
+                                        return .success(
+                                            try await nodes[call % 2].deliver(
+                                                to: "bob",
+                                                topic: "order.shipped",
+                                                body: ByteBuffer(string: key),
+                                                idempotencyKey: key
+                                            )
+                                        )
+                                    } catch {
+                                        return .failure(error)
+                                    }
+                                }
+                            }
+                            return await group.reduce(into: []) { $0.append($1) }
+                        }
+                        let delivered = results.filter { if case .success(.delivered) = $0 { true } else { false } }.count
+                        let failed = results.compactMap { if case .failure(let error) = $0 { error } else { nil } }
+                        // A call that lost a race on a new key may fail as a whole (a unique index
+                        // refused its group): a storage error, never a second delivery.
+                        #expect(delivered <= 1 && failed.allSatisfy { $0.code == .storage }, "\(results)")
+                        // Retried, every call now finds the key.
+                        let retried = try await nodes[0].deliver(
+                            to: "bob",
+                            topic: "order.shipped",
+                            body: ByteBuffer(string: key),
+                            idempotencyKey: key
+                        )
+                        #expect(delivered == 1 ? retried == .duplicate : true)
+                        print(
+                            "round \(round): \(delivered) delivered, \(20 - delivered - failed.count) duplicates, \(failed.count) refused to retry"
+                        )
+                    }
+                    let stored = try await stores[0].deliveries(for: "bob", after: 0, limit: 100)
+                    #expect(stored.map { String(buffer: $0.body) } == (0..<5).map { "shipment-\($0)" })
+                }
             }
         }
 
