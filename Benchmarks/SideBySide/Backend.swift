@@ -101,20 +101,14 @@ struct BackendBench: AsyncParsableCommand {
     private func measure(_ http: HTTPClient, backendPort: Int, port: Int, apiPort: Int) async throws {
         let body = ByteBuffer(repeating: UInt8(ascii: "x"), count: 32)
 
-        // Latencies, sequential.
-        let direct = try await Self.latency(self.requests) {
-            var request = HTTPClientRequest(url: "http://127.0.0.1:\(backendPort)/echo")
-            request.method = .POST
-            request.body = .bytes(body)
-            let response = try await http.execute(request, timeout: .seconds(30))
-            _ = try await response.body.collect(upTo: 1 << 20)
-        }
+        // Latencies, sequential: the peers' own echo clients, driven as every peer's are.
+        let requests = self.requests
+        let direct = try await Self.latency(HTTPPeer.Client(client: http, url: "http://127.0.0.1:\(backendPort)/echo"), body, requests)
         let (tether, proxied) = try await TetherPeer.withClient(port: port) { client in
-            let tether = try await Self.latency(self.requests) { _ = try await client.request("echo", body: body, timeout: .seconds(30)) }
-            let proxied = try await Self.latency(self.requests) {
-                _ = try await client.request("backend.echo", body: body, timeout: .seconds(30))
-            }
-            return (tether, proxied)
+            (
+                try await Self.latency(TetherPeer.Client(client: client, method: "echo", onLoop: false), body, requests),
+                try await Self.latency(TetherPeer.Client(client: client, method: "backend.echo", onLoop: false), body, requests)
+            )
         }
         let latencies = [
             Latency(what: "direct HTTP call to the backend", p50Microseconds: direct.p50, p99Microseconds: direct.p99),
@@ -155,16 +149,10 @@ struct BackendBench: AsyncParsableCommand {
         )
     }
 
-    /// p50 and p99 in microseconds of `count` sequential calls (after `count / 10` unmeasured).
-    static func latency(_ count: Int, _ call: () async throws -> Void) async throws -> (p50: Double, p99: Double) {
-        for _ in 0..<(count / 10) { try await call() }
-        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000)
-        for _ in 0..<count {
-            let started = ContinuousClock.now
-            try await call()
-            let elapsed = ContinuousClock.now - started
-            histogram.record(UInt64(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000))
-        }
+    /// p50 and p99 in microseconds of `count` sequential echoes (after `count / 10` unmeasured).
+    static func latency(_ client: any EchoClient, _ body: ByteBuffer, _ count: Int) async throws -> (p50: Double, p99: Double) {
+        _ = try await AsyncDriver.sequential(client, body: body, requests: count / 10)  // warm-up, not measured
+        let (histogram, _) = try await AsyncDriver.sequential(client, body: body, requests: count)
         return (Double(histogram.valueAtPercentile(50)) / 1000, Double(histogram.valueAtPercentile(99)) / 1000)
     }
 

@@ -143,7 +143,7 @@ public final class HTTPBackend: ClientAuthenticator, Sendable {
             ("Tether-Client", Self.headerValue(connection.clientID)),
             ("Tether-Connection", String(connection.id)),
             ("Tether-Request", String(request.id)),
-            ("Tether-Timeout-Ms", String(Self.milliseconds(timeout))),
+            ("Tether-Timeout-Ms", String(timeout.wholeMilliseconds)),
         ]
         // The client's trace goes on in the backend (W3C Trace Context).
         for name in ["traceparent", "tracestate"] {
@@ -250,7 +250,7 @@ public final class HTTPBackend: ClientAuthenticator, Sendable {
         if let authorization = self.configuration.authorization { request.headers.add(name: "Authorization", value: authorization) }
         request.body = .bytes(body)
         do {
-            let response = try await self.client.execute(request, timeout: .nanoseconds(Self.nanoseconds(timeout)))
+            let response = try await self.client.execute(request, timeout: .nanoseconds(timeout.nanoseconds))
             let bytes = try await response.body.collect(upTo: self.configuration.maxResponseBytes)
             let answer = Answer(status: Int(response.status.code), headers: response.headers, body: Data(buffer: bytes))
             // A 502/503/504 without Tether's own status is the backend (or its proxy) down.
@@ -313,12 +313,6 @@ public final class HTTPBackend: ClientAuthenticator, Sendable {
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    private static func nanoseconds(_ duration: Duration) -> Int64 {
-        let (seconds, attoseconds) = duration.components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
-    }
-
-    private static func milliseconds(_ duration: Duration) -> Int64 { Self.nanoseconds(duration) / 1_000_000 }
 }
 
 /// A call that got no answer the gateway can use.

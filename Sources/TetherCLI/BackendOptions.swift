@@ -55,11 +55,6 @@ struct BackendOptions: ParsableArguments {
     @Option(name: .customLong("backend-max-calls"), help: "With --backend: the most calls to the backend under way at once (default: 256).")
     var maxCalls: Int?
 
-    /// Whether anything of a backend is configured (the demo handlers are installed otherwise).
-    func configured(_ file: ServeFile?) -> Bool {
-        self.apiPort != nil || self.backend != nil || file?.api?.port != nil || file?.backend != nil
-    }
-
     /// The event proxy, if `--backend` is given (or the configuration file's `backend`); an
     /// option wins over the file.
     func proxy(file: ServeFile?, logger: Logger) throws -> HTTPBackend? {
@@ -94,9 +89,9 @@ struct BackendOptions: ParsableArguments {
         return HTTPBackend(configuration: configuration, logger: Logger(label: "tether.backend"))
     }
 
-    /// The server API's configuration for node `index` (port + index), if `--api-port` is given
-    /// (or the configuration file's `api.port`).
-    func api(file: ServeFile?, node index: Int = 0) throws -> ServerAPIConfiguration? {
+    /// The server API's configuration, if `--api-port` is given (or the configuration file's
+    /// `api.port`); its keys are read once, here.
+    func api(file: ServeFile?) throws -> ServerAPIConfiguration? {
         guard let apiPort = self.apiPort ?? file?.api?.port else {
             if self.apiKeyFile != nil { throw ValidationError("--api-key-file needs --api-port") }
             if file?.api != nil { throw ValidationError("--config: api needs a port") }
@@ -120,12 +115,23 @@ struct BackendOptions: ParsableArguments {
         do {
             return try ServerAPIConfiguration(
                 host: self.apiHost ?? file?.api?.host ?? "127.0.0.1",
-                port: apiPort == 0 ? 0 : apiPort + index,
+                port: apiPort,
                 keys: keys,
                 maxBodyBytes: file?.api?.maxBodyBytes ?? 4 << 20
             )
         } catch {
             throw ValidationError("--api-port: \(error.message)")
         }
+    }
+
+    /// `api` for node `index` of this process (`--nodes`): its port + `index` (0 stays 0).
+    static func api(_ api: ServerAPIConfiguration, node index: Int) throws -> ServerAPIConfiguration {
+        guard api.port != 0 else { return api }
+        var node = api
+        node.port += index
+        guard node.port <= 65_535 else {
+            throw ValidationError("--api-port: the server API's port must be 0 to 65535, got \(node.port)")
+        }
+        return node
     }
 }

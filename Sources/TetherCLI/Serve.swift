@@ -186,7 +186,7 @@ struct Serve: AsyncParsableCommand {
         let logger = Logger(label: "tether.serve")
         var authenticator: (any ClientAuthenticator)?
         let proxy = try self.backend.proxy(file: file, logger: logger)
-        _ = try self.backend.api(file: file)  // checked before anything starts
+        let api = try self.backend.api(file: file)
         configuration.insecureOpen = self.insecureOpen
         var adminToken: String?
         if let adminTokenFile {
@@ -235,7 +235,7 @@ struct Serve: AsyncParsableCommand {
                 configuration: configuration,
                 authenticator: authenticator,
                 proxy: proxy,
-                file: file,
+                api: api,
                 logger: logger
             )
             return
@@ -258,23 +258,30 @@ struct Serve: AsyncParsableCommand {
             metrics: configuration.admin == nil ? .system : .prometheus(),
             logger: Logger(label: "tether.gateway")
         )
-        let services = try self.install(on: gateway, proxy: proxy, file: file, node: 0, logger: logger)
+        let services = try self.install(on: gateway, proxy: proxy, api: api, node: 0, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
         try await group.run()
     }
 
-    /// Gives `gateway` its handlers (the backend's, or the demo's when no backend is
-    /// configured) and returns the services to run: the gateway, and its server API.
-    private func install(on gateway: Gateway, proxy: HTTPBackend?, file: ServeFile?, node: Int, logger: Logger) throws -> [any Service] {
+    /// Gives `gateway` its handlers (the backend's, or the demo's when neither a backend nor a
+    /// server API is configured) and returns the services to run: the gateway, and its server
+    /// API (on `api`'s port + `node`).
+    private func install(
+        on gateway: Gateway,
+        proxy: HTTPBackend?,
+        api: ServerAPIConfiguration?,
+        node: Int,
+        logger: Logger
+    ) throws -> [any Service] {
         var services: [any Service] = [gateway]
         if let proxy {
             proxy.install(on: gateway)
-        } else if !self.backend.configured(file) {
+        } else if api == nil {
             DemoService.install(on: gateway)
         }
-        if let api = try self.backend.api(file: file, node: node) {
+        if let api = try api.map({ try BackendOptions.api($0, node: node) }) {
             services.append(ServerAPIService(gateway: gateway, configuration: api, logger: Logger(label: "tether.api")))
             logger.info("server API", metadata: ["listen": "\(api.host):\(api.port)", "keys": "\(api.keys.count)"])
         }
@@ -288,7 +295,7 @@ struct Serve: AsyncParsableCommand {
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
         proxy: HTTPBackend?,
-        file: ServeFile?,
+        api: ServerAPIConfiguration?,
         logger: Logger
     ) async throws {
         guard (1...64).contains(self.nodes) else { throw ValidationError("--nodes must be between 1 and 64") }
@@ -315,7 +322,7 @@ struct Serve: AsyncParsableCommand {
                 configuration: configuration,
                 authenticator: authenticator,
                 proxy: proxy,
-                file: file,
+                api: api,
                 forwarder: forwarder,
                 logger: logger
             )
@@ -326,14 +333,14 @@ struct Serve: AsyncParsableCommand {
         try? await forwarder.shutdown()
     }
 
-    /// The nodes of ``runCluster(_:configuration:authenticator:proxy:file:logger:)``, until SIGTERM or SIGINT.
+    /// The nodes of ``runCluster(_:configuration:authenticator:proxy:api:logger:)``, until SIGTERM or SIGINT.
     private func runNodes(
         url: String,
         clientConfiguration: PostgresClient.Configuration,
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
         proxy: HTTPBackend?,
-        file: ServeFile?,
+        api: ServerAPIConfiguration?,
         forwarder: HTTPStreamForwarder,
         logger: Logger
     ) async throws {
@@ -395,7 +402,7 @@ struct Serve: AsyncParsableCommand {
                     metrics: configuration.admin == nil ? .system : .prometheus(),
                     logger: nodeLogger
                 )
-                services += try self.install(on: gateway, proxy: proxy, file: file, node: index, logger: logger)
+                services += try self.install(on: gateway, proxy: proxy, api: api, node: index, logger: logger)
                 logger.info(
                     "cluster node",
                     metadata: ["node": "\(name ?? "-")", "listen": "\(nodeConfiguration.listen.map { "\($0.host):\($0.port)" } ?? "-")"]

@@ -6,7 +6,8 @@ import Yams
 
 /// `tether serve --config FILE`: the server API, the backend and channel rules in one YAML or
 /// JSON file (JSON is YAML). Every key is checked: an unknown key or a bad value is an error
-/// that names it, and nothing starts.
+/// that names it, and nothing starts. The types decode as Swift synthesizes it; their coding
+/// keys are also what ``knownKeys`` accepts.
 ///
 /// ```yaml
 /// api:
@@ -40,14 +41,6 @@ struct ServeFile: Decodable, Equatable {
             case host, port, keys
             case maxBodyBytes = "max_body_bytes"
         }
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
-            self.host = try container.decodeIfPresent(String.self, forKey: .host)
-            self.port = try container.decodeIfPresent(Int.self, forKey: .port)
-            self.keys = try container.decodeIfPresent([String].self, forKey: .keys)
-            self.maxBodyBytes = try container.decodeIfPresent(Int.self, forKey: .maxBodyBytes)
-        }
     }
 
     struct Backend: Decodable, Equatable {
@@ -64,17 +57,6 @@ struct ServeFile: Decodable, Equatable {
             case timeoutSeconds = "timeout_seconds"
             case maxCalls = "max_calls"
         }
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
-            self.url = try container.decode(String.self, forKey: .url)
-            self.connect = try container.decodeIfPresent(Bool.self, forKey: .connect)
-            self.requests = try container.decodeIfPresent([String].self, forKey: .requests)
-            self.messages = try container.decodeIfPresent([String].self, forKey: .messages)
-            self.timeoutSeconds = try container.decodeIfPresent(Double.self, forKey: .timeoutSeconds)
-            self.maxCalls = try container.decodeIfPresent(Int.self, forKey: .maxCalls)
-            self.authorization = try container.decodeIfPresent(String.self, forKey: .authorization)
-        }
     }
 
     struct ChannelRule: Decodable, Equatable {
@@ -89,16 +71,6 @@ struct ServeFile: Decodable, Equatable {
             case pattern, history, presence, storage
             case historyAgeSeconds = "history_age_seconds"
             case clientsPublish = "clients_publish"
-        }
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
-            self.pattern = try container.decode(String.self, forKey: .pattern)
-            self.history = try container.decodeIfPresent(Int.self, forKey: .history)
-            self.historyAgeSeconds = try container.decodeIfPresent(Double.self, forKey: .historyAgeSeconds)
-            self.presence = try container.decodeIfPresent(Bool.self, forKey: .presence)
-            self.storage = try container.decodeIfPresent(String.self, forKey: .storage)
-            self.clientsPublish = try container.decodeIfPresent(Bool.self, forKey: .clientsPublish)
         }
 
         /// The rule, checked; `index` names it in errors.
@@ -152,13 +124,6 @@ struct ServeFile: Decodable, Equatable {
         case api, backend, channels
     }
 
-    init(from decoder: any Decoder) throws {
-        let container = try decoder.strictContainer(keyedBy: CodingKeys.self)
-        self.api = try container.decodeIfPresent(API.self, forKey: .api)
-        self.backend = try container.decodeIfPresent(Backend.self, forKey: .backend)
-        self.channels = try container.decodeIfPresent([ChannelRule].self, forKey: .channels)
-    }
-
     /// Reads and checks `path`.
     /// - Throws: `ValidationError` naming the file and the key of the first problem.
     static func load(_ path: String) throws -> ServeFile {
@@ -166,12 +131,49 @@ struct ServeFile: Decodable, Equatable {
             throw ValidationError("--config: cannot read \(path)")
         }
         do {
+            // A key no type declares would be ignored by decoding: refused first, by name.
+            if let node = try Yams.compose(yaml: text), let unknown = Self.unknownKey(in: node) {
+                throw ValidationError("--config \(path): \(unknown)")
+            }
             return try YAMLDecoder().decode(ServeFile.self, from: text)
+        } catch let error as ValidationError {
+            throw error
         } catch let error as DecodingError {
             throw ValidationError("--config \(path): \(Self.describe(error))")
         } catch {
             throw ValidationError("--config \(path): \(error)")
         }
+    }
+
+    /// The keys each mapping of the file may have, by its place (`""` the top, `channels[]`
+    /// each rule): the types' coding keys.
+    private static let knownKeys: [String: [String]] = [
+        "": CodingKeys.allCases.map(\.stringValue),
+        "api": API.CodingKeys.allCases.map(\.stringValue),
+        "backend": Backend.CodingKeys.allCases.map(\.stringValue),
+        "channels[]": ChannelRule.CodingKeys.allCases.map(\.stringValue),
+    ]
+
+    /// The first key of `node` (at `place`, written `path` in errors) that its place does not
+    /// know, as `key.path: unknown key (expected one of: …)`.
+    private static func unknownKey(in node: Node, place: String = "", path: String = "") -> String? {
+        if let mapping = node.mapping, let known = Self.knownKeys[place] {
+            for (key, value) in mapping {
+                let name = key.string ?? "\(key)"
+                let keyPath = path.isEmpty ? name : "\(path).\(name)"
+                guard known.contains(name) else {
+                    return "\(keyPath): unknown key (expected one of: \(known.sorted().joined(separator: ", ")))"
+                }
+                if let unknown = Self.unknownKey(in: value, place: place.isEmpty ? name : "\(place).\(name)", path: keyPath) {
+                    return unknown
+                }
+            }
+        } else if let sequence = node.sequence {
+            for (index, element) in sequence.enumerated() {
+                if let unknown = Self.unknownKey(in: element, place: place + "[]", path: "\(path)[\(index)]") { return unknown }
+            }
+        }
+        return nil
     }
 
     /// A decoding error as `key.path: what is wrong`.
@@ -203,28 +205,5 @@ struct ServeFile: Decodable, Equatable {
         case is [String].Type, is [Any].Type: "a list"
         default: "\(type)".contains("Dictionary") || "\(type)".contains("Keyed") ? "a mapping" : "\(type)"
         }
-    }
-}
-
-/// A coding key for any name: to list the keys a mapping has.
-private struct AnyKey: CodingKey {
-    var stringValue: String
-    var intValue: Int? { nil }
-    init(stringValue: String) { self.stringValue = stringValue }
-    init?(intValue: Int) { nil }
-}
-
-extension Decoder {
-    /// A keyed container that refuses keys `Key` does not name (a typo must not be ignored).
-    fileprivate func strictContainer<Key: CodingKey & CaseIterable>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
-        let all = try self.container(keyedBy: AnyKey.self)
-        let known = Set(Key.allCases.map(\.stringValue))
-        for key in all.allKeys where !known.contains(key.stringValue) {
-            let expected = known.sorted().joined(separator: ", ")
-            throw DecodingError.dataCorrupted(
-                .init(codingPath: self.codingPath + [key], debugDescription: "unknown key (expected one of: \(expected))")
-            )
-        }
-        return try self.container(keyedBy: type)
     }
 }

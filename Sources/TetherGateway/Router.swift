@@ -14,11 +14,11 @@ struct Router: Sendable {
 
     private(set) var routes: [String: Route] = [:]
     private(set) var messageHandlers: [String: Gateway.MessageHandler] = [:]
-    /// Routes of every method that starts with a prefix (``Gateway/handle(prefix:_:)``),
-    /// longest prefix first: looked at only when no method matches exactly.
-    private(set) var prefixRoutes: [(prefix: String, route: Route)] = []
+    /// Routes of every method that starts with a prefix (``Gateway/handle(prefix:_:)``):
+    /// looked at only when no method matches exactly.
+    private(set) var prefixRoutes = PrefixTable<Route>()
     /// The same for message topics (``Gateway/onMessage(prefix:_:)``).
-    private(set) var prefixMessageHandlers: [(prefix: String, handler: Gateway.MessageHandler)] = []
+    private(set) var prefixMessageHandlers = PrefixTable<Gateway.MessageHandler>()
     /// The application's authorization hook, if it set one.
     var authorizer: Gateway.Authorizer?
     /// The application's hook for channels gaining their first subscriber or losing their last.
@@ -40,20 +40,20 @@ struct Router: Sendable {
     @inline(__always)
     func route(_ method: String) -> Route? {
         if let route = self.routes[method] { return route }
-        return self.prefixRoutes.isEmpty ? nil : self.prefixRoute(method)?.route
+        return self.prefixRoutes.isEmpty ? nil : self.prefixRoute(method)?.value
     }
 
     /// The prefix route of a method no route names exactly; reserved methods (`$…`) are
     /// never routed by prefix.
-    func prefixRoute(_ method: String) -> (prefix: String, route: Route)? {
+    func prefixRoute(_ method: String) -> (prefix: String, value: Route)? {
         guard !method.hasPrefix("$") else { return nil }
-        return self.prefixRoutes.first { method.hasPrefix($0.prefix) }
+        return self.prefixRoutes.match(method)
     }
 
     /// The handler of a message topic, if any.
     func messageHandler(_ topic: String) -> Gateway.MessageHandler? {
         if let handler = self.messageHandlers[topic] { return handler }
-        return self.prefixMessageHandlers.first { topic.hasPrefix($0.prefix) }?.handler
+        return self.prefixMessageHandlers.match(topic)?.value
     }
 
     /// What a prefix route's metrics are labelled with: the prefix and `*`.
@@ -68,14 +68,30 @@ struct Router: Sendable {
     }
 
     mutating func add(prefix: String, _ route: Route) {
-        self.prefixRoutes.removeAll { $0.prefix == prefix }
-        self.prefixRoutes.append((prefix, route))
-        self.prefixRoutes.sort { $0.prefix.utf8.count > $1.prefix.utf8.count }
+        self.prefixRoutes.add(prefix, route)
     }
 
     mutating func add(topicPrefix prefix: String, _ handler: @escaping Gateway.MessageHandler) {
-        self.prefixMessageHandlers.removeAll { $0.prefix == prefix }
-        self.prefixMessageHandlers.append((prefix, handler))
-        self.prefixMessageHandlers.sort { $0.prefix.utf8.count > $1.prefix.utf8.count }
+        self.prefixMessageHandlers.add(prefix, handler)
+    }
+}
+
+/// Values by name prefix; the longest prefix a name starts with wins.
+struct PrefixTable<Value: Sendable>: Sendable {
+    /// Longest prefix first, so that the first match is the longest.
+    private(set) var entries: [(prefix: String, value: Value)] = []
+
+    var isEmpty: Bool { self.entries.isEmpty }
+
+    /// Adds `value` under `prefix`, replacing what the prefix had.
+    mutating func add(_ prefix: String, _ value: Value) {
+        self.entries.removeAll { $0.prefix == prefix }
+        self.entries.append((prefix, value))
+        self.entries.sort { $0.prefix.utf8.count > $1.prefix.utf8.count }
+    }
+
+    /// The entry of the longest prefix `name` starts with.
+    func match(_ name: String) -> (prefix: String, value: Value)? {
+        self.entries.first { name.hasPrefix($0.prefix) }
     }
 }

@@ -66,11 +66,8 @@ struct ServerAPIHandler: APIProtocol {
         let payload: ByteBuffer
         do throws(APIFailure) {
             guard (1...255).contains(key.utf8.count) else { throw APIFailure.invalid("Idempotency-Key must be 1 to 255 bytes") }
-            guard !body.client.isEmpty, body.client.utf8.count <= Int(UInt16.max) else {
-                throw APIFailure.invalid("a client id must be 1 to 65535 bytes long")
-            }
-            guard !body.topic.isEmpty, body.topic.utf8.count <= Int(UInt16.max) else {
-                throw APIFailure.invalid("a topic must be 1 to 65535 bytes long")
+            if let failure = APIFailure.length(of: body.client, "a client id") ?? APIFailure.length(of: body.topic, "a topic") {
+                throw failure
             }
             payload = try Payload.decode(text: body.data, base64: body.dataBase64)
         } catch {
@@ -167,17 +164,13 @@ struct ServerAPIHandler: APIProtocol {
 
     func clientConnections(_ input: Operations.ClientConnections.Input) async throws -> Operations.ClientConnections.Output {
         let client = input.path.client
-        guard !client.isEmpty, client.utf8.count <= Int(UInt16.max) else {
-            return .badRequest(.init(body: .json(APIFailure.invalid("a client id must be 1 to 65535 bytes long").schema)))
-        }
+        if let failure = APIFailure.length(of: client, "a client id") { return .badRequest(.init(body: .json(failure.schema))) }
         return .ok(.init(body: .json(Self.connections(self.gateway.connections(of: client)))))
     }
 
     func roomMembers(_ input: Operations.RoomMembers.Input) async throws -> Operations.RoomMembers.Output {
         let room = input.path.room
-        guard !room.isEmpty, room.utf8.count <= Int(UInt16.max) else {
-            return .badRequest(.init(body: .json(APIFailure.invalid("a room name must be 1 to 65535 bytes long").schema)))
-        }
+        if let failure = APIFailure.length(of: room, "a room name") { return .badRequest(.init(body: .json(failure.schema))) }
         return .ok(.init(body: .json(Self.connections(self.gateway.members(of: room)))))
     }
 
@@ -186,9 +179,7 @@ struct ServerAPIHandler: APIProtocol {
         let client = input.path.client
         let message = body.message ?? ""
         let retryAfter = body.retryAfterMs ?? 0
-        guard !client.isEmpty, client.utf8.count <= Int(UInt16.max) else {
-            return .badRequest(.init(body: .json(APIFailure.invalid("a client id must be 1 to 65535 bytes long").schema)))
-        }
+        if let failure = APIFailure.length(of: client, "a client id") { return .badRequest(.init(body: .json(failure.schema))) }
         guard message.utf8.count <= 1_000 else {
             return .badRequest(.init(body: .json(APIFailure.invalid("message is at most 1000 bytes").schema)))
         }
@@ -250,15 +241,15 @@ struct Outgoing: Sendable {
         }
         guard publication.publisher == nil else { throw .invalid("publisher is for channel publications only") }
         guard let topic = publication.topic else { throw .invalid("a push needs a topic") }
-        guard !topic.isEmpty, topic.utf8.count <= Int(UInt16.max) else { throw .invalid("a topic must be 1 to 65535 bytes long") }
+        if let failure = APIFailure.length(of: topic, "a topic") { throw failure }
         if let client = publication.client {
-            guard !client.isEmpty, client.utf8.count <= Int(UInt16.max) else { throw .invalid("a client id must be 1 to 65535 bytes long") }
+            if let failure = APIFailure.length(of: client, "a client id") { throw failure }
             self.target = .push(topic: topic, .client(client))
         } else if let connection = publication.connection {
             guard connection >= 0 else { throw .invalid("a connection id is at least 0") }
             self.target = .push(topic: topic, .connection(UInt64(connection)))
         } else if let room = publication.room {
-            guard !room.isEmpty, room.utf8.count <= Int(UInt16.max) else { throw .invalid("a room name must be 1 to 65535 bytes long") }
+            if let failure = APIFailure.length(of: room, "a room name") { throw failure }
             self.target = .push(topic: topic, .room(room))
         } else {
             guard publication.everyone == true else { throw .invalid("everyone must be true when it is the target") }
@@ -316,6 +307,12 @@ struct APIFailure: Error, Sendable {
 
     static func invalid(_ message: String) -> APIFailure {
         APIFailure(status: 400, code: "invalid_argument", message: message)
+    }
+
+    /// The refusal of `value` (a client id, a topic, a room) unless it is 1 to 65,535 bytes
+    /// long, as the protocol's fields are; `what` names it.
+    static func length(of value: String, _ what: String) -> APIFailure? {
+        (1...Int(UInt16.max)).contains(value.utf8.count) ? nil : .invalid("\(what) must be 1 to 65535 bytes long")
     }
 
     init(status: Int, code: String, message: String) {

@@ -8,6 +8,7 @@ import NIOCore
 import OpenAPIHummingbird
 import OpenAPIRuntime
 public import ServiceLifecycle
+import TetherCore
 public import TetherGateway
 
 /// The server API of a gateway, on a listener of its own: what a backend in any language
@@ -55,7 +56,7 @@ public struct ServerAPIService: Service {
         let bound = self.bound
         let application = Application(
             router: router,
-            server: .http1(configuration: .init(idleTimeout: self.configuration.idleTimeout.timeAmount)),
+            server: .http1(configuration: .init(idleTimeout: .nanoseconds(self.configuration.idleTimeout.nanoseconds))),
             configuration: .init(
                 address: .hostname(self.configuration.host, port: self.configuration.port),
                 serverName: "tether",
@@ -118,13 +119,6 @@ public struct ServerAPIService: Service {
                 if case .some(let port) = resolved { continuation.resume(returning: port) }
             }
         }
-    }
-}
-
-extension Duration {
-    fileprivate var timeAmount: TimeAmount {
-        let (seconds, attoseconds) = self.components
-        return .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
     }
 }
 

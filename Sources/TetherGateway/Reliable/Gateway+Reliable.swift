@@ -118,7 +118,7 @@ extension Gateway {
     ///   waiting, or the store's failure.
     @discardableResult
     public func deliver(to recipient: String, topic: String, body: ByteBuffer) async throws(GatewayError) -> UInt64 {
-        try await self.deliver(to: recipient, topic: topic, body: body, processed: [])!
+        try await self.deliver(to: recipient, topic: topic, body: body, processed: [], with: try self.reliableServices())!
     }
 
     /// What became of a delivery made with an idempotency key.
@@ -151,9 +151,7 @@ extension Gateway {
         guard (1...255).contains(key.utf8.count) else {
             throw GatewayError(code: .invalidArgument, message: "an idempotency key must be 1 to 255 bytes long")
         }
-        guard let reliable = self.reliable else {
-            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
-        }
+        let reliable = try self.reliableServices()
         let day = UInt64(max(0, self.clock.wallClockMilliseconds) / 86_400_000)
         let today = OutboxID(client: Self.keyedDeliveriesClient, epoch: day)
         do {
@@ -165,7 +163,7 @@ extension Gateway {
             throw GatewayError(code: .storage, message: "could not read the store: \(error)")
         }
         let processed = ProcessedMessage(outbox: today, conversation: key, sequence: 1)
-        guard let sequence = try await self.deliver(to: recipient, topic: topic, body: body, processed: [processed]) else {
+        guard let sequence = try await self.deliver(to: recipient, topic: topic, body: body, processed: [processed], with: reliable) else {
             return .duplicate
         }
         return .delivered(sequence: sequence)
@@ -175,17 +173,24 @@ extension Gateway {
     /// (a client id starting with `$` is refused at the handshake).
     static let keyedDeliveriesClient = "$api"
 
+    /// Reliable delivery's services.
+    /// - Throws: ``GatewayError/Code/notRunning`` for a gateway without a message store.
+    private func reliableServices() throws(GatewayError) -> ReliableServices {
+        guard let reliable = self.reliable else {
+            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
+        }
+        return reliable
+    }
+
     /// Stores a delivery with `processed` in one write.
     /// - Returns: The delivery's sequence, or `nil` when `processed` conflicted (a key used before).
     private func deliver(
         to recipient: String,
         topic: String,
         body: ByteBuffer,
-        processed: [ProcessedMessage]
+        processed: [ProcessedMessage],
+        with reliable: ReliableServices
     ) async throws(GatewayError) -> UInt64? {
-        guard let reliable = self.reliable else {
-            throw GatewayError(code: .notRunning, message: "reliable delivery needs a message store (Gateway(messageStore:))")
-        }
         try Self.validateDelivery(recipient: recipient, topic: topic)
         let limits = self.configuration.limits
         let usage: StreamUsage

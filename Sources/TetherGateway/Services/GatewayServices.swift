@@ -86,7 +86,7 @@ final class GatewayServices: Sendable {
         ] {
             requestMetrics[method] = metrics.requests(method)
         }
-        for (prefix, _) in router.prefixRoutes {
+        for (prefix, _) in router.prefixRoutes.entries {
             let label = Router.label(ofPrefix: prefix)
             requestMetrics[label] = metrics.requests(label)
         }
