@@ -271,7 +271,7 @@ struct BackendGateway: AsyncParsableCommand {
         var pool = HTTPClient.Configuration()
         pool.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: self.connections)
         let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: pool)
-        let proxy = HTTPBackend(
+        let proxy = try BackendProxy(
             configuration: try BackendConfiguration(url: self.backend, requests: ["backend.*"], messages: ["bench.*"]),
             httpClient: client,
             logger: Peer.logger

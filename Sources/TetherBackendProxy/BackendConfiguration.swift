@@ -11,7 +11,8 @@ public import TetherGateway
 /// )
 /// ```
 public struct BackendConfiguration: Sendable {
-    /// The backend's base URL (`http://` or `https://`); events go to `URL/tether/…`.
+    /// The backend's base URL: `http://` or `https://` (events go to `URL/tether/…`), or
+    /// `grpc://HOST:PORT` (the backend serves `Protos/tether/v1/backend.proto`, plaintext HTTP/2).
     public var url: String
     /// Whether every HELLO's credentials go to the backend (`POST /tether/connect`), which
     /// says who the client is.
@@ -52,7 +53,7 @@ public struct BackendConfiguration: Sendable {
     }
 
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration`` for a URL
-    ///   that is not `http://` or `https://`, nothing to proxy, an empty or reserved (`$…`)
+    ///   that is not `http://`, `https://` or `grpc://HOST:PORT`, nothing to proxy, an empty or reserved (`$…`)
     ///   pattern, a `*` anywhere but at the end, or a limit that is not positive.
     public init(
         url: String,
@@ -67,8 +68,20 @@ public struct BackendConfiguration: Sendable {
     ) throws(GatewayError) {
         var base = url
         while base.hasSuffix("/") { base.removeLast() }
-        guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > 8 else {
-            throw GatewayError(code: .invalidConfiguration, message: "the backend's URL must start with http:// or https://, got '\(url)'")
+        if base.hasPrefix("grpc://") {
+            guard Self.grpcTarget(of: base) != nil else {
+                throw GatewayError(
+                    code: .invalidConfiguration,
+                    message: "a gRPC backend's URL is grpc://HOST:PORT (a port 1 to 65535, nothing after it), got '\(url)'"
+                )
+            }
+        } else {
+            guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > 8 else {
+                throw GatewayError(
+                    code: .invalidConfiguration,
+                    message: "the backend's URL must start with http://, https:// or grpc://, got '\(url)'"
+                )
+            }
         }
         guard connect || !requests.isEmpty || !messages.isEmpty else {
             throw GatewayError(
@@ -100,5 +113,20 @@ public struct BackendConfiguration: Sendable {
         self.maxResponseBytes = maxResponseBytes
         self.authorization = authorization
         self.breaker = breaker
+    }
+
+    /// The host and port of a `grpc://` URL; `nil` for an HTTP backend.
+    var grpcTarget: (host: String, port: Int)? { Self.grpcTarget(of: self.url) }
+
+    private static func grpcTarget(of url: String) -> (host: String, port: Int)? {
+        guard url.hasPrefix("grpc://") else { return nil }
+        let rest = url.dropFirst("grpc://".count)
+        guard let colon = rest.lastIndex(of: ":"), let port = Int(rest[rest.index(after: colon)...]), (1...65_535).contains(port) else {
+            return nil
+        }
+        var host = rest[..<colon]
+        if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
+        guard !host.isEmpty, !host.contains("/") else { return nil }
+        return (String(host), port)
     }
 }

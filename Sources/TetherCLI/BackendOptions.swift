@@ -17,6 +17,12 @@ struct BackendOptions: ParsableArguments {
     )
     var apiPort: Int?
 
+    @Option(
+        name: .customLong("api-grpc-port"),
+        help: "With --api-port: serve the server API as gRPC (Protos/tether/v1/server_api.proto) on this port too, with the same keys."
+    )
+    var apiGRPCPort: Int?
+
     @Option(name: .customLong("api-host"), help: "With --api-port: the API's address (loopback by default: keep it private).")
     var apiHost: String?
 
@@ -25,8 +31,9 @@ struct BackendOptions: ParsableArguments {
 
     @Option(
         help: """
-            The backend's base URL (http://host:port): the events below are POSTed to URL/tether/connect, \
-            URL/tether/request/METHOD and URL/tether/message/TOPIC.
+            The backend's base URL: http://host:port (the events below are POSTed to URL/tether/connect, \
+            URL/tether/request/METHOD and URL/tether/message/TOPIC) or grpc://host:port (the backend serves \
+            Protos/tether/v1/backend.proto).
             """
     )
     var backend: String?
@@ -57,7 +64,7 @@ struct BackendOptions: ParsableArguments {
 
     /// The event proxy, if `--backend` is given (or the configuration file's `backend`); an
     /// option wins over the file.
-    func proxy(file: ServeFile?, logger: Logger) throws -> HTTPBackend? {
+    func proxy(file: ServeFile?, logger: Logger) throws -> BackendProxy? {
         let fromFile = file?.backend
         guard let backend = self.backend ?? fromFile?.url else {
             if self.connect || !self.requests.isEmpty || !self.messages.isEmpty {
@@ -86,7 +93,7 @@ struct BackendOptions: ParsableArguments {
                 "messages": "\(configuration.messages)",
             ]
         )
-        return HTTPBackend(configuration: configuration, logger: Logger(label: "tether.backend"))
+        return try BackendProxy(configuration: configuration, logger: Logger(label: "tether.backend"))
     }
 
     /// The server API's configuration, if `--api-port` is given (or the configuration file's
@@ -94,6 +101,7 @@ struct BackendOptions: ParsableArguments {
     func api(file: ServeFile?) throws -> ServerAPIConfiguration? {
         guard let apiPort = self.apiPort ?? file?.api?.port else {
             if self.apiKeyFile != nil { throw ValidationError("--api-key-file needs --api-port") }
+            if self.apiGRPCPort != nil { throw ValidationError("--api-grpc-port needs --api-port") }
             if file?.api != nil { throw ValidationError("--config: api needs a port") }
             return nil
         }
@@ -116,6 +124,7 @@ struct BackendOptions: ParsableArguments {
             return try ServerAPIConfiguration(
                 host: self.apiHost ?? file?.api?.host ?? "127.0.0.1",
                 port: apiPort,
+                grpcPort: self.apiGRPCPort ?? file?.api?.grpcPort,
                 keys: keys,
                 maxBodyBytes: file?.api?.maxBodyBytes ?? 4 << 20
             )
@@ -126,11 +135,11 @@ struct BackendOptions: ParsableArguments {
 
     /// `api` for node `index` of this process (`--nodes`): its port + `index` (0 stays 0).
     static func api(_ api: ServerAPIConfiguration, node index: Int) throws -> ServerAPIConfiguration {
-        guard api.port != 0 else { return api }
         var node = api
-        node.port += index
-        guard node.port <= 65_535 else {
-            throw ValidationError("--api-port: the server API's port must be 0 to 65535, got \(node.port)")
+        if api.port != 0 { node.port += index }
+        if let grpcPort = api.grpcPort, grpcPort != 0 { node.grpcPort = grpcPort + index }
+        for port in [node.port, node.grpcPort ?? 0] where port > 65_535 {
+            throw ValidationError("--api-port: the server API's port must be 0 to 65535, got \(port)")
         }
         return node
     }

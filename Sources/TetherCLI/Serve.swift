@@ -258,7 +258,8 @@ struct Serve: AsyncParsableCommand {
             metrics: configuration.admin == nil ? .system : .prometheus(),
             logger: Logger(label: "tether.gateway")
         )
-        let services = try self.install(on: gateway, proxy: proxy, api: api, node: 0, logger: logger)
+        // The proxy first: the group stops its services in reverse order, the gateway before it.
+        let services = (proxy.map { [$0] } ?? []) + (try self.install(on: gateway, proxy: proxy, api: api, node: 0, logger: logger))
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         )
@@ -270,7 +271,7 @@ struct Serve: AsyncParsableCommand {
     /// API (on `api`'s port + `node`).
     private func install(
         on gateway: Gateway,
-        proxy: HTTPBackend?,
+        proxy: BackendProxy?,
         api: ServerAPIConfiguration?,
         node: Int,
         logger: Logger
@@ -283,7 +284,13 @@ struct Serve: AsyncParsableCommand {
         }
         if let api = try api.map({ try BackendOptions.api($0, node: node) }) {
             services.append(ServerAPIService(gateway: gateway, configuration: api, logger: Logger(label: "tether.api")))
-            logger.info("server API", metadata: ["listen": "\(api.host):\(api.port)", "keys": "\(api.keys.count)"])
+            logger.info(
+                "server API",
+                metadata: [
+                    "listen": "\(api.host):\(api.port)", "grpc": "\(api.grpcPort.map { "\(api.host):\($0)" } ?? "-")",
+                    "keys": "\(api.keys.count)",
+                ]
+            )
         }
         return services
     }
@@ -294,7 +301,7 @@ struct Serve: AsyncParsableCommand {
         _ url: String,
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
-        proxy: HTTPBackend?,
+        proxy: BackendProxy?,
         api: ServerAPIConfiguration?,
         logger: Logger
     ) async throws {
@@ -339,12 +346,12 @@ struct Serve: AsyncParsableCommand {
         clientConfiguration: PostgresClient.Configuration,
         configuration: GatewayConfiguration,
         authenticator: (any ClientAuthenticator)?,
-        proxy: HTTPBackend?,
+        proxy: BackendProxy?,
         api: ServerAPIConfiguration?,
         forwarder: HTTPStreamForwarder,
         logger: Logger
     ) async throws {
-        var services: [any Service] = []
+        var services: [any Service] = proxy.map { [$0] } ?? []
         try await withThrowingDiscardingTaskGroup { group in
             for index in 0..<self.nodes {
                 let name = self.nodes == 1 ? self.nodeName : "\(self.nodeName ?? "node")-\(index + 1)"

@@ -34,11 +34,13 @@ struct ServeFile: Decodable, Equatable {
     struct API: Decodable, Equatable {
         var host: String?
         var port: Int?
+        var grpcPort: Int?
         var keys: [String]?
         var maxBodyBytes: Int?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
             case host, port, keys
+            case grpcPort = "grpc_port"
             case maxBodyBytes = "max_body_bytes"
         }
     }

@@ -8,12 +8,16 @@ public import TetherGateway
 public struct ServerAPIConfiguration: Sendable {
     /// The address to listen on; loopback by default: put the API on a private network.
     public var host: String
-    /// The port; 0 picks a free one (see ``ServerAPIService/listeningPort()``).
+    /// The port of the JSON API; 0 picks a free one (see ``ServerAPIService/listeningPort()``).
     public var port: Int
+    /// The port of the gRPC API (`Protos/tether/v1/server_api.proto`), on the same host; `nil`:
+    /// none. 0 picks a free one (see ``ServerAPIService/grpcListeningPort()``).
+    public var grpcPort: Int?
     /// The API keys a call may carry (`Authorization: Bearer KEY`); several at once to rotate
     /// them. Each is 16 to 512 bytes.
     public var keys: [String]
-    /// The largest request body, in bytes (4 MiB by default); a larger one is refused with 413.
+    /// The largest request body, in bytes (4 MiB by default); a larger one is refused with 413
+    /// (gRPC: RESOURCE_EXHAUSTED).
     public var maxBodyBytes: Int
     /// The most connections the API keeps open at once; more wait in the listen backlog.
     public var maxConnections: Int
@@ -30,6 +34,7 @@ public struct ServerAPIConfiguration: Sendable {
     public init(
         host: String = "127.0.0.1",
         port: Int = 8090,
+        grpcPort: Int? = nil,
         keys: [String],
         maxBodyBytes: Int = 4 << 20,
         maxConnections: Int = 1_024,
@@ -44,8 +49,8 @@ public struct ServerAPIConfiguration: Sendable {
                 message: "API key \(index + 1) is \(key.utf8.count) bytes long; a key must be \(Self.minKeyLength) to 512 bytes"
             )
         }
-        guard (0...65_535).contains(port) else {
-            throw GatewayError(code: .invalidConfiguration, message: "the server API's port must be 0 to 65535, got \(port)")
+        for (name, value) in [("port", port), ("gRPC port", grpcPort ?? 0)] where !(0...65_535).contains(value) {
+            throw GatewayError(code: .invalidConfiguration, message: "the server API's \(name) must be 0 to 65535, got \(value)")
         }
         guard maxBodyBytes > 0, maxConnections > 0, idleTimeout > .zero else {
             throw GatewayError(
@@ -55,6 +60,7 @@ public struct ServerAPIConfiguration: Sendable {
         }
         self.host = host
         self.port = port
+        self.grpcPort = grpcPort
         self.keys = keys
         self.maxBodyBytes = maxBodyBytes
         self.maxConnections = maxConnections

@@ -1,4 +1,6 @@
 import Foundation
+import GRPCCore
+import GRPCNIOTransportHTTP2Posix
 import HTTPTypes
 import Hummingbird
 import HummingbirdCore
@@ -12,7 +14,8 @@ import TetherCore
 public import TetherGateway
 
 /// The server API of a gateway, on a listener of its own: what a backend in any language
-/// drives the gateway with (`openapi.yaml` in this module says every call).
+/// drives the gateway with, as JSON over HTTP (`openapi.yaml` in this module says every call)
+/// and, with ``ServerAPIConfiguration/grpcPort``, as gRPC (`Protos/tether/v1/server_api.proto`).
 ///
 /// Run it beside the gateway, in the same service group:
 ///
@@ -24,12 +27,15 @@ public import TetherGateway
 ///
 /// Its routes are generated from `openapi.yaml` (swift-openapi-generator) and served by
 /// Hummingbird; in front of them, every call's API key and body size are checked, and a call
-/// that is malformed is answered 400 with an `Error` body, never a 500.
+/// that is malformed is answered 400 with an `Error` body, never a 500. The gRPC form is
+/// served by grpc-swift 2 over HTTP/2 (plaintext: keep the API on a private network), with
+/// the same keys, limits and checks.
 public struct ServerAPIService: Service {
     private let gateway: Gateway
     private let configuration: ServerAPIConfiguration
     private let logger: Logger
     private let bound = Bound()
+    private let grpcBound = Bound()
 
     /// - Parameters:
     ///   - gateway: The gateway the calls act on.
@@ -44,6 +50,22 @@ public struct ServerAPIService: Service {
     /// Serves until graceful shutdown (the service group's signal), then finishes the calls
     /// under way and returns.
     public func run() async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.runHTTP() }
+            if let port = self.configuration.grpcPort {
+                if #available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *) {
+                    group.addTask { try await self.runGRPC(port: port) }
+                } else {
+                    self.grpcBound.resolve(nil)
+                    throw GatewayError(code: .invalidConfiguration, message: "the gRPC server API needs macOS 15 or later")
+                }
+            }
+            // One listener failing stops the other.
+            while let _ = try await group.next() {}
+        }
+    }
+
+    private func runHTTP() async throws {
         let router = Router()
         router.add(middleware: APIGuard(keys: APIKeys(self.configuration.keys), maxBodyBytes: self.configuration.maxBodyBytes))
         let handler = ServerAPIHandler(gateway: self.gateway)
@@ -74,6 +96,52 @@ public struct ServerAPIService: Service {
             throw error
         }
         bound.resolve(nil)
+    }
+
+    @available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *)
+    private func runGRPC(port: Int) async throws {
+        let host = self.configuration.host == "localhost" ? "127.0.0.1" : self.configuration.host
+        let maxBodyBytes = self.configuration.maxBodyBytes
+        let idleTimeout = self.configuration.idleTimeout
+        let transport = HTTP2ServerTransport.Posix(
+            address: host.contains(":") ? .ipv6(host: host, port: port) : .ipv4(host: host, port: port),
+            transportSecurity: .plaintext,
+            config: .defaults { config in
+                // Twice the limit: a request up to it is read and refused with a status that says
+                // why (GRPCServerAPI); the transport resets a larger one.
+                config.rpc.maxRequestPayloadSize = maxBodyBytes * 2
+                config.connection.maxIdleTime = idleTimeout
+            }
+        )
+        let server = GRPCServer(
+            transport: transport,
+            services: [GRPCServerAPI(gateway: self.gateway, maxBodyBytes: maxBodyBytes)],
+            interceptors: [APIKeyInterceptor(keys: APIKeys(self.configuration.keys))]
+        )
+        let bound = self.grpcBound
+        defer { bound.resolve(nil) }
+        try await withGracefulShutdownHandler {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await server.serve() }
+                group.addTask {
+                    let address = try? await transport.listeningAddress
+                    bound.resolve(address?.ipv4?.port ?? address?.ipv6?.port)
+                }
+                while let _ = try await group.next() {}
+            }
+        } onGracefulShutdown: {
+            server.beginGracefulShutdown()
+        }
+    }
+
+    /// The port the gRPC API listens on, once it does (useful with port 0).
+    /// - Throws: ``GatewayError`` with code ``GatewayError/Code/notListening`` if it has none or
+    ///   stopped before it listened.
+    public func grpcListeningPort() async throws(GatewayError) -> Int {
+        guard self.configuration.grpcPort != nil, let port = await self.grpcBound.port() else {
+            throw GatewayError(code: .notListening, message: "the gRPC server API is not listening")
+        }
+        return port
     }
 
     /// The port the API listens on, once it does (useful with port 0).

@@ -366,8 +366,8 @@ extension IntegrationTests {
             backendURL: String,
             maxCalls: Int = 64,
             breaker: BackendConfiguration.Breaker = .defaults
-        ) async throws -> (Gateway, Endpoint, HTTPBackend) {
-            let proxy = HTTPBackend(
+        ) async throws -> (Gateway, Endpoint, BackendProxy) {
+            let proxy = try BackendProxy(
                 configuration: try BackendConfiguration(
                     url: backendURL,
                     connect: true,

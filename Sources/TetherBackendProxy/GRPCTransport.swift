@@ -1,0 +1,197 @@
+import Foundation
+import GRPCCore
+import GRPCNIOTransportHTTP2Posix
+import NIOCore
+import TetherCore
+import TetherGRPCProtos
+import TetherGateway
+
+/// The proxy's events over gRPC (`Protos/tether/v1/backend.proto`), with grpc-swift 2 and one
+/// HTTP/2 connection (plaintext: keep the backend on a private network) that carries every
+/// call at once.
+///
+/// Refusals are gRPC status codes, mapped as `backend.proto` says; UNAVAILABLE without a
+/// `tether-status` tells the breaker the backend is down.
+@available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *)
+final class GRPCTransport: BackendTransport, GRPCConnections {
+    private let client: GRPCClient<HTTP2ClientTransport.Posix>
+    private let backend: Tether_V1_Backend.Client<HTTP2ClientTransport.Posix>
+    private let metadata: Metadata
+
+    init(host: String, port: Int, configuration: BackendConfiguration) throws(GatewayError) {
+        let transport: HTTP2ClientTransport.Posix
+        do {
+            transport = try HTTP2ClientTransport.Posix(
+                target: .dns(host: host, port: port),
+                transportSecurity: .plaintext,
+                config: .defaults { config in
+                    config.connection.maxIdleTime = nil
+                }
+            )
+        } catch {
+            throw GatewayError(code: .invalidConfiguration, message: "the gRPC backend \(host):\(port) cannot be used: \(error)")
+        }
+        self.client = GRPCClient(transport: transport)
+        self.backend = Tether_V1_Backend.Client(wrapping: self.client)
+        var metadata = Metadata()
+        if let authorization = configuration.authorization { metadata.addString(authorization, forKey: "authorization") }
+        self.metadata = metadata
+    }
+
+    func runConnections() async throws {
+        try await self.client.runConnections()
+    }
+
+    func beginGracefulShutdown() {
+        self.client.beginGracefulShutdown()
+    }
+
+    func connect(_ hello: HandshakeInfo, timeout: Duration) async throws(BackendFailure) -> Answered<ConnectOutcome> {
+        var event = Tether_V1_ConnectEvent()
+        event.client = hello.clientID
+        if let token = hello.authToken { event.token = Data(token.readableBytesView) }
+        if let userAgent = hello.userAgent { event.userAgent = userAgent }
+        if let address = hello.remoteAddress { event.remoteAddress = address }
+        let reply: Tether_V1_Identity
+        do {
+            reply = try await self.backend.connect(event, metadata: self.metadata, options: Self.options(timeout))
+        } catch let error as RPCError {
+            switch error.code {
+            case .unauthenticated:
+                return Answered(
+                    outcome: .refused(AuthenticationError(.unauthenticated, Self.text(error, or: "the backend refused the credentials")))
+                )
+            case .permissionDenied:
+                return Answered(
+                    outcome: .refused(AuthenticationError(.permissionDenied, Self.text(error, or: "the backend refused the client")))
+                )
+            default:
+                throw Self.failure(error)
+            }
+        } catch {
+            throw Self.failure(error)
+        }
+        let fields = IdentityFields(
+            client: reply.client,
+            expiresAt: reply.hasExpiresAt ? reply.expiresAt : nil,
+            rooms: reply.hasRooms ? reply.rooms.names : nil,
+            topics: reply.hasTopics ? reply.topics.names : nil,
+            channels: reply.hasChannels ? reply.channels.names : nil,
+            attributes: reply.attributes,
+            info: reply.hasInfo ? reply.info : nil
+        )
+        do {
+            return Answered(outcome: .identity(try fields.identity()))
+        } catch {
+            return Answered(outcome: .refused(error))
+        }
+    }
+
+    func request(
+        _ request: GatewayRequest,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<RequestOutcome> {
+        var event = Tether_V1_RequestEvent()
+        event.method = request.method
+        event.data = Data(request.body.readableBytesView)
+        event.client = connection.clientID
+        event.connection = connection.id
+        event.request = request.id
+        if let traceparent = request.traceContext?.fields["traceparent"] { event.traceparent = traceparent }
+        if let tracestate = request.traceContext?.fields["tracestate"] { event.tracestate = tracestate }
+        do {
+            let reply = try await self.backend.request(event, metadata: self.metadata, options: Self.options(timeout))
+            return Answered(outcome: .answered(ByteBuffer(bytes: reply.data)))
+        } catch let error as RPCError where error.isAnswer {
+            return Answered(
+                outcome: .refused(error.tetherStatus, Self.text(error, or: "the backend refused the request")),
+                backendDown: error.isDown
+            )
+        } catch {
+            throw Self.failure(error)
+        }
+    }
+
+    func message(
+        _ message: ReliableMessage,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<MessageOutcome> {
+        var event = Tether_V1_MessageEvent()
+        event.topic = message.topic
+        event.data = Data(message.body.readableBytesView)
+        event.idempotencyKey = message.idempotencyKey
+        event.client = connection.clientID
+        event.conversation = message.conversation
+        event.sequence = message.sequence
+        do {
+            _ = try await self.backend.message(event, metadata: self.metadata, options: Self.options(timeout))
+            return Answered(outcome: .processed)
+        } catch let error as RPCError where error.isAnswer {
+            if error.metadata[stringValues: "tether-status"].first(where: { _ in true }) != nil || !error.isRetried {
+                return Answered(outcome: .refused(error.tetherStatus, Self.text(error, or: "the backend refused the message")))
+            }
+            return Answered(outcome: .retry("the backend answered \(error.code); the message will come again"), backendDown: error.isDown)
+        } catch {
+            throw Self.failure(error)
+        }
+    }
+
+    private static func options(_ timeout: Duration) -> CallOptions {
+        var options = CallOptions.defaults
+        options.timeout = timeout
+        return options
+    }
+
+    private static func text(_ error: RPCError, or fallback: String) -> String {
+        error.message.isEmpty ? fallback : String(error.message.utf8.prefix(1_000)) ?? fallback
+    }
+
+    /// A call that got no answer: the backend unreachable, too slow, or the call cancelled.
+    private static func failure(_ error: any Error) -> BackendFailure {
+        if Task.isCancelled { return BackendFailure(status: .cancelled, message: "the call was cancelled") }
+        guard let error = error as? RPCError else {
+            return BackendFailure(status: .internalError, message: "the call to the backend failed: \(error)")
+        }
+        switch error.code {
+        case .deadlineExceeded: return BackendFailure(status: .deadlineExceeded, message: "the backend did not answer in time")
+        case .cancelled: return BackendFailure(status: .cancelled, message: "the call was cancelled")
+        default: return BackendFailure(status: .unavailable, message: "the backend could not be reached: \(error.message)")
+        }
+    }
+}
+
+@available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *)
+extension RPCError {
+    /// A status the backend answered with (not the call failing to reach it or in time).
+    var isAnswer: Bool { ![.deadlineExceeded, .cancelled].contains(self.code) && !(self.code == .unavailable && !self.hasTetherStatus) }
+
+    /// The backend is down (UNAVAILABLE, without Tether's own status).
+    var isDown: Bool { self.code == .unavailable && !self.hasTetherStatus }
+
+    /// A status after which a message comes again (`backend.proto` lists them).
+    var isRetried: Bool {
+        [.unavailable, .deadlineExceeded, .resourceExhausted, .aborted, .internalError, .unknown, .unimplemented, .dataLoss, .cancelled]
+            .contains(self.code)
+    }
+
+    private var hasTetherStatus: Bool { self.metadata[stringValues: "tether-status"].first(where: { _ in true }) != nil }
+
+    /// The status the client sees.
+    var tetherStatus: StatusCode {
+        if let value = self.metadata[stringValues: "tether-status"].first(where: { _ in true }), let code = UInt16(value), code != 0 {
+            return StatusCode(rawValue: code)
+        }
+        switch self.code {
+        case .invalidArgument, .alreadyExists, .failedPrecondition, .outOfRange: return .invalidRequest
+        case .unauthenticated: return .unauthenticated
+        case .permissionDenied: return .permissionDenied
+        case .notFound, .unimplemented: return .unknownMethod
+        case .deadlineExceeded: return .deadlineExceeded
+        case .resourceExhausted: return .resourceExhausted
+        case .unavailable: return .unavailable
+        default: return .internalError
+        }
+    }
+}

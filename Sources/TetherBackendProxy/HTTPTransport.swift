@@ -1,0 +1,277 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import TetherCore
+import TetherGateway
+
+/// The proxy's events over HTTP (`openapi.yaml`'s `webhooks`), with async-http-client and its
+/// pool of keep-alive connections:
+///
+/// - **connect**: `POST /tether/connect` with the HELLO's credentials (JSON); a 2xx answer is
+///   an `Identity`, 401 and 403 refuse the client.
+/// - **requests**: `POST /tether/request/METHOD` with the body; a 2xx answer is the RESPONSE.
+/// - **messages**: `POST /tether/message/TOPIC` with an `Idempotency-Key`; a 2xx is processed,
+///   a 4xx (or `Tether-Status`) a refusal, anything else a retry.
+struct HTTPTransport: BackendTransport {
+    let client: HTTPClient
+    let configuration: BackendConfiguration
+    let logger: Logger
+
+    func connect(_ hello: HandshakeInfo, timeout: Duration) async throws(BackendFailure) -> Answered<ConnectOutcome> {
+        var event = ConnectEvent(client: hello.clientID, userAgent: hello.userAgent, remoteAddress: hello.remoteAddress)
+        if let token = hello.authToken {
+            let bytes = token.readableBytesView
+            if let text = String(validating: bytes, as: UTF8.self) {
+                event.token = text
+            } else {
+                event.tokenBase64 = Data(bytes).base64EncodedString()
+            }
+        }
+        let body: ByteBuffer
+        do {
+            body = ByteBuffer(data: try JSONEncoder().encode(event))
+        } catch {
+            throw BackendFailure(status: .internalError, message: "the connect event could not be encoded: \(error)")
+        }
+        let answer = try await self.call("connect", headers: [("Content-Type", "application/json")], body: body, timeout: timeout)
+        switch answer.status {
+        case 200..<300:
+            let identity: IdentityAnswer
+            do {
+                identity = try JSONDecoder().decode(IdentityAnswer.self, from: answer.body)
+            } catch {
+                self.logger.error("the backend's connect answer is not an Identity", metadata: ["error": "\(error)"])
+                throw BackendFailure(status: .unavailable, message: "the backend's answer could not be read")
+            }
+            do {
+                return Answered(outcome: .identity(try identity.fields.identity()))
+            } catch {
+                return Answered(outcome: .refused(error))
+            }
+        case 401:
+            return Answered(
+                outcome: .refused(AuthenticationError(.unauthenticated, answer.refusalMessage ?? "the backend refused the credentials"))
+            )
+        case 403:
+            return Answered(
+                outcome: .refused(AuthenticationError(.permissionDenied, answer.refusalMessage ?? "the backend refused the client"))
+            )
+        default:
+            return Answered(
+                outcome: .refused(
+                    AuthenticationError(.unavailable, "the backend could not check the credentials: it answered \(answer.status)")
+                ),
+                backendDown: answer.isDown
+            )
+        }
+    }
+
+    func request(
+        _ request: GatewayRequest,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<RequestOutcome> {
+        var headers = [
+            ("Content-Type", "application/octet-stream"),
+            ("Tether-Client", Self.headerValue(connection.clientID)),
+            ("Tether-Connection", String(connection.id)),
+            ("Tether-Request", String(request.id)),
+            ("Tether-Timeout-Ms", String(timeout.wholeMilliseconds)),
+        ]
+        // The client's trace goes on in the backend (W3C Trace Context).
+        for name in ["traceparent", "tracestate"] {
+            if let value = request.traceContext?.fields[name] { headers.append((name, Self.headerValue(value))) }
+        }
+        let answer = try await self.call(
+            "request/" + Self.pathSegment(request.method),
+            headers: headers,
+            body: request.body,
+            timeout: timeout
+        )
+        if (200..<300).contains(answer.status) { return Answered(outcome: .answered(ByteBuffer(data: answer.body))) }
+        return Answered(outcome: .refused(answer.tetherStatus, answer.errorMessage), backendDown: answer.isDown)
+    }
+
+    func message(
+        _ message: ReliableMessage,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<MessageOutcome> {
+        let answer = try await self.call(
+            "message/" + Self.pathSegment(message.topic),
+            headers: [
+                ("Content-Type", "application/octet-stream"),
+                ("Idempotency-Key", Self.headerValue(message.idempotencyKey)),
+                ("Tether-Client", Self.headerValue(connection.clientID)),
+                ("Tether-Conversation", Self.headerValue(message.conversation)),
+                ("Tether-Sequence", String(message.sequence)),
+            ],
+            body: message.body,
+            timeout: timeout
+        )
+        if (200..<300).contains(answer.status) { return Answered(outcome: .processed) }
+        if answer.headers.first(name: "Tether-Status") != nil || (400..<500).contains(answer.status) && ![408, 429].contains(answer.status)
+        {
+            return Answered(outcome: .refused(answer.tetherStatus, answer.errorMessage))
+        }
+        return Answered(
+            outcome: .retry("the backend answered \(answer.status); the message will come again"),
+            backendDown: answer.isDown
+        )
+    }
+
+    // MARK: Calls
+
+    /// What the backend answered.
+    struct Answer {
+        var status: Int
+        var headers: HTTPHeaders
+        var body: Data
+
+        /// The status the client sees for a non-2xx answer.
+        var tetherStatus: StatusCode {
+            if let header = self.headers.first(name: "Tether-Status"), let code = UInt16(header), code != 0 {
+                return StatusCode(rawValue: code)
+            }
+            switch self.status {
+            case 400, 409, 422: return .invalidRequest
+            case 401: return .unauthenticated
+            case 403: return .permissionDenied
+            case 404: return .unknownMethod
+            case 408, 504: return .deadlineExceeded
+            case 429: return .resourceExhausted
+            case 503: return .unavailable
+            default: return .internalError
+            }
+        }
+
+        /// A 502/503/504 without Tether's own status: the backend (or its proxy) is down.
+        var isDown: Bool { [502, 503, 504].contains(self.status) && self.headers.first(name: "Tether-Status") == nil }
+
+        /// The body as an error's message (text, at most 1,000 bytes).
+        var errorMessage: String {
+            let text = String(decoding: self.body.prefix(1_000), as: UTF8.self)
+            return text.isEmpty ? "the backend answered \(self.status)" : text
+        }
+
+        /// A refusal's `message`, from its JSON body or its text.
+        var refusalMessage: String? {
+            struct Refusal: Decodable { var message: String? }
+            if let refusal = try? JSONDecoder().decode(Refusal.self, from: self.body), let message = refusal.message { return message }
+            return self.body.isEmpty ? nil : self.errorMessage
+        }
+    }
+
+    /// POSTs to `URL/tether/PATH`.
+    private func call(
+        _ path: String,
+        headers: [(String, String)],
+        body: ByteBuffer,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answer {
+        var request = HTTPClientRequest(url: self.configuration.url + "/tether/" + path)
+        request.method = .POST
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        if let authorization = self.configuration.authorization { request.headers.add(name: "Authorization", value: authorization) }
+        request.body = .bytes(body)
+        do {
+            let response = try await self.client.execute(request, timeout: .nanoseconds(timeout.nanoseconds))
+            let bytes = try await response.body.collect(upTo: self.configuration.maxResponseBytes)
+            return Answer(status: Int(response.status.code), headers: response.headers, body: Data(buffer: bytes))
+        } catch {
+            if Task.isCancelled { throw BackendFailure(status: .cancelled, message: "the call was cancelled") }
+            self.logger.warning("a call to the backend failed", metadata: ["path": "\(path)", "error": "\(error)"])
+            if let error = error as? HTTPClientError {
+                if error == .deadlineExceeded || error == .readTimeout {
+                    throw BackendFailure(status: .deadlineExceeded, message: "the backend did not answer in time")
+                }
+                if error == .remoteConnectionClosed || error == .bodyLengthMismatch || error == .invalidProxyResponse {
+                    // The call may have reached the backend: not `unavailable`, which tells the
+                    // client nothing ran and invites it to send the request again.
+                    throw BackendFailure(status: .internalError, message: "the backend closed the call without an answer")
+                }
+            }
+            throw BackendFailure(status: .unavailable, message: "the backend could not be reached")
+        }
+    }
+
+    // MARK: Encoding
+
+    /// A method or topic as one URL path segment: unreserved bytes as they are, others
+    /// percent-encoded.
+    static func pathSegment(_ name: String) -> String {
+        Self.percentEncoded(name) { byte in
+            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D
+                || byte == 0x2E || byte == 0x5F || byte == 0x7E
+        }
+    }
+
+    /// A client-chosen string as a header value: visible ASCII as it is (but `%`), other bytes
+    /// percent-encoded, so that no value can end a header or start another.
+    static func headerValue(_ value: String) -> String {
+        Self.percentEncoded(value) { byte in byte >= 0x20 && byte < 0x7F && byte != 0x25 }
+    }
+
+    private static func percentEncoded(_ value: String, keeping keep: (UInt8) -> Bool) -> String {
+        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(value.utf8.count)
+        for byte in value.utf8 {
+            if keep(byte) {
+                bytes.append(byte)
+            } else {
+                bytes.append(0x25)
+                bytes.append(hex[Int(byte >> 4)])
+                bytes.append(hex[Int(byte & 0x0F)])
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// What `POST /tether/connect` sends.
+struct ConnectEvent: Encodable {
+    var client: String
+    var token: String?
+    var tokenBase64: String?
+    var userAgent: String?
+    var remoteAddress: String?
+
+    enum CodingKeys: String, CodingKey {
+        case client, token
+        case tokenBase64 = "token_base64"
+        case userAgent = "user_agent"
+        case remoteAddress = "remote_address"
+    }
+}
+
+/// What `POST /tether/connect` answers: an `Identity`.
+struct IdentityAnswer: Decodable {
+    var client: String
+    var expiresAt: Int64?
+    var rooms: [String]?
+    var topics: [String]?
+    var channels: [String]?
+    var attributes: [String: String]?
+    var info: String?
+
+    enum CodingKeys: String, CodingKey {
+        case client, rooms, topics, channels, attributes, info
+        case expiresAt = "expires_at"
+    }
+
+    var fields: IdentityFields {
+        IdentityFields(
+            client: self.client,
+            expiresAt: self.expiresAt,
+            rooms: self.rooms,
+            topics: self.topics,
+            channels: self.channels,
+            attributes: self.attributes ?? [:],
+            info: self.info
+        )
+    }
+}
