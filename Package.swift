@@ -566,7 +566,7 @@ let package = Package(
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             // Python peers the tests run as processes of their own, found by path.
-            exclude: ["Peers/websocket_peer.py", "Peers/websocket_slow.py", "Peers/flood.py"],
+            exclude: ["Peers/websocket_peer.py", "Peers/websocket_slow.py", "Peers/flood.py", "Peers/grpc_peer.py"],
             swiftSettings: strictSwift6
         ),
     ]

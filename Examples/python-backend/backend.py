@@ -9,6 +9,8 @@
 - POST /tether/message/chat.*     a client's reliable message: processed once, whatever the
                                   retries, because its Idempotency-Key is kept in SQLite in the
                                   same transaction as the message's effect
+- POST /tether/disconnect         a client's connection closed (--backend-disconnect): noted
+                                  (who is online, for /stats)
 
 and it publishes through the gateway's server API (TETHER_API, TETHER_API_KEY): each order is
 published to the channel `orders`. Run: python3 backend.py --port 5000 --db backend.sqlite
@@ -66,6 +68,8 @@ class Backend:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the gateway keeps a pool of connections
     backend: Backend = None
+    disconnects = []  # (client, connection, reason), in the order they came
+    disconnects_lock = threading.Lock()
 
     def log_message(self, format, *args):
         pass
@@ -96,7 +100,11 @@ class Handler(BaseHTTPRequestHandler):
                     "SELECT conversation, count(*), count(DISTINCT sequence), max(sequence) FROM messages GROUP BY conversation"
                 )
             }
-            return self.answer(200, {"processed": processed, "orders": orders, "conversations": conversations})
+            with self.disconnects_lock:
+                disconnects = [{"client": c, "connection": n, "reason": r} for c, n, r in self.disconnects]
+            return self.answer(
+                200, {"processed": processed, "orders": orders, "conversations": conversations, "disconnects": disconnects}
+            )
         self.answer(404, "no such page")
 
     def do_POST(self):
@@ -109,6 +117,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.on_request(path[len("/tether/request/"):], body)
         if path.startswith("/tether/message/"):
             return self.on_message(path[len("/tether/message/"):], body)
+        if path == "/tether/disconnect":
+            event = json.loads(body)
+            with self.disconnects_lock:
+                self.disconnects.append((event["client"], event["connection"], event["reason"]))
+            return self.answer(200, {"noted": True})
         self.answer(404, "no such event")
 
     def on_connect(self, event):

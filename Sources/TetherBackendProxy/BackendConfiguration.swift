@@ -17,6 +17,9 @@ public struct BackendConfiguration: Sendable {
     /// Whether every HELLO's credentials go to the backend (`POST /tether/connect`), which
     /// says who the client is.
     public var connect: Bool
+    /// Whether the backend is told when a client's connection closes (`POST /tether/disconnect`,
+    /// gRPC `Disconnect`): a notification, sent once, not retried.
+    public var disconnect: Bool
     /// The request methods answered by the backend (`POST /tether/request/METHOD`): names, or
     /// prefixes ending in `*` (`*` alone: every method the gateway has no handler for).
     public var requests: [String]
@@ -58,6 +61,7 @@ public struct BackendConfiguration: Sendable {
     public init(
         url: String,
         connect: Bool = false,
+        disconnect: Bool = false,
         requests: [String] = [],
         messages: [String] = [],
         timeout: Duration = .seconds(5),
@@ -83,10 +87,10 @@ public struct BackendConfiguration: Sendable {
                 )
             }
         }
-        guard connect || !requests.isEmpty || !messages.isEmpty else {
+        guard connect || disconnect || !requests.isEmpty || !messages.isEmpty else {
             throw GatewayError(
                 code: .invalidConfiguration,
-                message: "the backend proxies nothing: set connect, or name request methods or message topics"
+                message: "the backend proxies nothing: set connect or disconnect, or name request methods or message topics"
             )
         }
         for pattern in requests + messages {
@@ -106,6 +110,7 @@ public struct BackendConfiguration: Sendable {
         }
         self.url = base
         self.connect = connect
+        self.disconnect = disconnect
         self.requests = requests
         self.messages = messages
         self.timeout = timeout

@@ -26,6 +26,8 @@ public import TetherGateway
 /// - **messages**: with an idempotency key; MESSAGE_ACK leaves only after the backend
 ///   processed it, and a failure leaves the message to be sent again with the same key: a
 ///   backend that keeps the keys processes each message once.
+/// - **disconnect**: a notification when an established connection closes, sent once by
+///   ``run()`` (at most ``disconnectBuffer`` wait; more are dropped and counted).
 ///
 /// At most ``BackendConfiguration/maxConcurrentCalls`` calls are under way; the rest wait for a
 /// slot. After ``BackendConfiguration/Breaker-swift.struct/failures`` failures in a row the
@@ -33,7 +35,7 @@ public import TetherGateway
 /// `/ready` says so, until a probe succeeds.
 ///
 /// Run it in the gateway's service group: over gRPC, ``run()`` keeps the connections to the
-/// backend (calls made before it runs wait for it).
+/// backend (calls made before it runs wait for it), and it sends the disconnect notifications.
 public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     public let configuration: BackendConfiguration
     private let transport: Transport
@@ -41,6 +43,19 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     private let logger: Logger
     private let slots: CallSlots
     private let breaker: NIOLockedValueBox<CircuitBreaker>
+    private let disconnects: AsyncStream<Disconnected>
+    private let disconnectsInput: AsyncStream<Disconnected>.Continuation
+    private let droppedDisconnects = DropCounter()
+
+    /// The most disconnect notifications waiting to be sent; more are dropped (a backend that
+    /// is down or slow must not make the gateway hold an unbounded queue).
+    public static let disconnectBuffer = 10_000
+
+    /// A connection that closed, to tell the backend.
+    struct Disconnected: Sendable {
+        var connection: ConnectionInfo
+        var reason: String
+    }
 
     private enum Transport: Sendable {
         case http(HTTPTransport)
@@ -72,6 +87,7 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
         self.logger = logger
         self.slots = CallSlots(configuration.maxConcurrentCalls)
         self.breaker = NIOLockedValueBox(CircuitBreaker(configuration.breaker))
+        (self.disconnects, self.disconnectsInput) = AsyncStream.makeStream(bufferingPolicy: .bufferingOldest(Self.disconnectBuffer))
         if let target = configuration.grpcTarget {
             if #available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *) {
                 self.transport = .grpc(try GRPCTransport(host: target.host, port: target.port, configuration: configuration))
@@ -83,17 +99,59 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
         }
     }
 
-    /// Keeps the connections to a gRPC backend until graceful shutdown (an HTTP backend's
-    /// connections are its client's: it only waits).
+    /// Sends the disconnect notifications, and keeps the connections to a gRPC backend, until
+    /// graceful shutdown.
     public func run() async throws {
-        switch self.transport {
-        case .http:
-            try? await gracefulShutdown()
-        case .grpc(let transport):
-            try await withGracefulShutdownHandler {
-                try await transport.runConnections()
-            } onGracefulShutdown: {
-                transport.beginGracefulShutdown()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await withGracefulShutdownHandler {
+                    await self.sendDisconnects()
+                } onGracefulShutdown: {
+                    self.disconnectsInput.finish()
+                }
+            }
+            switch self.transport {
+            case .http:
+                try? await gracefulShutdown()
+            case .grpc(let transport):
+                try await withGracefulShutdownHandler {
+                    try await transport.runConnections()
+                } onGracefulShutdown: {
+                    transport.beginGracefulShutdown()
+                }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// How many disconnect notifications were dropped because ``disconnectBuffer`` were waiting.
+    public var droppedDisconnectNotifications: Int { self.droppedDisconnects.value }
+
+    /// Sends each notification once, at most a quarter of the call slots at a time (at least
+    /// one), so that requests and messages keep theirs.
+    private func sendDisconnects() async {
+        let parallel = max(1, self.configuration.maxConcurrentCalls / 4)
+        await withTaskGroup(of: Void.self) { group in
+            var running = 0
+            for await disconnected in self.disconnects {
+                if running >= parallel {
+                    await group.next()
+                    running -= 1
+                }
+                group.addTask {
+                    do throws(BackendFailure) {
+                        _ = try await self.guarded { () async throws(BackendFailure) in
+                            try await self.transport.calls.disconnected(
+                                disconnected.connection,
+                                reason: disconnected.reason,
+                                timeout: self.configuration.timeout
+                            )
+                        }
+                    } catch {
+                        self.logger.debug("a disconnect notification was not sent", metadata: ["error": "\(error.message)"])
+                    }
+                }
+                running += 1
             }
         }
     }
@@ -115,6 +173,13 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
                 gateway.onMessage(prefix: String(pattern.dropLast()), handler)
             } else {
                 gateway.onMessage(pattern, handler)
+            }
+        }
+        if self.configuration.disconnect {
+            let input = self.disconnectsInput
+            let dropped = self.droppedDisconnects
+            gateway.onDisconnect { connection, reason in
+                if case .dropped = input.yield(Disconnected(connection: connection, reason: reason)) { dropped.increment() }
             }
         }
         gateway.addReadinessCheck { [self] in
@@ -229,6 +294,7 @@ protocol BackendTransport: Sendable {
         _ connection: ConnectionInfo,
         timeout: Duration
     ) async throws(BackendFailure) -> Answered<MessageOutcome>
+    func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void>
 }
 
 /// A transport with connections of its own to keep (gRPC).
@@ -261,6 +327,13 @@ enum MessageOutcome: Sendable {
     case refused(StatusCode, String)
     /// Not processed now: left unacknowledged, it comes again with the same key.
     case retry(String)
+}
+
+/// A count of dropped notifications (taken only when one is dropped).
+final class DropCounter: Sendable {
+    private let count = NIOLockedValueBox(0)
+    func increment() { self.count.withLockedValue { $0 += 1 } }
+    var value: Int { self.count.withLockedValue { $0 } }
 }
 
 /// A call that got no answer the gateway can use.

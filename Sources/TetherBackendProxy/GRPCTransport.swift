@@ -138,6 +138,23 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         }
     }
 
+    func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void> {
+        var event = Tether_V1_DisconnectEvent()
+        event.client = connection.clientID
+        event.connection = connection.id
+        event.reason = reason
+        if let userAgent = connection.userAgent { event.userAgent = userAgent }
+        if let address = connection.remoteAddress { event.remoteAddress = address }
+        do {
+            _ = try await self.backend.disconnect(event, metadata: self.metadata, options: Self.options(timeout))
+            return Answered(outcome: ())
+        } catch let error as RPCError where error.isAnswer {
+            return Answered(outcome: ())
+        } catch {
+            throw Self.failure(error)
+        }
+    }
+
     private static func options(_ timeout: Duration) -> CallOptions {
         var options = CallOptions.defaults
         options.timeout = timeout

@@ -15,6 +15,7 @@ import TetherGateway
 /// - **requests**: `POST /tether/request/METHOD` with the body; a 2xx answer is the RESPONSE.
 /// - **messages**: `POST /tether/message/TOPIC` with an `Idempotency-Key`; a 2xx is processed,
 ///   a 4xx (or `Tether-Status`) a refusal, anything else a retry.
+/// - **disconnect**: `POST /tether/disconnect` (JSON), whatever it answers.
 struct HTTPTransport: BackendTransport {
     let client: HTTPClient
     let configuration: BackendConfiguration
@@ -30,13 +31,7 @@ struct HTTPTransport: BackendTransport {
                 event.tokenBase64 = Data(bytes).base64EncodedString()
             }
         }
-        let body: ByteBuffer
-        do {
-            body = ByteBuffer(data: try JSONEncoder().encode(event))
-        } catch {
-            throw BackendFailure(status: .internalError, message: "the connect event could not be encoded: \(error)")
-        }
-        let answer = try await self.call("connect", headers: [("Content-Type", "application/json")], body: body, timeout: timeout)
+        let answer = try await self.post(event, to: "connect", timeout: timeout)
         switch answer.status {
         case 200..<300:
             let identity: IdentityAnswer
@@ -165,6 +160,29 @@ struct HTTPTransport: BackendTransport {
         }
     }
 
+    func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void> {
+        let event = DisconnectEvent(
+            client: connection.clientID,
+            connection: connection.id,
+            reason: reason,
+            userAgent: connection.userAgent,
+            remoteAddress: connection.remoteAddress
+        )
+        let answer = try await self.post(event, to: "disconnect", timeout: timeout)
+        return Answered(outcome: (), backendDown: answer.isDown)
+    }
+
+    /// POSTs an event as JSON to `URL/tether/PATH`.
+    private func post(_ event: some Encodable, to path: String, timeout: Duration) async throws(BackendFailure) -> Answer {
+        let body: ByteBuffer
+        do {
+            body = ByteBuffer(data: try JSONEncoder().encode(event))
+        } catch {
+            throw BackendFailure(status: .internalError, message: "the \(path) event could not be encoded: \(error)")
+        }
+        return try await self.call(path, headers: [("Content-Type", "application/json")], body: body, timeout: timeout)
+    }
+
     /// POSTs to `URL/tether/PATH`.
     private func call(
         _ path: String,
@@ -243,6 +261,21 @@ struct ConnectEvent: Encodable {
     enum CodingKeys: String, CodingKey {
         case client, token
         case tokenBase64 = "token_base64"
+        case userAgent = "user_agent"
+        case remoteAddress = "remote_address"
+    }
+}
+
+/// What `POST /tether/disconnect` sends.
+struct DisconnectEvent: Encodable {
+    var client: String
+    var connection: UInt64
+    var reason: String
+    var userAgent: String?
+    var remoteAddress: String?
+
+    enum CodingKeys: String, CodingKey {
+        case client, connection, reason
         case userAgent = "user_agent"
         case remoteAddress = "remote_address"
     }

@@ -41,6 +41,12 @@ struct BackendOptions: ParsableArguments {
     @Flag(name: .customLong("backend-connect"), help: "With --backend: every client's credentials are checked by the backend.")
     var connect = false
 
+    @Flag(
+        name: .customLong("backend-disconnect"),
+        help: "With --backend: the backend is told when a client's connection closes (a notification, not retried)."
+    )
+    var disconnect = false
+
     @Option(
         name: .customLong("backend-request"),
         help: "With --backend: request methods the backend answers (a name, or a prefix ending in *; repeat the option)."
@@ -77,6 +83,7 @@ struct BackendOptions: ParsableArguments {
             configuration = try BackendConfiguration(
                 url: backend,
                 connect: self.connect || fromFile?.connect == true,
+                disconnect: self.disconnect || fromFile?.disconnect == true,
                 requests: self.requests.isEmpty ? fromFile?.requests ?? [] : self.requests,
                 messages: self.messages.isEmpty ? fromFile?.messages ?? [] : self.messages,
                 timeout: try duration(seconds: self.timeoutSeconds ?? fromFile?.timeoutSeconds ?? 5, option: "backend-timeout"),

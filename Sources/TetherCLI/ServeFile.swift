@@ -48,6 +48,7 @@ struct ServeFile: Decodable, Equatable {
     struct Backend: Decodable, Equatable {
         var url: String
         var connect: Bool?
+        var disconnect: Bool?
         var requests: [String]?
         var messages: [String]?
         var timeoutSeconds: Double?
@@ -55,7 +56,7 @@ struct ServeFile: Decodable, Equatable {
         var authorization: String?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case url, connect, requests, messages, authorization
+            case url, connect, disconnect, requests, messages, authorization
             case timeoutSeconds = "timeout_seconds"
             case maxCalls = "max_calls"
         }

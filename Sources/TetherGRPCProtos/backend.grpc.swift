@@ -77,11 +77,25 @@ public enum Tether_V1_Backend: Sendable {
                 type: .unary
             )
         }
+        /// Namespace for "Disconnect" metadata.
+        public enum Disconnect: Sendable {
+            /// Request type for "Disconnect".
+            public typealias Input = Tether_V1_DisconnectEvent
+            /// Response type for "Disconnect".
+            public typealias Output = Tether_V1_DisconnectReply
+            /// Descriptor for "Disconnect".
+            public static let descriptor = GRPCCore.MethodDescriptor(
+                service: GRPCCore.ServiceDescriptor(fullyQualifiedService: "tether.v1.Backend"),
+                method: "Disconnect",
+                type: .unary
+            )
+        }
         /// Descriptors for all methods in the "tether.v1.Backend" service.
         public static let descriptors: [GRPCCore.MethodDescriptor] = [
             Connect.descriptor,
             Request.descriptor,
-            Message.descriptor
+            Message.descriptor,
+            Disconnect.descriptor
         ]
     }
 }
@@ -172,6 +186,26 @@ extension Tether_V1_Backend {
             request: GRPCCore.StreamingServerRequest<Tether_V1_MessageEvent>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_MessageReply>
+
+        /// Handle the "Disconnect" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+        /// > connection left its rooms and channels, not retried; what the backend answers changes
+        /// > nothing. A client with several connections gets one per connection.
+        ///
+        /// - Parameters:
+        ///   - request: A streaming request of `Tether_V1_DisconnectEvent` messages.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A streaming response of `Tether_V1_DisconnectReply` messages.
+        func disconnect(
+            request: GRPCCore.StreamingServerRequest<Tether_V1_DisconnectEvent>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectReply>
     }
 
     /// Service protocol for the "tether.v1.Backend" service.
@@ -246,6 +280,26 @@ extension Tether_V1_Backend {
             request: GRPCCore.ServerRequest<Tether_V1_MessageEvent>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageReply>
+
+        /// Handle the "Disconnect" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+        /// > connection left its rooms and channels, not retried; what the backend answers changes
+        /// > nothing. A client with several connections gets one per connection.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_DisconnectEvent` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A response containing a single `Tether_V1_DisconnectReply` message.
+        func disconnect(
+            request: GRPCCore.ServerRequest<Tether_V1_DisconnectEvent>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectReply>
     }
 
     /// Simple service protocol for the "tether.v1.Backend" service.
@@ -318,6 +372,26 @@ extension Tether_V1_Backend {
             request: Tether_V1_MessageEvent,
             context: GRPCCore.ServerContext
         ) async throws -> Tether_V1_MessageReply
+
+        /// Handle the "Disconnect" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+        /// > connection left its rooms and channels, not retried; what the backend answers changes
+        /// > nothing. A client with several connections gets one per connection.
+        ///
+        /// - Parameters:
+        ///   - request: A `Tether_V1_DisconnectEvent` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A `Tether_V1_DisconnectReply` to respond with.
+        func disconnect(
+            request: Tether_V1_DisconnectEvent,
+            context: GRPCCore.ServerContext
+        ) async throws -> Tether_V1_DisconnectReply
     }
 }
 
@@ -353,6 +427,17 @@ extension Tether_V1_Backend.StreamingServiceProtocol {
             serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_MessageReply>(),
             handler: { request, context in
                 try await self.message(
+                    request: request,
+                    context: context
+                )
+            }
+        )
+        router.registerHandler(
+            forMethod: Tether_V1_Backend.Method.Disconnect.descriptor,
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_DisconnectEvent>(),
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_DisconnectReply>(),
+            handler: { request, context in
+                try await self.disconnect(
                     request: request,
                     context: context
                 )
@@ -396,6 +481,17 @@ extension Tether_V1_Backend.ServiceProtocol {
         )
         return GRPCCore.StreamingServerResponse(single: response)
     }
+
+    public func disconnect(
+        request: GRPCCore.StreamingServerRequest<Tether_V1_DisconnectEvent>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectReply> {
+        let response = try await self.disconnect(
+            request: GRPCCore.ServerRequest(stream: request),
+            context: context
+        )
+        return GRPCCore.StreamingServerResponse(single: response)
+    }
 }
 
 // Default implementation of methods from 'ServiceProtocol'.
@@ -433,6 +529,19 @@ extension Tether_V1_Backend.SimpleServiceProtocol {
     ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageReply> {
         return GRPCCore.ServerResponse<Tether_V1_MessageReply>(
             message: try await self.message(
+                request: request.message,
+                context: context
+            ),
+            metadata: [:]
+        )
+    }
+
+    public func disconnect(
+        request: GRPCCore.ServerRequest<Tether_V1_DisconnectEvent>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectReply> {
+        return GRPCCore.ServerResponse<Tether_V1_DisconnectReply>(
+            message: try await self.disconnect(
                 request: request.message,
                 context: context
             ),
@@ -528,6 +637,31 @@ extension Tether_V1_Backend {
             deserializer: some GRPCCore.MessageDeserializer<Tether_V1_MessageReply>,
             options: GRPCCore.CallOptions,
             onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageReply>) async throws -> Result
+        ) async throws -> Result where Result: Sendable
+
+        /// Call the "Disconnect" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+        /// > connection left its rooms and channels, not retried; what the backend answers changes
+        /// > nothing. A client with several connections gets one per connection.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_DisconnectEvent` message.
+        ///   - serializer: A serializer for `Tether_V1_DisconnectEvent` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_DisconnectReply` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        func disconnect<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_DisconnectEvent>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_DisconnectEvent>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_DisconnectReply>,
+            options: GRPCCore.CallOptions,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectReply>) async throws -> Result
         ) async throws -> Result where Result: Sendable
     }
 
@@ -659,6 +793,42 @@ extension Tether_V1_Backend {
                 onResponse: handleResponse
             )
         }
+
+        /// Call the "Disconnect" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+        /// > connection left its rooms and channels, not retried; what the backend answers changes
+        /// > nothing. A client with several connections gets one per connection.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_DisconnectEvent` message.
+        ///   - serializer: A serializer for `Tether_V1_DisconnectEvent` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_DisconnectReply` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        public func disconnect<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_DisconnectEvent>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_DisconnectEvent>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_DisconnectReply>,
+            options: GRPCCore.CallOptions = .defaults,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectReply>) async throws -> Result = { response in
+                try response.message
+            }
+        ) async throws -> Result where Result: Sendable {
+            try await self.client.unary(
+                request: request,
+                descriptor: Tether_V1_Backend.Method.Disconnect.descriptor,
+                serializer: serializer,
+                deserializer: deserializer,
+                options: options,
+                onResponse: handleResponse
+            )
+        }
     }
 }
 
@@ -758,6 +928,37 @@ extension Tether_V1_Backend.ClientProtocol {
             request: request,
             serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_MessageEvent>(),
             deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_MessageReply>(),
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "Disconnect" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+    /// > connection left its rooms and channels, not retried; what the backend answers changes
+    /// > nothing. A client with several connections gets one per connection.
+    ///
+    /// - Parameters:
+    ///   - request: A request containing a single `Tether_V1_DisconnectEvent` message.
+    ///   - options: Options to apply to this RPC.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func disconnect<Result>(
+        request: GRPCCore.ClientRequest<Tether_V1_DisconnectEvent>,
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectReply>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        try await self.disconnect(
+            request: request,
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_DisconnectEvent>(),
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_DisconnectReply>(),
             options: options,
             onResponse: handleResponse
         )
@@ -871,6 +1072,41 @@ extension Tether_V1_Backend.ClientProtocol {
             metadata: metadata
         )
         return try await self.message(
+            request: request,
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "Disconnect" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > A client's connection closed (`--backend-disconnect`): a notification, sent once after the
+    /// > connection left its rooms and channels, not retried; what the backend answers changes
+    /// > nothing. A client with several connections gets one per connection.
+    ///
+    /// - Parameters:
+    ///   - message: request message to send.
+    ///   - metadata: Additional metadata to send, defaults to empty.
+    ///   - options: Options to apply to this RPC, defaults to `.defaults`.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func disconnect<Result>(
+        _ message: Tether_V1_DisconnectEvent,
+        metadata: GRPCCore.Metadata = [:],
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectReply>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        let request = GRPCCore.ClientRequest<Tether_V1_DisconnectEvent>(
+            message: message,
+            metadata: metadata
+        )
+        return try await self.disconnect(
             request: request,
             options: options,
             onResponse: handleResponse

@@ -267,6 +267,57 @@ public nonisolated struct Tether_V1_MessageReply: Sendable {
   public init() {}
 }
 
+public nonisolated struct Tether_V1_DisconnectEvent: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var client: String = String()
+
+  /// The connection's id.
+  public var connection: UInt64 = 0
+
+  /// Why it closed: `none` (it ended without a goodbye: the client closed it or the network
+  /// failed), `goaway_REASON` (the gateway sent GOAWAY: `goaway_revoked`, `goaway_shutdown`, …),
+  /// the code of an error the gateway sent, or `client_CODE` for one the client sent.
+  public var reason: String = String()
+
+  public var userAgent: String {
+    get {_userAgent ?? String()}
+    set {_userAgent = newValue}
+  }
+  /// Returns true if `userAgent` has been explicitly set.
+  public var hasUserAgent: Bool {self._userAgent != nil}
+  /// Clears the value of `userAgent`. Subsequent reads from it will return its default value.
+  public mutating func clearUserAgent() {self._userAgent = nil}
+
+  public var remoteAddress: String {
+    get {_remoteAddress ?? String()}
+    set {_remoteAddress = newValue}
+  }
+  /// Returns true if `remoteAddress` has been explicitly set.
+  public var hasRemoteAddress: Bool {self._remoteAddress != nil}
+  /// Clears the value of `remoteAddress`. Subsequent reads from it will return its default value.
+  public mutating func clearRemoteAddress() {self._remoteAddress = nil}
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _userAgent: String? = nil
+  fileprivate var _remoteAddress: String? = nil
+}
+
+public nonisolated struct Tether_V1_DisconnectReply: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 // MARK: - Code below here is support for the SwiftProtobuf runtime.
 
 fileprivate nonisolated let _protobuf_package = "tether.v1"
@@ -577,6 +628,79 @@ nonisolated extension Tether_V1_MessageReply: SwiftProtobuf.Message, SwiftProtob
   }
 
   public static func ==(lhs: Tether_V1_MessageReply, rhs: Tether_V1_MessageReply) -> Bool {
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Tether_V1_DisconnectEvent: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".DisconnectEvent"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}client\0\u{1}connection\0\u{1}reason\0\u{3}user_agent\0\u{3}remote_address\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.client) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.connection) }()
+      case 3: try { try decoder.decodeSingularStringField(value: &self.reason) }()
+      case 4: try { try decoder.decodeSingularStringField(value: &self._userAgent) }()
+      case 5: try { try decoder.decodeSingularStringField(value: &self._remoteAddress) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    if !self.client.isEmpty {
+      try visitor.visitSingularStringField(value: self.client, fieldNumber: 1)
+    }
+    if self.connection != 0 {
+      try visitor.visitSingularUInt64Field(value: self.connection, fieldNumber: 2)
+    }
+    if !self.reason.isEmpty {
+      try visitor.visitSingularStringField(value: self.reason, fieldNumber: 3)
+    }
+    try { if let v = self._userAgent {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 4)
+    } }()
+    try { if let v = self._remoteAddress {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 5)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Tether_V1_DisconnectEvent, rhs: Tether_V1_DisconnectEvent) -> Bool {
+    if lhs.client != rhs.client {return false}
+    if lhs.connection != rhs.connection {return false}
+    if lhs.reason != rhs.reason {return false}
+    if lhs._userAgent != rhs._userAgent {return false}
+    if lhs._remoteAddress != rhs._remoteAddress {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Tether_V1_DisconnectReply: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".DisconnectReply"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap()
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    // Load everything into unknown fields
+    while try decoder.nextFieldNumber() != nil {}
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Tether_V1_DisconnectReply, rhs: Tether_V1_DisconnectReply) -> Bool {
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -111,6 +111,26 @@ extension Gateway {
         self.register("onChannelOccupancy") { $0.occupancy = hook }
     }
 
+    /// What ``onDisconnect(_:)`` calls: the connection that closed, and why, as the
+    /// `tether_connections_closed_total` metric's `code` says it: `none` (it ended
+    /// without a goodbye: the client closed it or the network failed), `goaway_REASON` (the
+    /// gateway sent GOAWAY: `goaway_revoked`, `goaway_shutdown`, …), an error's code the gateway
+    /// sent, or `client_CODE` for one the client sent.
+    public typealias DisconnectHook = @Sendable (_ connection: ConnectionInfo, _ reason: String) -> Void
+
+    /// Calls `hook` when an established connection closes (once per connection, after it left
+    /// its rooms and channels), on its event loop: keep it short (hand the work to a task).
+    /// Set it before ``run()``.
+    ///
+    /// ```swift
+    /// gateway.onDisconnect { connection, reason in
+    ///     Task { await sessions.ended(connection.clientID, reason) }
+    /// }
+    /// ```
+    public func onDisconnect(_ hook: @escaping DisconnectHook) {
+        self.register("onDisconnect") { $0.disconnected = hook }
+    }
+
     /// Puts a connection in a room.
     /// - Returns: `false` if no established connection has this id, or its client may not be in
     ///   that room (its credentials' rooms, or the ``authorize(_:)`` hook).

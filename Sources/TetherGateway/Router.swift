@@ -23,6 +23,8 @@ struct Router: Sendable {
     var authorizer: Gateway.Authorizer?
     /// The application's hook for channels gaining their first subscriber or losing their last.
     var occupancy: Gateway.ChannelOccupancyHook?
+    /// The application's hook for established connections that closed.
+    var disconnected: Gateway.DisconnectHook?
     /// What the application adds to `/ready` (``Gateway/addReadinessCheck(_:)``).
     var readinessChecks: [Gateway.ReadinessCheck] = []
 

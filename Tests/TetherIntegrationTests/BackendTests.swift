@@ -371,6 +371,7 @@ extension IntegrationTests {
                 configuration: try BackendConfiguration(
                     url: backendURL,
                     connect: true,
+                    disconnect: true,
                     requests: ["order.*"],
                     messages: ["chat.*"],
                     timeout: .seconds(2),
@@ -382,6 +383,8 @@ extension IntegrationTests {
             let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
                 proxy.install(on: $0)
             }
+            let running = Task { try await proxy.run() }  // it sends the disconnect notifications
+            harness.onExit { running.cancel() }
             return (gateway, endpoint, proxy)
         }
 
@@ -397,7 +400,7 @@ extension IntegrationTests {
             try OutsideTool.python3.require()
             try await withHarness { harness in
                 let backend = try await PythonBackend(in: harness)
-                let (_, endpoint, proxy) = try await Self.proxiedGateway(harness, backendURL: backend.url)
+                let (gateway, endpoint, proxy) = try await Self.proxiedGateway(harness, backendURL: backend.url)
 
                 // connect: the backend says who the client is, or refuses.
                 let identity = try await proxy.authenticate(
@@ -447,6 +450,16 @@ extension IntegrationTests {
                     }
                 }
                 #expect(malloryEvents.connects == 0)
+
+                // disconnect: the backend is told, with the reason; a refused client never
+                // connected, so nothing is sent about it.
+                #expect(gateway.disconnect(client: "alice", reconnect: false, message: "banned") == 1)
+                try await eventually("the backend heard of alice's disconnect") {
+                    let disconnects = (try? await backend.stats())?["disconnects"] as? [[String: Any]] ?? []
+                    return disconnects.count == 1 && disconnects.first?["client"] as? String == "alice"
+                        && disconnects.first?["reason"] as? String == "goaway_revoked"
+                }
+                #expect(((try await backend.stats())["disconnects"] as? [[String: Any]])?.count == 1)
             }
         }
 
@@ -567,7 +580,9 @@ extension IntegrationTests {
                     ("backend:\n  url: http://127.0.0.1:1\n  connect: true\n  timeout: 5\n", "backend.timeout: unknown key"),
                     ("backend:\n  url: http://127.0.0.1:1\n  connect: yes please\n", "backend.connect must be true or false"),
                     ("backend:\n  connect: true\n", "backend.url is missing"),
-                    ("backend:\n  url: ftp://x\n  connect: true\n", "http:// or https://"),
+                    ("backend:\n  url: ftp://x\n  connect: true\n", "http://, https:// or grpc://"),
+                    ("backend:\n  url: grpc://127.0.0.1\n  connect: true\n", "grpc://HOST:PORT"),
+                    ("api:\n  port: 8090\n  grpc_port: 70000\n  keys: [dev-key-0123456789]\n", "gRPC port must be 0 to 65535"),
                     ("channels:\n  - pattern: \"room.*\"\n    storage: disk\n", "channels[0].storage must be store or memory"),
                     ("channels:\n  - pattern: \"a*b\"\n", "channels[0].pattern"),
                     ("channels:\n  - pattern: \"room.*\"\n    history: -1\n", "channels[0].history must be 0 or more"),

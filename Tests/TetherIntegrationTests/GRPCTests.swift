@@ -285,6 +285,7 @@ extension IntegrationTests {
                 var requests: [Tether_V1_RequestEvent] = []
                 var authorization: [String] = []
                 var cancelled = 0
+                var disconnects: [Tether_V1_DisconnectEvent] = []
             }
 
             let state = NIOLockedValueBox(State())
@@ -326,6 +327,11 @@ extension IntegrationTests {
                 default:
                     throw RPCError(code: .notFound, message: "no such order method")
                 }
+            }
+
+            func disconnect(request: Tether_V1_DisconnectEvent, context: ServerContext) async throws -> Tether_V1_DisconnectReply {
+                self.state.withLockedValue { $0.disconnects.append(request) }
+                return .init()
             }
 
             func message(request: Tether_V1_MessageEvent, context: ServerContext) async throws -> Tether_V1_MessageReply {
@@ -380,6 +386,7 @@ extension IntegrationTests {
                     configuration: try BackendConfiguration(
                         url: "grpc://127.0.0.1:\(port)",
                         connect: true,
+                        disconnect: true,
                         requests: ["order.*"],
                         messages: ["chat.*"],
                         timeout: .seconds(2),
@@ -390,7 +397,7 @@ extension IntegrationTests {
                 )
                 let running = Task { try await proxy.run() }
                 harness.onExit { running.cancel() }
-                let (_, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
+                let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
                     proxy.install(on: $0)
                 }
 
@@ -462,6 +469,100 @@ extension IntegrationTests {
                     malloryEvents.all.contains {
                         if case .connectFailed(_, let error) = $0 { error.message.contains("unknown token") } else { false }
                     }
+                }
+
+                // disconnect: one notification, with the reason (the refused client never
+                // connected: nothing about it).
+                #expect(gateway.disconnect(client: "alice", reconnect: false, message: "banned") == 1)
+                try await eventually("the backend heard of alice's disconnect") {
+                    backend.state.withLockedValue { $0.disconnects.count } == 1
+                }
+                let disconnect = backend.state.withLockedValue { $0.disconnects.first }
+                #expect(disconnect?.client == "alice" && disconnect?.reason == "goaway_revoked", "\(String(describing: disconnect))")
+            }
+        }
+
+        @Test(
+            "a Python peer (grpcio, its stubs generated from Protos/) drives the gRPC API and serves the Backend",
+            .requires(.pythonGRPC)
+        )
+        func pythonPeer() async throws {
+            try OutsideTool.pythonGRPC.require()
+            try await withHarness { harness in
+                let script = packageRoot.appendingPathComponent("Tests/TetherIntegrationTests/Peers/grpc_peer.py").path
+                let protos = packageRoot.appendingPathComponent("Protos").path
+                let backendPort = try await freePort()
+                let backend = try ChildProcess(
+                    executable: "/usr/bin/env",
+                    ["python3", script, "backend", "--protos", protos, "--port", "\(backendPort)"],
+                    in: harness
+                )
+                try await eventually("the Python backend listens", timeout: .seconds(30)) {
+                    backend.lines.contains { $0.contains("backend listening") }
+                }
+                let proxy = try BackendProxy(
+                    configuration: try BackendConfiguration(
+                        url: "grpc://127.0.0.1:\(backendPort)",
+                        connect: true,
+                        disconnect: true,
+                        requests: ["py.*"],
+                        messages: ["py.*"],
+                        timeout: .seconds(5)
+                    ),
+                    logger: testLogger("backend")
+                )
+                let running = Task { try await proxy.run() }
+                harness.onExit { running.cancel() }
+                let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
+                    proxy.install(on: $0)
+                }
+                let service = ServerAPIService(
+                    gateway: gateway,
+                    configuration: try ServerAPIConfiguration(port: 0, grpcPort: 0, keys: Self.keys),
+                    logger: testLogger("api")
+                )
+                let serving = Task { try await service.run() }
+                harness.onExit { serving.cancel() }
+                let apiPort = try await service.grpcListeningPort()
+
+                // The Python backend: connect, requests, a reliable message.
+                let py = try IntegrationTests.BackendTests.client(harness, endpoint, "py", token: "py-token")
+                let pushes = PushCollector(py, in: harness)
+                let deliveries = DeliveryCollector(py, in: harness)
+                let reversed = try await py.request("py.reverse", body: ByteBuffer(string: "abc"), timeout: .seconds(10))
+                #expect(reversed.string == "cba")
+                await #expect {
+                    _ = try await py.request("py.refuse", timeout: .seconds(10))
+                } throws: { error in
+                    (error as? TetherError)?.status == StatusCode(rawValue: 1001) && (error as? TetherError)?.message == "refused in Python"
+                }
+                let receipt = try await py.send("py.note", body: ByteBuffer(string: "hi"))
+                #expect(await py.outcome(of: receipt) == .acknowledged)
+                #expect(backend.lines.contains { $0.contains(#""event": "message""#) && $0.contains(#""first": true"#) })
+
+                // The Python caller of the API.
+                let caller = try ChildProcess(
+                    executable: "/usr/bin/env",
+                    ["python3", script, "api", "--protos", protos, "--port", "\(apiPort)", "--key", Self.keys[1]],
+                    in: harness
+                )
+                #expect(try await caller.exitStatus() == 0, "\(caller.lines)")
+                let output = caller.lines.last { $0.hasPrefix("{") } ?? "{}"
+                let results = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: [String: Any]] ?? [:]
+                #expect(results["publish"]?["delivered"] as? Int == 1, "\(output)")
+                #expect(results["message"]?["sequence"] as? Int == 1 && results["message"]?["duplicate"] as? Bool == false, "\(output)")
+                #expect(results["message again"]?["duplicate"] as? Bool == true, "\(output)")
+                #expect(results["connections"]?["count"] as? Int == 1, "\(output)")
+                #expect(results["no target"]?["code"] as? String == "INVALID_ARGUMENT", "\(output)")
+                #expect(results["no key"]?["code"] as? String == "UNAUTHENTICATED", "\(output)")
+                try await eventually("py has the push and the message, once") {
+                    pushes.bodies == ["from python"] && deliveries.bodies == ["7"]
+                }
+
+                // The disconnect notification reaches Python.
+                #expect(gateway.disconnect(client: "py", reconnect: false) == 1)
+                try await eventually("the Python backend heard of the disconnect") {
+                    backend.lines.contains { $0.contains(#""event": "disconnect""#) && $0.contains("goaway_revoked") }
                 }
             }
         }

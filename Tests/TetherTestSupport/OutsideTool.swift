@@ -33,6 +33,9 @@ package enum OutsideTool: String, CaseIterable, Sendable {
     case prometheus
     /// schemathesis (pip): fuzzes the server API against its OpenAPI document.
     case schemathesis
+    /// Python's grpcio and grpcio-tools (pip): a gRPC peer not written here, its stubs
+    /// generated from the repository's protos.
+    case pythonGRPC = "python3 grpcio"
 
     /// The command that installs it on Debian or Ubuntu.
     package var installCommand: String {
@@ -46,6 +49,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .postgresql: "apt-get install postgresql"
         case .prometheus: "apt-get install prometheus"
         case .schemathesis: "apt-get install python3 python3-pip; python3 -m pip install schemathesis"
+        case .pythonGRPC: "apt-get install python3 python3-pip; python3 -m pip install grpcio grpcio-tools"
         }
     }
 
@@ -142,6 +146,10 @@ package enum OutsideTool: String, CaseIterable, Sendable {
         case .schemathesis:
             if let reason = OutsideTool.python3.unavailableReason { return reason }
             return Self.run(["python3", "-m", "schemathesis.cli", "--version"]) ? nil : "the Python package schemathesis is not installed"
+        case .pythonGRPC:
+            if let reason = OutsideTool.python3.unavailableReason { return reason }
+            return Self.run(["python3", "-c", "import grpc, grpc_tools.protoc"])
+                ? nil : "the Python packages grpcio and grpcio-tools are not installed"
         }
     }
 

@@ -11,6 +11,9 @@ extension GatewayConnectionHandler {
         guard self.context != nil else { return }
         switch self.machine.drain(now: self.services.clock.now) {
         case .sendGoAway:
+            // The client closes once it has its answers: the close is the GOAWAY's, not `none`
+            // (the metrics' close code, the disconnect hook's reason).
+            if self.closeCode == nil { self.closeCode = Frame.Payload.goAway(goAway).closeCode }
             self.pushes?.drain()
             self.write(.goAway(goAway))
             self.flushNow()

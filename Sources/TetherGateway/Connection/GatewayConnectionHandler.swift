@@ -213,10 +213,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
         }
         self.leaveChannels()
         if self.registered {
-            self.services.registry.remove(self.id)
+            let info = self.services.registry.remove(self.id)
             self.io.tellByteCounts()
             self.services.metrics.transport(self.transport).open.decrement()
             self.services.metrics.closed(self.transport, code: self.closeCode ?? "none")
+            if let info, let hook = self.services.router.disconnected { hook(info, self.closeCode ?? "none") }
         }
         if closed.done { self.done() }
     }

@@ -123,9 +123,11 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// Forgets a closed connection and its room memberships.
-    func remove(_ id: UInt64) {
+    /// - Returns: The connection's info, if it was established.
+    @discardableResult
+    func remove(_ id: UInt64) -> ConnectionInfo? {
         self.state.withLockedValue { state in
-            guard let entry = state.connections.removeValue(forKey: id) else { return }
+            guard let entry = state.connections.removeValue(forKey: id) else { return nil }
             if let info = entry.info {
                 if state.byClient[info.clientID]?.remove(id) == true { state.byClient[info.clientID] = nil }
                 state.clientRecipients[info.clientID] = nil
@@ -135,6 +137,7 @@ final class ConnectionRegistry: Sendable {
                 state.rooms[room]?.remove(id)
                 if state.rooms[room]?.isEmpty == true { state.rooms[room] = nil }
             }
+            return entry.info
         }
     }
 
