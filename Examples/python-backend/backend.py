@@ -9,6 +9,8 @@
 - POST /tether/message/chat.*     a client's reliable message: processed once, whatever the
                                   retries, because its Idempotency-Key is kept in SQLite in the
                                   same transaction as the message's effect
+- POST /tether/authorize          may a client use a channel (--backend-channel)? Channels
+                                  starting with "staff." are for alice only
 - POST /tether/disconnect         a client's connection closed (--backend-disconnect): noted
                                   (who is online, for /stats)
 
@@ -117,6 +119,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.on_request(path[len("/tether/request/"):], body)
         if path.startswith("/tether/message/"):
             return self.on_message(path[len("/tether/message/"):], body)
+        if path == "/tether/authorize":
+            event = json.loads(body)
+            if event["channel"].startswith("staff.") and event["client"] != "alice":
+                return self.answer(403, {"message": "staff channels are for staff"})
+            return self.answer(200, {"allowed": True})
         if path == "/tether/disconnect":
             event = json.loads(body)
             with self.disconnects_lock:

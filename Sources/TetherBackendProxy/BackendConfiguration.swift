@@ -20,6 +20,10 @@ public struct BackendConfiguration: Sendable {
     /// Whether the backend is told when a client's connection closes (`POST /tether/disconnect`,
     /// gRPC `Disconnect`): a notification, sent once, not retried.
     public var disconnect: Bool
+    /// The channels (names, or prefixes ending in `*`) a client subscribes to, reads the
+    /// history or presence of, or publishes to only if the backend allows it
+    /// (`POST /tether/authorize`, gRPC `Authorize`), after the gateway's own rules did.
+    public var channels: [ChannelPattern]
     /// The request methods answered by the backend (`POST /tether/request/METHOD`): names, or
     /// prefixes ending in `*` (`*` alone: every method the gateway has no handler for).
     public var requests: [String]
@@ -62,6 +66,7 @@ public struct BackendConfiguration: Sendable {
         url: String,
         connect: Bool = false,
         disconnect: Bool = false,
+        channels: [String] = [],
         requests: [String] = [],
         messages: [String] = [],
         timeout: Duration = .seconds(5),
@@ -87,11 +92,19 @@ public struct BackendConfiguration: Sendable {
                 )
             }
         }
-        guard connect || disconnect || !requests.isEmpty || !messages.isEmpty else {
+        guard connect || disconnect || !channels.isEmpty || !requests.isEmpty || !messages.isEmpty else {
             throw GatewayError(
                 code: .invalidConfiguration,
-                message: "the backend proxies nothing: set connect or disconnect, or name request methods or message topics"
+                message: "the backend proxies nothing: set connect or disconnect, or name channels, request methods or message topics"
             )
+        }
+        var patterns: [ChannelPattern] = []
+        for channel in channels {
+            do {
+                patterns.append(try ChannelPattern(channel))
+            } catch {
+                throw GatewayError(code: .invalidConfiguration, message: "'\(channel)' is not a channel pattern: \(error)")
+            }
         }
         for pattern in requests + messages {
             let body = pattern.hasSuffix("*") ? pattern.dropLast() : Substring(pattern)
@@ -111,6 +124,7 @@ public struct BackendConfiguration: Sendable {
         self.url = base
         self.connect = connect
         self.disconnect = disconnect
+        self.channels = patterns
         self.requests = requests
         self.messages = messages
         self.timeout = timeout

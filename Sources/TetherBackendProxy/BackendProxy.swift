@@ -175,6 +175,18 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
                 gateway.onMessage(pattern, handler)
             }
         }
+        if !self.configuration.channels.isEmpty {
+            let patterns = self.configuration.channels
+            gateway.authorizeChannels { [self] access, connection in
+                let channel: String
+                switch access {
+                case .subscribe(let name), .publish(let name), .presence(let name): channel = name
+                default: return
+                }
+                guard patterns.contains(where: { $0.matches(channel) }) else { return }
+                try await self.authorize(access, channel: channel, connection)
+            }
+        }
         if self.configuration.disconnect {
             let input = self.disconnectsInput
             let dropped = self.droppedDisconnects
@@ -212,6 +224,21 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
         case .identity(let identity): return identity
         case .refused(let refusal): throw refusal
         }
+    }
+
+    /// Asks the backend whether a client may subscribe to, see the presence of, or publish to
+    /// a channel; throws ``RequestError`` to refuse (`unavailable` when the backend cannot say:
+    /// the check fails closed).
+    func authorize(_ access: Access, channel: String, _ connection: ConnectionInfo) async throws(RequestError) {
+        let outcome: AuthorizeOutcome
+        do {
+            outcome = try await self.guarded { () async throws(BackendFailure) in
+                try await self.transport.calls.authorize(access, channel: channel, connection, timeout: self.configuration.timeout)
+            }
+        } catch {
+            throw RequestError(.unavailable, "the backend could not check the channel's access: \(error.message)")
+        }
+        if case .refused(let status, let message) = outcome { throw RequestError(status, message) }
     }
 
     /// A request for a proxied method: the backend's answer is the response.
@@ -295,6 +322,32 @@ protocol BackendTransport: Sendable {
         timeout: Duration
     ) async throws(BackendFailure) -> Answered<MessageOutcome>
     func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void>
+    func authorize(
+        _ access: Access,
+        channel: String,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<AuthorizeOutcome>
+}
+
+/// What the backend says of a channel access.
+enum AuthorizeOutcome: Sendable {
+    case allowed
+    case refused(StatusCode, String)
+}
+
+extension Access {
+    /// The access's name in the authorize event (`subscribe`, `publish`, `presence`).
+    var eventName: String {
+        switch self {
+        case .subscribe: "subscribe"
+        case .publish: "publish"
+        case .presence: "presence"
+        case .request: "request"
+        case .send: "send"
+        case .join: "join"
+        }
+    }
 }
 
 /// A transport with connections of its own to keep (gRPC).

@@ -155,6 +155,27 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         }
     }
 
+    func authorize(
+        _ access: Access,
+        channel: String,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<AuthorizeOutcome> {
+        var event = Tether_V1_AuthorizeEvent()
+        event.client = connection.clientID
+        event.connection = connection.id
+        event.access = access.eventName
+        event.channel = channel
+        do {
+            _ = try await self.backend.authorize(event, metadata: self.metadata, options: Self.options(timeout))
+            return Answered(outcome: .allowed)
+        } catch let error as RPCError where error.isAnswer {
+            return Answered(outcome: .refused(error.tetherStatus, Self.text(error, or: "the backend refused")))
+        } catch {
+            throw Self.failure(error)
+        }
+    }
+
     private static func options(_ timeout: Duration) -> CallOptions {
         var options = CallOptions.defaults
         options.timeout = timeout

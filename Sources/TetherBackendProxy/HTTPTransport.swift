@@ -16,6 +16,7 @@ import TetherGateway
 /// - **messages**: `POST /tether/message/TOPIC` with an `Idempotency-Key`; a 2xx is processed,
 ///   a 4xx (or `Tether-Status`) a refusal, anything else a retry.
 /// - **disconnect**: `POST /tether/disconnect` (JSON), whatever it answers.
+/// - **channel access**: `POST /tether/authorize` (JSON); a 2xx allows, another status refuses.
 struct HTTPTransport: BackendTransport {
     let client: HTTPClient
     let configuration: BackendConfiguration
@@ -172,6 +173,19 @@ struct HTTPTransport: BackendTransport {
         return Answered(outcome: (), backendDown: answer.isDown)
     }
 
+    func authorize(
+        _ access: Access,
+        channel: String,
+        _ connection: ConnectionInfo,
+        timeout: Duration
+    ) async throws(BackendFailure) -> Answered<AuthorizeOutcome> {
+        let event = AuthorizeEvent(client: connection.clientID, connection: connection.id, access: access.eventName, channel: channel)
+        let answer = try await self.post(event, to: "authorize", timeout: timeout)
+        if (200..<300).contains(answer.status) { return Answered(outcome: .allowed) }
+        let message = answer.refusalMessage ?? "the backend refused: \(answer.status)"
+        return Answered(outcome: .refused(answer.tetherStatus, message), backendDown: answer.isDown)
+    }
+
     /// POSTs an event as JSON to `URL/tether/PATH`.
     private func post(_ event: some Encodable, to path: String, timeout: Duration) async throws(BackendFailure) -> Answer {
         let body: ByteBuffer
@@ -264,6 +278,14 @@ struct ConnectEvent: Encodable {
         case userAgent = "user_agent"
         case remoteAddress = "remote_address"
     }
+}
+
+/// What `POST /tether/authorize` sends.
+struct AuthorizeEvent: Encodable {
+    var client: String
+    var connection: UInt64
+    var access: String
+    var channel: String
 }
 
 /// What `POST /tether/disconnect` sends.

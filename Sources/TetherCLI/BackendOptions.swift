@@ -48,6 +48,15 @@ struct BackendOptions: ParsableArguments {
     var disconnect = false
 
     @Option(
+        name: .customLong("backend-channel"),
+        help: """
+            With --backend: channels whose subscriptions, presence and publications the backend must allow too (a name, or a \
+            prefix ending in *; repeat the option).
+            """
+    )
+    var channels: [String] = []
+
+    @Option(
         name: .customLong("backend-request"),
         help: "With --backend: request methods the backend answers (a name, or a prefix ending in *; repeat the option)."
     )
@@ -84,6 +93,7 @@ struct BackendOptions: ParsableArguments {
                 url: backend,
                 connect: self.connect || fromFile?.connect == true,
                 disconnect: self.disconnect || fromFile?.disconnect == true,
+                channels: self.channels.isEmpty ? fromFile?.channels ?? [] : self.channels,
                 requests: self.requests.isEmpty ? fromFile?.requests ?? [] : self.requests,
                 messages: self.messages.isEmpty ? fromFile?.messages ?? [] : self.messages,
                 timeout: try duration(seconds: self.timeoutSeconds ?? fromFile?.timeoutSeconds ?? 5, option: "backend-timeout"),

@@ -49,6 +49,7 @@ struct ServeFile: Decodable, Equatable {
         var url: String
         var connect: Bool?
         var disconnect: Bool?
+        var channels: [String]?
         var requests: [String]?
         var messages: [String]?
         var timeoutSeconds: Double?
@@ -56,7 +57,7 @@ struct ServeFile: Decodable, Equatable {
         var authorization: String?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case url, connect, disconnect, requests, messages, authorization
+            case url, connect, disconnect, channels, requests, messages, authorization
             case timeoutSeconds = "timeout_seconds"
             case maxCalls = "max_calls"
         }

@@ -90,12 +90,26 @@ public enum Tether_V1_Backend: Sendable {
                 type: .unary
             )
         }
+        /// Namespace for "Authorize" metadata.
+        public enum Authorize: Sendable {
+            /// Request type for "Authorize".
+            public typealias Input = Tether_V1_AuthorizeEvent
+            /// Response type for "Authorize".
+            public typealias Output = Tether_V1_AuthorizeReply
+            /// Descriptor for "Authorize".
+            public static let descriptor = GRPCCore.MethodDescriptor(
+                service: GRPCCore.ServiceDescriptor(fullyQualifiedService: "tether.v1.Backend"),
+                method: "Authorize",
+                type: .unary
+            )
+        }
         /// Descriptors for all methods in the "tether.v1.Backend" service.
         public static let descriptors: [GRPCCore.MethodDescriptor] = [
             Connect.descriptor,
             Request.descriptor,
             Message.descriptor,
-            Disconnect.descriptor
+            Disconnect.descriptor,
+            Authorize.descriptor
         ]
     }
 }
@@ -206,6 +220,28 @@ extension Tether_V1_Backend {
             request: GRPCCore.StreamingServerRequest<Tether_V1_DisconnectEvent>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectReply>
+
+        /// Handle the "Authorize" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+        /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+        /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+        /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+        /// > closed.
+        ///
+        /// - Parameters:
+        ///   - request: A streaming request of `Tether_V1_AuthorizeEvent` messages.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A streaming response of `Tether_V1_AuthorizeReply` messages.
+        func authorize(
+            request: GRPCCore.StreamingServerRequest<Tether_V1_AuthorizeEvent>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_AuthorizeReply>
     }
 
     /// Service protocol for the "tether.v1.Backend" service.
@@ -300,6 +336,28 @@ extension Tether_V1_Backend {
             request: GRPCCore.ServerRequest<Tether_V1_DisconnectEvent>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectReply>
+
+        /// Handle the "Authorize" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+        /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+        /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+        /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+        /// > closed.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_AuthorizeEvent` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A response containing a single `Tether_V1_AuthorizeReply` message.
+        func authorize(
+            request: GRPCCore.ServerRequest<Tether_V1_AuthorizeEvent>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.ServerResponse<Tether_V1_AuthorizeReply>
     }
 
     /// Simple service protocol for the "tether.v1.Backend" service.
@@ -392,6 +450,28 @@ extension Tether_V1_Backend {
             request: Tether_V1_DisconnectEvent,
             context: GRPCCore.ServerContext
         ) async throws -> Tether_V1_DisconnectReply
+
+        /// Handle the "Authorize" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+        /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+        /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+        /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+        /// > closed.
+        ///
+        /// - Parameters:
+        ///   - request: A `Tether_V1_AuthorizeEvent` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A `Tether_V1_AuthorizeReply` to respond with.
+        func authorize(
+            request: Tether_V1_AuthorizeEvent,
+            context: GRPCCore.ServerContext
+        ) async throws -> Tether_V1_AuthorizeReply
     }
 }
 
@@ -443,6 +523,17 @@ extension Tether_V1_Backend.StreamingServiceProtocol {
                 )
             }
         )
+        router.registerHandler(
+            forMethod: Tether_V1_Backend.Method.Authorize.descriptor,
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_AuthorizeEvent>(),
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_AuthorizeReply>(),
+            handler: { request, context in
+                try await self.authorize(
+                    request: request,
+                    context: context
+                )
+            }
+        )
     }
 }
 
@@ -487,6 +578,17 @@ extension Tether_V1_Backend.ServiceProtocol {
         context: GRPCCore.ServerContext
     ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectReply> {
         let response = try await self.disconnect(
+            request: GRPCCore.ServerRequest(stream: request),
+            context: context
+        )
+        return GRPCCore.StreamingServerResponse(single: response)
+    }
+
+    public func authorize(
+        request: GRPCCore.StreamingServerRequest<Tether_V1_AuthorizeEvent>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_AuthorizeReply> {
+        let response = try await self.authorize(
             request: GRPCCore.ServerRequest(stream: request),
             context: context
         )
@@ -542,6 +644,19 @@ extension Tether_V1_Backend.SimpleServiceProtocol {
     ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectReply> {
         return GRPCCore.ServerResponse<Tether_V1_DisconnectReply>(
             message: try await self.disconnect(
+                request: request.message,
+                context: context
+            ),
+            metadata: [:]
+        )
+    }
+
+    public func authorize(
+        request: GRPCCore.ServerRequest<Tether_V1_AuthorizeEvent>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.ServerResponse<Tether_V1_AuthorizeReply> {
+        return GRPCCore.ServerResponse<Tether_V1_AuthorizeReply>(
+            message: try await self.authorize(
                 request: request.message,
                 context: context
             ),
@@ -662,6 +777,33 @@ extension Tether_V1_Backend {
             deserializer: some GRPCCore.MessageDeserializer<Tether_V1_DisconnectReply>,
             options: GRPCCore.CallOptions,
             onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectReply>) async throws -> Result
+        ) async throws -> Result where Result: Sendable
+
+        /// Call the "Authorize" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+        /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+        /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+        /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+        /// > closed.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_AuthorizeEvent` message.
+        ///   - serializer: A serializer for `Tether_V1_AuthorizeEvent` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_AuthorizeReply` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        func authorize<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_AuthorizeEvent>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_AuthorizeEvent>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_AuthorizeReply>,
+            options: GRPCCore.CallOptions,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_AuthorizeReply>) async throws -> Result
         ) async throws -> Result where Result: Sendable
     }
 
@@ -829,6 +971,44 @@ extension Tether_V1_Backend {
                 onResponse: handleResponse
             )
         }
+
+        /// Call the "Authorize" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+        /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+        /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+        /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+        /// > closed.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_AuthorizeEvent` message.
+        ///   - serializer: A serializer for `Tether_V1_AuthorizeEvent` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_AuthorizeReply` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        public func authorize<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_AuthorizeEvent>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_AuthorizeEvent>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_AuthorizeReply>,
+            options: GRPCCore.CallOptions = .defaults,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_AuthorizeReply>) async throws -> Result = { response in
+                try response.message
+            }
+        ) async throws -> Result where Result: Sendable {
+            try await self.client.unary(
+                request: request,
+                descriptor: Tether_V1_Backend.Method.Authorize.descriptor,
+                serializer: serializer,
+                deserializer: deserializer,
+                options: options,
+                onResponse: handleResponse
+            )
+        }
     }
 }
 
@@ -959,6 +1139,39 @@ extension Tether_V1_Backend.ClientProtocol {
             request: request,
             serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_DisconnectEvent>(),
             deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_DisconnectReply>(),
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "Authorize" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+    /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+    /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+    /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+    /// > closed.
+    ///
+    /// - Parameters:
+    ///   - request: A request containing a single `Tether_V1_AuthorizeEvent` message.
+    ///   - options: Options to apply to this RPC.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func authorize<Result>(
+        request: GRPCCore.ClientRequest<Tether_V1_AuthorizeEvent>,
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_AuthorizeReply>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        try await self.authorize(
+            request: request,
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_AuthorizeEvent>(),
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_AuthorizeReply>(),
             options: options,
             onResponse: handleResponse
         )
@@ -1107,6 +1320,43 @@ extension Tether_V1_Backend.ClientProtocol {
             metadata: metadata
         )
         return try await self.disconnect(
+            request: request,
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "Authorize" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > May a client subscribe to (or read the history of), see the presence of, or publish to a
+    /// > channel (`--backend-channel PATTERN`)? Asked after the gateway's own rules allowed it. OK
+    /// > allows; a status refuses with it, mapped as for requests (PERMISSION_DENIED → `permission
+    /// > denied`); UNAVAILABLE, or no answer in time, refuses with `unavailable`: the check fails
+    /// > closed.
+    ///
+    /// - Parameters:
+    ///   - message: request message to send.
+    ///   - metadata: Additional metadata to send, defaults to empty.
+    ///   - options: Options to apply to this RPC, defaults to `.defaults`.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func authorize<Result>(
+        _ message: Tether_V1_AuthorizeEvent,
+        metadata: GRPCCore.Metadata = [:],
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_AuthorizeReply>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        let request = GRPCCore.ClientRequest<Tether_V1_AuthorizeEvent>(
+            message: message,
+            metadata: metadata
+        )
+        return try await self.authorize(
             request: request,
             options: options,
             onResponse: handleResponse

@@ -318,6 +318,36 @@ public nonisolated struct Tether_V1_DisconnectReply: Sendable {
   public init() {}
 }
 
+public nonisolated struct Tether_V1_AuthorizeEvent: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var client: String = String()
+
+  /// The connection's id.
+  public var connection: UInt64 = 0
+
+  /// `subscribe` (a subscription, or a read of its history), `presence` or `publish`.
+  public var access: String = String()
+
+  public var channel: String = String()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+public nonisolated struct Tether_V1_AuthorizeReply: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 // MARK: - Code below here is support for the SwiftProtobuf runtime.
 
 fileprivate nonisolated let _protobuf_package = "tether.v1"
@@ -701,6 +731,70 @@ nonisolated extension Tether_V1_DisconnectReply: SwiftProtobuf.Message, SwiftPro
   }
 
   public static func ==(lhs: Tether_V1_DisconnectReply, rhs: Tether_V1_DisconnectReply) -> Bool {
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Tether_V1_AuthorizeEvent: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".AuthorizeEvent"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}client\0\u{1}connection\0\u{1}access\0\u{1}channel\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.client) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.connection) }()
+      case 3: try { try decoder.decodeSingularStringField(value: &self.access) }()
+      case 4: try { try decoder.decodeSingularStringField(value: &self.channel) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.client.isEmpty {
+      try visitor.visitSingularStringField(value: self.client, fieldNumber: 1)
+    }
+    if self.connection != 0 {
+      try visitor.visitSingularUInt64Field(value: self.connection, fieldNumber: 2)
+    }
+    if !self.access.isEmpty {
+      try visitor.visitSingularStringField(value: self.access, fieldNumber: 3)
+    }
+    if !self.channel.isEmpty {
+      try visitor.visitSingularStringField(value: self.channel, fieldNumber: 4)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Tether_V1_AuthorizeEvent, rhs: Tether_V1_AuthorizeEvent) -> Bool {
+    if lhs.client != rhs.client {return false}
+    if lhs.connection != rhs.connection {return false}
+    if lhs.access != rhs.access {return false}
+    if lhs.channel != rhs.channel {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Tether_V1_AuthorizeReply: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".AuthorizeReply"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap()
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    // Load everything into unknown fields
+    while try decoder.nextFieldNumber() != nil {}
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Tether_V1_AuthorizeReply, rhs: Tether_V1_AuthorizeReply) -> Bool {
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

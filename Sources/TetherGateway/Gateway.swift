@@ -284,6 +284,29 @@ public final class Gateway: Service, Sendable {
         self.register("authorize") { $0.authorizer = check }
     }
 
+    /// What ``authorizeChannels(_:)`` calls: returns to allow, throws ``RequestError`` to refuse
+    /// with its status and message (any other error refuses with `unavailable`).
+    public typealias ChannelAuthorizer = @Sendable (_ access: Access, _ connection: ConnectionInfo) async throws -> Void
+
+    /// Asks `check` before a client subscribes to a channel (a SUBSCRIBE; also its history
+    /// reads: ``Access/subscribe(channel:)``), sees its presence (``Access/presence(channel:)``)
+    /// or publishes to it (``Access/publish(channel:)``), once its credentials and the
+    /// ``authorize(_:)`` hook allowed it: for checks that take a call (a backend, a database).
+    /// The SUBSCRIBE waits for the answer (a SUBSCRIBE or UNSUBSCRIBE of the same channel meanwhile
+    /// makes it moot). Set it before ``run()``.
+    ///
+    /// ```swift
+    /// gateway.authorizeChannels { access, connection in
+    ///     guard case .subscribe(let channel) = access, channel.hasPrefix("team.") else { return }
+    ///     guard try await teams.isMember(connection.clientID, of: channel) else {
+    ///         throw RequestError(.permissionDenied, "not in this team")
+    ///     }
+    /// }
+    /// ```
+    public func authorizeChannels(_ check: @escaping ChannelAuthorizer) {
+        self.register("authorizeChannels") { $0.channelAuthorizer = check }
+    }
+
     /// Creates a gateway whose clients are checked by a closure.
     /// - Parameters:
     ///   - configuration: Listening address, limits, timeouts, checksum policy.

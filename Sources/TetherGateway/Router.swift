@@ -23,6 +23,8 @@ struct Router: Sendable {
     var authorizer: Gateway.Authorizer?
     /// The application's hook for channels gaining their first subscriber or losing their last.
     var occupancy: Gateway.ChannelOccupancyHook?
+    /// The application's asynchronous check of channel access (``Gateway/authorizeChannels(_:)``).
+    var channelAuthorizer: Gateway.ChannelAuthorizer?
     /// The application's hook for established connections that closed.
     var disconnected: Gateway.DisconnectHook?
     /// What the application adds to `/ready` (``Gateway/addReadinessCheck(_:)``).
@@ -31,6 +33,19 @@ struct Router: Sendable {
     /// Whether `connection` may do `access`: its credentials allow it, and so does the hook.
     func permits(_ access: Access, _ connection: ConnectionInfo) -> Bool {
         (connection.identity?.allows(access) ?? true) && (self.authorizer?(access, connection) ?? true)
+    }
+
+    /// Why the application's asynchronous channel check refuses `access`, if it is set and does.
+    func channelRefusal(_ access: Access, _ connection: ConnectionInfo) async -> RequestError? {
+        guard let check = self.channelAuthorizer else { return nil }
+        do {
+            try await check(access, connection)
+            return nil
+        } catch let error as RequestError {
+            return error
+        } catch {
+            return RequestError(.unavailable, "the channel's access could not be checked: \(error)")
+        }
     }
 
     /// Whether any access of `connection` must be checked (most connections need no check).

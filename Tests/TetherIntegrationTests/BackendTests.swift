@@ -372,6 +372,7 @@ extension IntegrationTests {
                     url: backendURL,
                     connect: true,
                     disconnect: true,
+                    channels: ["staff.*"],
                     requests: ["order.*"],
                     messages: ["chat.*"],
                     timeout: .seconds(2),
@@ -380,7 +381,11 @@ extension IntegrationTests {
                 ),
                 logger: testLogger("backend")
             )
-            let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
+            let (gateway, endpoint) = try await harness.gateway(
+                messageStore: InMemoryMessageStore(),
+                configure: { $0.channels = try! .init(rules: [.init(pattern: .all, history: nil)]) },
+                authenticator: proxy
+            ) {
                 proxy.install(on: $0)
             }
             let running = Task { try await proxy.run() }  // it sends the disconnect notifications
@@ -450,6 +455,17 @@ extension IntegrationTests {
                     }
                 }
                 #expect(malloryEvents.connects == 0)
+
+                // Channel access: staff.* only if the backend allows it (alice: yes, bob: no).
+                let staff = ClientChannelTests.Reader(alice.subscribe("staff.news"), in: harness)
+                try await eventually("alice is subscribed to staff.news") { staff.subscriptions.count == 1 }
+                let bob = try Self.client(harness, endpoint, "bob", token: "bob-token")
+                let refused = ClientChannelTests.Reader(bob.subscribe("staff.news"), in: harness)
+                try await eventually("bob is refused") { refused.ended }
+                #expect((refused.error as? TetherError)?.status == .permissionDenied, "\(String(describing: refused.error))")
+                #expect((refused.error as? TetherError)?.message.contains("staff channels are for staff") == true)
+                let open = ClientChannelTests.Reader(bob.subscribe("lobby"), in: harness)
+                try await eventually("bob may read other channels (not asked)") { open.subscriptions.count == 1 }
 
                 // disconnect: the backend is told, with the reason; a refused client never
                 // connected, so nothing is sent about it.

@@ -329,6 +329,13 @@ extension IntegrationTests {
                 }
             }
 
+            func authorize(request: Tether_V1_AuthorizeEvent, context: ServerContext) async throws -> Tether_V1_AuthorizeReply {
+                if request.channel.hasPrefix("secret.") {
+                    throw RPCError(code: .permissionDenied, message: "no secrets for \(request.client)")
+                }
+                return .init()
+            }
+
             func disconnect(request: Tether_V1_DisconnectEvent, context: ServerContext) async throws -> Tether_V1_DisconnectReply {
                 self.state.withLockedValue { $0.disconnects.append(request) }
                 return .init()
@@ -387,6 +394,7 @@ extension IntegrationTests {
                         url: "grpc://127.0.0.1:\(port)",
                         connect: true,
                         disconnect: true,
+                        channels: ["*"],
                         requests: ["order.*"],
                         messages: ["chat.*"],
                         timeout: .seconds(2),
@@ -397,7 +405,11 @@ extension IntegrationTests {
                 )
                 let running = Task { try await proxy.run() }
                 harness.onExit { running.cancel() }
-                let (gateway, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), authenticator: proxy) {
+                let (gateway, endpoint) = try await harness.gateway(
+                    messageStore: InMemoryMessageStore(),
+                    configure: { $0.channels = try! .init(rules: [.init(pattern: .all, history: nil)]) },
+                    authenticator: proxy
+                ) {
                     proxy.install(on: $0)
                 }
 
@@ -470,6 +482,14 @@ extension IntegrationTests {
                         if case .connectFailed(_, let error) = $0 { error.message.contains("unknown token") } else { false }
                     }
                 }
+
+                // channel access: asked of the backend.
+                let news = ClientChannelTests.Reader(alice.subscribe("news"), in: harness)
+                try await eventually("alice is subscribed to news") { news.subscriptions.count == 1 }
+                let secret = ClientChannelTests.Reader(alice.subscribe("secret.plans"), in: harness)
+                try await eventually("alice is refused secret.plans") { secret.ended }
+                #expect((secret.error as? TetherError)?.status == .permissionDenied, "\(String(describing: secret.error))")
+                #expect((secret.error as? TetherError)?.message.contains("no secrets for alice") == true)
 
                 // disconnect: one notification, with the reason (the refused client never
                 // connected: nothing about it).

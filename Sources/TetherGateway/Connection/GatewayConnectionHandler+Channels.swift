@@ -19,6 +19,48 @@ extension GatewayConnectionHandler {
             self.refuse(request, status, message)
             return
         }
+        if self.services.router.channelAuthorizer != nil, let connection = self.scope?.connection {
+            // The application's check first (a call): the SUBSCRIBE waits for its answer, as it
+            // waits for the store's, and is bounded the same way.
+            guard self.subscribing.count < hub.configuration.maxSubscriptionsPerConnection else {
+                self.refuse(
+                    request,
+                    .resourceExhausted,
+                    "this connection has \(self.subscribing.count) subscriptions waiting to be checked, the most it may have"
+                )
+                return
+            }
+            self.subscribing[request.channel] = request.id
+            let router = self.services.router
+            let handle = self.handle
+            self.spawn {
+                var refusal = await router.channelRefusal(.subscribe(channel: request.channel), connection)
+                if refusal == nil, request.presenceEvents {
+                    refusal = await router.channelRefusal(.presence(channel: request.channel), connection)
+                }
+                handle.execute(passing: (request, refusal)) { $0.authorized($1.0, refusal: $1.1) }
+            }
+            return
+        }
+        self.subscribeAllowed(request, hub: hub)
+    }
+
+    /// The application's channel check answered a SUBSCRIBE: unless it was replaced or left
+    /// meanwhile, or the connection closed, it is refused or goes on.
+    private func authorized(_ request: Frame.Subscribe, refusal: RequestError?) {
+        guard self.subscribing[request.channel] == request.id, let hub = self.services.pushes.channels else { return }
+        self.subscribing[request.channel] = nil
+        if let refusal {
+            if hub.unsubscribe(connection: self.id, from: request.channel) { self.tellOccupancy() }
+            self.refuse(request, refusal.status, refusal.message)
+            return
+        }
+        self.subscribeAllowed(request, hub: hub)
+    }
+
+    /// A SUBSCRIBE the client may make: registered now, or once the store said where the
+    /// channel's stream is.
+    private func subscribeAllowed(_ request: Frame.Subscribe, hub: ChannelHub) {
         if let writer = self.services.pushes.channelWriter, let retention = hub.configuration.storedHistory(of: request.channel) {
             // Where its stream is, from the store first; answered when the store has. Bounded
             // as the subscriptions are: a burst of SUBSCRIBEs does not start a read each.
@@ -312,6 +354,7 @@ extension GatewayConnectionHandler {
             if router.checksAccess(of: context.connection), !router.permits(.subscribe(channel: query.channel), context.connection) {
                 throw RequestError(.permissionDenied, "this client may not read \(query.channel)")
             }
+            if let refusal = await router.channelRefusal(.subscribe(channel: query.channel), context.connection) { throw refusal }
             return ChannelHistoryQuery.encode(try await pusher.history(of: query.channel, after: query.after, limit: query.limit))
         }
     }
@@ -344,6 +387,7 @@ extension GatewayConnectionHandler {
             if router.checksAccess(of: context.connection), !router.permits(.presence(channel: query.channel), context.connection) {
                 throw RequestError(.permissionDenied, "this client may not see who is in \(query.channel)")
             }
+            if let refusal = await router.channelRefusal(.presence(channel: query.channel), context.connection) { throw refusal }
             return ChannelPresenceQuery.encode(hub.presence(of: query.channel, after: query.after, limit: query.limit))
         }
     }
@@ -364,6 +408,7 @@ extension GatewayConnectionHandler {
             if router.checksAccess(of: context.connection), !router.permits(.publish(channel: publication.channel), context.connection) {
                 throw RequestError(.permissionDenied, "this client may not publish to \(publication.channel)")
             }
+            if let refusal = await router.channelRefusal(.publish(channel: publication.channel), context.connection) { throw refusal }
             let (position, _) = try await pusher.publish(publication.body, to: publication.channel, publisher: context.connection.clientID)
             return ChannelPublishRequest.encode(position)
         }
