@@ -22,14 +22,7 @@ extension GatewayConnectionHandler {
         if self.services.router.channelAuthorizer != nil, let connection = self.scope?.connection {
             // The application's check first (a call): the SUBSCRIBE waits for its answer, as it
             // waits for the store's, and is bounded the same way.
-            guard self.subscribing.count < hub.configuration.maxSubscriptionsPerConnection else {
-                self.refuse(
-                    request,
-                    .resourceExhausted,
-                    "this connection has \(self.subscribing.count) subscriptions waiting to be checked, the most it may have"
-                )
-                return
-            }
+            guard self.mayWait(request, hub: hub, "to be checked") else { return }
             self.subscribing[request.channel] = request.id
             let router = self.services.router
             let handle = self.handle
@@ -64,14 +57,7 @@ extension GatewayConnectionHandler {
         if let writer = self.services.pushes.channelWriter, let retention = hub.configuration.storedHistory(of: request.channel) {
             // Where its stream is, from the store first; answered when the store has. Bounded
             // as the subscriptions are: a burst of SUBSCRIBEs does not start a read each.
-            guard self.subscribing.count < hub.configuration.maxSubscriptionsPerConnection else {
-                self.refuse(
-                    request,
-                    .resourceExhausted,
-                    "this connection has \(self.subscribing.count) subscriptions waiting for the channel store, the most it may have"
-                )
-                return
-            }
+            guard self.mayWait(request, hub: hub, "for the channel store") else { return }
             self.subscribing[request.channel] = request.id
             let notBefore = retention.notBefore(self.services.clock)
             let handle = self.handle
@@ -87,6 +73,20 @@ extension GatewayConnectionHandler {
             return
         }
         self.register(request, head: nil)
+    }
+
+    /// Whether one more SUBSCRIBE may wait (`what`: for the application's check, for the
+    /// store); refuses it if the connection has as many waiting as it may have subscriptions.
+    private func mayWait(_ request: Frame.Subscribe, hub: ChannelHub, _ what: String) -> Bool {
+        guard self.subscribing.count < hub.configuration.maxSubscriptionsPerConnection else {
+            self.refuse(
+                request,
+                .resourceExhausted,
+                "this connection has \(self.subscribing.count) subscriptions waiting \(what), the most it may have"
+            )
+            return false
+        }
+        return true
     }
 
     /// Why the client may not subscribe as `request` asks, if it may not.
