@@ -1,4 +1,5 @@
 public import AsyncHTTPClient
+import Atomics
 import Foundation
 public import Logging
 import NIOConcurrencyHelpers
@@ -45,7 +46,7 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     private let breaker: NIOLockedValueBox<CircuitBreaker>
     private let disconnects: AsyncStream<Disconnected>
     private let disconnectsInput: AsyncStream<Disconnected>.Continuation
-    private let droppedDisconnects = DropCounter()
+    private let droppedDisconnects = ManagedAtomic<Int>(0)
 
     /// The most disconnect notifications waiting to be sent; more are dropped (a backend that
     /// is down or slow must not make the gateway hold an unbounded queue).
@@ -125,7 +126,7 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     }
 
     /// How many disconnect notifications were dropped because ``disconnectBuffer`` were waiting.
-    public var droppedDisconnectNotifications: Int { self.droppedDisconnects.value }
+    public var droppedDisconnectNotifications: Int { self.droppedDisconnects.load(ordering: .relaxed) }
 
     /// Sends each notification once, at most a quarter of the call slots at a time (at least
     /// one), so that requests and messages keep theirs.
@@ -191,7 +192,9 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
             let input = self.disconnectsInput
             let dropped = self.droppedDisconnects
             gateway.onDisconnect { connection, reason in
-                if case .dropped = input.yield(Disconnected(connection: connection, reason: reason)) { dropped.increment() }
+                if case .dropped = input.yield(Disconnected(connection: connection, reason: reason)) {
+                    dropped.wrappingIncrement(ordering: .relaxed)
+                }
             }
         }
         gateway.addReadinessCheck { [self] in
@@ -380,13 +383,6 @@ enum MessageOutcome: Sendable {
     case refused(StatusCode, String)
     /// Not processed now: left unacknowledged, it comes again with the same key.
     case retry(String)
-}
-
-/// A count of dropped notifications (taken only when one is dropped).
-final class DropCounter: Sendable {
-    private let count = NIOLockedValueBox(0)
-    func increment() { self.count.withLockedValue { $0 += 1 } }
-    var value: Int { self.count.withLockedValue { $0 } }
 }
 
 /// A call that got no answer the gateway can use.

@@ -129,7 +129,7 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
             _ = try await self.backend.message(event, metadata: self.metadata, options: Self.options(timeout))
             return Answered(outcome: .processed)
         } catch let error as RPCError where error.isAnswer {
-            if error.metadata[stringValues: "tether-status"].first(where: { _ in true }) != nil || !error.isRetried {
+            if error.hasTetherStatus || !error.isRetried {
                 return Answered(outcome: .refused(error.tetherStatus, Self.text(error, or: "the backend refused the message")))
             }
             return Answered(outcome: .retry("the backend answered \(error.code); the message will come again"), backendDown: error.isDown)
@@ -214,11 +214,15 @@ extension RPCError {
             .contains(self.code)
     }
 
-    private var hasTetherStatus: Bool { self.metadata[stringValues: "tether-status"].first(where: { _ in true }) != nil }
+    /// The backend's own status (`tether-status` metadata), if it set one.
+    private var tetherStatusValue: String? { self.metadata[stringValues: "tether-status"].first(where: { _ in true }) }
+
+    /// Whether the backend set its own status: then the answer is a refusal, never "down".
+    var hasTetherStatus: Bool { self.tetherStatusValue != nil }
 
     /// The status the client sees.
     var tetherStatus: StatusCode {
-        if let value = self.metadata[stringValues: "tether-status"].first(where: { _ in true }), let code = UInt16(value), code != 0 {
+        if let value = self.tetherStatusValue, let code = UInt16(value), code != 0 {
             return StatusCode(rawValue: code)
         }
         switch self.code {
