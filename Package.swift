@@ -24,6 +24,8 @@ import PackageDescription
 //                  handed to the backend over HTTP (async-http-client) or gRPC
 //   TetherGRPCProtos the gRPC forms of both: code generated from Protos/tether/v1/*.proto
 //                  (scripts/generate-grpc; committed), for grpc-swift 2
+//   TetherProcess  programs started with posix_spawn, waited for with waitpid (the lab,
+//                  the PostgreSQL helper, the tests)
 //   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
 //   TetherTesting  for an app's tests: a manual clock, the fault proxy (not linked into
 //                  `tether`)
@@ -204,10 +206,20 @@ let package = Package(
             ],
             swiftSettings: strictSwift6
         ),
+        // Programs started with posix_spawn and waited for with waitpid (the lab's iptables and
+        // gateways, the PostgreSQL helper's pg_ctl, the tests' peers): not Foundation's Process.
+        .target(
+            name: "TetherProcess",
+            dependencies: [
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio")
+            ],
+            swiftSettings: strictSwift6
+        ),
         .target(
             name: "TetherPostgres",
             dependencies: [
                 "TetherCore",
+                "TetherProcess",
                 "TetherNIO",
                 "TetherGateway",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -342,6 +354,7 @@ let package = Package(
             name: "TetherLab",
             dependencies: [
                 "TetherCore",
+                "TetherProcess",
                 "TetherNIO",
                 "Tether",
                 "TetherPostgres",
@@ -400,6 +413,7 @@ let package = Package(
             name: "TetherTestSupport",
             dependencies: [
                 "TetherGateway",
+                "TetherProcess",
                 "TetherPostgres",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -518,6 +532,7 @@ let package = Package(
                 "TetherCore",
                 "TetherGateway",
                 "TetherJWT",
+                "TetherProcess",
                 "TetherTestSupport",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -541,6 +556,7 @@ let package = Package(
                 "TetherStreamForwarding",
                 "TetherCompression",
                 "TetherTestSupport",
+                "TetherProcess",
                 "TetherServerAPI",
                 "TetherBackendProxy",
                 "TetherGRPCProtos",

@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import TetherCore
 import TetherNIO
+import TetherProcess
 
 /// A `tether serve` process with an SQLite store, which the lab can kill and start again.
 final class GatewayProcess: @unchecked Sendable {
@@ -25,7 +26,7 @@ final class GatewayProcess: @unchecked Sendable {
     /// The admin listener's port (`/metrics`), if the lab reads the gateway's own view.
     let adminPort: Int?
     /// The running process, and how many times it was started.
-    private let running = TetherLock<(process: Process?, starts: Int)>((nil, 0))
+    private let running = TetherLock<(process: SpawnedProgram?, starts: Int)>((nil, 0))
 
     /// How many times the process was started.
     var starts: Int { self.running.withLockedValue { $0.starts } }
@@ -62,23 +63,14 @@ final class GatewayProcess: @unchecked Sendable {
 
     /// Starts the gateway and returns once it accepts connections.
     func start() async throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: self.executable)
-        process.arguments =
+        let arguments =
             [
-                "serve"
+                self.executable, "serve",
             ] + (self.postgres.map { ["--postgres", $0.url, "--node-name", $0.node] } ?? ["--store", self.store]) + [
                 "--heartbeat", "\(self.heartbeat.totalSeconds)", "--log-level", "warning",
             ] + self.listenerArguments + (self.idleTimeout.map { ["--idle-timeout", "\($0.totalSeconds)"] } ?? [])
             + (self.adminPort.map { ["--admin-port", "\($0)"] } ?? [])
-        if !FileManager.default.fileExists(atPath: self.logFile) {
-            _ = FileManager.default.createFile(atPath: self.logFile, contents: nil)
-        }
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: self.logFile))
-        log.seekToEndOfFile()
-        process.standardOutput = log
-        process.standardError = log
-        try process.run()
+        let process = try SpawnedProgram(arguments, output: .file(self.logFile, append: true))
         self.running.withLockedValue {
             $0.process = process
             $0.starts += 1
@@ -86,7 +78,7 @@ final class GatewayProcess: @unchecked Sendable {
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             guard process.isRunning else {
-                throw Failure(description: "the gateway exited with \(process.terminationStatus); see \(self.logFile)")
+                throw Failure(description: "the gateway exited (\(process.termination.map(\.description) ?? "-")); see \(self.logFile)")
             }
             if await Self.accepts(port: self.port) { return }
             try await Task.sleep(for: .milliseconds(10))
@@ -108,10 +100,8 @@ final class GatewayProcess: @unchecked Sendable {
     /// Kills the gateway with SIGKILL (no goodbye to its clients) and waits for it to exit.
     func kill() {
         guard let process = self.running.withLockedValue({ $0.process }) else { return }
-        if process.isRunning {
-            Foundation.kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+        process.send(SIGKILL)
+        process.waitUntilExit()
         self.running.withLockedValue { $0.process = nil }
     }
 
@@ -148,17 +138,15 @@ struct LabCertificate: Sendable {
     init(in directory: String) throws {
         self.certificate = "\(directory)/tls-cert.pem"
         self.key = "\(directory)/tls-key.pem"
-        let openssl = Process()
-        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        openssl.arguments = [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-            "-keyout", self.key, "-out", self.certificate, "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ]
-        openssl.standardOutput = FileHandle.nullDevice
-        openssl.standardError = FileHandle.nullDevice
-        try openssl.run()
-        openssl.waitUntilExit()
-        guard openssl.terminationStatus == 0 else {
+        let openssl = try SpawnedProgram(
+            [
+                "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+                "-keyout", self.key, "-out", self.certificate, "-subj", "/CN=localhost", "-addext",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            ],
+            output: .discard
+        )
+        guard openssl.waitUntilExit().succeeded else {
             throw GatewayProcess.Failure(description: "openssl req failed: the lab needs openssl to run over TLS")
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import TetherProcess
 
 /// Drops packets on the loopback interface of the lab's network namespace with iptables, by
 /// port: real loss that the kernel's TCP must recover from (there is no `tc netem` here).
@@ -114,36 +115,24 @@ enum Shell {
     /// Runs the command to completion; throws with its output if it fails.
     @discardableResult
     static func run(_ arguments: [String]) throws -> String {
-        let process = try Self.process(arguments)
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw Failure(command: arguments, status: process.terminationStatus, output: output)
+        let completed = try SpawnedProgram.run(try Self.resolved(arguments))
+        guard completed.termination.succeeded else {
+            throw Failure(command: arguments, status: completed.termination.status, output: completed.output)
         }
-        return output
+        return completed.output
     }
 
     /// Runs the command to completion with this process's standard output and error; returns
     /// its exit status.
     static func runAttached(_ arguments: [String]) throws -> Int32 {
-        let process = try Self.process(arguments)
-        try process.run()
-        process.waitUntilExit()
-        return process.terminationStatus
+        try SpawnedProgram(try Self.resolved(arguments)).waitUntilExit().status
     }
 
-    /// A process for `arguments`, its program found with ``which(_:)``.
-    private static func process(_ arguments: [String]) throws -> Process {
+    /// `arguments` with the program's path found by ``which(_:)``.
+    private static func resolved(_ arguments: [String]) throws -> [String] {
         guard let executable = Self.which(arguments[0]) else {
             throw Failure(command: arguments, status: 127, output: "\(arguments[0]) not found")
         }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = Array(arguments.dropFirst())
-        return process
+        return [executable] + arguments.dropFirst()
     }
 }

@@ -1,5 +1,6 @@
 public import Foundation
 import PostgresNIO
+import TetherProcess
 
 #if canImport(Glibc)
     import Glibc
@@ -215,31 +216,16 @@ public struct LocalPostgres: Sendable {
         let command = self.runAs.map { [Self.runuser, "-u", $0, "--", executable] + arguments } ?? [executable] + arguments
         let argv = ["/bin/sh", "-c", "cd / && exec \"$@\"", "sh"] + command
         // The output goes to a file, not a pipe: `pg_ctl start` leaves a server behind that
-        // would hold a pipe open. posix_spawn and waitpid, not Foundation's Process, whose
-        // waiting depends on the run loop of the calling thread.
-        let output = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "tether-pg-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).out"
-        )
-        defer { try? FileManager.default.removeItem(at: output) }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, output.path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        var pid = pid_t()
-        let cArguments = argv.map { strdup($0) } + [nil]
-        defer { for argument in cArguments { free(argument) } }
-        let spawned = posix_spawn(&pid, argv[0], &actions, nil, cArguments, environ)
-        guard spawned == 0 else {
-            throw Error(message: "cannot run \(argv[0]): \(String(cString: strerror(spawned)))")
+        // would hold a pipe open.
+        let completed: SpawnedProgram.Completed
+        do {
+            completed = try SpawnedProgram.run(argv)
+        } catch {
+            throw Error(message: error.description)
         }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        let printed = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
-        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
-        guard exitStatus == 0 else {
-            var message = "\(what) failed (exit status \(exitStatus)): \(printed.trimmingCharacters(in: .whitespacesAndNewlines))"
+        let printed = completed.output
+        guard completed.termination.succeeded else {
+            var message = "\(what) failed (\(completed.termination)): \(printed.trimmingCharacters(in: .whitespacesAndNewlines))"
             if what == "pg_ctl start", let log = try? String(contentsOf: self.logFile, encoding: .utf8) {
                 message += "\nserver log:\n" + log.split(separator: "\n").suffix(10).joined(separator: "\n")
             }

@@ -3,13 +3,13 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
+import TetherProcess
 import TetherTestSupport
 
 /// A `tether` command run as a real child process, whose standard output is collected in a
 /// file (so that nothing is lost when it is killed) and read line by line.
-final class ChildProcess: @unchecked Sendable {
-    // Process is not Sendable; it is only used through the lock.
-    private let process = NIOLockedValueBox(Process())
+final class ChildProcess: Sendable {
+    private let process: SpawnedProgram
     private let outputPath: String
     let arguments: [String]
 
@@ -43,19 +43,11 @@ final class ChildProcess: @unchecked Sendable {
     init(executable: String, _ arguments: [String], in harness: Harness) throws {
         self.arguments = arguments
         self.outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("tether-child-\(UUID().uuidString).out").path
-        _ = FileManager.default.createFile(atPath: self.outputPath, contents: nil)
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.outputPath))
-        try self.process.withLockedValue { process in
-            process.executableURL = URL(fileURLWithPath: executable)
-            process.arguments = arguments
-            process.standardOutput = output
-            process.standardError = output
-            try process.run()
-        }
-        try output.close()
+        self.process = try SpawnedProgram([executable] + arguments, output: .file(self.outputPath))
         let outputPath = self.outputPath
         harness.onExit {
             self.kill()
+            self.process.waitUntilExit()
             try? FileManager.default.removeItem(atPath: outputPath)
         }
     }
@@ -69,10 +61,10 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// The process's id.
-    var processIdentifier: Int32 { self.process.withLockedValue { $0.processIdentifier } }
+    var processIdentifier: Int32 { self.process.processIdentifier }
 
     /// Whether it still runs.
-    var isRunning: Bool { self.process.withLockedValue { $0.isRunning } }
+    var isRunning: Bool { self.process.isRunning }
 
     /// Its resident memory in bytes (`VmRSS` in `/proc`), or `nil` where there is no `/proc`.
     var residentBytes: Int? {
@@ -85,17 +77,15 @@ final class ChildProcess: @unchecked Sendable {
 
     /// Sends SIGKILL: the process ends at once, without any cleanup.
     func kill() {
-        self.process.withLockedValue { process in
-            if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
-        }
+        self.process.send(SIGKILL)
     }
 
     /// Waits until it exits; returns its exit status (or signal number, if killed).
     func exitStatus(timeout: Duration = .seconds(60)) async throws -> Int32 {
         try await eventually("\(self.arguments.first ?? "tether") exits", timeout: timeout) {
-            !self.process.withLockedValue { $0.isRunning }
+            !self.process.isRunning
         }
-        return self.process.withLockedValue { $0.terminationStatus }
+        return self.process.termination?.status ?? -1
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TetherProcess
 
 /// The lock budgets of the hot paths, counted, not estimated: `tether-lock-probe` (a process of
 /// its own, so that nothing else is counted) runs a request (three ways), a push, a channel publication and a reliable
@@ -53,17 +54,15 @@ struct LockBudgetTests {
     /// The probe's counts, run once for all the tests of this suite.
     static let counts: Task<[String: [String: Double]], any Error> = Task {
         let probe = try ChildProcess.builtExecutable("tether-lock-probe")
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: probe)
-        process.arguments = ["500"]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
+        // Standard output only: the report is JSON.
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-lock-probe-\(UUID().uuidString).json").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let process = try SpawnedProgram([probe, "500"], output: .file(path), errors: .inherit)
+        let termination = try await process.exit()
+        let data = FileManager.default.contents(atPath: path) ?? Data()
+        guard termination.succeeded else {
             throw ProbeFailure(
-                description: "tether-lock-probe exited with \(process.terminationStatus): \(String(decoding: data, as: UTF8.self))"
+                description: "tether-lock-probe ended with \(termination): \(String(decoding: data, as: UTF8.self))"
             )
         }
         guard let report = try JSONSerialization.jsonObject(with: data) as? [String: [String: Double]] else {

@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import Tether
 import TetherGateway
+import TetherProcess
 import TetherTestSupport
 
 extension IntegrationTests {
@@ -87,20 +88,16 @@ extension IntegrationTests {
                       - targets: ['127.0.0.1:\(adminPort)']
                 """.write(to: configuration, atomically: true, encoding: .utf8)
                 let port = try await freePort()
-                let process = Process()
-                process.executableURL = URL(fileURLWithPath: OutsideTool.prometheusExecutable!)
-                process.arguments = [
-                    "--config.file=\(configuration.path)", "--storage.tsdb.path=\(directory.appendingPathComponent("data").path)",
-                    "--web.listen-address=127.0.0.1:\(port)",
-                ]
                 let log = directory.appendingPathComponent("prometheus.log")
-                _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-                let logHandle = try FileHandle(forWritingTo: log)
-                process.standardOutput = logHandle
-                process.standardError = logHandle
-                try process.run()
+                let process = try SpawnedProgram(
+                    [
+                        OutsideTool.prometheusExecutable!, "--config.file=\(configuration.path)",
+                        "--storage.tsdb.path=\(directory.appendingPathComponent("data").path)", "--web.listen-address=127.0.0.1:\(port)",
+                    ],
+                    output: .file(log.path)
+                )
                 harness.onExit {
-                    process.terminate()
+                    process.send(SIGTERM)
                     process.waitUntilExit()
                     try? FileManager.default.removeItem(at: directory)
                 }

@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import TetherCore
 import TetherGateway
+import TetherProcess
 import TetherTestSupport
 
 @testable import TetherJWT
@@ -140,8 +141,8 @@ struct JWTAuthenticatorTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         let privatePath = directory.appendingPathComponent("private.pem").path
         let publicPath = directory.appendingPathComponent("public.pem").path
-        try Self.openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", privatePath])
-        try Self.openssl(["pkey", "-in", privatePath, "-pubout", "-out", publicPath])
+        try await Self.openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", privatePath])
+        try await Self.openssl(["pkey", "-in", privatePath, "-pubout", "-out", publicPath])
 
         let authenticator = try await JWTAuthenticator(keyFiles: [publicPath], now: { Self.now })
         let privateKey = try Insecure.RSA.PrivateKey(pem: String(contentsOfFile: privatePath, encoding: .utf8))
@@ -201,13 +202,13 @@ struct JWTAuthenticatorTests {
         await #expect(throws: JWTConfigurationError.self) { try await JWTAuthenticator(keys: [.jwks("{\"keys\": [{\"kty\": \"XX\"}]}")]) }
     }
 
-    static func openssl(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        process.arguments = arguments
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw CocoaError(.fileWriteUnknown) }
+    static func openssl(_ arguments: [String]) async throws {
+        let completed = try await SpawnedProgram.run(["openssl"] + arguments)
+        guard completed.termination.succeeded else {
+            throw CocoaError(
+                .fileWriteUnknown,
+                userInfo: [NSLocalizedDescriptionKey: "openssl \(completed.termination): \(completed.output)"]
+            )
+        }
     }
 }

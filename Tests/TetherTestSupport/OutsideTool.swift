@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 package import Testing
+import TetherProcess
 
 /// A program or package from outside the Swift build that some tests need: a peer or a proxy
 /// not written here. (The lab's packet filter, which also needs root, says why it is unavailable itself.)
@@ -155,18 +156,7 @@ package enum OutsideTool: String, CaseIterable, Sendable {
 
     /// Whether `arguments` (looked up on `PATH`) runs and exits 0.
     private static func run(_ arguments: [String]) -> Bool {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = arguments
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        do {
-            try process.run()
-        } catch {
-            return false
-        }
-        process.waitUntilExit()
-        return process.terminationStatus == 0
+        (try? SpawnedProgram(arguments, output: .discard).waitUntilExit().succeeded) ?? false
     }
 }
 
