@@ -45,6 +45,9 @@ struct BackendBench: AsyncParsableCommand {
     @Option(help: "Connections the gateway's proxy keeps to the backend.")
     var proxyConnections = 8
 
+    @Option(help: "The most reliable messages in one call of the batch event (the second measure of messages).")
+    var messageBatch = 64
+
     @Option(help: "Where the results go.")
     var output = "bench-results"
 
@@ -62,6 +65,9 @@ struct BackendBench: AsyncParsableCommand {
         var publicationsPerSecondBatched: Double
         var batch: Int
         var reliableMessagesPerSecond: Double
+        /// With the batch event (`POST /tether/messages`), up to ``messageBatch`` to a call.
+        var reliableMessagesPerSecondBatched: Double
+        var messageBatch: Int
         var messages: Int
         var senders: Int
         var proxyConnections: Int
@@ -76,7 +82,10 @@ struct BackendBench: AsyncParsableCommand {
         }
         let gateway = try ChildProcess(
             executable,
-            ["backend-gateway", "--backend", "http://127.0.0.1:\(backendPort)", "--connections", "\(self.proxyConnections)"]
+            [
+                "backend-gateway", "--backend", "http://127.0.0.1:\(backendPort)", "--connections", "\(self.proxyConnections)",
+                "--message-batch", "\(self.messageBatch)",
+            ]
         )
         defer { gateway.terminate() }
         guard let line = gateway.readLine(), line.hasPrefix("ready "),
@@ -130,8 +139,12 @@ struct BackendBench: AsyncParsableCommand {
         emit("server API, \(self.batch) per call: \(Int(batched)) publications/s (target ≥ 50,000)")
 
         // Reliable messages through the proxy.
-        let rate = try await self.reliable(port: port)
-        emit("reliable messages through the proxy, \(self.senders) senders: \(Int(rate)) messages/s (target ≥ 20,000)")
+        let rate = try await self.reliable(port: port, topic: "bench.backend")
+        emit("reliable messages through the proxy, one per call, \(self.senders) senders: \(Int(rate)) messages/s (target ≥ 20,000)")
+        let batchedRate = try await self.reliable(port: port, topic: "batched.backend")
+        emit(
+            "reliable messages through the proxy, up to \(self.messageBatch) per call, \(self.senders) senders: \(Int(batchedRate)) messages/s (target ≥ 20,000)"
+        )
 
         try writeJSON(
             Results(
@@ -141,6 +154,8 @@ struct BackendBench: AsyncParsableCommand {
                 publicationsPerSecondBatched: batched,
                 batch: self.batch,
                 reliableMessagesPerSecond: rate,
+                reliableMessagesPerSecondBatched: batchedRate,
+                messageBatch: self.messageBatch,
                 messages: self.messages,
                 senders: self.senders,
                 proxyConnections: self.proxyConnections
@@ -186,8 +201,8 @@ struct BackendBench: AsyncParsableCommand {
         return Double(published) / (ContinuousClock.now - started).totalSeconds
     }
 
-    /// Messages per second: from the first send until every message's outcome is known.
-    private func reliable(port: Int) async throws -> Double {
+    /// Messages per second on `topic`: from the first send until every message's outcome is known.
+    private func reliable(port: Int, topic: String) async throws -> Double {
         let (messages, senders) = (self.messages, self.senders)
         let perSender = messages / senders
         let body = ByteBuffer(repeating: UInt8(ascii: "m"), count: 32)
@@ -197,7 +212,7 @@ struct BackendBench: AsyncParsableCommand {
                 group.addTask {
                     var configuration = ClientConfiguration(
                         endpoints: [Endpoint(host: "127.0.0.1", port: port)],
-                        clientID: "sender-\(sender)"
+                        clientID: "\(topic)-sender-\(sender)"
                     )
                     configuration.reliability = try .init(outbox: InMemoryOutboxStore(), capacity: max(perSender, 1_000))
                     let client = try TetherClient(configuration: configuration, logger: Peer.logger)
@@ -205,7 +220,7 @@ struct BackendBench: AsyncParsableCommand {
                         inner.addTask { try await client.run() }
                         var receipts: [MessageReceipt] = []
                         for index in 0..<perSender {
-                            receipts.append(try await client.send("bench.backend", body: body, conversation: "c\(index % 4)"))
+                            receipts.append(try await client.send(topic, body: body, conversation: "c\(index % 4)"))
                         }
                         for receipt in receipts {
                             guard case .acknowledged = await client.outcome(of: receipt) else {
@@ -238,6 +253,30 @@ struct BackendServe: AsyncParsableCommand {
             _ = try await request.body.collect(upTo: 1 << 20)
             return Response(status: .ok)
         }
+        // The batch event: the messages decoded (as a backend would), one result each.
+        struct Batch: Decodable {
+            struct Message: Decodable {
+                var topic: String
+                var idempotencyKey: String
+                var data: String?
+                var dataBase64: String?
+
+                enum CodingKeys: String, CodingKey {
+                    case topic, data
+                    case idempotencyKey = "idempotency_key"
+                    case dataBase64 = "data_base64"
+                }
+            }
+            var messages: [Message]
+        }
+        router.post("/tether/messages") { request, _ in
+            let body = try await request.body.collect(upTo: 16 << 20)
+            let batch = try JSONDecoder().decode(Batch.self, from: Data(body.readableBytesView))
+            let results = "{\"results\":[" + Array(repeating: #"{"status":200}"#, count: batch.messages.count).joined(separator: ",") + "]}"
+            var headers = HTTPFields()
+            headers[.contentType] = "application/json"
+            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: results)))
+        }
         var logger = Logger(label: "backend")
         logger.logLevel = .error
         let application = Application(
@@ -264,6 +303,9 @@ struct BackendGateway: AsyncParsableCommand {
     @Option(help: "Connections the proxy keeps to the backend.")
     var connections = 8
 
+    @Option(help: "The most messages in one call for the batch event's topics (batched.*).")
+    var messageBatch = 64
+
     func run() async throws {
         var configuration = GatewayConfiguration.defaults
         configuration.listen = .init(host: "127.0.0.1", port: 0)
@@ -276,8 +318,15 @@ struct BackendGateway: AsyncParsableCommand {
             httpClient: client,
             logger: Peer.logger
         )
+        // A second proxy for batched.*: its messages go to the backend up to messageBatch per call.
+        let batched = try BackendProxy(
+            configuration: try BackendConfiguration(url: self.backend, messages: ["batched.*"], messageBatch: self.messageBatch),
+            httpClient: client,
+            logger: Peer.logger
+        )
         let gateway = try Gateway(configuration: configuration, messageStore: InMemoryMessageStore(), logger: Peer.logger)
         proxy.install(on: gateway)
+        batched.install(on: gateway)
         gateway.handleInline("echo") { request, _ in request.body }
         let api = ServerAPIService(
             gateway: gateway,

@@ -9,6 +9,8 @@
 - POST /tether/message/chat.*     a client's reliable message: processed once, whatever the
                                   retries, because its Idempotency-Key is kept in SQLite in the
                                   same transaction as the message's effect
+- POST /tether/messages           several reliable messages at once (--backend-message-batch N):
+                                  each processed once as above, one result each, in order
 - POST /tether/authorize          may a client use a channel (--backend-channel)? Channels
                                   starting with "staff." are for alice only
 - POST /tether/disconnect         a client's connection closed (--backend-disconnect): noted
@@ -19,6 +21,7 @@ published to the channel `orders`. Run: python3 backend.py --port 5000 --db back
 """
 
 import argparse
+import base64
 import json
 import os
 import sqlite3
@@ -72,6 +75,7 @@ class Handler(BaseHTTPRequestHandler):
     backend: Backend = None
     disconnects = []  # (client, connection, reason), in the order they came
     disconnects_lock = threading.Lock()
+    largest_batch = 0  # the most messages one /tether/messages call brought
 
     def log_message(self, format, *args):
         pass
@@ -104,8 +108,16 @@ class Handler(BaseHTTPRequestHandler):
             }
             with self.disconnects_lock:
                 disconnects = [{"client": c, "connection": n, "reason": r} for c, n, r in self.disconnects]
+                largest_batch = Handler.largest_batch
             return self.answer(
-                200, {"processed": processed, "orders": orders, "conversations": conversations, "disconnects": disconnects}
+                200,
+                {
+                    "processed": processed,
+                    "orders": orders,
+                    "conversations": conversations,
+                    "disconnects": disconnects,
+                    "largest_batch": largest_batch,
+                },
             )
         self.answer(404, "no such page")
 
@@ -119,6 +131,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.on_request(path[len("/tether/request/"):], body)
         if path.startswith("/tether/message/"):
             return self.on_message(path[len("/tether/message/"):], body)
+        if path == "/tether/messages":
+            return self.on_messages(json.loads(body)["messages"])
         if path == "/tether/authorize":
             event = json.loads(body)
             if event["channel"].startswith("staff.") and event["client"] != "alice":
@@ -166,6 +180,27 @@ class Handler(BaseHTTPRequestHandler):
         sequence = int(self.headers["Tether-Sequence"])
         if body == b"refuse me":
             return self.answer(422, "refused by the backend")
+        self.process(key, client, conversation, sequence, topic, body)
+        self.answer(200)
+
+    def on_messages(self, messages):
+        """The batch event: one result per message, in order. Each message is processed in a
+        transaction of its own, so that a refusal or a failure of one leaves the others done."""
+        with self.disconnects_lock:
+            Handler.largest_batch = max(Handler.largest_batch, len(messages))
+        results = []
+        for message in messages:
+            body = base64.b64decode(message["data_base64"]) if "data_base64" in message else message["data"].encode()
+            if body == b"refuse me":
+                results.append({"status": 422, "message": "refused by the backend"})
+                continue
+            self.process(
+                message["idempotency_key"], message["client"], message["conversation"], message["sequence"], message["topic"], body
+            )
+            results.append({"status": 200})
+        self.answer(200, {"results": results})
+
+    def process(self, key, client, conversation, sequence, topic, body):
         db = self.backend.db()
         # The key and the message's effect in one transaction: a retried message (the same key)
         # finds its key and changes nothing; either both are written or neither.
@@ -181,7 +216,6 @@ class Handler(BaseHTTPRequestHandler):
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        self.answer(200)
 
 
 def main():

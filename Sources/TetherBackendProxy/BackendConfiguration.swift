@@ -30,6 +30,12 @@ public struct BackendConfiguration: Sendable {
     /// The reliable-message topics processed by the backend (`POST /tether/message/TOPIC`),
     /// as ``requests``.
     public var messages: [String]
+    /// The most reliable messages in one call to the backend. 1: one call per message
+    /// (`POST /tether/message/TOPIC`, gRPC `Message`); above 1, the messages waiting at once go
+    /// together (`POST /tether/messages`, gRPC `Messages`), each with its idempotency key and
+    /// its own outcome, at most two such calls under way: for a backend that handles the
+    /// batch event.
+    public var messageBatch: Int
     /// How long a connect or a message call may take; a request's own deadline bounds its call.
     public var timeout: Duration
     /// The most calls under way at once on this node; more wait for a slot (their clients are
@@ -61,7 +67,8 @@ public struct BackendConfiguration: Sendable {
 
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration`` for a URL
     ///   that is not `http://`, `https://` or `grpc://HOST:PORT`, nothing to proxy, an empty or reserved (`$…`)
-    ///   pattern, a `*` anywhere but at the end, or a limit that is not positive.
+    ///   pattern, a `*` anywhere but at the end, a limit that is not positive, or a
+    ///   `messageBatch` outside 1…1,000.
     public init(
         url: String,
         connect: Bool = false,
@@ -69,6 +76,7 @@ public struct BackendConfiguration: Sendable {
         channels: [String] = [],
         requests: [String] = [],
         messages: [String] = [],
+        messageBatch: Int = 1,
         timeout: Duration = .seconds(5),
         maxConcurrentCalls: Int = 256,
         maxResponseBytes: Int = 4 << 20,
@@ -115,6 +123,12 @@ public struct BackendConfiguration: Sendable {
                 )
             }
         }
+        guard (1...1_000).contains(messageBatch) else {
+            throw GatewayError(
+                code: .invalidConfiguration,
+                message: "the backend's messageBatch must be 1 (one call per message) to 1,000, got \(messageBatch)"
+            )
+        }
         guard timeout > .zero, maxConcurrentCalls > 0, maxResponseBytes > 0, breaker.failures > 0, breaker.openFor > .zero else {
             throw GatewayError(
                 code: .invalidConfiguration,
@@ -127,6 +141,7 @@ public struct BackendConfiguration: Sendable {
         self.channels = patterns
         self.requests = requests
         self.messages = messages
+        self.messageBatch = messageBatch
         self.timeout = timeout
         self.maxConcurrentCalls = maxConcurrentCalls
         self.maxResponseBytes = maxResponseBytes

@@ -26,7 +26,9 @@ public import TetherGateway
 ///   client's deadline passes or it cancels.
 /// - **messages**: with an idempotency key; MESSAGE_ACK leaves only after the backend
 ///   processed it, and a failure leaves the message to be sent again with the same key: a
-///   backend that keeps the keys processes each message once.
+///   backend that keeps the keys processes each message once. With
+///   ``BackendConfiguration/messageBatch`` above 1, the messages waiting go several to a call
+///   (``MessageBatcher``), each with its own key and outcome.
 /// - **disconnect**: a notification when an established connection closes, sent once by
 ///   ``run()`` (at most ``disconnectBuffer`` wait; more are dropped and counted).
 ///
@@ -47,6 +49,8 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     private let disconnects: AsyncStream<Disconnected>
     private let disconnectsInput: AsyncStream<Disconnected>.Continuation
     private let droppedDisconnects = ManagedAtomic<Int>(0)
+    /// Gathers messages into batch calls when ``BackendConfiguration/messageBatch`` is above 1.
+    private let batcher: MessageBatcher<BatchedMessage, Result<MessageOutcome, BackendFailure>>?
 
     /// The most disconnect notifications waiting to be sent; more are dropped (a backend that
     /// is down or slow must not make the gateway hold an unbounded queue).
@@ -87,6 +91,7 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
         self.clock = clock
         self.logger = logger
         self.slots = CallSlots(configuration.maxConcurrentCalls)
+        self.batcher = configuration.messageBatch > 1 ? MessageBatcher(maxMessages: configuration.messageBatch) : nil
         self.breaker = NIOLockedValueBox(CircuitBreaker(configuration.breaker))
         (self.disconnects, self.disconnectsInput) = AsyncStream.makeStream(bufferingPolicy: .bufferingOldest(Self.disconnectBuffer))
         if let target = configuration.grpcTarget {
@@ -264,13 +269,32 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     /// A reliable message on a proxied topic: returns once the backend processed it; throws
     /// ``RequestError`` when it refuses it for good, any other error to leave it unacknowledged.
     func message(_ message: ReliableMessage, _ connection: ConnectionInfo) async throws {
-        let outcome = try await self.guarded { () async throws(BackendFailure) in
-            try await self.transport.calls.message(message, connection, timeout: self.configuration.timeout)
+        let outcome: MessageOutcome
+        if let batcher = self.batcher {
+            outcome = try await batcher.process(BatchedMessage(message: message, connection: connection)) { batch in
+                await self.send(batch)
+            }.get()
+        } else {
+            outcome = try await self.guarded { () async throws(BackendFailure) in
+                try await self.transport.calls.message(message, connection, timeout: self.configuration.timeout)
+            }
         }
         switch outcome {
         case .processed: return
         case .refused(let status, let message): throw RequestError(status, message)
         case .retry(let reason): throw BackendFailure(status: .unavailable, message: reason)
+        }
+    }
+
+    /// One batch call, in a slot and through the breaker as any call; one outcome per message.
+    private func send(_ batch: [BatchedMessage]) async -> [Result<MessageOutcome, BackendFailure>] {
+        do {
+            let outcomes = try await self.guarded { () async throws(BackendFailure) in
+                try await self.transport.calls.messages(batch, timeout: self.configuration.timeout)
+            }
+            return outcomes.map { .success($0) }
+        } catch {
+            return Array(repeating: .failure(error), count: batch.count)
         }
     }
 
@@ -324,6 +348,8 @@ protocol BackendTransport: Sendable {
         _ connection: ConnectionInfo,
         timeout: Duration
     ) async throws(BackendFailure) -> Answered<MessageOutcome>
+    /// Several messages in one call (the batch event); one outcome per message, in order.
+    func messages(_ batch: [BatchedMessage], timeout: Duration) async throws(BackendFailure) -> Answered<[MessageOutcome]>
     func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void>
     func authorize(
         _ access: Access,

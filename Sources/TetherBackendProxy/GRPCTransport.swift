@@ -138,6 +138,48 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         }
     }
 
+    func messages(_ batch: [BatchedMessage], timeout: Duration) async throws(BackendFailure) -> Answered<[MessageOutcome]> {
+        var event = Tether_V1_MessageBatch()
+        event.messages = batch.map { entry in
+            var message = Tether_V1_MessageEvent()
+            message.topic = entry.message.topic
+            message.data = Data(entry.message.body.readableBytesView)
+            message.idempotencyKey = entry.message.idempotencyKey
+            message.client = entry.connection.clientID
+            message.conversation = entry.message.conversation
+            message.sequence = entry.message.sequence
+            return message
+        }
+        let results: [Tether_V1_MessageResult]
+        do {
+            results = try await self.backend.messages(event, metadata: self.metadata, options: Self.options(timeout)).results
+        } catch let error as RPCError where error.isAnswer {
+            // The whole call failed: every message of it comes again, with its key.
+            let outcome = MessageOutcome.retry("the backend answered \(error.code) to the batch; its messages will come again")
+            return Answered(outcome: Array(repeating: outcome, count: batch.count), backendDown: error.isDown)
+        } catch {
+            throw Self.failure(error)
+        }
+        guard results.count == batch.count else {
+            let outcome = MessageOutcome.retry(
+                "the backend gave \(results.count) results for \(batch.count) messages; they will come again"
+            )
+            return Answered(outcome: Array(repeating: outcome, count: batch.count))
+        }
+        return Answered(
+            outcome: results.map { result in
+                guard result.code != 0 else { return .processed }
+                let code = Status.Code(rawValue: Int(result.code)).flatMap { RPCError.Code($0) } ?? .unknown
+                let explicit = result.hasTetherStatus ? UInt16(clamping: result.tetherStatus) : nil
+                if explicit != nil || !RPCError.isRetried(code) {
+                    let message = result.message.isEmpty ? "the backend refused the message" : String(result.message.prefix(1_000))
+                    return .refused(RPCError.tetherStatus(code: code, explicit: explicit), message)
+                }
+                return .retry("the backend answered \(code); the message will come again")
+            }
+        )
+    }
+
     func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void> {
         var event = Tether_V1_DisconnectEvent()
         event.client = connection.clientID
@@ -209,9 +251,11 @@ extension RPCError {
     var isDown: Bool { self.code == .unavailable && !self.hasTetherStatus }
 
     /// A status after which a message comes again (`backend.proto` lists them).
-    var isRetried: Bool {
+    var isRetried: Bool { Self.isRetried(self.code) }
+
+    static func isRetried(_ code: Code) -> Bool {
         [.unavailable, .deadlineExceeded, .resourceExhausted, .aborted, .internalError, .unknown, .unimplemented, .dataLoss, .cancelled]
-            .contains(self.code)
+            .contains(code)
     }
 
     /// The backend's own status (`tether-status` metadata), if it set one.
@@ -222,10 +266,13 @@ extension RPCError {
 
     /// The status the client sees.
     var tetherStatus: StatusCode {
-        if let value = self.tetherStatusValue, let code = UInt16(value), code != 0 {
-            return StatusCode(rawValue: code)
-        }
-        switch self.code {
+        Self.tetherStatus(code: self.code, explicit: self.tetherStatusValue.flatMap { UInt16($0) })
+    }
+
+    /// The status the client sees for `code`, or Tether's own (`explicit`) if the backend gave one.
+    static func tetherStatus(code: Code, explicit: UInt16?) -> StatusCode {
+        if let explicit, explicit != 0 { return StatusCode(rawValue: explicit) }
+        switch code {
         case .invalidArgument, .alreadyExists, .failedPrecondition, .outOfRange: return .invalidRequest
         case .unauthenticated: return .unauthenticated
         case .permissionDenied: return .permissionDenied

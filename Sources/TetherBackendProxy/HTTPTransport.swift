@@ -14,7 +14,9 @@ import TetherGateway
 ///   an `Identity`, 401 and 403 refuse the client.
 /// - **requests**: `POST /tether/request/METHOD` with the body; a 2xx answer is the RESPONSE.
 /// - **messages**: `POST /tether/message/TOPIC` with an `Idempotency-Key`; a 2xx is processed,
-///   a 4xx (or `Tether-Status`) a refusal, anything else a retry.
+///   a 4xx (or `Tether-Status`) a refusal, anything else a retry. Or, with
+///   ``BackendConfiguration/messageBatch`` above 1, several at once: `POST /tether/messages`
+///   (JSON) answered with one result per message.
 /// - **disconnect**: `POST /tether/disconnect` (JSON), whatever it answers.
 /// - **channel access**: `POST /tether/authorize` (JSON); a 2xx allows, another status refuses.
 struct HTTPTransport: BackendTransport {
@@ -108,15 +110,80 @@ struct HTTPTransport: BackendTransport {
             body: message.body,
             timeout: timeout
         )
-        if (200..<300).contains(answer.status) { return Answered(outcome: .processed) }
-        if answer.headers.first(name: "Tether-Status") != nil || (400..<500).contains(answer.status) && ![408, 429].contains(answer.status)
-        {
-            return Answered(outcome: .refused(answer.tetherStatus, answer.errorMessage))
+        let outcome = Self.messageOutcome(
+            status: answer.status,
+            explicit: answer.headers.first(name: "Tether-Status").flatMap { UInt16($0) },
+            message: answer.errorMessage
+        )
+        if case .retry = outcome { return Answered(outcome: outcome, backendDown: answer.isDown) }
+        return Answered(outcome: outcome)
+    }
+
+    func messages(_ batch: [BatchedMessage], timeout: Duration) async throws(BackendFailure) -> Answered<[MessageOutcome]> {
+        let event = MessagesEvent(
+            messages: batch.map { entry in
+                var item = MessagesEvent.Item(
+                    topic: entry.message.topic,
+                    idempotencyKey: entry.message.idempotencyKey,
+                    client: entry.connection.clientID,
+                    conversation: entry.message.conversation,
+                    sequence: entry.message.sequence
+                )
+                let bytes = entry.message.body.readableBytesView
+                if let text = String(validating: bytes, as: UTF8.self) {
+                    item.data = text
+                } else {
+                    item.dataBase64 = Data(bytes).base64EncodedString()
+                }
+                return item
+            }
+        )
+        let answer = try await self.post(event, to: "messages", timeout: timeout)
+        guard (200..<300).contains(answer.status) else {
+            // The whole call failed: every message of it comes again, with its key.
+            let outcome = MessageOutcome.retry("the backend answered \(answer.status) to the batch; its messages will come again")
+            return Answered(outcome: Array(repeating: outcome, count: batch.count), backendDown: answer.isDown)
+        }
+        guard let results = try? JSONDecoder().decode(MessagesAnswer.self, from: answer.body).results, results.count == batch.count else {
+            self.logger.error("the backend's messages answer is not one result per message", metadata: ["messages": "\(batch.count)"])
+            let outcome = MessageOutcome.retry("the backend's answer to the batch could not be read; its messages will come again")
+            return Answered(outcome: Array(repeating: outcome, count: batch.count))
         }
         return Answered(
-            outcome: .retry("the backend answered \(answer.status); the message will come again"),
-            backendDown: answer.isDown
+            outcome: results.map { result in
+                Self.messageOutcome(
+                    status: result.status,
+                    explicit: result.tetherStatus,
+                    message: result.message ?? "the backend answered \(result.status)"
+                )
+            }
         )
+    }
+
+    /// A message's outcome from its status: 2xx processed; a 4xx other than 408 and 429 (or
+    /// Tether's own status) refused for good; anything else retried.
+    static func messageOutcome(status: Int, explicit: UInt16?, message: String) -> MessageOutcome {
+        if (200..<300).contains(status) { return .processed }
+        if explicit != nil || (400..<500).contains(status) && ![408, 429].contains(status) {
+            return .refused(Self.tetherStatus(status: status, explicit: explicit), message)
+        }
+        return .retry("the backend answered \(status); the message will come again")
+    }
+
+    /// The status a client sees for a backend's non-2xx answer: Tether's own (`Tether-Status`)
+    /// if given, else mapped from the HTTP status.
+    static func tetherStatus(status: Int, explicit: UInt16?) -> StatusCode {
+        if let explicit, explicit != 0 { return StatusCode(rawValue: explicit) }
+        switch status {
+        case 400, 409, 422: return .invalidRequest
+        case 401: return .unauthenticated
+        case 403: return .permissionDenied
+        case 404: return .unknownMethod
+        case 408, 504: return .deadlineExceeded
+        case 429: return .resourceExhausted
+        case 503: return .unavailable
+        default: return .internalError
+        }
     }
 
     // MARK: Calls
@@ -129,19 +196,7 @@ struct HTTPTransport: BackendTransport {
 
         /// The status the client sees for a non-2xx answer.
         var tetherStatus: StatusCode {
-            if let header = self.headers.first(name: "Tether-Status"), let code = UInt16(header), code != 0 {
-                return StatusCode(rawValue: code)
-            }
-            switch self.status {
-            case 400, 409, 422: return .invalidRequest
-            case 401: return .unauthenticated
-            case 403: return .permissionDenied
-            case 404: return .unknownMethod
-            case 408, 504: return .deadlineExceeded
-            case 429: return .resourceExhausted
-            case 503: return .unavailable
-            default: return .internalError
-            }
+            HTTPTransport.tetherStatus(status: self.status, explicit: self.headers.first(name: "Tether-Status").flatMap { UInt16($0) })
         }
 
         /// A 502/503/504 without Tether's own status: the backend (or its proxy) is down.
@@ -277,6 +332,43 @@ struct ConnectEvent: Encodable {
         case tokenBase64 = "token_base64"
         case userAgent = "user_agent"
         case remoteAddress = "remote_address"
+    }
+}
+
+/// What `POST /tether/messages` sends: reliable messages, in the order they were taken.
+struct MessagesEvent: Encodable {
+    var messages: [Item]
+
+    struct Item: Encodable {
+        var topic: String
+        var idempotencyKey: String
+        var client: String
+        var conversation: String
+        var sequence: UInt64
+        var data: String?
+        var dataBase64: String?
+
+        enum CodingKeys: String, CodingKey {
+            case topic, client, conversation, sequence, data
+            case idempotencyKey = "idempotency_key"
+            case dataBase64 = "data_base64"
+        }
+    }
+}
+
+/// What `POST /tether/messages` answers: one result per message, in order.
+struct MessagesAnswer: Decodable {
+    var results: [Result]
+
+    struct Result: Decodable {
+        var status: Int
+        var tetherStatus: UInt16?
+        var message: String?
+
+        enum CodingKeys: String, CodingKey {
+            case status, message
+            case tetherStatus = "tether_status"
+        }
     }
 }
 

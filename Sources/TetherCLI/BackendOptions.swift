@@ -77,6 +77,15 @@ struct BackendOptions: ParsableArguments {
     @Option(name: .customLong("backend-max-calls"), help: "With --backend: the most calls to the backend under way at once (default: 256).")
     var maxCalls: Int?
 
+    @Option(
+        name: .customLong("backend-message-batch"),
+        help: """
+            With --backend: the most reliable messages in one call (default: 1, a call per message). Above 1, the messages \
+            waiting at once go together to URL/tether/messages (gRPC Messages), each with its own key and outcome.
+            """
+    )
+    var messageBatch: Int?
+
     /// The event proxy, if `--backend` is given (or the configuration file's `backend`); an
     /// option wins over the file.
     func proxy(file: ServeFile?, logger: Logger) throws -> BackendProxy? {
@@ -96,6 +105,7 @@ struct BackendOptions: ParsableArguments {
                 channels: self.channels.isEmpty ? fromFile?.channels ?? [] : self.channels,
                 requests: self.requests.isEmpty ? fromFile?.requests ?? [] : self.requests,
                 messages: self.messages.isEmpty ? fromFile?.messages ?? [] : self.messages,
+                messageBatch: self.messageBatch ?? fromFile?.messageBatch ?? 1,
                 timeout: try duration(seconds: self.timeoutSeconds ?? fromFile?.timeoutSeconds ?? 5, option: "backend-timeout"),
                 maxConcurrentCalls: self.maxCalls ?? fromFile?.maxCalls ?? 256,
                 authorization: ProcessInfo.processInfo.environment["TETHER_BACKEND_AUTHORIZATION"] ?? fromFile?.authorization
@@ -107,7 +117,7 @@ struct BackendOptions: ParsableArguments {
             "the backend answers",
             metadata: [
                 "url": "\(configuration.url)", "connect": "\(configuration.connect)", "requests": "\(configuration.requests)",
-                "messages": "\(configuration.messages)",
+                "messages": "\(configuration.messages)", "message_batch": "\(configuration.messageBatch)",
             ]
         )
         return try BackendProxy(configuration: configuration, logger: Logger(label: "tether.backend"))

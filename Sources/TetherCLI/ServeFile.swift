@@ -20,6 +20,7 @@ import Yams
 ///   messages: ["chat.*"]
 ///   timeout_seconds: 5
 ///   max_calls: 256
+///   message_batch: 1       # above 1: several messages per call (POST /tether/messages)
 /// channels:
 ///   - pattern: "room.*"
 ///     history: 1000
@@ -54,12 +55,14 @@ struct ServeFile: Decodable, Equatable {
         var messages: [String]?
         var timeoutSeconds: Double?
         var maxCalls: Int?
+        var messageBatch: Int?
         var authorization: String?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
             case url, connect, disconnect, channels, requests, messages, authorization
             case timeoutSeconds = "timeout_seconds"
             case maxCalls = "max_calls"
+            case messageBatch = "message_batch"
         }
     }
 

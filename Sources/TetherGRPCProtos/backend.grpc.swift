@@ -77,6 +77,19 @@ public enum Tether_V1_Backend: Sendable {
                 type: .unary
             )
         }
+        /// Namespace for "Messages" metadata.
+        public enum Messages: Sendable {
+            /// Request type for "Messages".
+            public typealias Input = Tether_V1_MessageBatch
+            /// Response type for "Messages".
+            public typealias Output = Tether_V1_MessageResults
+            /// Descriptor for "Messages".
+            public static let descriptor = GRPCCore.MethodDescriptor(
+                service: GRPCCore.ServiceDescriptor(fullyQualifiedService: "tether.v1.Backend"),
+                method: "Messages",
+                type: .unary
+            )
+        }
         /// Namespace for "Disconnect" metadata.
         public enum Disconnect: Sendable {
             /// Request type for "Disconnect".
@@ -108,6 +121,7 @@ public enum Tether_V1_Backend: Sendable {
             Connect.descriptor,
             Request.descriptor,
             Message.descriptor,
+            Messages.descriptor,
             Disconnect.descriptor,
             Authorize.descriptor
         ]
@@ -200,6 +214,31 @@ extension Tether_V1_Backend {
             request: GRPCCore.StreamingServerRequest<Tether_V1_MessageEvent>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_MessageReply>
+
+        /// Handle the "Messages" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+        /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+        /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+        /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+        /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+        /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+        /// > answer in time), or a reply with another number of results, leaves every message of it to
+        /// > come again.
+        ///
+        /// - Parameters:
+        ///   - request: A streaming request of `Tether_V1_MessageBatch` messages.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A streaming response of `Tether_V1_MessageResults` messages.
+        func messages(
+            request: GRPCCore.StreamingServerRequest<Tether_V1_MessageBatch>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_MessageResults>
 
         /// Handle the "Disconnect" method.
         ///
@@ -317,6 +356,31 @@ extension Tether_V1_Backend {
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageReply>
 
+        /// Handle the "Messages" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+        /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+        /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+        /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+        /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+        /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+        /// > answer in time), or a reply with another number of results, leaves every message of it to
+        /// > come again.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_MessageBatch` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A response containing a single `Tether_V1_MessageResults` message.
+        func messages(
+            request: GRPCCore.ServerRequest<Tether_V1_MessageBatch>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageResults>
+
         /// Handle the "Disconnect" method.
         ///
         /// > Source IDL Documentation:
@@ -431,6 +495,31 @@ extension Tether_V1_Backend {
             context: GRPCCore.ServerContext
         ) async throws -> Tether_V1_MessageReply
 
+        /// Handle the "Messages" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+        /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+        /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+        /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+        /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+        /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+        /// > answer in time), or a reply with another number of results, leaves every message of it to
+        /// > come again.
+        ///
+        /// - Parameters:
+        ///   - request: A `Tether_V1_MessageBatch` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A `Tether_V1_MessageResults` to respond with.
+        func messages(
+            request: Tether_V1_MessageBatch,
+            context: GRPCCore.ServerContext
+        ) async throws -> Tether_V1_MessageResults
+
         /// Handle the "Disconnect" method.
         ///
         /// > Source IDL Documentation:
@@ -513,6 +602,17 @@ extension Tether_V1_Backend.StreamingServiceProtocol {
             }
         )
         router.registerHandler(
+            forMethod: Tether_V1_Backend.Method.Messages.descriptor,
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_MessageBatch>(),
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_MessageResults>(),
+            handler: { request, context in
+                try await self.messages(
+                    request: request,
+                    context: context
+                )
+            }
+        )
+        router.registerHandler(
             forMethod: Tether_V1_Backend.Method.Disconnect.descriptor,
             deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_DisconnectEvent>(),
             serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_DisconnectReply>(),
@@ -567,6 +667,17 @@ extension Tether_V1_Backend.ServiceProtocol {
         context: GRPCCore.ServerContext
     ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_MessageReply> {
         let response = try await self.message(
+            request: GRPCCore.ServerRequest(stream: request),
+            context: context
+        )
+        return GRPCCore.StreamingServerResponse(single: response)
+    }
+
+    public func messages(
+        request: GRPCCore.StreamingServerRequest<Tether_V1_MessageBatch>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_MessageResults> {
+        let response = try await self.messages(
             request: GRPCCore.ServerRequest(stream: request),
             context: context
         )
@@ -631,6 +742,19 @@ extension Tether_V1_Backend.SimpleServiceProtocol {
     ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageReply> {
         return GRPCCore.ServerResponse<Tether_V1_MessageReply>(
             message: try await self.message(
+                request: request.message,
+                context: context
+            ),
+            metadata: [:]
+        )
+    }
+
+    public func messages(
+        request: GRPCCore.ServerRequest<Tether_V1_MessageBatch>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.ServerResponse<Tether_V1_MessageResults> {
+        return GRPCCore.ServerResponse<Tether_V1_MessageResults>(
+            message: try await self.messages(
                 request: request.message,
                 context: context
             ),
@@ -752,6 +876,36 @@ extension Tether_V1_Backend {
             deserializer: some GRPCCore.MessageDeserializer<Tether_V1_MessageReply>,
             options: GRPCCore.CallOptions,
             onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageReply>) async throws -> Result
+        ) async throws -> Result where Result: Sendable
+
+        /// Call the "Messages" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+        /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+        /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+        /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+        /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+        /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+        /// > answer in time), or a reply with another number of results, leaves every message of it to
+        /// > come again.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_MessageBatch` message.
+        ///   - serializer: A serializer for `Tether_V1_MessageBatch` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_MessageResults` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        func messages<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_MessageBatch>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_MessageBatch>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_MessageResults>,
+            options: GRPCCore.CallOptions,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageResults>) async throws -> Result
         ) async throws -> Result where Result: Sendable
 
         /// Call the "Disconnect" method.
@@ -936,6 +1090,47 @@ extension Tether_V1_Backend {
             )
         }
 
+        /// Call the "Messages" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+        /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+        /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+        /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+        /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+        /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+        /// > answer in time), or a reply with another number of results, leaves every message of it to
+        /// > come again.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_MessageBatch` message.
+        ///   - serializer: A serializer for `Tether_V1_MessageBatch` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_MessageResults` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        public func messages<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_MessageBatch>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_MessageBatch>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_MessageResults>,
+            options: GRPCCore.CallOptions = .defaults,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageResults>) async throws -> Result = { response in
+                try response.message
+            }
+        ) async throws -> Result where Result: Sendable {
+            try await self.client.unary(
+                request: request,
+                descriptor: Tether_V1_Backend.Method.Messages.descriptor,
+                serializer: serializer,
+                deserializer: deserializer,
+                options: options,
+                onResponse: handleResponse
+            )
+        }
+
         /// Call the "Disconnect" method.
         ///
         /// > Source IDL Documentation:
@@ -1113,6 +1308,42 @@ extension Tether_V1_Backend.ClientProtocol {
         )
     }
 
+    /// Call the "Messages" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+    /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+    /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+    /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+    /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+    /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+    /// > answer in time), or a reply with another number of results, leaves every message of it to
+    /// > come again.
+    ///
+    /// - Parameters:
+    ///   - request: A request containing a single `Tether_V1_MessageBatch` message.
+    ///   - options: Options to apply to this RPC.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func messages<Result>(
+        request: GRPCCore.ClientRequest<Tether_V1_MessageBatch>,
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageResults>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        try await self.messages(
+            request: request,
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_MessageBatch>(),
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_MessageResults>(),
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
     /// Call the "Disconnect" method.
     ///
     /// > Source IDL Documentation:
@@ -1285,6 +1516,46 @@ extension Tether_V1_Backend.ClientProtocol {
             metadata: metadata
         )
         return try await self.message(
+            request: request,
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "Messages" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Several reliable messages in one call, instead of one Message call each, when the gateway
+    /// > is configured for it (`--backend-message-batch N`, N > 1): the messages waiting at once,
+    /// > in order, each with its own `idempotency_key`. The reply has one result per message, in
+    /// > the same order: `code` OK (0) processed it; a code listed under Message as retried (without
+    /// > `tether_status`) leaves that message unacknowledged, to come again with its key; any other
+    /// > code, or a `tether_status`, refuses it for good. A call that fails as a whole (a status, no
+    /// > answer in time), or a reply with another number of results, leaves every message of it to
+    /// > come again.
+    ///
+    /// - Parameters:
+    ///   - message: request message to send.
+    ///   - metadata: Additional metadata to send, defaults to empty.
+    ///   - options: Options to apply to this RPC, defaults to `.defaults`.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func messages<Result>(
+        _ message: Tether_V1_MessageBatch,
+        metadata: GRPCCore.Metadata = [:],
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_MessageResults>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        let request = GRPCCore.ClientRequest<Tether_V1_MessageBatch>(
+            message: message,
+            metadata: metadata
+        )
+        return try await self.messages(
             request: request,
             options: options,
             onResponse: handleResponse

@@ -139,6 +139,32 @@ public enum Tether_V1_ServerAPI: Sendable {
                 type: .unary
             )
         }
+        /// Namespace for "RefreshClient" metadata.
+        public enum RefreshClient: Sendable {
+            /// Request type for "RefreshClient".
+            public typealias Input = Tether_V1_RefreshClientRequest
+            /// Response type for "RefreshClient".
+            public typealias Output = Tether_V1_ClientConnectionCount
+            /// Descriptor for "RefreshClient".
+            public static let descriptor = GRPCCore.MethodDescriptor(
+                service: GRPCCore.ServiceDescriptor(fullyQualifiedService: "tether.v1.ServerAPI"),
+                method: "RefreshClient",
+                type: .unary
+            )
+        }
+        /// Namespace for "ExpireClient" metadata.
+        public enum ExpireClient: Sendable {
+            /// Request type for "ExpireClient".
+            public typealias Input = Tether_V1_ExpireClientRequest
+            /// Response type for "ExpireClient".
+            public typealias Output = Tether_V1_ClientConnectionCount
+            /// Descriptor for "ExpireClient".
+            public static let descriptor = GRPCCore.MethodDescriptor(
+                service: GRPCCore.ServiceDescriptor(fullyQualifiedService: "tether.v1.ServerAPI"),
+                method: "ExpireClient",
+                type: .unary
+            )
+        }
         /// Descriptors for all methods in the "tether.v1.ServerAPI" service.
         public static let descriptors: [GRPCCore.MethodDescriptor] = [
             Publish.descriptor,
@@ -148,7 +174,9 @@ public enum Tether_V1_ServerAPI: Sendable {
             ChannelPresence.descriptor,
             ClientConnections.descriptor,
             RoomMembers.descriptor,
-            DisconnectClient.descriptor
+            DisconnectClient.descriptor,
+            RefreshClient.descriptor,
+            ExpireClient.descriptor
         ]
     }
 }
@@ -317,7 +345,8 @@ extension Tether_V1_ServerAPI {
         /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
         /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
         /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-        /// > `retry_after_ms`.
+        /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+        /// > those of RefreshClient and ExpireClient).
         ///
         /// - Parameters:
         ///   - request: A streaming request of `Tether_V1_DisconnectClientRequest` messages.
@@ -330,6 +359,48 @@ extension Tether_V1_ServerAPI {
             request: GRPCCore.StreamingServerRequest<Tether_V1_DisconnectClientRequest>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectClientResponse>
+
+        /// Handle the "RefreshClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+        /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+        /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+        /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+        /// > first. Connections whose credentials did not expire get this expiry.
+        ///
+        /// - Parameters:
+        ///   - request: A streaming request of `Tether_V1_RefreshClientRequest` messages.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A streaming response of `Tether_V1_ClientConnectionCount` messages.
+        func refreshClient(
+            request: GRPCCore.StreamingServerRequest<Tether_V1_RefreshClientRequest>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_ClientConnectionCount>
+
+        /// Handle the "ExpireClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+        /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+        /// > without `reconnect` it would stop connecting instead).
+        ///
+        /// - Parameters:
+        ///   - request: A streaming request of `Tether_V1_ExpireClientRequest` messages.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A streaming response of `Tether_V1_ClientConnectionCount` messages.
+        func expireClient(
+            request: GRPCCore.StreamingServerRequest<Tether_V1_ExpireClientRequest>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_ClientConnectionCount>
     }
 
     /// Service protocol for the "tether.v1.ServerAPI" service.
@@ -482,7 +553,8 @@ extension Tether_V1_ServerAPI {
         /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
         /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
         /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-        /// > `retry_after_ms`.
+        /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+        /// > those of RefreshClient and ExpireClient).
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_DisconnectClientRequest` message.
@@ -495,6 +567,48 @@ extension Tether_V1_ServerAPI {
             request: GRPCCore.ServerRequest<Tether_V1_DisconnectClientRequest>,
             context: GRPCCore.ServerContext
         ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectClientResponse>
+
+        /// Handle the "RefreshClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+        /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+        /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+        /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+        /// > first. Connections whose credentials did not expire get this expiry.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_RefreshClientRequest` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A response containing a single `Tether_V1_ClientConnectionCount` message.
+        func refreshClient(
+            request: GRPCCore.ServerRequest<Tether_V1_RefreshClientRequest>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount>
+
+        /// Handle the "ExpireClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+        /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+        /// > without `reconnect` it would stop connecting instead).
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_ExpireClientRequest` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A response containing a single `Tether_V1_ClientConnectionCount` message.
+        func expireClient(
+            request: GRPCCore.ServerRequest<Tether_V1_ExpireClientRequest>,
+            context: GRPCCore.ServerContext
+        ) async throws -> GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount>
     }
 
     /// Simple service protocol for the "tether.v1.ServerAPI" service.
@@ -645,7 +759,8 @@ extension Tether_V1_ServerAPI {
         /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
         /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
         /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-        /// > `retry_after_ms`.
+        /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+        /// > those of RefreshClient and ExpireClient).
         ///
         /// - Parameters:
         ///   - request: A `Tether_V1_DisconnectClientRequest` message.
@@ -658,6 +773,48 @@ extension Tether_V1_ServerAPI {
             request: Tether_V1_DisconnectClientRequest,
             context: GRPCCore.ServerContext
         ) async throws -> Tether_V1_DisconnectClientResponse
+
+        /// Handle the "RefreshClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+        /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+        /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+        /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+        /// > first. Connections whose credentials did not expire get this expiry.
+        ///
+        /// - Parameters:
+        ///   - request: A `Tether_V1_RefreshClientRequest` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A `Tether_V1_ClientConnectionCount` to respond with.
+        func refreshClient(
+            request: Tether_V1_RefreshClientRequest,
+            context: GRPCCore.ServerContext
+        ) async throws -> Tether_V1_ClientConnectionCount
+
+        /// Handle the "ExpireClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+        /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+        /// > without `reconnect` it would stop connecting instead).
+        ///
+        /// - Parameters:
+        ///   - request: A `Tether_V1_ExpireClientRequest` message.
+        ///   - context: Context providing information about the RPC.
+        /// - Throws: Any error which occurred during the processing of the request. Thrown errors
+        ///     of type `RPCError` are mapped to appropriate statuses. All other errors are converted
+        ///     to an internal error.
+        /// - Returns: A `Tether_V1_ClientConnectionCount` to respond with.
+        func expireClient(
+            request: Tether_V1_ExpireClientRequest,
+            context: GRPCCore.ServerContext
+        ) async throws -> Tether_V1_ClientConnectionCount
     }
 }
 
@@ -753,6 +910,28 @@ extension Tether_V1_ServerAPI.StreamingServiceProtocol {
                 )
             }
         )
+        router.registerHandler(
+            forMethod: Tether_V1_ServerAPI.Method.RefreshClient.descriptor,
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_RefreshClientRequest>(),
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_ClientConnectionCount>(),
+            handler: { request, context in
+                try await self.refreshClient(
+                    request: request,
+                    context: context
+                )
+            }
+        )
+        router.registerHandler(
+            forMethod: Tether_V1_ServerAPI.Method.ExpireClient.descriptor,
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_ExpireClientRequest>(),
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_ClientConnectionCount>(),
+            handler: { request, context in
+                try await self.expireClient(
+                    request: request,
+                    context: context
+                )
+            }
+        )
     }
 }
 
@@ -841,6 +1020,28 @@ extension Tether_V1_ServerAPI.ServiceProtocol {
         context: GRPCCore.ServerContext
     ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_DisconnectClientResponse> {
         let response = try await self.disconnectClient(
+            request: GRPCCore.ServerRequest(stream: request),
+            context: context
+        )
+        return GRPCCore.StreamingServerResponse(single: response)
+    }
+
+    public func refreshClient(
+        request: GRPCCore.StreamingServerRequest<Tether_V1_RefreshClientRequest>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_ClientConnectionCount> {
+        let response = try await self.refreshClient(
+            request: GRPCCore.ServerRequest(stream: request),
+            context: context
+        )
+        return GRPCCore.StreamingServerResponse(single: response)
+    }
+
+    public func expireClient(
+        request: GRPCCore.StreamingServerRequest<Tether_V1_ExpireClientRequest>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.StreamingServerResponse<Tether_V1_ClientConnectionCount> {
+        let response = try await self.expireClient(
             request: GRPCCore.ServerRequest(stream: request),
             context: context
         )
@@ -948,6 +1149,32 @@ extension Tether_V1_ServerAPI.SimpleServiceProtocol {
     ) async throws -> GRPCCore.ServerResponse<Tether_V1_DisconnectClientResponse> {
         return GRPCCore.ServerResponse<Tether_V1_DisconnectClientResponse>(
             message: try await self.disconnectClient(
+                request: request.message,
+                context: context
+            ),
+            metadata: [:]
+        )
+    }
+
+    public func refreshClient(
+        request: GRPCCore.ServerRequest<Tether_V1_RefreshClientRequest>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount> {
+        return GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount>(
+            message: try await self.refreshClient(
+                request: request.message,
+                context: context
+            ),
+            metadata: [:]
+        )
+    }
+
+    public func expireClient(
+        request: GRPCCore.ServerRequest<Tether_V1_ExpireClientRequest>,
+        context: GRPCCore.ServerContext
+    ) async throws -> GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount> {
+        return GRPCCore.ServerResponse<Tether_V1_ClientConnectionCount>(
+            message: try await self.expireClient(
                 request: request.message,
                 context: context
             ),
@@ -1142,7 +1369,8 @@ extension Tether_V1_ServerAPI {
         /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
         /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
         /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-        /// > `retry_after_ms`.
+        /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+        /// > those of RefreshClient and ExpireClient).
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_DisconnectClientRequest` message.
@@ -1159,6 +1387,58 @@ extension Tether_V1_ServerAPI {
             deserializer: some GRPCCore.MessageDeserializer<Tether_V1_DisconnectClientResponse>,
             options: GRPCCore.CallOptions,
             onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_DisconnectClientResponse>) async throws -> Result
+        ) async throws -> Result where Result: Sendable
+
+        /// Call the "RefreshClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+        /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+        /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+        /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+        /// > first. Connections whose credentials did not expire get this expiry.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_RefreshClientRequest` message.
+        ///   - serializer: A serializer for `Tether_V1_RefreshClientRequest` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_ClientConnectionCount` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        func refreshClient<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_RefreshClientRequest>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_RefreshClientRequest>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_ClientConnectionCount>,
+            options: GRPCCore.CallOptions,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result
+        ) async throws -> Result where Result: Sendable
+
+        /// Call the "ExpireClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+        /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+        /// > without `reconnect` it would stop connecting instead).
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_ExpireClientRequest` message.
+        ///   - serializer: A serializer for `Tether_V1_ExpireClientRequest` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_ClientConnectionCount` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        func expireClient<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_ExpireClientRequest>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_ExpireClientRequest>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_ClientConnectionCount>,
+            options: GRPCCore.CallOptions,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result
         ) async throws -> Result where Result: Sendable
     }
 
@@ -1432,7 +1712,8 @@ extension Tether_V1_ServerAPI {
         /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
         /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
         /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-        /// > `retry_after_ms`.
+        /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+        /// > those of RefreshClient and ExpireClient).
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_DisconnectClientRequest` message.
@@ -1455,6 +1736,80 @@ extension Tether_V1_ServerAPI {
             try await self.client.unary(
                 request: request,
                 descriptor: Tether_V1_ServerAPI.Method.DisconnectClient.descriptor,
+                serializer: serializer,
+                deserializer: deserializer,
+                options: options,
+                onResponse: handleResponse
+            )
+        }
+
+        /// Call the "RefreshClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+        /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+        /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+        /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+        /// > first. Connections whose credentials did not expire get this expiry.
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_RefreshClientRequest` message.
+        ///   - serializer: A serializer for `Tether_V1_RefreshClientRequest` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_ClientConnectionCount` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        public func refreshClient<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_RefreshClientRequest>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_RefreshClientRequest>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_ClientConnectionCount>,
+            options: GRPCCore.CallOptions = .defaults,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+                try response.message
+            }
+        ) async throws -> Result where Result: Sendable {
+            try await self.client.unary(
+                request: request,
+                descriptor: Tether_V1_ServerAPI.Method.RefreshClient.descriptor,
+                serializer: serializer,
+                deserializer: deserializer,
+                options: options,
+                onResponse: handleResponse
+            )
+        }
+
+        /// Call the "ExpireClient" method.
+        ///
+        /// > Source IDL Documentation:
+        /// >
+        /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+        /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+        /// > without `reconnect` it would stop connecting instead).
+        ///
+        /// - Parameters:
+        ///   - request: A request containing a single `Tether_V1_ExpireClientRequest` message.
+        ///   - serializer: A serializer for `Tether_V1_ExpireClientRequest` messages.
+        ///   - deserializer: A deserializer for `Tether_V1_ClientConnectionCount` messages.
+        ///   - options: Options to apply to this RPC.
+        ///   - handleResponse: A closure which handles the response and returns its result to
+        ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+        ///       already finished.
+        /// - Returns: The result of `handleResponse`.
+        public func expireClient<Result>(
+            request: GRPCCore.ClientRequest<Tether_V1_ExpireClientRequest>,
+            serializer: some GRPCCore.MessageSerializer<Tether_V1_ExpireClientRequest>,
+            deserializer: some GRPCCore.MessageDeserializer<Tether_V1_ClientConnectionCount>,
+            options: GRPCCore.CallOptions = .defaults,
+            onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+                try response.message
+            }
+        ) async throws -> Result where Result: Sendable {
+            try await self.client.unary(
+                request: request,
+                descriptor: Tether_V1_ServerAPI.Method.ExpireClient.descriptor,
                 serializer: serializer,
                 deserializer: deserializer,
                 options: options,
@@ -1686,7 +2041,8 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
     /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
     /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-    /// > `retry_after_ms`.
+    /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+    /// > those of RefreshClient and ExpireClient).
     ///
     /// - Parameters:
     ///   - request: A request containing a single `Tether_V1_DisconnectClientRequest` message.
@@ -1706,6 +2062,70 @@ extension Tether_V1_ServerAPI.ClientProtocol {
             request: request,
             serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_DisconnectClientRequest>(),
             deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_DisconnectClientResponse>(),
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "RefreshClient" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+    /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+    /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+    /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+    /// > first. Connections whose credentials did not expire get this expiry.
+    ///
+    /// - Parameters:
+    ///   - request: A request containing a single `Tether_V1_RefreshClientRequest` message.
+    ///   - options: Options to apply to this RPC.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func refreshClient<Result>(
+        request: GRPCCore.ClientRequest<Tether_V1_RefreshClientRequest>,
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        try await self.refreshClient(
+            request: request,
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_RefreshClientRequest>(),
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_ClientConnectionCount>(),
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "ExpireClient" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+    /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+    /// > without `reconnect` it would stop connecting instead).
+    ///
+    /// - Parameters:
+    ///   - request: A request containing a single `Tether_V1_ExpireClientRequest` message.
+    ///   - options: Options to apply to this RPC.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func expireClient<Result>(
+        request: GRPCCore.ClientRequest<Tether_V1_ExpireClientRequest>,
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        try await self.expireClient(
+            request: request,
+            serializer: GRPCProtobuf.ProtobufSerializer<Tether_V1_ExpireClientRequest>(),
+            deserializer: GRPCProtobuf.ProtobufDeserializer<Tether_V1_ClientConnectionCount>(),
             options: options,
             onResponse: handleResponse
         )
@@ -1962,7 +2382,8 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     /// > Closes every connection of a client id with GOAWAY (PROTOCOL.md 4.8), requests in flight
     /// > answered first. Without `reconnect` (a banned user) the reason is `revoked` and the client
     /// > stops reconnecting; with it, `maintenance`, and the client connects again after
-    /// > `retry_after_ms`.
+    /// > `retry_after_ms`. In a cluster every node closes its own; the count is this node's (so are
+    /// > those of RefreshClient and ExpireClient).
     ///
     /// - Parameters:
     ///   - message: request message to send.
@@ -1985,6 +2406,78 @@ extension Tether_V1_ServerAPI.ClientProtocol {
             metadata: metadata
         )
         return try await self.disconnectClient(
+            request: request,
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "RefreshClient" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Sets when a client id's credentials expire, on every connection of it: a backend that
+    /// > renewed the user's session extends them, one that cut it short brings the end closer. Once
+    /// > `expires_at` plus the gateway's grace period (30 s by default) has passed, a connection gets
+    /// > GOAWAY `credentials expired` (PROTOCOL.md 5.1) unless the client refreshed its credentials
+    /// > first. Connections whose credentials did not expire get this expiry.
+    ///
+    /// - Parameters:
+    ///   - message: request message to send.
+    ///   - metadata: Additional metadata to send, defaults to empty.
+    ///   - options: Options to apply to this RPC, defaults to `.defaults`.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func refreshClient<Result>(
+        _ message: Tether_V1_RefreshClientRequest,
+        metadata: GRPCCore.Metadata = [:],
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        let request = GRPCCore.ClientRequest<Tether_V1_RefreshClientRequest>(
+            message: message,
+            metadata: metadata
+        )
+        return try await self.refreshClient(
+            request: request,
+            options: options,
+            onResponse: handleResponse
+        )
+    }
+
+    /// Call the "ExpireClient" method.
+    ///
+    /// > Source IDL Documentation:
+    /// >
+    /// > Ends a client id's credentials now: each connection gets GOAWAY `credentials expired` and
+    /// > is drained; the client connects again with fresh credentials (after DisconnectClient
+    /// > without `reconnect` it would stop connecting instead).
+    ///
+    /// - Parameters:
+    ///   - message: request message to send.
+    ///   - metadata: Additional metadata to send, defaults to empty.
+    ///   - options: Options to apply to this RPC, defaults to `.defaults`.
+    ///   - handleResponse: A closure which handles the response and returns its result to
+    ///       the caller. Returning from the closure will cancel the RPC if it hasn't
+    ///       already finished.
+    /// - Returns: The result of `handleResponse`.
+    public func expireClient<Result>(
+        _ message: Tether_V1_ExpireClientRequest,
+        metadata: GRPCCore.Metadata = [:],
+        options: GRPCCore.CallOptions = .defaults,
+        onResponse handleResponse: @Sendable @escaping (GRPCCore.ClientResponse<Tether_V1_ClientConnectionCount>) async throws -> Result = { response in
+            try response.message
+        }
+    ) async throws -> Result where Result: Sendable {
+        let request = GRPCCore.ClientRequest<Tether_V1_ExpireClientRequest>(
+            message: message,
+            metadata: metadata
+        )
+        return try await self.expireClient(
             request: request,
             options: options,
             onResponse: handleResponse

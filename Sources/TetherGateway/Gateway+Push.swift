@@ -154,45 +154,6 @@ extension Gateway {
         self.registry.established(ofClient: clientID)
     }
 
-    /// Closes every connection of a client id: each gets GOAWAY and is drained (its requests in
-    /// flight are answered first), as in a shutdown.
-    ///
-    /// ```swift
-    /// gateway.disconnect(client: "mallory", reconnect: false, message: "banned")
-    /// ```
-    /// - Parameters:
-    ///   - clientID: The client id.
-    ///   - reconnect: Whether the client may connect again: GOAWAY `maintenance` (it reconnects
-    ///     after `retryAfter`) or `revoked` (it stops connecting: a banned user; make sure its
-    ///     credentials are refused too, or it can still connect by hand).
-    ///   - retryAfter: How long the client waits before it connects again.
-    ///   - message: What the client is told.
-    /// - Returns: How many connections were sent GOAWAY (0 when the client is not connected
-    ///   to this gateway).
-    @discardableResult
-    public func disconnect(client clientID: String, reconnect: Bool, retryAfter: Duration = .zero, message: String = "") -> Int {
-        let goAway = Frame.GoAway(
-            reason: reconnect ? .maintenance : .revoked,
-            retryAfter: retryAfter,
-            message: message.isEmpty
-                ? (reconnect ? "the server disconnected this client" : "the server revoked this client's access") : message
-        )
-        var count = 0
-        for group in self.registry.recipients(for: .client(clientID)) {
-            count += group.handlers.count
-            let handlers = group.handlers
-            group.loop.execute {
-                for handler in handlers { handler.value.drain(goAway) }
-            }
-        }
-        if count > 0 {
-            self.logger.info(
-                "disconnected a client",
-                metadata: ["client": "\(clientID)", "connections": "\(count)", "reconnect": "\(reconnect)"]
-            )
-        }
-        return count
-    }
 }
 
 /// Joining a room: what ``Gateway/join(room:connection:)`` and a handler's

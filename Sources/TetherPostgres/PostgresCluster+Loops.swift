@@ -249,11 +249,11 @@ extension PostgresCluster {
         }
     }
 
-    /// One batch of pushes: one transaction, one notification. The advisory lock makes the
-    /// batches of all nodes commit in the order of their ids, so a reader's cursor skips none.
-    func insert(_ pushes: [ClusterPush], from id: Int64) async throws {
-        let stored = pushes.map { StoredPushTarget.encode($0.target) }
-        let (kinds, targets) = (stored.map(\.kind), stored.map(\.name))
+    /// One batch of pushes (and client commands): one transaction, one notification. The
+    /// advisory lock makes the batches of all nodes commit in the order of their ids, so a
+    /// reader's cursor skips none.
+    func insert(_ pushes: [StoredPush], from id: Int64) async throws {
+        let (kinds, targets) = (pushes.map(\.kind), pushes.map(\.target))
         try await self.store.withDeadline { [client = self.client, logger = self.logger] in
             try await client.withTransaction(logger: logger) { connection in
                 try await connection.query(
@@ -415,6 +415,10 @@ extension PostgresCluster {
                             if let member = StoredChannelMember.decode(channel: name, client: topic, body: body) {
                                 members.append((origin, member))
                             }
+                            continue
+                        }
+                        if kind == StoredClientCommand.kind {
+                            if let command = StoredClientCommand.decode(client: name, topic: topic, body: body) { node.apply(command) }
                             continue
                         }
                         guard let target = StoredPushTarget.decode(kind: kind, name: name) else { continue }

@@ -137,7 +137,8 @@ public final class PostgresCluster: GatewayCluster {
         var releases: [LaneFence] = []
         /// Lanes another node wants that no connection here uses.
         var unusedLanes: [OutboxID] = []
-        var pushes: [ClusterPush] = []
+        /// Pushes and client commands to write, in order, as rows of `tether_pushes`.
+        var pushes: [StoredPush] = []
         /// Changes of this node's channel members to write, in order.
         var channelMembers: [ClusterChannelMember] = []
         /// Write every channel member of this node again (after reconnecting to PostgreSQL).
@@ -188,7 +189,15 @@ public final class PostgresCluster: GatewayCluster {
     }
 
     public func publish(_ push: ClusterPush) {
-        self.state.withLockedValue { $0.pushes.append(push) }
+        let (kind, target) = StoredPushTarget.encode(push.target)
+        self.state.withLockedValue { $0.pushes.append(StoredPush(kind: kind, target: target, topic: push.topic, body: push.body)) }
+        self.writes.ring()
+    }
+
+    /// Written with the pushes, in the same order: every node reads it with them
+    /// (``pushLoop(_:_:after:)``) and carries it out on its connections.
+    public func command(_ command: ClientCommand) {
+        self.state.withLockedValue { $0.pushes.append(StoredClientCommand.row(command)) }
         self.writes.ring()
     }
 

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import NIOCore
 import PostgresNIO
+import TetherCore
 import TetherGateway
 
 /// The tables of Tether's PostgreSQL store and cluster, and their migrations.
@@ -155,6 +156,62 @@ enum StoredPushTarget {
         case 2: .room(name)
         case 3: .all
         default: nil
+        }
+    }
+}
+
+/// A row of `tether_pushes` to write: a push (its target's kind and name) or a client command.
+struct StoredPush: Sendable {
+    var kind: Int16
+    var target: String
+    var topic: String
+    var body: ByteBuffer
+}
+
+/// An order about a client id's connections (``ClientCommand``), stored in `tether_pushes` as
+/// kind ``kind``: the client in `target`, the order in `topic` (`disconnect`, `refresh`,
+/// `expire`), its arguments in `body` — disconnect: `u8` reconnect, `i64` retry after (ms), the
+/// message (UTF-8); refresh: `i64` the expiry (ms since 1970); expire: the message. A node that
+/// does not know the kind skips the row.
+enum StoredClientCommand {
+    static let kind: Int16 = 5
+
+    static func row(_ command: ClientCommand) -> StoredPush {
+        var body = ByteBuffer()
+        let topic: String
+        switch command {
+        case .disconnect(_, let reconnect, let retryAfter, let message):
+            topic = "disconnect"
+            body.writeInteger(UInt8(reconnect ? 1 : 0))
+            body.writeInteger(Int64(clamping: retryAfter.wholeMilliseconds))
+            body.writeString(message)
+        case .refreshCredentials(_, let expiresAt):
+            topic = "refresh"
+            body.writeInteger(Int64(expiresAt.timeIntervalSince1970 * 1000))
+        case .expireCredentials(_, let message):
+            topic = "expire"
+            body.writeString(message)
+        }
+        return StoredPush(kind: Self.kind, target: command.clientID, topic: topic, body: body)
+    }
+
+    /// The command a row holds; `nil` for one this node does not know or cannot read.
+    static func decode(client: String, topic: String, body: ByteBuffer) -> ClientCommand? {
+        var body = body
+        switch topic {
+        case "disconnect":
+            guard let reconnect = body.readInteger(as: UInt8.self), let retryAfter = body.readInteger(as: Int64.self),
+                let message = body.readString(length: body.readableBytes)
+            else { return nil }
+            return .disconnect(client: client, reconnect: reconnect != 0, retryAfter: .milliseconds(retryAfter), message: message)
+        case "refresh":
+            guard let milliseconds = body.readInteger(as: Int64.self) else { return nil }
+            return .refreshCredentials(client: client, expiresAt: Date(timeIntervalSince1970: TimeInterval(milliseconds) / 1000))
+        case "expire":
+            guard let message = body.readString(length: body.readableBytes) else { return nil }
+            return .expireCredentials(client: client, message: message)
+        default:
+            return nil
         }
     }
 }

@@ -156,6 +156,20 @@ struct GRPCServerAPI: Tether_V1_ServerAPI.SimpleServiceProtocol {
         }
     }
 
+    func refreshClient(request: Tether_V1_RefreshClientRequest, context: ServerContext) async throws -> Tether_V1_ClientConnectionCount {
+        try Self.answerNow { () throws(APIFailure) in
+            let count = try self.operations.refreshCredentials(client: request.client, expiresAt: request.expiresAt)
+            return .with { $0.connections = UInt64(count) }
+        }
+    }
+
+    func expireClient(request: Tether_V1_ExpireClientRequest, context: ServerContext) async throws -> Tether_V1_ClientConnectionCount {
+        try Self.answerNow { () throws(APIFailure) in
+            let count = try self.operations.expireCredentials(client: request.client, message: request.message)
+            return .with { $0.connections = UInt64(count) }
+        }
+    }
+
     // MARK: Refusals
 
     private static func answer<T>(_ body: () async throws(APIFailure) -> T) async throws(RPCError) -> T {

@@ -179,6 +179,26 @@ struct ServerAPIHandler: APIProtocol {
         }
     }
 
+    func refreshClient(_ input: Operations.RefreshClient.Input) async throws -> Operations.RefreshClient.Output {
+        guard case .json(let body) = input.body else { throw APIFailure.invalid("the body must be JSON") }
+        do throws(APIFailure) {
+            let count = try self.operations.refreshCredentials(client: input.path.client, expiresAt: body.expiresAt)
+            return .ok(.init(body: .json(.init(connections: count))))
+        } catch {
+            return .badRequest(.init(body: .json(error.schema)))
+        }
+    }
+
+    func expireClient(_ input: Operations.ExpireClient.Input) async throws -> Operations.ExpireClient.Output {
+        guard case .json(let body) = input.body else { throw APIFailure.invalid("the body must be JSON") }
+        do throws(APIFailure) {
+            let count = try self.operations.expireCredentials(client: input.path.client, message: body.message ?? "")
+            return .ok(.init(body: .json(.init(connections: count))))
+        } catch {
+            return .badRequest(.init(body: .json(error.schema)))
+        }
+    }
+
     private static func connections(_ connections: [ConnectionInfo]) -> Components.Schemas.Connections {
         .init(
             connections: connections.map {

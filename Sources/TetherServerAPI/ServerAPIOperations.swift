@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import TetherCore
 import TetherGateway
@@ -93,6 +94,22 @@ struct ServerAPIOperations: Sendable {
         guard message.utf8.count <= 1_000 else { throw .invalid("message is at most 1000 bytes") }
         guard (0...86_400_000).contains(retryAfterMs) else { throw .invalid("retry_after_ms must be 0 to 86400000") }
         return self.gateway.disconnect(client: client, reconnect: reconnect, retryAfter: .milliseconds(retryAfterMs), message: message)
+    }
+
+    /// Sets when a client id's credentials expire (Unix seconds); how many connections.
+    func refreshCredentials(client: String, expiresAt: Int64) throws(APIFailure) -> Int {
+        if let failure = APIFailure.length(of: client, "a client id") { throw failure }
+        guard (1...253_402_300_799).contains(expiresAt) else {
+            throw .invalid("expires_at is Unix time in seconds, 1 to 253402300799, got \(expiresAt)")
+        }
+        return self.gateway.refreshCredentials(client: client, expiresAt: Date(timeIntervalSince1970: TimeInterval(expiresAt)))
+    }
+
+    /// Ends a client id's credentials now; how many connections.
+    func expireCredentials(client: String, message: String) throws(APIFailure) -> Int {
+        if let failure = APIFailure.length(of: client, "a client id") { throw failure }
+        guard message.utf8.count <= 1_000 else { throw .invalid("message is at most 1000 bytes") }
+        return self.gateway.expireCredentials(client: client, message: message)
     }
 }
 

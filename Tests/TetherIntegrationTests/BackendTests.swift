@@ -129,6 +129,7 @@ extension IntegrationTests {
                     configuration.channels = try! .init(rules: [
                         .init(pattern: .all, history: try! ChannelRetention(maxCount: 100, maxAge: .seconds(60)), presence: true)
                     ])
+                    configuration.timeouts.credentialGrace = .milliseconds(200)
                 }
                 let port = try await harness.serverAPI(gateway, keys: Self.keys, maxBodyBytes: 64 << 10)
                 let api = APICaller(port: port, key: Self.keys[0])
@@ -235,6 +236,51 @@ extension IntegrationTests {
                 let moved = try await api.call(.POST, "/v1/clients/bob/disconnect", body: #"{"reconnect":true,"retry_after_ms":50}"#)
                 #expect(moved.json["disconnected"] as? Int == 1)
                 try await eventually("bob is back") { bobEvents.connects == 2 }
+
+                // Credentials: refresh sets their expiry, a later refresh moves it, expire ends
+                // them now; each time they end, the client connects again (with fresh ones).
+                let carol = try harness.client([endpoint], clientID: "carol")
+                let carolEvents = harness.events(of: carol)
+                try await eventually("carol is connected") { carolEvents.connects == 1 }
+                @Sendable func expiries() -> [String] {
+                    carolEvents.all.compactMap {
+                        if case .disconnected(.goingAway(let goAway)) = $0, goAway.reason == .credentialsExpired {
+                            goAway.message
+                        } else {
+                            nil
+                        }
+                    }
+                }
+                let now = Int(Date().timeIntervalSince1970)
+                let soon = try await api.call(.POST, "/v1/clients/carol/refresh", body: #"{"expires_at":\#(now + 1)}"#)
+                #expect(soon.status == 200 && soon.json["connections"] as? Int == 1, "\(soon.json)")
+                try await eventually("carol's credentials expired (a second, and the grace)", timeout: .seconds(10)) {
+                    expiries().count == 1
+                }
+                try await eventually("carol is back") { carolEvents.connects == 2 }
+                let near = try await rotated.call(.POST, "/v1/clients/carol/refresh", body: #"{"expires_at":\#(now + 1)}"#)
+                let far = try await api.call(.POST, "/v1/clients/carol/refresh", body: #"{"expires_at":\#(now + 3600)}"#)
+                #expect(near.json["connections"] as? Int == 1 && far.json["connections"] as? Int == 1)
+                try await Task.sleep(for: .seconds(2))
+                #expect(expiries().count == 1 && carolEvents.connects == 2, "the later refresh extended them")
+                let ended = try await api.call(.POST, "/v1/clients/carol/expire", body: #"{"message":"log in again"}"#)
+                #expect(ended.status == 200 && ended.json["connections"] as? Int == 1)
+                try await eventually("carol's credentials ended now") { expiries().last == "log in again" }
+                try await eventually("carol is back again") { carolEvents.connects == 3 }
+                let nobodyRefreshed = try await api.call(.POST, "/v1/clients/nobody/refresh", body: #"{"expires_at":\#(now + 60)}"#)
+                #expect(nobodyRefreshed.status == 200 && nobodyRefreshed.json["connections"] as? Int == 0)
+                for (path, body, fragment) in [
+                    ("refresh", #"{"expires_at":0}"#, "expires_at"),
+                    ("refresh", #"{}"#, "expires_at"),
+                    ("refresh", #"{"expires_at":"soon"}"#, "expires_at"),
+                    ("expire", #"{"message":""# + String(repeating: "x", count: 1_001) + #""}"#, "1000"),
+                    ("expire", #"{"reason":"x"}"#, "reason"),
+                ] {
+                    let refused = try await api.call(.POST, "/v1/clients/carol/\(path)", body: body)
+                    #expect(refused.status == 400, "\(path) \(body)")
+                    #expect((refused.json["message"] as? String)?.contains(fragment) == true, "\(path) \(body): \(refused.json)")
+                }
+                #expect(expiries().count == 2 && carolEvents.connects == 3, "the refusals changed nothing")
             }
         }
 
@@ -364,17 +410,20 @@ extension IntegrationTests {
         static func proxiedGateway(
             _ harness: Harness,
             backendURL: String,
+            connect: Bool = true,
             maxCalls: Int = 64,
+            messageBatch: Int = 1,
             breaker: BackendConfiguration.Breaker = .defaults
         ) async throws -> (Gateway, Endpoint, BackendProxy) {
             let proxy = try BackendProxy(
                 configuration: try BackendConfiguration(
                     url: backendURL,
-                    connect: true,
+                    connect: connect,
                     disconnect: true,
                     channels: ["staff.*"],
                     requests: ["order.*"],
                     messages: ["chat.*"],
+                    messageBatch: messageBatch,
                     timeout: .seconds(2),
                     maxConcurrentCalls: maxCalls,
                     breaker: breaker
@@ -384,7 +433,7 @@ extension IntegrationTests {
             let (gateway, endpoint) = try await harness.gateway(
                 messageStore: InMemoryMessageStore(),
                 configure: { $0.channels = try! .init(rules: [.init(pattern: .all, history: nil)]) },
-                authenticator: proxy
+                authenticator: connect ? proxy : nil
             ) {
                 proxy.install(on: $0)
             }
@@ -480,58 +529,81 @@ extension IntegrationTests {
         }
 
         @Test(
-            "2,000 reliable messages to a backend killed and restarted mid-stream: each processed once, every outcome acknowledged",
-            .requires(.python3)
+            "2,000 reliable messages from 8 clients to a backend killed and restarted mid-stream, one per call or in batches: each processed once, every outcome acknowledged",
+            .requires(.python3),
+            arguments: [1, 32]
         )
-        func messagesThroughABackendKilled() async throws {
+        func messagesThroughABackendKilled(batch: Int) async throws {
             try OutsideTool.python3.require()
             try await withHarness(timeLimit: .seconds(180)) { harness in
                 let backend = try await PythonBackend(in: harness)
+                // The clients are not checked by the backend here: 8 of them, 8 lanes of messages.
                 let (_, endpoint, _) = try await Self.proxiedGateway(
                     harness,
                     backendURL: backend.url,
+                    connect: false,
+                    messageBatch: batch,
                     breaker: .init(failures: 3, openFor: .milliseconds(300))
                 )
-                let alice = try Self.client(harness, endpoint, "alice", token: "alice-token")
-                let count = 2_000
-                let conversations = ["a", "b", "c", "d"]
-                var receipts: [MessageReceipt] = []
-                for index in 0..<count {
-                    if index == count / 4 {
-                        try await eventually("the backend processed some") { ((try? await backend.stats())?["processed"] as? Int ?? 0) > 0 }
-                        try await backend.kill()
-                        try await Task.sleep(for: .milliseconds(700))
-                        try await backend.start()
+                let senders = try (0..<8).map { try Self.client(harness, endpoint, "sender-\($0)", token: "-") }
+                let perSender = 250
+                let count = senders.count * perSender
+                let killed = Task {
+                    try await eventually("the backend processed some") {
+                        ((try? await backend.stats())?["processed"] as? Int ?? 0) >= count / 4
                     }
-                    receipts.append(
-                        try await alice.send(
-                            "chat.room",
-                            body: ByteBuffer(string: "message \(index)"),
-                            conversation: conversations[index % conversations.count]
-                        )
-                    )
+                    try await backend.kill()
+                    try await Task.sleep(for: .milliseconds(700))
+                    try await backend.start()
                 }
-                var outcomes: [String: Int] = [:]
-                for receipt in receipts {
-                    let outcome = await alice.outcome(of: receipt)
-                    outcomes["\(outcome.map { "\($0)" } ?? "unknown")", default: 0] += 1
+                harness.onExit { killed.cancel() }
+                let outcomes = try await withThrowingTaskGroup(of: [String: Int].self) { group in
+                    for (index, sender) in senders.enumerated() {
+                        group.addTask {
+                            var receipts: [MessageReceipt] = []
+                            for number in 0..<perSender {
+                                let conversation = "c\(index)-\(number % 2)"
+                                receipts.append(
+                                    try await sender.send("chat.room", body: ByteBuffer(string: "\(number)"), conversation: conversation)
+                                )
+                            }
+                            var outcomes: [String: Int] = [:]
+                            for receipt in receipts {
+                                let outcome = await sender.outcome(of: receipt)
+                                outcomes["\(outcome.map { "\($0)" } ?? "unknown")", default: 0] += 1
+                            }
+                            return outcomes
+                        }
+                    }
+                    return try await group.reduce(into: [String: Int]()) { $0.merge($1, uniquingKeysWith: +) }
                 }
+                try await killed.value
                 #expect(outcomes == ["acknowledged": count], "\(outcomes)")
                 let stats = try await backend.stats()
                 #expect(stats["processed"] as? Int == count)
                 let perConversation = stats["conversations"] as? [String: [String: Int]] ?? [:]
-                for conversation in conversations {
-                    let expected = count / conversations.count
-                    #expect(
-                        perConversation[conversation] == ["messages": expected, "distinct": expected, "last": expected],
-                        "\(conversation)"
-                    )
+                for index in senders.indices {
+                    for conversation in ["c\(index)-0", "c\(index)-1"] {
+                        let expected = perSender / 2
+                        #expect(
+                            perConversation[conversation] == ["messages": expected, "distinct": expected, "last": expected],
+                            "\(conversation)"
+                        )
+                    }
                 }
-                print("backend killed after \(count / 4) sends: \(stats["processed"] ?? "?") processed once, outcomes \(outcomes)")
+                let largest = stats["largest_batch"] as? Int ?? 0
+                if batch == 1 {
+                    #expect(largest == 0, "no batch event when each message has its call")
+                } else {
+                    #expect(largest > 1 && largest <= batch, "messages of several lanes went in one call: \(largest)")
+                }
+                print(
+                    "batch \(batch): backend killed mid-stream, \(stats["processed"] ?? "?") processed once, outcomes \(outcomes), largest batch \(largest)"
+                )
 
-                // A refusal by the backend is the outcome the sender sees.
-                let refused = try await alice.send("chat.room", body: ByteBuffer(string: "refuse me"))
-                let outcome = await alice.outcome(of: refused)
+                // A refusal by the backend is the outcome the sender sees (in a batch: its own).
+                let refused = try await senders[0].send("chat.room", body: ByteBuffer(string: "refuse me"))
+                let outcome = await senders[0].outcome(of: refused)
                 #expect(outcome == .refused(.invalidRequest), "\(String(describing: outcome))")
             }
         }
@@ -598,6 +670,7 @@ extension IntegrationTests {
                     ("backend:\n  connect: true\n", "backend.url is missing"),
                     ("backend:\n  url: ftp://x\n  connect: true\n", "http://, https:// or grpc://"),
                     ("backend:\n  url: grpc://127.0.0.1\n  connect: true\n", "grpc://HOST:PORT"),
+                    ("backend:\n  url: http://127.0.0.1:1\n  messages: [\"chat.*\"]\n  message_batch: 0\n", "messageBatch must be 1"),
                     ("api:\n  port: 8090\n  grpc_port: 70000\n  keys: [dev-key-0123456789]\n", "gRPC port must be 0 to 65535"),
                     ("channels:\n  - pattern: \"room.*\"\n    storage: disk\n", "channels[0].storage must be store or memory"),
                     ("channels:\n  - pattern: \"a*b\"\n", "channels[0].pattern"),

@@ -373,10 +373,19 @@ extension IntegrationTests.ClientChannelTests {
             let away = try await AwayClient.start(harness, endpoint: endpoint, presence: true)
             try await eventually("bob sees carol and himself") { away.reader.members == ["bob": "I-bob", "carol": "I-carol"] }
             var devices: [Task<Void, any Error>] = []
+            let subscribed = NIOLockedValueBox(0)
             for _ in 0..<2 {  // alice on two devices: one member
                 let alice = try harness.client([endpoint], clientID: "alice")
-                devices.append(Task { for try await _ in alice.subscribe("room.lobby") {} })
+                devices.append(
+                    Task {
+                        for try await event in alice.subscribe("room.lobby") {
+                            if case .subscribed = event { subscribed.withLockedValue { $0 += 1 } }
+                        }
+                    }
+                )
             }
+            // Both devices, not the first alone: one leaving first would be a leave and a join.
+            try await eventually("both of alice's devices are subscribed") { subscribed.withLockedValue { $0 } == 2 }
             try await eventually("bob sees alice") { away.reader.members.keys.sorted() == ["alice", "bob", "carol"] }
             devices[0].cancel()
             try await Task.sleep(for: .milliseconds(200))

@@ -184,6 +184,49 @@ extension IntegrationTests {
             }
         }
 
+        @Test("node A's server API reaches bob on node B: his credentials refreshed, then ended (he comes back), then revoked")
+        func clientCommandsAcrossNodes() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let setup = try await harness.twoNodes(url: url)
+                let (a, b) = (setup.a, setup.b)
+                let api = APICaller(port: try await harness.serverAPI(a.gateway, keys: BackendTests.keys), key: BackendTests.keys[0])
+                let events = harness.events(of: setup.bob)
+                try await eventually("bob is connected to node B") { b.gateway.connections(of: "bob").count == 1 }
+
+                // Refreshed far off: nothing happens to his connection.
+                let later = Int(Date().timeIntervalSince1970) + 3600
+                let refreshed = try await api.call(.POST, "/v1/clients/bob/refresh", body: #"{"expires_at":\#(later)}"#)
+                #expect(refreshed.status == 200 && refreshed.json["connections"] as? Int == 0, "none on node A")
+                try await eventually("node B set bob's expiry") {
+                    b.gateway.connections(of: "bob").first?.identity?.expiresAt == Date(timeIntervalSince1970: TimeInterval(later))
+                }
+                #expect(events.connects == 1)
+
+                // Ended: GOAWAY `credentials expired` on node B, and bob connects again.
+                let expired = try await api.call(.POST, "/v1/clients/bob/expire", body: #"{"message":"from node A"}"#)
+                #expect(expired.status == 200 && expired.json["connections"] as? Int == 0)
+                try await eventually("bob's credentials ended on node B, and he is back", timeout: .seconds(10)) {
+                    events.all.contains {
+                        if case .disconnected(.goingAway(let goAway)) = $0 {
+                            goAway.reason == .credentialsExpired && goAway.message == "from node A"
+                        } else {
+                            false
+                        }
+                    } && events.connects == 2
+                }
+
+                // Revoked: bob stops connecting.
+                let revoked = try await api.call(.POST, "/v1/clients/bob/disconnect", body: #"{"message":"banned on A","reconnect":false}"#)
+                #expect(revoked.status == 200)
+                try await eventually("bob stops connecting", timeout: .seconds(10)) {
+                    events.all.contains { if case .failed(let error) = $0 { error.message.contains("banned on A") } else { false } }
+                }
+                try await eventually("node B closed bob's connection") { b.gateway.connections(of: "bob").isEmpty }
+                #expect(a.gateway.connections(of: "alice").count == 1, "alice, on node A, was not touched")
+            }
+        }
+
         @Test("a node that shuts down names another in its GOAWAY: its clients move there, and their messages go on once each")
         func gracefulLeave() async throws {
             let url = try await TestPostgres.makeDatabase()

@@ -238,6 +238,18 @@ extension IntegrationTests {
                     ),
                     ("no client id", { _ = try await api.clientConnections(.init(), metadata: key) }, .invalidArgument, "client id"),
                     (
+                        "an expiry before 1970",
+                        {
+                            _ = try await api.refreshClient(
+                                .with {
+                                    $0.client = "alice"
+                                    $0.expiresAt = -5
+                                },
+                                metadata: key
+                            )
+                        }, .invalidArgument, "expires_at"
+                    ),
+                    (
                         "too large",
                         {
                             _ = try await api.publish(
@@ -259,8 +271,36 @@ extension IntegrationTests {
                 #expect(stillTwo.publications.count == 2, "a refused call published nothing")
                 #expect(pushes.bodies.count == 2)
 
-                // Disconnect: revoked, and alice stops connecting.
+                // Credentials: refreshed far off (nothing happens), then ended: GOAWAY
+                // `credentials expired`, and alice connects again.
                 let events = harness.events(of: alice)
+                let refreshed = try await api.refreshClient(
+                    .with {
+                        $0.client = "alice"
+                        $0.expiresAt = Int64(Date().timeIntervalSince1970) + 3600
+                    },
+                    metadata: key
+                )
+                #expect(refreshed.connections == 1)
+                let expired = try await api.expireClient(
+                    .with {
+                        $0.client = "alice"
+                        $0.message = "log in again"
+                    },
+                    metadata: key
+                )
+                #expect(expired.connections == 1)
+                try await eventually("alice's credentials ended, and she is back") {
+                    events.all.contains {
+                        if case .disconnected(.goingAway(let goAway)) = $0 {
+                            goAway.reason == .credentialsExpired && goAway.message == "log in again"
+                        } else {
+                            false
+                        }
+                    } && gateway.connections(of: "alice").count == 1
+                }
+
+                // Disconnect: revoked, and alice stops connecting.
                 let disconnected = try await api.disconnectClient(
                     .with {
                         $0.client = "alice"
@@ -286,6 +326,7 @@ extension IntegrationTests {
                 var authorization: [String] = []
                 var cancelled = 0
                 var disconnects: [Tether_V1_DisconnectEvent] = []
+                var largestBatch = 0
             }
 
             let state = NIOLockedValueBox(State())
@@ -342,17 +383,44 @@ extension IntegrationTests {
             }
 
             func message(request: Tether_V1_MessageEvent, context: ServerContext) async throws -> Tether_V1_MessageReply {
+                if let error = self.process(request) { throw error }
+                return .init()
+            }
+
+            func messages(request: Tether_V1_MessageBatch, context: ServerContext) async throws -> Tether_V1_MessageResults {
+                self.state.withLockedValue { $0.largestBatch = max($0.largestBatch, request.messages.count) }
+                return .with {
+                    $0.results = request.messages.map { message in
+                        guard let error = self.process(message) else { return .init() }
+                        return .with { result in
+                            result.code = Int32(error.code.rawValue)
+                            result.message = error.message
+                            if let status = error.metadata[stringValues: "tether-status"].first(where: { _ in true }) {
+                                result.tetherStatus = UInt32(status) ?? 0
+                            }
+                        }
+                    }
+                }
+            }
+
+            /// A message processed once by its key, or why not.
+            private func process(_ request: Tether_V1_MessageEvent) -> RPCError? {
                 let text = String(decoding: request.data, as: UTF8.self)
-                if text == "refuse me" { throw RPCError(code: .invalidArgument, message: "not a chat message") }
+                if text == "refuse me" { return RPCError(code: .invalidArgument, message: "not a chat message") }
+                if text == "refuse with 1002" {
+                    var metadata = Metadata()
+                    metadata.addString("1002", forKey: "tether-status")
+                    return RPCError(code: .failedPrecondition, message: "closed for the night", metadata: metadata)
+                }
                 let calls = self.state.withLockedValue { state in
                     state.calls[request.idempotencyKey, default: 0] += 1
                     return state.calls[request.idempotencyKey]!
                 }
                 // The first call of the 50th message of each conversation fails: it must come
                 // again, with the same key.
-                if calls == 1 && request.sequence == 50 { throw RPCError(code: .unavailable, message: "try again") }
+                if calls == 1 && request.sequence == 50 { return RPCError(code: .unavailable, message: "try again") }
                 self.state.withLockedValue { $0.processed[request.idempotencyKey, default: 0] += 1 }
-                return .init()
+                return nil
             }
         }
 
@@ -499,6 +567,77 @@ extension IntegrationTests {
                 }
                 let disconnect = backend.state.withLockedValue { $0.disconnects.first }
                 #expect(disconnect?.client == "alice" && disconnect?.reason == "goaway_revoked", "\(String(describing: disconnect))")
+            }
+        }
+
+        @Test("the gRPC batch event: 8 clients' messages several to a call, each processed once, its own outcome")
+        func proxyBatches() async throws {
+            try await withHarness { harness in
+                let backend = SwiftBackend()
+                let server = GRPCServer(
+                    transport: .http2NIOPosix(address: .ipv4(host: "127.0.0.1", port: 0), transportSecurity: .plaintext),
+                    services: [backend]
+                )
+                let serving = Task { try await server.serve() }
+                harness.onExit {
+                    server.beginGracefulShutdown()
+                    serving.cancel()
+                }
+                let port = try #require(try await server.listeningAddress?.ipv4?.port)
+                let proxy = try BackendProxy(
+                    configuration: try BackendConfiguration(
+                        url: "grpc://127.0.0.1:\(port)",
+                        messages: ["chat.*"],
+                        messageBatch: 16,
+                        timeout: .seconds(2),
+                        breaker: .init(failures: 1_000, openFor: .seconds(1))
+                    ),
+                    logger: testLogger("backend")
+                )
+                let running = Task { try await proxy.run() }
+                harness.onExit { running.cancel() }
+                let (_, endpoint) = try await harness.gateway(messageStore: InMemoryMessageStore(), routes: { proxy.install(on: $0) })
+                let senders = try (0..<8).map { index in
+                    try harness.client([endpoint], clientID: "sender-\(index)") {
+                        $0.reliability = try! ClientConfiguration.Reliability(outbox: InMemoryOutboxStore())
+                    }
+                }
+                let perSender = 100
+                let outcomes = try await withThrowingTaskGroup(of: [String: Int].self) { group in
+                    for sender in senders {
+                        group.addTask {
+                            var receipts: [MessageReceipt] = []
+                            for number in 0..<perSender {
+                                let conversation = number % 2 == 0 ? "a" : "b"
+                                receipts.append(
+                                    try await sender.send("chat.room", body: ByteBuffer(string: "\(number)"), conversation: conversation)
+                                )
+                            }
+                            var outcomes: [String: Int] = [:]
+                            for receipt in receipts {
+                                outcomes["\(await sender.outcome(of: receipt).map { "\($0)" } ?? "unknown")", default: 0] += 1
+                            }
+                            return outcomes
+                        }
+                    }
+                    return try await group.reduce(into: [String: Int]()) { $0.merge($1, uniquingKeysWith: +) }
+                }
+                let count = senders.count * perSender
+                #expect(outcomes == ["acknowledged": count], "\(outcomes)")
+                let state = backend.state.withLockedValue { $0 }
+                #expect(state.processed.count == count && state.processed.values.allSatisfy { $0 == 1 })
+                // Each sender's two conversations reach sequence 50: 16 messages failed once, in
+                // their batches, and came again with their keys.
+                #expect(state.calls.values.filter { $0 == 2 }.count == 16, "\(state.calls.values.filter { $0 == 2 }.count)")
+                #expect(state.largestBatch > 1 && state.largestBatch <= 16, "several lanes' messages in one call: \(state.largestBatch)")
+
+                // Refusals in a batch: each its own status, the others processed.
+                let refused = try await senders[0].send("chat.room", body: ByteBuffer(string: "refuse me"))
+                let ownStatus = try await senders[1].send("chat.room", body: ByteBuffer(string: "refuse with 1002"))
+                let fine = try await senders[2].send("chat.room", body: ByteBuffer(string: "fine"))
+                #expect(await senders[0].outcome(of: refused) == .refused(.invalidRequest))
+                #expect(await senders[1].outcome(of: ownStatus) == .refused(StatusCode(rawValue: 1002)))
+                #expect(await senders[2].outcome(of: fine) == .acknowledged)
             }
         }
 

@@ -1,5 +1,8 @@
+import Foundation
+import NIOCore
 import Testing
 import TetherCore
+import TetherGateway
 
 @testable import TetherPostgres
 
@@ -12,6 +15,24 @@ struct ClusterPartsTests {
         }
         #expect(PostgresCluster.outbox(from: "no tab") == nil)
         #expect(PostgresCluster.outbox(from: "alice\tnot a number") == nil)
+    }
+
+    @Test("a client command survives its row in tether_pushes; a row of an unknown order or a cut body is skipped")
+    func clientCommandRows() {
+        let commands: [ClientCommand] = [
+            .disconnect(client: "bob", reconnect: true, retryAfter: .milliseconds(1_500), message: "maintenance é"),
+            .disconnect(client: "mallory", reconnect: false, retryAfter: .zero, message: ""),
+            .refreshCredentials(client: "alice", expiresAt: Date(timeIntervalSince1970: 1_764_400_000.25)),
+            .expireCredentials(client: "carol", message: "log in again"),
+        ]
+        for command in commands {
+            let row = StoredClientCommand.row(command)
+            #expect(row.kind == StoredClientCommand.kind && row.target == command.clientID)
+            #expect(StoredClientCommand.decode(client: row.target, topic: row.topic, body: row.body) == command, "\(command)")
+        }
+        #expect(StoredClientCommand.decode(client: "bob", topic: "explode", body: ByteBuffer()) == nil)
+        #expect(StoredClientCommand.decode(client: "bob", topic: "refresh", body: ByteBuffer(bytes: [1, 2])) == nil)
+        #expect(StoredPushTarget.decode(kind: StoredClientCommand.kind, name: "bob") == nil, "not a push")
     }
 
     @Test("a doorbell rung before the wait wakes it at once; unrung, the wait ends at its timeout; a ring ends a wait")

@@ -69,6 +69,12 @@ public protocol GatewayCluster: Sendable {
     /// node (`connections` 0: it has none left here): the other nodes learn it, in the order of
     /// the calls. Called under the gateway's channel lock: queue it, do not wait.
     func channelMembersChanged(_ member: ClusterChannelMember)
+
+    /// The application ordered something about a client id's connections (disconnect them,
+    /// change or end their credentials): the other nodes carry it out on theirs
+    /// (``ClusterNode/apply(_:)``). Queue it, do not wait. By default, nothing: each node's
+    /// orders reach its own connections only.
+    func command(_ command: ClientCommand)
 }
 
 extension GatewayCluster {
@@ -83,6 +89,8 @@ extension GatewayCluster {
     public var sharesChannelPresence: Bool { false }
 
     public func channelMembersChanged(_ member: ClusterChannelMember) {}
+
+    public func command(_ command: ClientCommand) {}
 }
 
 /// What one node has of a client in a channel that keeps presence: its connections
@@ -189,6 +197,14 @@ public struct ClusterNode: Sendable {
     @discardableResult
     public func push(_ push: ClusterPush) -> Int {
         (try? self.pushes.push(push.topic, push.body, to: push.target, publish: false)) ?? 0
+    }
+
+    /// Carries out on this node's connections what another node's application ordered about
+    /// a client id (not sent to the cluster again).
+    /// - Returns: The number of connections.
+    @discardableResult
+    public func apply(_ command: ClientCommand) -> Int {
+        command.apply(to: self.registry)
     }
 
     /// Sends channel publications the store appended (by this node or another), in the

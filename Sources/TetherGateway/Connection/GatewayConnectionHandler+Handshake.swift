@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOSSL
 import TetherCompression
@@ -121,6 +122,15 @@ extension GatewayConnectionHandler {
         let now = self.services.clock.now
         self.machine.credentialsReplaced(deadline: self.credentialsDeadline(of: identity, now: now))
         self.armTimer(now: now)
+    }
+
+    /// The application set when the connection's credentials expire
+    /// (``Gateway/refreshCredentials(client:expiresAt:)``): its identity, with that expiry.
+    func credentialsExpire(at expiresAt: Date) {
+        guard let connection = self.scope?.connection else { return }
+        var identity = connection.identity ?? ClientIdentity(clientID: connection.clientID)
+        identity.expiresAt = expiresAt
+        self.credentialsReplaced(identity)
     }
 
     // MARK: Tasks
