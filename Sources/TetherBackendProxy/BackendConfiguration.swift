@@ -1,3 +1,4 @@
+import Foundation
 public import TetherGateway
 
 /// Which events go to the backend, where, and how hard the gateway leans on it.
@@ -12,8 +13,13 @@ public import TetherGateway
 /// ```
 public struct BackendConfiguration: Sendable {
     /// The backend's base URL: `http://` or `https://` (events go to `URL/tether/…`), or
-    /// `grpc://HOST:PORT` (the backend serves `Protos/tether/v1/backend.proto`, plaintext HTTP/2).
+    /// `grpc://HOST:PORT` (the backend serves `Protos/tether/v1/backend.proto` over plaintext
+    /// HTTP/2) or `grpcs://HOST:PORT` (the same over TLS, the backend's certificate checked for
+    /// HOST).
     public var url: String
+    /// A PEM file of the certificate authorities a `grpcs://` backend's certificate is checked
+    /// against; `nil`: the system's. (For `https://`, the HTTP client's configuration decides.)
+    public var caFile: String?
     /// Whether every HELLO's credentials go to the backend (`POST /tether/connect`), which
     /// says who the client is.
     public var connect: Bool
@@ -66,7 +72,8 @@ public struct BackendConfiguration: Sendable {
     }
 
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidConfiguration`` for a URL
-    ///   that is not `http://`, `https://` or `grpc://HOST:PORT`, nothing to proxy, an empty or reserved (`$…`)
+    ///   that is not `http://`, `https://`, `grpc://HOST:PORT` or `grpcs://HOST:PORT`, a CA file
+    ///   that cannot be read or without `grpcs://`, nothing to proxy, an empty or reserved (`$…`)
     ///   pattern, a `*` anywhere but at the end, a limit that is not positive, or a
     ///   `messageBatch` outside 1…1,000.
     public init(
@@ -77,6 +84,7 @@ public struct BackendConfiguration: Sendable {
         requests: [String] = [],
         messages: [String] = [],
         messageBatch: Int = 1,
+        caFile: String? = nil,
         timeout: Duration = .seconds(5),
         maxConcurrentCalls: Int = 256,
         maxResponseBytes: Int = 4 << 20,
@@ -85,19 +93,28 @@ public struct BackendConfiguration: Sendable {
     ) throws(GatewayError) {
         var base = url
         while base.hasSuffix("/") { base.removeLast() }
-        if base.hasPrefix("grpc://") {
+        if base.hasPrefix("grpc://") || base.hasPrefix("grpcs://") {
             guard Self.grpcTarget(of: base) != nil else {
                 throw GatewayError(
                     code: .invalidConfiguration,
-                    message: "a gRPC backend's URL is grpc://HOST:PORT (a port 1 to 65535, nothing after it), got '\(url)'"
+                    message:
+                        "a gRPC backend's URL is grpc://HOST:PORT or grpcs://HOST:PORT (a port 1 to 65535, nothing after it), got '\(url)'"
                 )
             }
         } else {
             guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > 8 else {
                 throw GatewayError(
                     code: .invalidConfiguration,
-                    message: "the backend's URL must start with http://, https:// or grpc://, got '\(url)'"
+                    message: "the backend's URL must start with http://, https://, grpc:// or grpcs://, got '\(url)'"
                 )
+            }
+        }
+        if let caFile {
+            guard base.hasPrefix("grpcs://") else {
+                throw GatewayError(code: .invalidConfiguration, message: "a CA file is for a grpcs:// backend, got '\(url)'")
+            }
+            guard FileManager.default.isReadableFile(atPath: caFile) else {
+                throw GatewayError(code: .invalidConfiguration, message: "the backend's CA file \(caFile) cannot be read")
             }
         }
         guard connect || disconnect || !channels.isEmpty || !requests.isEmpty || !messages.isEmpty else {
@@ -136,6 +153,7 @@ public struct BackendConfiguration: Sendable {
             )
         }
         self.url = base
+        self.caFile = caFile
         self.connect = connect
         self.disconnect = disconnect
         self.channels = patterns
@@ -149,18 +167,20 @@ public struct BackendConfiguration: Sendable {
         self.breaker = breaker
     }
 
-    /// The host and port of a `grpc://` URL; `nil` for an HTTP backend.
-    var grpcTarget: (host: String, port: Int)? { Self.grpcTarget(of: self.url) }
+    /// The host and port of a `grpc://` or `grpcs://` URL, and whether it is over TLS; `nil`
+    /// for an HTTP backend.
+    var grpcTarget: (host: String, port: Int, tls: Bool)? { Self.grpcTarget(of: self.url) }
 
-    private static func grpcTarget(of url: String) -> (host: String, port: Int)? {
-        guard url.hasPrefix("grpc://") else { return nil }
-        let rest = url.dropFirst("grpc://".count)
+    private static func grpcTarget(of url: String) -> (host: String, port: Int, tls: Bool)? {
+        let tls = url.hasPrefix("grpcs://")
+        guard tls || url.hasPrefix("grpc://") else { return nil }
+        let rest = url.dropFirst(tls ? "grpcs://".count : "grpc://".count)
         guard let colon = rest.lastIndex(of: ":"), let port = Int(rest[rest.index(after: colon)...]), (1...65_535).contains(port) else {
             return nil
         }
         var host = rest[..<colon]
         if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
         guard !host.isEmpty, !host.contains("/") else { return nil }
-        return (String(host), port)
+        return (String(host), port, tls)
     }
 }

@@ -96,7 +96,9 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
         (self.disconnects, self.disconnectsInput) = AsyncStream.makeStream(bufferingPolicy: .bufferingOldest(Self.disconnectBuffer))
         if let target = configuration.grpcTarget {
             if #available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *) {
-                self.transport = .grpc(try GRPCTransport(host: target.host, port: target.port, configuration: configuration))
+                self.transport = .grpc(
+                    try GRPCTransport(host: target.host, port: target.port, tls: target.tls, configuration: configuration)
+                )
             } else {
                 throw GatewayError(code: .invalidConfiguration, message: "a gRPC backend needs macOS 15 or later")
             }

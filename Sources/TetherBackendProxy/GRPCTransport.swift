@@ -7,8 +7,8 @@ import TetherGRPCProtos
 import TetherGateway
 
 /// The proxy's events over gRPC (`Protos/tether/v1/backend.proto`), with grpc-swift 2 and one
-/// HTTP/2 connection (plaintext: keep the backend on a private network) that carries every
-/// call at once.
+/// HTTP/2 connection that carries every call at once: plaintext for `grpc://` (keep the backend
+/// on a private network), TLS for `grpcs://`.
 ///
 /// Refusals are gRPC status codes, mapped as `backend.proto` says; UNAVAILABLE without a
 /// `tether-status` tells the breaker the backend is down.
@@ -18,12 +18,22 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
     private let backend: Tether_V1_Backend.Client<HTTP2ClientTransport.Posix>
     private let metadata: Metadata
 
-    init(host: String, port: Int, configuration: BackendConfiguration) throws(GatewayError) {
+    init(host: String, port: Int, tls: Bool, configuration: BackendConfiguration) throws(GatewayError) {
         let transport: HTTP2ClientTransport.Posix
+        let security: HTTP2ClientTransport.Posix.TransportSecurity
+        if tls {
+            // Full verification: the backend's certificate must be signed by a trusted authority
+            // and name HOST.
+            security = .tls { config in
+                if let caFile = configuration.caFile { config.trustRoots = .certificates([.file(path: caFile, format: .pem)]) }
+            }
+        } else {
+            security = .plaintext
+        }
         do {
             transport = try HTTP2ClientTransport.Posix(
-                target: .dns(host: host, port: port),
-                transportSecurity: .plaintext,
+                target: Self.target(host: host, port: port),
+                transportSecurity: security,
                 config: .defaults { config in
                     config.connection.maxIdleTime = nil
                 }
@@ -36,6 +46,15 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         var metadata = Metadata()
         if let authorization = configuration.authorization { metadata.addString(authorization, forKey: "authorization") }
         self.metadata = metadata
+    }
+
+    /// An IP address as itself (over TLS, its certificate must name that address: an address
+    /// cannot be sent as the server's name), a name through DNS.
+    private static func target(host: String, port: Int) -> any ResolvableTarget {
+        if host.contains(":") { return .ipv6(address: host, port: port) }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        if parts.count == 4, parts.allSatisfy({ UInt8($0) != nil }) { return .ipv4(address: host, port: port) }
+        return .dns(host: host, port: port)
     }
 
     func runConnections() async throws {

@@ -33,10 +33,16 @@ struct BackendOptions: ParsableArguments {
         help: """
             The backend's base URL: http://host:port (the events below are POSTed to URL/tether/connect, \
             URL/tether/request/METHOD and URL/tether/message/TOPIC) or grpc://host:port (the backend serves \
-            Protos/tether/v1/backend.proto).
+            Protos/tether/v1/backend.proto; grpcs:// over TLS).
             """
     )
     var backend: String?
+
+    @Option(
+        name: .customLong("backend-ca-file"),
+        help: "With --backend grpcs://…: a PEM file of the authorities that sign the backend's certificate (default: the system's)."
+    )
+    var caFile: String?
 
     @Flag(name: .customLong("backend-connect"), help: "With --backend: every client's credentials are checked by the backend.")
     var connect = false
@@ -106,6 +112,7 @@ struct BackendOptions: ParsableArguments {
                 requests: self.requests.isEmpty ? fromFile?.requests ?? [] : self.requests,
                 messages: self.messages.isEmpty ? fromFile?.messages ?? [] : self.messages,
                 messageBatch: self.messageBatch ?? fromFile?.messageBatch ?? 1,
+                caFile: self.caFile ?? fromFile?.caFile,
                 timeout: try duration(seconds: self.timeoutSeconds ?? fromFile?.timeoutSeconds ?? 5, option: "backend-timeout"),
                 maxConcurrentCalls: self.maxCalls ?? fromFile?.maxCalls ?? 256,
                 authorization: ProcessInfo.processInfo.environment["TETHER_BACKEND_AUTHORIZATION"] ?? fromFile?.authorization

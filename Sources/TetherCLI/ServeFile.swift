@@ -56,10 +56,12 @@ struct ServeFile: Decodable, Equatable {
         var timeoutSeconds: Double?
         var maxCalls: Int?
         var messageBatch: Int?
+        var caFile: String?
         var authorization: String?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
             case url, connect, disconnect, channels, requests, messages, authorization
+            case caFile = "ca_file"
             case timeoutSeconds = "timeout_seconds"
             case maxCalls = "max_calls"
             case messageBatch = "message_batch"

@@ -9,7 +9,8 @@
 //   https://github.com/apple/swift-protobuf/
 
 /// The events a Tether gateway hands to the backend over gRPC (`tether serve --backend
-/// grpc://HOST:PORT`): the backend implements this service, the gateway calls it. The same
+/// grpc://HOST:PORT`, or grpcs://HOST:PORT over TLS): the backend implements this service, the
+/// gateway calls it. The same
 /// events as the HTTP proxy (openapi.yaml's `webhooks`), with the same guarantees.
 ///
 /// Every call carries `authorization` metadata when the gateway was given one

@@ -668,7 +668,7 @@ extension IntegrationTests {
                     ("backend:\n  url: http://127.0.0.1:1\n  connect: true\n  timeout: 5\n", "backend.timeout: unknown key"),
                     ("backend:\n  url: http://127.0.0.1:1\n  connect: yes please\n", "backend.connect must be true or false"),
                     ("backend:\n  connect: true\n", "backend.url is missing"),
-                    ("backend:\n  url: ftp://x\n  connect: true\n", "http://, https:// or grpc://"),
+                    ("backend:\n  url: ftp://x\n  connect: true\n", "http://, https://, grpc:// or grpcs://"),
                     ("backend:\n  url: grpc://127.0.0.1\n  connect: true\n", "grpc://HOST:PORT"),
                     ("backend:\n  url: http://127.0.0.1:1\n  messages: [\"chat.*\"]\n  message_batch: 0\n", "messageBatch must be 1"),
                     ("api:\n  port: 8090\n  grpc_port: 70000\n  keys: [dev-key-0123456789]\n", "gRPC port must be 0 to 65535"),

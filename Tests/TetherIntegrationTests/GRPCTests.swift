@@ -297,7 +297,7 @@ extension IntegrationTests {
                         } else {
                             false
                         }
-                    } && gateway.connections(of: "alice").count == 1
+                    } && events.connects == 2 && gateway.connections(of: "alice").count == 1
                 }
 
                 // Disconnect: revoked, and alice stops connecting.
@@ -638,6 +638,88 @@ extension IntegrationTests {
                 #expect(await senders[0].outcome(of: refused) == .refused(.invalidRequest))
                 #expect(await senders[1].outcome(of: ownStatus) == .refused(StatusCode(rawValue: 1002)))
                 #expect(await senders[2].outcome(of: fine) == .acknowledged)
+            }
+        }
+
+        @Test("a grpcs:// backend: over TLS, its certificate checked against the CA file; one an impostor signed is refused")
+        func proxyOverTLS() async throws {
+            try await withHarness { harness in
+                let certificates = TestCertificates.shared
+                let authority = try TestCertificates.write(certificates.authority.certificatePEM, name: "grpc-ca.pem")
+                let impostorAuthority = try TestCertificates.write(
+                    certificates.impostorAuthority.certificatePEM,
+                    name: "grpc-impostor-ca.pem"
+                )
+                /// A backend over TLS with `identity`'s certificate; its port.
+                func serve(_ identity: TestCertificates.Identity) async throws -> Int {
+                    let server = GRPCServer(
+                        transport: .http2NIOPosix(
+                            address: .ipv4(host: "127.0.0.1", port: 0),
+                            transportSecurity: .tls(
+                                certificateChain: [.bytes(Array(identity.certificatePEM.utf8), format: .pem)],
+                                privateKey: .bytes(Array(identity.keyPEM.utf8), format: .pem)
+                            )
+                        ),
+                        services: [SwiftBackend()]
+                    )
+                    let serving = Task { try await server.serve() }
+                    harness.onExit {
+                        server.beginGracefulShutdown()
+                        serving.cancel()
+                    }
+                    return try #require(try await server.listeningAddress?.ipv4?.port)
+                }
+                let port = try await serve(certificates.server)
+                func proxy(caFile: String, port: Int) throws -> BackendProxy {
+                    let proxy = try BackendProxy(
+                        configuration: try BackendConfiguration(
+                            url: "grpcs://127.0.0.1:\(port)",
+                            connect: true,
+                            caFile: caFile,
+                            timeout: .seconds(2),
+                            breaker: .init(failures: 1_000, openFor: .seconds(1))
+                        ),
+                        logger: testLogger("backend")
+                    )
+                    let running = Task { try await proxy.run() }
+                    harness.onExit { running.cancel() }
+                    return proxy
+                }
+                let hello = HandshakeInfo(
+                    clientID: "alice",
+                    authToken: ByteBuffer(string: "alice-token"),
+                    userAgent: nil,
+                    remoteAddress: nil
+                )
+                let trusted = try proxy(caFile: authority, port: port)
+                #expect(try await trusted.authenticate(hello).clientID == "alice", "over TLS, the backend's certificate trusted")
+
+                // Signed by an authority the gateway was not told of: no call reaches the backend.
+                let fooled = try proxy(caFile: impostorAuthority, port: port)
+                await #expect {
+                    _ = try await fooled.authenticate(hello)
+                } throws: { error in
+                    (error as? AuthenticationError)?.status == .unavailable
+                }
+                // Signed by the right authority, but a client's (device-42, not 127.0.0.1): refused too.
+                let misnamed = try proxy(caFile: authority, port: try await serve(certificates.client))
+                await #expect {
+                    _ = try await misnamed.authenticate(hello)
+                } throws: { error in
+                    (error as? AuthenticationError)?.status == .unavailable
+                }
+                // grpcs:// without the port, a CA file for plaintext, or one that is not there: refused.
+                for (url, caFile, fragment) in [
+                    ("grpcs://127.0.0.1", nil, "grpcs://HOST:PORT"),
+                    ("grpc://127.0.0.1:\(port)", authority, "for a grpcs:// backend"),
+                    ("grpcs://127.0.0.1:\(port)", "/nonexistent/ca.pem", "cannot be read"),
+                ] {
+                    #expect {
+                        _ = try BackendConfiguration(url: url, connect: true, caFile: caFile)
+                    } throws: { error in
+                        (error as? GatewayError)?.message.contains(fragment) == true
+                    }
+                }
             }
         }
 
