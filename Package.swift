@@ -24,6 +24,7 @@ import PackageDescription
 //                  handed to the backend over HTTP (async-http-client) or gRPC
 //   TetherGRPCProtos the gRPC forms of both: code generated from Protos/tether/v1/*.proto
 //                  (scripts/generate-grpc; committed), for grpc-swift 2
+//   TetherHistory  a run's history and the checker of the guarantees (issue 44; pure)
 //   TetherProcess  programs started with posix_spawn, waited for with waitpid (the lab,
 //                  the PostgreSQL helper, the tests)
 //   TetherFaultProxy a TCP proxy that injects faults (tether proxy, the lab, tests)
@@ -204,6 +205,12 @@ let package = Package(
                 "TetherGateway",
                 .product(name: "JWTKit", package: "jwt-kit"),
             ],
+            swiftSettings: strictSwift6
+        ),
+        // A run's history (operations, deliveries, faults) and the checker that searches it for
+        // what Tether promises never happens (issue 44): no I/O, no dependency.
+        .target(
+            name: "TetherHistory",
             swiftSettings: strictSwift6
         ),
         // Programs started with posix_spawn and waited for with waitpid (the lab's iptables and
@@ -524,6 +531,11 @@ let package = Package(
         .testTarget(
             name: "TetherBackendProxyTests",
             dependencies: ["TetherCore", "TetherBackendProxy"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "TetherHistoryTests",
+            dependencies: ["TetherHistory"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -1,0 +1,284 @@
+/// Searches a run's history for what Tether promises never happens.
+///
+/// Reliable messages (``HistoryRecord/Kind/send``, ``HistoryRecord/Kind/delivery``):
+/// - **acknowledged, never delivered**: a `send` whose outcome is `ok` has no delivery;
+/// - **delivered twice**: a message delivered more than once to its recipient, unless the
+///   process that recorded the earlier copy was killed in between (its app recorded the
+///   delivery, and the kill came before the client stored its checkpoint: the restarted
+///   process gets it again). Such repeats are allowed and counted;
+/// - **never sent**: a delivery of an id no `send` invoked, or to another client than its
+///   recipient;
+/// - **refused, yet delivered**: a delivery of a message whose `send` failed;
+/// - **out of order**: in a (sender, conversation, recipient), a message delivered for the first
+///   time after one its sender sent later, or whose sequence is not one more than the last.
+///
+/// Requests: **answered twice**, or answered after it was reported failed.
+///
+/// Channels, per subscribing process and channel: **received twice** (the same position again,
+/// but across a kill of that process), **out of order**, **unaccounted**: a position between
+/// the first and the last it received that it neither received nor was told was missed (a
+/// gap), and **never published**: a publication no `publish` invoked.
+///
+/// ```swift
+/// let result = HistoryChecker.check(records)
+/// for anomaly in result.anomalies { print(anomaly) }
+/// ```
+public enum HistoryChecker {
+    /// What the checker found.
+    public struct Result: Sendable {
+        public var anomalies: [Anomaly]
+        /// Sends by their outcome (`ok`, `fail`, `info`).
+        public var sends: [HistoryRecord.Phase: Int]
+        /// First deliveries of messages.
+        public var delivered: Int
+        /// Deliveries repeated after a kill of the recording process (allowed).
+        public var repeatsAfterKills: Int
+        /// Requests answered.
+        public var requestsAnswered: Int
+        /// Channel publications received (first time) and positions covered by gaps.
+        public var received: Int
+        public var gapPositions: UInt64
+
+        /// Whether the history holds no anomaly.
+        public var isValid: Bool { self.anomalies.isEmpty }
+    }
+
+    /// One thing that must not happen, and the records that show it.
+    public struct Anomaly: Sendable, Hashable, CustomStringConvertible {
+        public enum Kind: String, Sendable, Hashable {
+            case acknowledgedNotDelivered = "acknowledged, never delivered"
+            case deliveredTwice = "delivered twice"
+            case neverSent = "never sent"
+            case refusedDelivered = "refused, yet delivered"
+            case outOfOrder = "out of order"
+            case answeredTwice = "answered twice"
+            case receivedTwice = "received twice"
+            case unaccounted = "neither received nor a gap"
+            case neverPublished = "never published"
+        }
+
+        public var kind: Kind
+        public var message: String
+        /// The records that show it, in the history's order.
+        public var records: [HistoryRecord]
+
+        public var description: String { "\(self.kind.rawValue): \(self.message)" }
+    }
+
+    /// Checks `records` (from every process of the run, in any order: they are put in the order
+    /// of their times, each process's records in its own order).
+    public static func check(_ records: [HistoryRecord]) -> Result {
+        let history = records.enumerated().sorted { ($0.element.time, $0.offset) < ($1.element.time, $1.offset) }.map(\.element)
+        var result = Result(
+            anomalies: [],
+            sends: [:],
+            delivered: 0,
+            repeatsAfterKills: 0,
+            requestsAnswered: 0,
+            received: 0,
+            gapPositions: 0
+        )
+        let kills = Kills(history)
+        Self.checkMessages(history, kills, &result)
+        Self.checkRequests(history, &result)
+        Self.checkChannels(history, kills, &result)
+        return result
+    }
+
+    // MARK: Messages
+
+    private struct Send {
+        var invoke: HistoryRecord
+        var outcome: HistoryRecord?
+        /// Its place among its sender's sends in the conversation.
+        var index: Int
+    }
+
+    private static func checkMessages(_ history: [HistoryRecord], _ kills: Kills, _ result: inout Result) {
+        var sends: [String: Send] = [:]
+        var sendsPerConversation: [String: Int] = [:]
+        for record in history where record.kind == .send {
+            if record.phase == .invoke {
+                let key = "\(record.client ?? "")\u{0}\(record.conversation ?? "")"
+                let index = sendsPerConversation[key, default: 0]
+                sendsPerConversation[key] = index + 1
+                sends[record.id] = Send(invoke: record, index: index)
+            } else if sends[record.id]?.outcome == nil {
+                sends[record.id]?.outcome = record
+            }
+        }
+        for send in sends.values {
+            result.sends[send.outcome?.phase ?? .info, default: 0] += 1
+        }
+
+        // Deliveries, per message and per (sender, conversation, recipient) in delivery order.
+        var copies: [String: [HistoryRecord]] = [:]
+        var lastInStream: [String: (index: Int, sequence: UInt64?, record: HistoryRecord)] = [:]
+        for delivery in history where delivery.kind == .delivery && delivery.phase == .ok {
+            guard let send = sends[delivery.id] else {
+                result.anomalies.append(
+                    Anomaly(kind: .neverSent, message: "\(delivery.id) was delivered to \(delivery.client ?? "?")", records: [delivery])
+                )
+                continue
+            }
+            if delivery.client != send.invoke.peer {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .neverSent,
+                        message: "\(delivery.id) was sent to \(send.invoke.peer ?? "?") and delivered to \(delivery.client ?? "?")",
+                        records: [send.invoke, delivery]
+                    )
+                )
+                continue
+            }
+            if send.outcome?.phase == .fail {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .refusedDelivered,
+                        message: "\(delivery.id) failed (\(send.outcome?.detail ?? "-")) and was delivered",
+                        records: [send.invoke, send.outcome!, delivery]
+                    )
+                )
+            }
+            if let earlier = copies[delivery.id]?.last {
+                copies[delivery.id]!.append(delivery)
+                if kills.killed(earlier.process, after: earlier.time, upTo: delivery.time) {
+                    result.repeatsAfterKills += 1
+                } else {
+                    result.anomalies.append(
+                        Anomaly(
+                            kind: .deliveredTwice,
+                            message:
+                                "\(delivery.id) was delivered again to \(delivery.client ?? "?") with no kill of \(earlier.process) between",
+                            records: [earlier, delivery]
+                        )
+                    )
+                }
+                continue
+            }
+            copies[delivery.id] = [delivery]
+            result.delivered += 1
+            let stream = "\(send.invoke.client ?? "")\u{0}\(send.invoke.conversation ?? "")\u{0}\(delivery.client ?? "")"
+            if let last = lastInStream[stream] {
+                let sequenceBroken = last.sequence.map { previous in delivery.sequence.map { $0 != previous + 1 } ?? false } ?? false
+                if send.index < last.index || sequenceBroken {
+                    result.anomalies.append(
+                        Anomaly(
+                            kind: .outOfOrder,
+                            message:
+                                "\(delivery.id) (sent #\(send.index + 1), sequence \(delivery.sequence.map(String.init) ?? "-")) came after \(last.record.id) (sent #\(last.index + 1), sequence \(last.sequence.map(String.init) ?? "-"))",
+                            records: [last.record, delivery]
+                        )
+                    )
+                }
+            }
+            lastInStream[stream] = (send.index, delivery.sequence, delivery)
+        }
+        for send in sends.values where send.outcome?.phase == .ok && copies[send.invoke.id] == nil {
+            result.anomalies.append(
+                Anomaly(
+                    kind: .acknowledgedNotDelivered,
+                    message: "\(send.invoke.id) to \(send.invoke.peer ?? "?") was acknowledged and never delivered",
+                    records: [send.invoke, send.outcome!]
+                )
+            )
+        }
+    }
+
+    // MARK: Requests
+
+    private static func checkRequests(_ history: [HistoryRecord], _ result: inout Result) {
+        var outcomes: [String: HistoryRecord] = [:]
+        for record in history where record.kind == .request && record.phase != .invoke {
+            if let first = outcomes[record.id] {
+                if record.phase == .ok {
+                    result.anomalies.append(
+                        Anomaly(
+                            kind: .answeredTwice,
+                            message: "request \(record.id) was answered after its \(first.phase.rawValue) outcome",
+                            records: [first, record]
+                        )
+                    )
+                }
+                continue
+            }
+            outcomes[record.id] = record
+            if record.phase == .ok { result.requestsAnswered += 1 }
+        }
+    }
+
+    // MARK: Channels
+
+    private static func checkChannels(_ history: [HistoryRecord], _ kills: Kills, _ result: inout Result) {
+        let published = Set(history.filter { $0.kind == .publish && $0.phase == .invoke }.map(\.id))
+        /// How far a subscriber's positions are accounted for (received or a gap), and the
+        /// record that took them there.
+        struct Subscriber {
+            var last: UInt64
+            var lastRecord: HistoryRecord
+        }
+        var subscribers: [String: Subscriber] = [:]
+        for record in history where (record.kind == .receive || record.kind == .gap) && record.phase == .ok {
+            guard let position = record.position else { continue }
+            let end = record.kind == .gap ? max(record.end ?? position, position) : position
+            let key = "\(record.process)\u{0}\(record.channel ?? "")"
+            if record.kind == .receive && !published.contains(record.id) {
+                result.anomalies.append(
+                    Anomaly(kind: .neverPublished, message: "\(record.id) at \(position) on \(record.channel ?? "?")", records: [record])
+                )
+            }
+            guard var subscriber = subscribers[key] else {
+                subscribers[key] = Subscriber(last: end, lastRecord: record)
+                if record.kind == .receive { result.received += 1 } else { result.gapPositions += end - position + 1 }
+                continue
+            }
+            if position <= subscriber.last {
+                // Again, or back: allowed after a kill of the subscribing process only.
+                if !kills.killed(record.process, after: subscriber.lastRecord.time, upTo: record.time) {
+                    result.anomalies.append(
+                        Anomaly(
+                            kind: position == subscriber.last ? .receivedTwice : .outOfOrder,
+                            message:
+                                "\(record.process) on \(record.channel ?? "?"): position \(position) after \(subscriber.last), with no kill between",
+                            records: [subscriber.lastRecord, record]
+                        )
+                    )
+                }
+                subscriber.last = max(subscriber.last, end)
+                subscriber.lastRecord = record
+                subscribers[key] = subscriber
+                continue
+            }
+            if position > subscriber.last + 1 {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .unaccounted,
+                        message:
+                            "\(record.process) on \(record.channel ?? "?"): positions \(subscriber.last + 1)…\(position - 1) neither received nor a gap",
+                        records: [subscriber.lastRecord, record]
+                    )
+                )
+            }
+            if record.kind == .receive { result.received += 1 } else { result.gapPositions += end - position + 1 }
+            subscriber.last = end
+            subscriber.lastRecord = record
+            subscribers[key] = subscriber
+        }
+    }
+}
+
+/// The kills of the nemesis, by the process killed.
+struct Kills {
+    private var times: [String: [Int64]] = [:]
+
+    init(_ history: [HistoryRecord]) {
+        for record in history where record.kind == .kill && record.phase != .fail {
+            if let process = record.peer { self.times[process, default: []].append(record.time) }
+        }
+    }
+
+    /// Whether `process` was killed after `start` and no later than `end`.
+    func killed(_ process: String, after start: Int64, upTo end: Int64) -> Bool {
+        self.times[process]?.contains { $0 >= start && $0 <= end } ?? false
+    }
+}

@@ -1,0 +1,92 @@
+/// One line of a run's history: an operation's invocation or its outcome, a delivery or a
+/// channel publication a client received, or an act of the nemesis.
+///
+/// Each process of a run (a workload process, the nemesis) writes its records as JSON lines;
+/// ``HistoryChecker`` reads them all. As in Jepsen's histories, an operation has an `invoke`
+/// record and then one outcome: `ok`, `fail` (it certainly did not happen: refused, expired),
+/// or `info` (not known: a timeout, the process died). An operation with no outcome at all is
+/// taken as `info`.
+///
+/// ```json
+/// {"time":1764330000123,"process":"w3","kind":"send","phase":"invoke","id":"w3/alice/c7/42","client":"alice","peer":"bob","conversation":"c7"}
+/// ```
+public struct HistoryRecord: Codable, Sendable, Hashable {
+    /// What the record is about.
+    public enum Kind: String, Codable, Sendable, Hashable {
+        /// A reliable message sent: `id` (unique in the run), `client` (the sender), `peer` (the
+        /// recipient's client id), `conversation`.
+        case send
+        /// A reliable message the recipient's app processed: `id`, `client` (the recipient),
+        /// `peer` (the sender), `conversation`, `sequence`.
+        case delivery
+        /// A request: `id`, `client`.
+        case request
+        /// A channel publication: `id`, `channel`; `position` in its `ok`.
+        case publish
+        /// A channel publication a subscriber received: `id`, `client`, `channel`, `position`.
+        case receive
+        /// A gap a subscriber was told of: `channel`, `position` (the first missed) to `end`
+        /// (the last missed).
+        case gap
+        /// The nemesis killed (SIGKILL) a process of the run: `peer` names it.
+        case kill
+        /// Any other fault of the nemesis, for the report: `detail` says which; `invoke` when
+        /// it starts, `ok` when it is healed.
+        case fault
+    }
+
+    /// Where the record stands in its operation's life.
+    public enum Phase: String, Codable, Sendable, Hashable {
+        case invoke, ok, fail, info
+    }
+
+    /// The wall clock, in milliseconds since 1970, when the record was made.
+    public var time: Int64
+    /// The process that made it (a workload process's name, or `nemesis`); a process started
+    /// again after a kill keeps its name.
+    public var process: String
+    public var kind: Kind
+    public var phase: Phase
+    /// The operation's id, unique in the run for its kind (a message's id is in its body, so
+    /// that its deliveries name it too).
+    public var id: String
+    public var client: String?
+    public var peer: String?
+    public var conversation: String?
+    public var sequence: UInt64?
+    public var channel: String?
+    public var position: UInt64?
+    public var end: UInt64?
+    /// Why an operation failed, what a fault was.
+    public var detail: String?
+
+    public init(
+        time: Int64,
+        process: String,
+        kind: Kind,
+        phase: Phase,
+        id: String = "",
+        client: String? = nil,
+        peer: String? = nil,
+        conversation: String? = nil,
+        sequence: UInt64? = nil,
+        channel: String? = nil,
+        position: UInt64? = nil,
+        end: UInt64? = nil,
+        detail: String? = nil
+    ) {
+        self.time = time
+        self.process = process
+        self.kind = kind
+        self.phase = phase
+        self.id = id
+        self.client = client
+        self.peer = peer
+        self.conversation = conversation
+        self.sequence = sequence
+        self.channel = channel
+        self.position = position
+        self.end = end
+        self.detail = detail
+    }
+}

@@ -1,0 +1,244 @@
+import Foundation
+import Testing
+import TetherHistory
+
+/// Hand-made histories, one per thing the checker must find, and clean ones it must pass.
+@Suite("History checker")
+struct HistoryCheckerTests {
+    /// A little language for histories: each call adds a record one millisecond after the last.
+    struct Builder {
+        var records: [HistoryRecord] = []
+        var time: Int64 = 1_000
+
+        mutating func add(
+            _ process: String,
+            _ kind: HistoryRecord.Kind,
+            _ phase: HistoryRecord.Phase,
+            _ id: String = "",
+            _ build: (inout HistoryRecord) -> Void = { _ in }
+        ) {
+            self.time += 1
+            var record = HistoryRecord(time: self.time, process: process, kind: kind, phase: phase, id: id)
+            build(&record)
+            self.records.append(record)
+        }
+
+        /// alice sends `id` to bob in `conversation`, with this outcome (`nil`: none recorded).
+        mutating func send(_ id: String, conversation: String = "c1", outcome: HistoryRecord.Phase? = .ok) {
+            self.add("w1", .send, .invoke, id) {
+                $0.client = "alice"
+                $0.peer = "bob"
+                $0.conversation = conversation
+            }
+            if let outcome { self.add("w1", .send, outcome, id) { $0.detail = outcome == .fail ? "refused: invalid request" : nil } }
+        }
+
+        /// bob's process `process` records the delivery of `id` with `sequence`.
+        mutating func deliver(
+            _ id: String,
+            sequence: UInt64,
+            conversation: String = "c1",
+            to client: String = "bob",
+            process: String = "w2"
+        ) {
+            self.add(process, .delivery, .ok, id) {
+                $0.client = client
+                $0.peer = "alice"
+                $0.conversation = conversation
+                $0.sequence = sequence
+            }
+        }
+
+        mutating func kill(_ process: String) {
+            self.add("nemesis", .kill, .ok) { $0.peer = process }
+        }
+
+        mutating func receive(_ id: String, at position: UInt64, process: String = "w3") {
+            self.add(process, .receive, .ok, id) {
+                $0.client = "carol"
+                $0.channel = "news"
+                $0.position = position
+            }
+        }
+
+        mutating func gap(from: UInt64, to: UInt64, process: String = "w3") {
+            self.add(process, .gap, .ok) {
+                $0.channel = "news"
+                $0.position = from
+                $0.end = to
+            }
+        }
+
+        mutating func publish(_ ids: String...) {
+            for id in ids { self.add("w4", .publish, .invoke, id) { $0.channel = "news" } }
+        }
+    }
+
+    func kinds(_ builder: Builder) -> [HistoryChecker.Anomaly.Kind] {
+        HistoryChecker.check(builder.records).anomalies.map(\.kind)
+    }
+
+    @Test("a clean history: every acknowledged message once and in order, requests once, channel positions received or gaps")
+    func clean() {
+        var history = Builder()
+        history.send("m1")
+        history.send("m2")
+        history.send("m3", outcome: .fail)
+        history.send("m4", outcome: nil)  // its sender died: not known
+        history.send("x1", conversation: "c2")
+        history.deliver("m1", sequence: 1)
+        history.deliver("x1", sequence: 1, conversation: "c2")
+        history.deliver("m2", sequence: 2)
+        history.add("w1", .request, .invoke, "r1")
+        history.add("w1", .request, .ok, "r1")
+        history.add("w1", .request, .invoke, "r2")
+        history.add("w1", .request, .info, "r2") { $0.detail = "timed out" }
+        history.publish("p1", "p2", "p3", "p4", "p5")
+        history.receive("p1", at: 1)
+        history.gap(from: 2, to: 3)
+        history.receive("p4", at: 4)
+        history.receive("p5", at: 5)
+
+        let result = HistoryChecker.check(history.records.shuffled())
+        #expect(result.isValid, "\(result.anomalies)")
+        #expect(result.sends == [.ok: 3, .fail: 1, .info: 1])
+        #expect(result.delivered == 3 && result.requestsAnswered == 1)
+        #expect(result.received == 3 && result.gapPositions == 2)
+    }
+
+    @Test("acknowledged and never delivered")
+    func lost() {
+        var history = Builder()
+        history.send("m1")
+        history.send("m2")
+        history.deliver("m1", sequence: 1)
+        let anomalies = HistoryChecker.check(history.records).anomalies
+        #expect(anomalies.map(\.kind) == [.acknowledgedNotDelivered])
+        #expect(anomalies.first?.records.map(\.id) == ["m2", "m2"], "the send's invocation and outcome")
+    }
+
+    @Test("delivered twice: an anomaly, unless the recording process was killed in between (then counted)")
+    func doubled() {
+        var history = Builder()
+        history.send("m1")
+        history.deliver("m1", sequence: 1)
+        history.deliver("m1", sequence: 1)
+        #expect(self.kinds(history) == [.deliveredTwice])
+
+        var afterKill = Builder()
+        afterKill.send("m1")
+        afterKill.deliver("m1", sequence: 1)
+        afterKill.kill("w2")
+        afterKill.deliver("m1", sequence: 1)
+        let result = HistoryChecker.check(afterKill.records)
+        #expect(result.isValid && result.repeatsAfterKills == 1, "\(result.anomalies)")
+
+        var otherKilled = Builder()
+        otherKilled.send("m1")
+        otherKilled.deliver("m1", sequence: 1)
+        otherKilled.kill("w1")  // the sender's process, not the one that recorded it
+        otherKilled.deliver("m1", sequence: 1)
+        #expect(self.kinds(otherKilled) == [.deliveredTwice])
+    }
+
+    @Test("never sent: an unknown id, or a message delivered to another client than its recipient")
+    func neverSent() {
+        var history = Builder()
+        history.send("m1")
+        history.deliver("m1", sequence: 1)
+        history.deliver("ghost", sequence: 2)
+        history.deliver("m1", sequence: 1, to: "mallory", process: "w9")
+        #expect(self.kinds(history) == [.neverSent, .neverSent])
+    }
+
+    @Test("a refused message delivered")
+    func refusedDelivered() {
+        var history = Builder()
+        history.send("m1", outcome: .fail)
+        history.deliver("m1", sequence: 1)
+        #expect(self.kinds(history) == [.refusedDelivered])
+    }
+
+    @Test("out of order: a later send delivered first, or a sequence that skips")
+    func outOfOrder() {
+        var history = Builder()
+        history.send("m1")
+        history.send("m2")
+        history.deliver("m2", sequence: 1)
+        history.deliver("m1", sequence: 2)
+        #expect(self.kinds(history) == [.outOfOrder])
+
+        var skipped = Builder()
+        skipped.send("m1")
+        skipped.send("m2")
+        skipped.deliver("m1", sequence: 1)
+        skipped.deliver("m2", sequence: 3)
+        #expect(self.kinds(skipped) == [.outOfOrder])
+
+        var otherConversations = Builder()  // each conversation has its own order
+        otherConversations.send("m1", conversation: "c1")
+        otherConversations.send("n1", conversation: "c2")
+        otherConversations.deliver("n1", sequence: 1, conversation: "c2")
+        otherConversations.deliver("m1", sequence: 1, conversation: "c1")
+        #expect(self.kinds(otherConversations).isEmpty)
+    }
+
+    @Test("a request answered twice, or answered after it was reported failed")
+    func requests() {
+        var history = Builder()
+        history.add("w1", .request, .invoke, "r1")
+        history.add("w1", .request, .ok, "r1")
+        history.add("w1", .request, .ok, "r1")
+        history.add("w1", .request, .invoke, "r2")
+        history.add("w1", .request, .fail, "r2") { $0.detail = "deadline exceeded" }
+        history.add("w1", .request, .ok, "r2")
+        #expect(self.kinds(history) == [.answeredTwice, .answeredTwice])
+    }
+
+    @Test("channels: a position twice or back (but after a kill), one neither received nor a gap, a publication never published")
+    func channels() {
+        var twice = Builder()
+        twice.publish("p1", "p2")
+        twice.receive("p1", at: 1)
+        twice.receive("p1", at: 1)
+        twice.receive("p2", at: 2)
+        #expect(self.kinds(twice) == [.receivedTwice])
+
+        var afterKill = Builder()
+        afterKill.publish("p1", "p2")
+        afterKill.receive("p1", at: 1)
+        afterKill.kill("w3")
+        afterKill.receive("p1", at: 1)
+        afterKill.receive("p2", at: 2)
+        #expect(self.kinds(afterKill).isEmpty)
+
+        var hole = Builder()
+        hole.publish("p1", "p2", "p3", "p4")
+        hole.receive("p1", at: 1)
+        hole.gap(from: 2, to: 2)
+        hole.receive("p4", at: 4)
+        let anomalies = HistoryChecker.check(hole.records).anomalies
+        #expect(anomalies.map(\.kind) == [.unaccounted])
+        #expect(anomalies.first?.message.contains("positions 3…3") == true, "\(anomalies)")
+
+        var invented = Builder()
+        invented.receive("p9", at: 1)
+        #expect(self.kinds(invented) == [.neverPublished])
+    }
+
+    @Test("a record is one JSON line, as the workload writes it")
+    func json() throws {
+        let line =
+            #"{"time":1764330000123,"process":"w3","kind":"send","phase":"invoke","id":"w3/alice/c7/42","client":"alice","peer":"bob","conversation":"c7"}"#
+        let record = try JSONDecoder().decode(HistoryRecord.self, from: Data(line.utf8))
+        #expect(record.kind == .send && record.phase == .invoke && record.peer == "bob" && record.sequence == nil)
+        let again = try JSONDecoder().decode(HistoryRecord.self, from: try JSONEncoder().encode(record))
+        #expect(again == record)
+        #expect(throws: DecodingError.self) {
+            try JSONDecoder().decode(
+                HistoryRecord.self,
+                from: Data(#"{"time":1,"process":"w","kind":"teleport","phase":"ok","id":""}"#.utf8)
+            )
+        }
+    }
+}
