@@ -238,6 +238,11 @@ final class DemoRun: Sendable {
 
     private func timeoutsAndCancellation(alice: TetherClient) async throws {
         self.step("7. Timeouts and cancellation")
+        // Step 6's last cut may have left alice reconnecting: a request that times out before it
+        // is sent starts no handler for the gateway to stop.
+        try await self.waitUntil("alice is connected") {
+            if case .connected = alice.connectionState { true } else { false }
+        }
         let stoppedBefore = self.observations.cancelledHandlers.count
         do {
             _ = try await alice.request("demo.slow", body: ByteBuffer(string: "2000"), timeout: .milliseconds(300))
