@@ -12,6 +12,9 @@
 /// - **out of order**: in a (sender, conversation, recipient), a message delivered for the first
 ///   time after one its sender sent later, or whose sequence is not one more than the last.
 ///
+/// - **not converged**: an acknowledged message first delivered later than the bound after the
+///   nemesis's last act (or after its acknowledgement, if that came later).
+///
 /// Requests: **answered twice**, or answered after it was reported failed.
 ///
 /// Channels, per subscribing process and channel: **received twice** (the same position again,
@@ -38,6 +41,11 @@ public enum HistoryChecker {
         /// Channel publications received (first time) and positions covered by gaps.
         public var received: Int
         public var gapPositions: UInt64
+        /// When the nemesis's last act was (milliseconds since 1970), if it acted.
+        public var faultsStopped: Int64?
+        /// The longest wait, after the faults stopped (or after its acknowledgement, if later),
+        /// for the first delivery of an acknowledged message, in milliseconds.
+        public var slowestConvergence: Int64?
 
         /// Whether the history holds no anomaly.
         public var isValid: Bool { self.anomalies.isEmpty }
@@ -55,6 +63,7 @@ public enum HistoryChecker {
             case receivedTwice = "received twice"
             case unaccounted = "neither received nor a gap"
             case neverPublished = "never published"
+            case notConverged = "not converged"
         }
 
         public var kind: Kind
@@ -67,7 +76,11 @@ public enum HistoryChecker {
 
     /// Checks `records` (from every process of the run, in any order: they are put in the order
     /// of their times, each process's records in its own order).
-    public static func check(_ records: [HistoryRecord]) -> Result {
+    ///
+    /// - Parameter convergenceBound: How long after the nemesis's last act (a kill, or a fault
+    ///   record) an acknowledged message may take to be delivered; later is an anomaly
+    ///   (**not converged**). `nil`: only measured (``Result/slowestConvergence``).
+    public static func check(_ records: [HistoryRecord], convergenceBound: Duration? = nil) -> Result {
         let history = records.enumerated().sorted { ($0.element.time, $0.offset) < ($1.element.time, $1.offset) }.map(\.element)
         var result = Result(
             anomalies: [],
@@ -79,7 +92,9 @@ public enum HistoryChecker {
             gapPositions: 0
         )
         let kills = Kills(history)
-        Self.checkMessages(history, kills, &result)
+        result.faultsStopped = history.last { $0.kind == .kill || $0.kind == .fault }?.time
+        let bound = convergenceBound.map { $0.components.seconds * 1_000 + $0.components.attoseconds / 1_000_000_000_000_000 }
+        Self.checkMessages(history, kills, bound: bound, &result)
         Self.checkRequests(history, &result)
         Self.checkChannels(history, kills, &result)
         return result
@@ -94,7 +109,7 @@ public enum HistoryChecker {
         var index: Int
     }
 
-    private static func checkMessages(_ history: [HistoryRecord], _ kills: Kills, _ result: inout Result) {
+    private static func checkMessages(_ history: [HistoryRecord], _ kills: Kills, bound: Int64?, _ result: inout Result) {
         var sends: [String: Send] = [:]
         var sendsPerConversation: [String: Int] = [:]
         for record in history where record.kind == .send {
@@ -174,14 +189,31 @@ public enum HistoryChecker {
             }
             lastInStream[stream] = (send.index, delivery.sequence, delivery)
         }
-        for send in sends.values where send.outcome?.phase == .ok && copies[send.invoke.id] == nil {
-            result.anomalies.append(
-                Anomaly(
-                    kind: .acknowledgedNotDelivered,
-                    message: "\(send.invoke.id) to \(send.invoke.peer ?? "?") was acknowledged and never delivered",
-                    records: [send.invoke, send.outcome!]
+        for send in sends.values where send.outcome?.phase == .ok {
+            guard let delivery = copies[send.invoke.id]?.first else {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .acknowledgedNotDelivered,
+                        message: "\(send.invoke.id) to \(send.invoke.peer ?? "?") was acknowledged and never delivered",
+                        records: [send.invoke, send.outcome!]
+                    )
                 )
-            )
+                continue
+            }
+            // Convergence: how long after the faults stopped (or its acknowledgement) it came.
+            guard let stopped = result.faultsStopped else { continue }
+            let wait = delivery.time - max(stopped, send.outcome!.time)
+            guard wait > 0 else { continue }
+            result.slowestConvergence = max(result.slowestConvergence ?? 0, wait)
+            if let bound, wait > bound {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .notConverged,
+                        message: "\(send.invoke.id) was delivered \(wait) ms after the faults stopped (the bound is \(bound) ms)",
+                        records: [send.invoke, send.outcome!, delivery]
+                    )
+                )
+            }
         }
     }
 

@@ -226,6 +226,30 @@ struct HistoryCheckerTests {
         #expect(self.kinds(invented) == [.neverPublished])
     }
 
+    @Test("convergence: measured from the nemesis's last act; later than the bound is an anomaly")
+    func convergence() {
+        var history = Builder()
+        history.send("m1")
+        history.kill("w2")
+        history.add("nemesis", .fault, .ok) { $0.detail = "partition healed" }
+        history.send("m2")
+        history.time += 500
+        history.deliver("m1", sequence: 1)
+        history.time += 2_000
+        history.deliver("m2", sequence: 2)
+        let measured = HistoryChecker.check(history.records)
+        #expect(measured.isValid && measured.faultsStopped == 1_004)
+        #expect(measured.slowestConvergence == 2_502, "m2: acknowledged at 1006, delivered at 3508")
+        #expect(HistoryChecker.check(history.records, convergenceBound: .seconds(3)).isValid)
+        let late = HistoryChecker.check(history.records, convergenceBound: .seconds(1))
+        #expect(late.anomalies.map(\.kind) == [.notConverged] && late.anomalies.first?.records.last?.id == "m2")
+
+        var calm = Builder()  // no fault at all: nothing to measure
+        calm.send("m1")
+        calm.deliver("m1", sequence: 1)
+        #expect(HistoryChecker.check(calm.records, convergenceBound: .zero).slowestConvergence == nil)
+    }
+
     @Test("a record is one JSON line, as the workload writes it")
     func json() throws {
         let line =
