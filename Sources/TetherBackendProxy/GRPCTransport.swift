@@ -137,21 +137,18 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         _ connection: ConnectionInfo,
         timeout: Duration
     ) async throws(BackendFailure) -> Answered<MessageOutcome> {
-        var event = Tether_V1_MessageEvent()
-        event.topic = message.topic
-        event.data = Data(message.body.readableBytesView)
-        event.idempotencyKey = message.idempotencyKey
-        event.client = connection.clientID
-        event.conversation = message.conversation
-        event.sequence = message.sequence
         do {
-            _ = try await self.backend.message(event, metadata: self.metadata, options: Self.options(timeout))
+            _ = try await self.backend.message(Self.event(message, connection), metadata: self.metadata, options: Self.options(timeout))
             return Answered(outcome: .processed)
         } catch let error as RPCError where error.isAnswer {
-            if error.hasTetherStatus || !error.isRetried {
-                return Answered(outcome: .refused(error.tetherStatus, Self.text(error, or: "the backend refused the message")))
-            }
-            return Answered(outcome: .retry("the backend answered \(error.code); the message will come again"), backendDown: error.isDown)
+            let outcome = Self.messageOutcome(
+                error.code,
+                ownStatus: error.hasTetherStatus,
+                explicit: error.explicitTetherStatus,
+                message: error.message
+            )
+            if case .retry = outcome { return Answered(outcome: outcome, backendDown: error.isDown) }
+            return Answered(outcome: outcome)
         } catch {
             throw Self.failure(error)
         }
@@ -159,16 +156,7 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
 
     func messages(_ batch: [BatchedMessage], timeout: Duration) async throws(BackendFailure) -> Answered<[MessageOutcome]> {
         var event = Tether_V1_MessageBatch()
-        event.messages = batch.map { entry in
-            var message = Tether_V1_MessageEvent()
-            message.topic = entry.message.topic
-            message.data = Data(entry.message.body.readableBytesView)
-            message.idempotencyKey = entry.message.idempotencyKey
-            message.client = entry.connection.clientID
-            message.conversation = entry.message.conversation
-            message.sequence = entry.message.sequence
-            return message
-        }
+        event.messages = batch.map { Self.event($0.message, $0.connection) }
         let results: [Tether_V1_MessageResult]
         do {
             results = try await self.backend.messages(event, metadata: self.metadata, options: Self.options(timeout)).results
@@ -188,15 +176,39 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
         return Answered(
             outcome: results.map { result in
                 guard result.code != 0 else { return .processed }
-                let code = Status.Code(rawValue: Int(result.code)).flatMap { RPCError.Code($0) } ?? .unknown
-                let explicit = result.hasTetherStatus ? UInt16(clamping: result.tetherStatus) : nil
-                if explicit != nil || !RPCError.isRetried(code) {
-                    let message = result.message.isEmpty ? "the backend refused the message" : String(result.message.prefix(1_000))
-                    return .refused(RPCError.tetherStatus(code: code, explicit: explicit), message)
-                }
-                return .retry("the backend answered \(code); the message will come again")
+                return Self.messageOutcome(
+                    Status.Code(rawValue: Int(result.code)).flatMap { RPCError.Code($0) } ?? .unknown,
+                    ownStatus: result.hasTetherStatus,
+                    explicit: result.hasTetherStatus ? UInt16(clamping: result.tetherStatus) : nil,
+                    message: result.message
+                )
             }
         )
+    }
+
+    /// A message's event, as `Message` and `Messages` send it.
+    private static func event(_ message: ReliableMessage, _ connection: ConnectionInfo) -> Tether_V1_MessageEvent {
+        var event = Tether_V1_MessageEvent()
+        event.topic = message.topic
+        event.data = Data(message.body.readableBytesView)
+        event.idempotencyKey = message.idempotencyKey
+        event.client = connection.clientID
+        event.conversation = message.conversation
+        event.sequence = message.sequence
+        return event
+    }
+
+    /// What a message's status means (`backend.proto`): refused for good when the backend set
+    /// its own status (`ownStatus`; `explicit` its value, if it is one) or the code is not
+    /// retried, else it comes again.
+    private static func messageOutcome(_ code: RPCError.Code, ownStatus: Bool, explicit: UInt16?, message: String) -> MessageOutcome {
+        if ownStatus || !RPCError.isRetried(code) {
+            return .refused(
+                RPCError.tetherStatus(code: code, explicit: explicit),
+                Self.text(message, or: "the backend refused the message")
+            )
+        }
+        return .retry("the backend answered \(code); the message will come again")
     }
 
     func disconnected(_ connection: ConnectionInfo, reason: String, timeout: Duration) async throws(BackendFailure) -> Answered<Void> {
@@ -244,7 +256,12 @@ final class GRPCTransport: BackendTransport, GRPCConnections {
     }
 
     private static func text(_ error: RPCError, or fallback: String) -> String {
-        error.message.isEmpty ? fallback : String(error.message.utf8.prefix(1_000)) ?? fallback
+        Self.text(error.message, or: fallback)
+    }
+
+    /// A backend's message for the client: at most 1,000 bytes, `fallback` if empty.
+    private static func text(_ message: String, or fallback: String) -> String {
+        message.isEmpty ? fallback : String(message.utf8.prefix(1_000)) ?? fallback
     }
 
     /// A call that got no answer: the backend unreachable, too slow, or the call cancelled.
@@ -283,9 +300,12 @@ extension RPCError {
     /// Whether the backend set its own status: then the answer is a refusal, never "down".
     var hasTetherStatus: Bool { self.tetherStatusValue != nil }
 
+    /// The backend's own status as a number, if it set one that is.
+    var explicitTetherStatus: UInt16? { self.tetherStatusValue.flatMap { UInt16($0) } }
+
     /// The status the client sees.
     var tetherStatus: StatusCode {
-        Self.tetherStatus(code: self.code, explicit: self.tetherStatusValue.flatMap { UInt16($0) })
+        Self.tetherStatus(code: self.code, explicit: self.explicitTetherStatus)
     }
 
     /// The status the client sees for `code`, or Tether's own (`explicit`) if the backend gave one.

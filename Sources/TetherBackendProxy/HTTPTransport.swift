@@ -26,14 +26,7 @@ struct HTTPTransport: BackendTransport {
 
     func connect(_ hello: HandshakeInfo, timeout: Duration) async throws(BackendFailure) -> Answered<ConnectOutcome> {
         var event = ConnectEvent(client: hello.clientID, userAgent: hello.userAgent, remoteAddress: hello.remoteAddress)
-        if let token = hello.authToken {
-            let bytes = token.readableBytesView
-            if let text = String(validating: bytes, as: UTF8.self) {
-                event.token = text
-            } else {
-                event.tokenBase64 = Data(bytes).base64EncodedString()
-            }
-        }
+        if let token = hello.authToken { (event.token, event.tokenBase64) = Self.textOrBase64(token) }
         let answer = try await self.post(event, to: "connect", timeout: timeout)
         switch answer.status {
         case 200..<300:
@@ -129,12 +122,7 @@ struct HTTPTransport: BackendTransport {
                     conversation: entry.message.conversation,
                     sequence: entry.message.sequence
                 )
-                let bytes = entry.message.body.readableBytesView
-                if let text = String(validating: bytes, as: UTF8.self) {
-                    item.data = text
-                } else {
-                    item.dataBase64 = Data(bytes).base64EncodedString()
-                }
+                (item.data, item.dataBase64) = Self.textOrBase64(entry.message.body)
                 return item
             }
         )
@@ -286,6 +274,13 @@ struct HTTPTransport: BackendTransport {
     }
 
     // MARK: Encoding
+
+    /// Bytes for a JSON event: as text when they are UTF-8, else as base64 (one of the two).
+    static func textOrBase64(_ buffer: ByteBuffer) -> (text: String?, base64: String?) {
+        let bytes = buffer.readableBytesView
+        if let text = String(validating: bytes, as: UTF8.self) { return (text, nil) }
+        return (nil, Data(bytes).base64EncodedString())
+    }
 
     /// A method or topic as one URL path segment: unreserved bytes as they are, others
     /// percent-encoded.
