@@ -103,9 +103,11 @@ struct HTTPTransport: BackendTransport {
             body: message.body,
             timeout: timeout
         )
+        let header = answer.headers.first(name: "Tether-Status")
         let outcome = Self.messageOutcome(
             status: answer.status,
-            explicit: answer.headers.first(name: "Tether-Status").flatMap { UInt16($0) },
+            ownStatus: header != nil,
+            explicit: header.flatMap { UInt16($0) },
             message: answer.errorMessage
         )
         if case .retry = outcome { return Answered(outcome: outcome, backendDown: answer.isDown) }
@@ -141,6 +143,7 @@ struct HTTPTransport: BackendTransport {
             outcome: results.map { result in
                 Self.messageOutcome(
                     status: result.status,
+                    ownStatus: result.tetherStatus != nil,
                     explicit: result.tetherStatus,
                     message: result.message ?? "the backend answered \(result.status)"
                 )
@@ -148,11 +151,12 @@ struct HTTPTransport: BackendTransport {
         )
     }
 
-    /// A message's outcome from its status: 2xx processed; a 4xx other than 408 and 429 (or
-    /// Tether's own status) refused for good; anything else retried.
-    static func messageOutcome(status: Int, explicit: UInt16?, message: String) -> MessageOutcome {
+    /// A message's outcome from its status: 2xx processed; a 4xx other than 408 and 429, or
+    /// any status with Tether's own (`ownStatus`; `explicit` its value, if it is a number),
+    /// refused for good; anything else retried.
+    static func messageOutcome(status: Int, ownStatus: Bool, explicit: UInt16?, message: String) -> MessageOutcome {
         if (200..<300).contains(status) { return .processed }
-        if explicit != nil || (400..<500).contains(status) && ![408, 429].contains(status) {
+        if ownStatus || (400..<500).contains(status) && ![408, 429].contains(status) {
             return .refused(Self.tetherStatus(status: status, explicit: explicit), message)
         }
         return .retry("the backend answered \(status); the message will come again")
