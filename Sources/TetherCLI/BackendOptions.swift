@@ -154,13 +154,18 @@ struct BackendOptions: ParsableArguments {
                 "--api-port needs API keys: set TETHER_API_KEYS (comma-separated), --api-key-file, or api.keys in --config"
             )
         }
+        let idleTimeout =
+            try file?.api?.idleTimeoutSeconds.map { try duration(seconds: $0, option: "api.idle_timeout_seconds") }
+            ?? .seconds(60)
         do {
             return try ServerAPIConfiguration(
                 host: self.apiHost ?? file?.api?.host ?? "127.0.0.1",
                 port: apiPort,
                 grpcPort: self.apiGRPCPort ?? file?.api?.grpcPort,
                 keys: keys,
-                maxBodyBytes: file?.api?.maxBodyBytes ?? 4 << 20
+                maxBodyBytes: file?.api?.maxBodyBytes ?? 4 << 20,
+                maxConnections: file?.api?.maxConnections ?? 1_024,
+                idleTimeout: idleTimeout
             )
         } catch {
             throw ValidationError("--api-port: \(error.message)")

@@ -129,6 +129,9 @@ struct LoggingOptions: ParsableArguments {
 
 /// Parses a positive number of seconds.
 func duration(seconds: Double, option: String) throws -> Duration {
-    guard seconds > 0, seconds.isFinite else { throw ValidationError("--\(option) must be a positive number of seconds") }
+    // Up to a billion seconds (about 31 years): more would not fit a Duration in nanoseconds.
+    guard seconds > 0, seconds <= 1e9 else {
+        throw ValidationError("\(option.contains(".") ? "--config: " : "--")\(option) must be a positive number of seconds, at most 1e9")
+    }
     return .nanoseconds(Int64(seconds * 1e9))
 }

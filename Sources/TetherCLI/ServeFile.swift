@@ -13,6 +13,8 @@ import Yams
 /// api:
 ///   port: 8090
 ///   keys: [first-key-0123456789]     # and TETHER_API_KEYS
+///   max_connections: 1024            # per listener (JSON, gRPC); more wait
+///   idle_timeout_seconds: 60
 /// backend:
 ///   url: http://127.0.0.1:5000
 ///   connect: true
@@ -38,11 +40,15 @@ struct ServeFile: Decodable, Equatable {
         var grpcPort: Int?
         var keys: [String]?
         var maxBodyBytes: Int?
+        var maxConnections: Int?
+        var idleTimeoutSeconds: Double?
 
         enum CodingKeys: String, CodingKey, CaseIterable {
             case host, port, keys
             case grpcPort = "grpc_port"
             case maxBodyBytes = "max_body_bytes"
+            case maxConnections = "max_connections"
+            case idleTimeoutSeconds = "idle_timeout_seconds"
         }
     }
 
@@ -94,7 +100,9 @@ struct ServeFile: Decodable, Equatable {
             let count = self.history ?? 1_000
             guard count >= 0 else { throw ValidationError("\(name).history must be 0 or more, got \(count)") }
             let age = self.historyAgeSeconds ?? 300
-            guard age > 0, age.isFinite else { throw ValidationError("\(name).history_age_seconds must be positive, got \(age)") }
+            guard age > 0, age <= 1e9 else {
+                throw ValidationError("\(name).history_age_seconds must be positive and at most 1e9, got \(age)")
+            }
             var retention: ChannelRetention?
             if count > 0 {
                 do {

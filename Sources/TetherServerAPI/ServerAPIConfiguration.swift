@@ -19,7 +19,9 @@ public struct ServerAPIConfiguration: Sendable {
     /// The largest request body, in bytes (4 MiB by default); a larger one is refused with 413
     /// (gRPC: RESOURCE_EXHAUSTED).
     public var maxBodyBytes: Int
-    /// The most connections the API keeps open at once; more wait in the listen backlog.
+    /// The most connections each of the API's listeners (JSON, gRPC) keeps open at once; more
+    /// wait in the listen backlog, and are taken as connections close. (The JSON listener,
+    /// Hummingbird's, may take up to 3 more that arrive in the same instant as the last one.)
     public var maxConnections: Int
     /// How long a connection may stay silent (between calls, or in the middle of a body)
     /// before it is closed.

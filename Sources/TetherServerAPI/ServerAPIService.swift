@@ -103,6 +103,7 @@ public struct ServerAPIService: Service {
         let host = self.configuration.host == "localhost" ? "127.0.0.1" : self.configuration.host
         let maxBodyBytes = self.configuration.maxBodyBytes
         let idleTimeout = self.configuration.idleTimeout
+        let maxConnections = self.configuration.maxConnections
         let transport = HTTP2ServerTransport.Posix(
             address: host.contains(":") ? .ipv6(host: host, port: port) : .ipv4(host: host, port: port),
             transportSecurity: .plaintext,
@@ -111,6 +112,13 @@ public struct ServerAPIService: Service {
                 // why (GRPCServerAPI); the transport resets a larger one.
                 config.rpc.maxRequestPayloadSize = maxBodyBytes * 2
                 config.connection.maxIdleTime = idleTimeout
+                // On the listening channel: at the cap it stops accepting, and a connection
+                // that closes lets the next in.
+                config.channelDebuggingCallbacks.onBindTCPListener = { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(ConnectionCapHandler(maxConnections: maxConnections))
+                    }
+                }
             }
         )
         let server = GRPCServer(

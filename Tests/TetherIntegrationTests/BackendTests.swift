@@ -675,6 +675,22 @@ extension IntegrationTests {
                     ("channels:\n  - pattern: \"room.*\"\n    storage: disk\n", "channels[0].storage must be store or memory"),
                     ("channels:\n  - pattern: \"a*b\"\n", "channels[0].pattern"),
                     ("channels:\n  - pattern: \"room.*\"\n    history: -1\n", "channels[0].history must be 0 or more"),
+                    (
+                        "channels:\n  - pattern: \"room.*\"\n    history_age_seconds: 1e300\n",
+                        "history_age_seconds must be positive and at most 1e9"
+                    ),
+                    (
+                        "api:\n  port: 0\n  keys: [long-enough-key-0123456789]\n  max_connections: 0\n",
+                        "maxConnections and idleTimeout must be positive"
+                    ),
+                    (
+                        "api:\n  port: 0\n  keys: [long-enough-key-0123456789]\n  idle_timeout_seconds: 1e300\n",
+                        "--config: api.idle_timeout_seconds must be a positive number of seconds"
+                    ),
+                    (
+                        "backend:\n  url: http://127.0.0.1:1\n  connect: true\n  timeout_seconds: 1e300\n",
+                        "--backend-timeout must be a positive number of seconds"
+                    ),
                     ("api:\n  port: 0\n  keys: [short]\n", "16 to 512 bytes"),
                     ("api:\n  keys: [long-enough-key-0123456789]\n", "api needs a port"),
                     ("apis: {}\n", "apis: unknown key"),

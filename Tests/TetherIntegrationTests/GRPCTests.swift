@@ -439,6 +439,84 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "each listener of the server API (JSON, gRPC) holds at most maxConnections: the next connection waits, and is served once one closes"
+        )
+        func connectionCap() async throws {
+            try await withHarness { harness in
+                let (gateway, _) = try await harness.gateway(messageStore: InMemoryMessageStore())
+                let service = ServerAPIService(
+                    gateway: gateway,
+                    configuration: try ServerAPIConfiguration(port: 0, grpcPort: 0, keys: Self.keys, maxConnections: 2),
+                    logger: testLogger("api")
+                )
+                let task = Task { try await service.run() }
+                harness.onExit { task.cancel() }
+
+                // JSON: two connections served, a third waits until one of them closes.
+                let port = try await service.listeningPort()
+                let authorization = [("Authorization", "Bearer \(Self.keys[0])")]
+                var held: [HTTPPeer] = []
+                for _ in 0..<2 {
+                    let peer = try await HTTPPeer.connect(port: port)
+                    held.append(peer)
+                    #expect(try await peer.send(.GET, "/v1/clients/x/connections", headers: authorization).wait().status == .ok)
+                }
+                let waiting = try await HTTPPeer.connect(port: port)
+                defer {
+                    waiting.close()
+                    for peer in held { peer.close() }
+                }
+                let exchange = try await waiting.send(.GET, "/v1/clients/x/connections", headers: authorization)
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(exchange.response == nil, "a third connection is not served while two are open")
+                #expect(try await held[0].send(.GET, "/v1/clients/x/connections", headers: authorization).wait().status == .ok)
+                held[1].close()
+                #expect(try await exchange.wait(timeout: .seconds(5)).status == .ok, "it is served once one closed")
+
+                // gRPC: the same with three clients (a client holds one connection).
+                let grpcPort = try await service.grpcListeningPort()
+                let key = Self.metadata(Self.keys[0])
+                // One at a time: each client connects when made.
+                var clients: [(GRPCClient<HTTP2ClientTransport.Posix>, Task<Void, any Error>)] = []
+                defer {
+                    for (client, task) in clients {
+                        client.beginGracefulShutdown()
+                        task.cancel()
+                    }
+                }
+                /// nil once answered, or the call's error code.
+                @Sendable func call(_ client: GRPCClient<HTTP2ClientTransport.Posix>, timeout: Duration) async -> RPCError.Code? {
+                    var options = CallOptions.defaults
+                    options.timeout = timeout
+                    let api = Tether_V1_ServerAPI.Client(wrapping: client)
+                    return await Self.code {
+                        _ = try await api.clientConnections(.with { $0.client = "x" }, metadata: key, options: options)
+                    }?
+                    .0
+                }
+                var answers: [RPCError.Code?] = []
+                for index in 0..<3 {
+                    let client = GRPCClient(
+                        transport: try HTTP2ClientTransport.Posix(
+                            target: .ipv4(address: "127.0.0.1", port: grpcPort),
+                            transportSecurity: .plaintext
+                        )
+                    )
+                    clients.append((client, Task { try await client.runConnections() }))
+                    answers.append(await call(client, timeout: index < 2 ? .seconds(5) : .milliseconds(500)))
+                }
+                #expect(answers[0] == nil && answers[1] == nil, "\(answers)")
+                #expect(answers[2] != nil, "a third connection is not served while two are open")
+                #expect(await call(clients[0].0, timeout: .seconds(5)) == nil, "those within the cap are")
+                clients[1].0.beginGracefulShutdown()
+                let third = clients[2].0
+                try await eventually("the third client is served once one closed", timeout: .seconds(10)) {
+                    await call(third, timeout: .seconds(1)) == nil
+                }
+            }
+        }
+
         @Test("the gRPC event proxy: connects, requests (statuses, deadlines) and reliable messages once each")
         func proxy() async throws {
             try await withHarness { harness in
