@@ -306,7 +306,9 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > A client id's connections to this gateway (none when it is not connected).
+        /// > A client id's connections (none when it is not connected): in a cluster, on every node
+        /// > (the others are asked through the cluster's database, and those that do not answer in time
+        /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
         ///
         /// - Parameters:
         ///   - request: A streaming request of `Tether_V1_ClientConnectionsRequest` messages.
@@ -324,7 +326,7 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > The connections joined to a room on this gateway.
+        /// > The connections joined to a room, on every node of a cluster as above.
         ///
         /// - Parameters:
         ///   - request: A streaming request of `Tether_V1_RoomMembersRequest` messages.
@@ -514,7 +516,9 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > A client id's connections to this gateway (none when it is not connected).
+        /// > A client id's connections (none when it is not connected): in a cluster, on every node
+        /// > (the others are asked through the cluster's database, and those that do not answer in time
+        /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_ClientConnectionsRequest` message.
@@ -532,7 +536,7 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > The connections joined to a room on this gateway.
+        /// > The connections joined to a room, on every node of a cluster as above.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_RoomMembersRequest` message.
@@ -720,7 +724,9 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > A client id's connections to this gateway (none when it is not connected).
+        /// > A client id's connections (none when it is not connected): in a cluster, on every node
+        /// > (the others are asked through the cluster's database, and those that do not answer in time
+        /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
         ///
         /// - Parameters:
         ///   - request: A `Tether_V1_ClientConnectionsRequest` message.
@@ -738,7 +744,7 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > The connections joined to a room on this gateway.
+        /// > The connections joined to a room, on every node of a cluster as above.
         ///
         /// - Parameters:
         ///   - request: A `Tether_V1_RoomMembersRequest` message.
@@ -1320,7 +1326,9 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > A client id's connections to this gateway (none when it is not connected).
+        /// > A client id's connections (none when it is not connected): in a cluster, on every node
+        /// > (the others are asked through the cluster's database, and those that do not answer in time
+        /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_ClientConnectionsRequest` message.
@@ -1343,7 +1351,7 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > The connections joined to a room on this gateway.
+        /// > The connections joined to a room, on every node of a cluster as above.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_RoomMembersRequest` message.
@@ -1641,7 +1649,9 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > A client id's connections to this gateway (none when it is not connected).
+        /// > A client id's connections (none when it is not connected): in a cluster, on every node
+        /// > (the others are asked through the cluster's database, and those that do not answer in time
+        /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_ClientConnectionsRequest` message.
@@ -1675,7 +1685,7 @@ extension Tether_V1_ServerAPI {
         ///
         /// > Source IDL Documentation:
         /// >
-        /// > The connections joined to a room on this gateway.
+        /// > The connections joined to a room, on every node of a cluster as above.
         ///
         /// - Parameters:
         ///   - request: A request containing a single `Tether_V1_RoomMembersRequest` message.
@@ -1980,7 +1990,9 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     ///
     /// > Source IDL Documentation:
     /// >
-    /// > A client id's connections to this gateway (none when it is not connected).
+    /// > A client id's connections (none when it is not connected): in a cluster, on every node
+    /// > (the others are asked through the cluster's database, and those that do not answer in time
+    /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
     ///
     /// - Parameters:
     ///   - request: A request containing a single `Tether_V1_ClientConnectionsRequest` message.
@@ -2009,7 +2021,7 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     ///
     /// > Source IDL Documentation:
     /// >
-    /// > The connections joined to a room on this gateway.
+    /// > The connections joined to a room, on every node of a cluster as above.
     ///
     /// - Parameters:
     ///   - request: A request containing a single `Tether_V1_RoomMembersRequest` message.
@@ -2313,7 +2325,9 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     ///
     /// > Source IDL Documentation:
     /// >
-    /// > A client id's connections to this gateway (none when it is not connected).
+    /// > A client id's connections (none when it is not connected): in a cluster, on every node
+    /// > (the others are asked through the cluster's database, and those that do not answer in time
+    /// > are named in `unanswered_nodes`). UNAVAILABLE when the cluster's database is unreachable.
     ///
     /// - Parameters:
     ///   - message: request message to send.
@@ -2346,7 +2360,7 @@ extension Tether_V1_ServerAPI.ClientProtocol {
     ///
     /// > Source IDL Documentation:
     /// >
-    /// > The connections joined to a room on this gateway.
+    /// > The connections joined to a room, on every node of a cluster as above.
     ///
     /// - Parameters:
     ///   - message: request message to send.

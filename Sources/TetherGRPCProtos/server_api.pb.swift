@@ -429,8 +429,13 @@ public nonisolated struct Tether_V1_Connections: Sendable {
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
   // methods supported on all messages.
 
-  /// Sorted by id.
+  /// The answering node's first, then the other nodes' of a cluster by node name; each node's
+  /// sorted by id.
   public var connections: [Tether_V1_Connection] = []
+
+  /// The live nodes of the cluster that did not answer in time (the cluster's query timeout, 2 s
+  /// by default): without them the list may be incomplete. Empty on a single gateway.
+  public var unansweredNodes: [String] = []
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -442,6 +447,7 @@ public nonisolated struct Tether_V1_Connection: Sendable {
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
   // methods supported on all messages.
 
+  /// The node's own id: ids of different nodes may be equal.
   public var id: UInt64 = 0
 
   public var client: String = String()
@@ -464,12 +470,23 @@ public nonisolated struct Tether_V1_Connection: Sendable {
   /// Clears the value of `remoteAddress`. Subsequent reads from it will return its default value.
   public mutating func clearRemoteAddress() {self._remoteAddress = nil}
 
+  /// The node that holds the connection (its cluster name); absent on a single gateway.
+  public var node: String {
+    get {_node ?? String()}
+    set {_node = newValue}
+  }
+  /// Returns true if `node` has been explicitly set.
+  public var hasNode: Bool {self._node != nil}
+  /// Clears the value of `node`. Subsequent reads from it will return its default value.
+  public mutating func clearNode() {self._node = nil}
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
   fileprivate var _userAgent: String? = nil
   fileprivate var _remoteAddress: String? = nil
+  fileprivate var _node: String? = nil
 }
 
 public nonisolated struct Tether_V1_DisconnectClientRequest: Sendable {
@@ -1292,7 +1309,7 @@ nonisolated extension Tether_V1_RoomMembersRequest: SwiftProtobuf.Message, Swift
 
 nonisolated extension Tether_V1_Connections: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Connections"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}connections\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}connections\0\u{3}unanswered_nodes\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1301,6 +1318,7 @@ nonisolated extension Tether_V1_Connections: SwiftProtobuf.Message, SwiftProtobu
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
       case 1: try { try decoder.decodeRepeatedMessageField(value: &self.connections) }()
+      case 2: try { try decoder.decodeRepeatedStringField(value: &self.unansweredNodes) }()
       default: break
       }
     }
@@ -1310,11 +1328,15 @@ nonisolated extension Tether_V1_Connections: SwiftProtobuf.Message, SwiftProtobu
     if !self.connections.isEmpty {
       try visitor.visitRepeatedMessageField(value: self.connections, fieldNumber: 1)
     }
+    if !self.unansweredNodes.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.unansweredNodes, fieldNumber: 2)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: Tether_V1_Connections, rhs: Tether_V1_Connections) -> Bool {
     if lhs.connections != rhs.connections {return false}
+    if lhs.unansweredNodes != rhs.unansweredNodes {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -1322,7 +1344,7 @@ nonisolated extension Tether_V1_Connections: SwiftProtobuf.Message, SwiftProtobu
 
 nonisolated extension Tether_V1_Connection: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Connection"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}id\0\u{1}client\0\u{3}user_agent\0\u{3}remote_address\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}id\0\u{1}client\0\u{3}user_agent\0\u{3}remote_address\0\u{1}node\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1334,6 +1356,7 @@ nonisolated extension Tether_V1_Connection: SwiftProtobuf.Message, SwiftProtobuf
       case 2: try { try decoder.decodeSingularStringField(value: &self.client) }()
       case 3: try { try decoder.decodeSingularStringField(value: &self._userAgent) }()
       case 4: try { try decoder.decodeSingularStringField(value: &self._remoteAddress) }()
+      case 5: try { try decoder.decodeSingularStringField(value: &self._node) }()
       default: break
       }
     }
@@ -1356,6 +1379,9 @@ nonisolated extension Tether_V1_Connection: SwiftProtobuf.Message, SwiftProtobuf
     try { if let v = self._remoteAddress {
       try visitor.visitSingularStringField(value: v, fieldNumber: 4)
     } }()
+    try { if let v = self._node {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 5)
+    } }()
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1364,6 +1390,7 @@ nonisolated extension Tether_V1_Connection: SwiftProtobuf.Message, SwiftProtobuf
     if lhs.client != rhs.client {return false}
     if lhs._userAgent != rhs._userAgent {return false}
     if lhs._remoteAddress != rhs._remoteAddress {return false}
+    if lhs._node != rhs._node {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

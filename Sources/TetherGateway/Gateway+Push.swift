@@ -154,6 +154,31 @@ extension Gateway {
         self.registry.established(ofClient: clientID)
     }
 
+    /// The connections that answer `question` on every node of the gateway's cluster: this
+    /// node's, then the other nodes' (``GatewayCluster/ask(_:)``); this gateway's alone without
+    /// a cluster. Each is named by its node; each node's are sorted by connection id.
+    ///
+    /// ```swift
+    /// let found = try await gateway.connectionsInCluster(.connections(client: "alice"))
+    /// for entry in found.connections { print(entry.node ?? "-", entry.connection.id) }
+    /// if !found.unanswered.isEmpty { print("incomplete: \(found.unanswered) did not answer") }
+    /// ```
+    /// - Throws: When the cluster cannot ask the other nodes (its database is unreachable).
+    public func connectionsInCluster(_ question: ClusterQuestion) async throws -> ClusterAnswers {
+        var local: [ConnectionInfo]
+        switch question {
+        case .connections(let client): local = self.connections(of: client)
+        case .members(let room): local = self.members(of: room)
+        }
+        local.sort { $0.id < $1.id }
+        guard let cluster = self.cluster else {
+            return ClusterAnswers(connections: local.map { NodeConnection(node: nil, connection: $0) })
+        }
+        var answers = try await cluster.ask(question)
+        answers.connections = local.map { NodeConnection(node: cluster.nodeName, connection: $0) } + answers.connections
+        return answers
+    }
+
 }
 
 /// Joining a room: what ``Gateway/join(room:connection:)`` and a handler's

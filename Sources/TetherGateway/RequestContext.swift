@@ -15,6 +15,14 @@ public struct ConnectionInfo: Sendable, Hashable {
     public var remoteAddress: String?
     /// What the gateway's authenticator proved about the client; `nil` without one.
     public var identity: ClientIdentity?
+
+    public init(id: UInt64, clientID: String, userAgent: String? = nil, remoteAddress: String? = nil, identity: ClientIdentity? = nil) {
+        self.id = id
+        self.clientID = clientID
+        self.userAgent = userAgent
+        self.remoteAddress = remoteAddress
+        self.identity = identity
+    }
 }
 
 /// Who a push goes to.

@@ -96,14 +96,16 @@ extension PostgresCluster {
                 var others: [String] = []
                 var streamURLs: [UInt64: String] = [:]
                 var alive: Set<UInt64> = []
+                var names: [Int64: String] = [:]
                 let heard = node.channelMembersHeard
-                for (other, address, leaving, key, url) in try await self.query(
+                for (other, name, address, leaving, key, url) in try await self.query(
                     """
-                    SELECT id, address, leaving, stream_key, stream_url FROM tether_nodes
+                    SELECT id, name, address, leaving, stream_key, stream_url FROM tether_nodes
                     WHERE id <> \(id) AND seen_at > now() - make_interval(secs => \(Self.seconds(self.configuration.nodeTimeout)))
                     """
-                ).map({ try $0.decode((Int64, String?, Bool, Int64?, String?).self) }) {
+                ).map({ try $0.decode((Int64, String, String?, Bool, Int64?, String?).self) }) {
                     alive.insert(UInt64(bitPattern: other))
+                    names[other] = name
                     if let address, !leaving { others.append(address) }
                     // A leaving node still holds its streams until it has closed them.
                     if let key, let url { streamURLs[UInt64(bitPattern: key)] = url }
@@ -111,6 +113,7 @@ extension PostgresCluster {
                 self.state.withLockedValue { state in
                     state.others = others
                     state.streamURLs = streamURLs
+                    state.alive = names
                 }
                 // The members of a node that died (or left) leave its channels.
                 node.channelMemberNodes(alive: alive, heardBy: heard)
@@ -137,6 +140,8 @@ extension PostgresCluster {
             "DELETE FROM tether_pushes WHERE created_at < now() - make_interval(secs => \(Self.seconds(self.configuration.pushRetention)))"
         )
         _ = try await self.query("DELETE FROM tether_nodes WHERE seen_at < now() - interval '1 day'")
+        // Answers whose asker stopped before it read them.
+        _ = try await self.query("DELETE FROM tether_answers WHERE created_at < now() - interval '1 minute'")
     }
 
     /// Writes presence, lane releases and pushes, each kind in one statement per round.
@@ -402,6 +407,7 @@ extension PostgresCluster {
                     let after = cursor
                     var read = 0
                     var members: [(node: Int64, ClusterChannelMember)] = []
+                    var questions: [(id: Int64, question: ClusterQuestion)] = []
                     for (pushID, origin, kind, name, topic, body) in try await self.query(
                         """
                         SELECT id, origin, kind, target, topic, body FROM tether_pushes
@@ -415,6 +421,10 @@ extension PostgresCluster {
                             if let member = StoredChannelMember.decode(channel: name, client: topic, body: body) {
                                 members.append((origin, member))
                             }
+                            continue
+                        }
+                        if kind == StoredQuestion.kind {
+                            if let question = StoredQuestion.decode(target: name, topic: topic, body: body) { questions.append(question) }
                             continue
                         }
                         if kind == StoredClientCommand.kind {
@@ -432,6 +442,7 @@ extension PostgresCluster {
                         node.channelMembers(members[start..<end].map(\.1), on: UInt64(bitPattern: origin))
                         start = end
                     }
+                    if !questions.isEmpty { await self.answer(questions, from: id, node) }
                     if read > 0 { self.logger.debug("read pushes", metadata: ["pushes": "\(read)", "cursor": "\(cursor)"]) }
                     if read < 1000 { break }
                 }
@@ -439,6 +450,25 @@ extension PostgresCluster {
                 self.logger.warning("cannot read the pushes of other nodes", metadata: ["error": "\(PostgresMessageStore.describe(error))"])
             }
             await self.pushes.wait(upTo: self.configuration.pollInterval)
+        }
+    }
+
+    /// Answers other nodes' questions about this node's connections, in one statement.
+    private func answer(_ questions: [(id: Int64, question: ClusterQuestion)], from id: Int64, _ node: ClusterNode) async {
+        let bodies = questions.map { StoredQuestion.answer(node.answer($0.question)) }
+        do {
+            _ = try await self.query(
+                """
+                INSERT INTO tether_answers (query, node, body)
+                SELECT query, \(id), body FROM unnest(\(questions.map(\.id)), \(bodies)) AS a(query, body)
+                ON CONFLICT DO NOTHING
+                """
+            )
+        } catch {
+            self.logger.warning(
+                "cannot answer other nodes' questions about this node's connections",
+                metadata: ["error": "\(PostgresMessageStore.describe(error))"]
+            )
         }
     }
 }

@@ -35,6 +35,8 @@ import TetherNIO
 ///   a row of `tether_pushes` too, written in the same transaction: a node reads the rows when
 ///   it joins and the changes after its cursor, and forgets the members of a node that is no
 ///   longer alive at its next heartbeat.
+/// - **Questions** about the nodes' connections (a client's, a room's members): a row of
+///   `tether_pushes`; each node answers with a row of `tether_answers` (``ask(_:)``).
 /// - **HTTP streams**: a node's session tokens start with its stream key, which it registers
 ///   in `tether_nodes` with the URL of its HTTP listener; a POST for a session another node
 ///   holds is forwarded there over HTTP (async-http-client), and that node's answer is the
@@ -66,6 +68,10 @@ public final class PostgresCluster: GatewayCluster {
         public var pollInterval: Duration = .seconds(1)
         /// How long pushes stay in `tether_pushes` for nodes that fall behind.
         public var pushRetention: Duration = .seconds(60)
+        /// How long a node waits for the other live nodes' answers to a question about their
+        /// connections (``PostgresCluster/ask(_:)``); those that have not answered by then are
+        /// named as such.
+        public var queryTimeout: Duration = .seconds(2)
         /// Where clients reach this node (`tether://10.0.0.5:7700`, `wss://…`): when another
         /// node shuts down, its GOAWAY may send its clients here. `nil`: never named.
         public var address: String?
@@ -105,7 +111,8 @@ public final class PostgresCluster: GatewayCluster {
                     message: "the stream URL '\(streamURL)' is not an http:// or https:// URL with a host"
                 )
             }
-            guard self.claimTimeout > .zero, self.pollInterval > .zero, self.pushRetention > .zero, self.streamForwardTimeout > .zero
+            guard self.claimTimeout > .zero, self.pollInterval > .zero, self.pushRetention > .zero, self.streamForwardTimeout > .zero,
+                self.queryTimeout > .zero
             else {
                 throw MessageStoreError(code: .invalidArgument, message: "the cluster's timeouts and intervals must be positive")
             }
@@ -146,6 +153,8 @@ public final class PostgresCluster: GatewayCluster {
         var running = false
         /// The addresses of the other live nodes, as of the last heartbeat.
         var others: [String] = []
+        /// The other live nodes' names by id, as of the last heartbeat.
+        var alive: [Int64: String] = [:]
         /// The stream URLs of the other live nodes by stream key, as of the last heartbeat.
         var streamURLs: [UInt64: String] = [:]
     }
@@ -199,6 +208,50 @@ public final class PostgresCluster: GatewayCluster {
     public func command(_ command: ClientCommand) {
         self.state.withLockedValue { $0.pushes.append(StoredClientCommand.row(command)) }
         self.writes.ring()
+    }
+
+    public var nodeName: String? { self.configuration.name }
+
+    /// Writes the question as a row of `tether_pushes`; every other node answers with a row of
+    /// `tether_answers` (``pushLoop(_:_:after:)``), which this node reads until every node
+    /// alive at the last heartbeat answered, or ``Configuration-swift.struct/queryTimeout``
+    /// passed.
+    public func ask(_ question: ClusterQuestion) async throws -> ClusterAnswers {
+        guard let id = self.nodeID else {
+            throw MessageStoreError(code: .storage, message: "the node has not joined its cluster yet")
+        }
+        let expected = self.state.withLockedValue { $0.alive }
+        guard !expected.isEmpty else { return ClusterAnswers() }
+        let query = Int64.random(in: 1...Int64.max)
+        try await self.insert([StoredQuestion.row(question, id: query)], from: id)
+        var answered: [Int64: [ConnectionInfo]] = [:]
+        let start = ContinuousClock.now
+        var pause = Duration.milliseconds(5)
+        do {
+            while true {
+                for (node, body) in try await self.query("SELECT node, body FROM tether_answers WHERE query = \(query)").map({
+                    try $0.decode((Int64, ByteBuffer).self)
+                }) {
+                    answered[node] = StoredQuestion.connections(in: body)
+                }
+                if expected.keys.allSatisfy({ answered[$0] != nil }) || ContinuousClock.now - start >= self.configuration.queryTimeout {
+                    break
+                }
+                try await Task.sleep(for: pause)
+                pause = min(pause * 2, .milliseconds(50))
+            }
+        } catch {
+            _ = try? await self.query("DELETE FROM tether_answers WHERE query = \(query)")
+            throw error
+        }
+        _ = try? await self.query("DELETE FROM tether_answers WHERE query = \(query)")
+        let names = answered.keys.map { ($0, expected[$0] ?? "node \($0)") }.sorted { $0.1 < $1.1 }
+        return ClusterAnswers(
+            connections: names.flatMap { node, name in
+                (answered[node] ?? []).sorted { $0.id < $1.id }.map { NodeConnection(node: name, connection: $0) }
+            },
+            unanswered: expected.filter { answered[$0.key] == nil }.map(\.value).sorted()
+        )
     }
 
     public func clientArrived(_ client: String) {

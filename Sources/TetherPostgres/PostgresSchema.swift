@@ -99,6 +99,14 @@ enum PostgresSchema {
             PRIMARY KEY (channel, client, node));
         CREATE INDEX tether_channel_members_node ON tether_channel_members (node)
         """,
+        // 7: the answers of nodes to another node's question about their connections
+        // (PostgresCluster.ask): read, then deleted, by the node that asked.
+        """
+        CREATE UNLOGGED TABLE tether_answers (
+            query bigint NOT NULL, node bigint NOT NULL, body bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (query, node));
+        CREATE INDEX tether_answers_created_at ON tether_answers (created_at)
+        """,
     ]
 
     /// Brings the database's schema up to date.
@@ -213,6 +221,56 @@ enum StoredClientCommand {
         default:
             return nil
         }
+    }
+}
+
+/// A node's question about the other nodes' connections (``ClusterQuestion``), stored in
+/// `tether_pushes` as kind ``kind``: the client id or room in `target`, what is asked in
+/// `topic` (`connections`, `members`), the question's id (`i64`) in `body`. Each node that
+/// reads it answers with a row of `tether_answers`: its connections, as JSON. A node that does
+/// not know the kind skips the row (and is named among those that did not answer).
+enum StoredQuestion {
+    static let kind: Int16 = 6
+
+    /// One connection in an answer.
+    struct Connection: Codable {
+        var id: UInt64
+        var client: String
+        var userAgent: String?
+        var remoteAddress: String?
+    }
+
+    static func row(_ question: ClusterQuestion, id: Int64) -> StoredPush {
+        var body = ByteBuffer()
+        body.writeInteger(id)
+        switch question {
+        case .connections(let client): return StoredPush(kind: Self.kind, target: client, topic: "connections", body: body)
+        case .members(let room): return StoredPush(kind: Self.kind, target: room, topic: "members", body: body)
+        }
+    }
+
+    /// The question a row holds and its id; `nil` for one this node does not know or cannot read.
+    static func decode(target: String, topic: String, body: ByteBuffer) -> (id: Int64, question: ClusterQuestion)? {
+        var body = body
+        guard let id = body.readInteger(as: Int64.self) else { return nil }
+        switch topic {
+        case "connections": return (id, .connections(client: target))
+        case "members": return (id, .members(room: target))
+        default: return nil
+        }
+    }
+
+    static func answer(_ connections: [ConnectionInfo]) -> ByteBuffer {
+        let stored = connections.map {
+            Connection(id: $0.id, client: $0.clientID, userAgent: $0.userAgent, remoteAddress: $0.remoteAddress)
+        }
+        return ByteBuffer(bytes: (try? JSONEncoder().encode(stored)) ?? Data("[]".utf8))
+    }
+
+    /// The connections of an answer; `nil` if it cannot be read.
+    static func connections(in answer: ByteBuffer) -> [ConnectionInfo]? {
+        guard let stored = try? JSONDecoder().decode([Connection].self, from: Data(answer.readableBytesView)) else { return nil }
+        return stored.map { ConnectionInfo(id: $0.id, clientID: $0.client, userAgent: $0.userAgent, remoteAddress: $0.remoteAddress) }
     }
 }
 

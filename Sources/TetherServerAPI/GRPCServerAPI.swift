@@ -134,11 +134,11 @@ struct GRPCServerAPI: Tether_V1_ServerAPI.SimpleServiceProtocol {
     }
 
     func clientConnections(request: Tether_V1_ClientConnectionsRequest, context: ServerContext) async throws -> Tether_V1_Connections {
-        try Self.answerNow { () throws(APIFailure) in .init(try self.operations.connections(of: request.client)) }
+        try await Self.answer { () async throws(APIFailure) in .init(try await self.operations.connections(of: request.client)) }
     }
 
     func roomMembers(request: Tether_V1_RoomMembersRequest, context: ServerContext) async throws -> Tether_V1_Connections {
-        try Self.answerNow { () throws(APIFailure) in .init(try self.operations.members(of: request.room)) }
+        try await Self.answer { () async throws(APIFailure) in .init(try await self.operations.members(of: request.room)) }
     }
 
     func disconnectClient(
@@ -254,16 +254,19 @@ extension Tether_V1_PublishResult {
 
 @available(macOS 15.0, iOS 18.0, watchOS 11.0, tvOS 18.0, visionOS 2.0, *)
 extension Tether_V1_Connections {
-    init(_ connections: [ConnectionInfo]) {
+    init(_ answers: ClusterAnswers) {
         self.init()
-        self.connections = connections.map { info in
+        self.connections = answers.connections.map { entry in
+            let info = entry.connection
             var connection = Tether_V1_Connection()
             connection.id = info.id
             connection.client = info.clientID
             if let userAgent = info.userAgent { connection.userAgent = userAgent }
             if let address = info.remoteAddress { connection.remoteAddress = address }
+            if let node = entry.node { connection.node = node }
             return connection
         }
+        self.unansweredNodes = answers.unanswered
     }
 }
 

@@ -150,17 +150,19 @@ struct ServerAPIHandler: APIProtocol {
 
     func clientConnections(_ input: Operations.ClientConnections.Input) async throws -> Operations.ClientConnections.Output {
         do throws(APIFailure) {
-            return .ok(.init(body: .json(Self.connections(try self.operations.connections(of: input.path.client)))))
+            return .ok(.init(body: .json(Self.connections(try await self.operations.connections(of: input.path.client)))))
         } catch {
-            return .badRequest(.init(body: .json(error.schema)))
+            return error.status == 503
+                ? .serviceUnavailable(.init(body: .json(error.schema))) : .badRequest(.init(body: .json(error.schema)))
         }
     }
 
     func roomMembers(_ input: Operations.RoomMembers.Input) async throws -> Operations.RoomMembers.Output {
         do throws(APIFailure) {
-            return .ok(.init(body: .json(Self.connections(try self.operations.members(of: input.path.room)))))
+            return .ok(.init(body: .json(Self.connections(try await self.operations.members(of: input.path.room)))))
         } catch {
-            return .badRequest(.init(body: .json(error.schema)))
+            return error.status == 503
+                ? .serviceUnavailable(.init(body: .json(error.schema))) : .badRequest(.init(body: .json(error.schema)))
         }
     }
 
@@ -199,11 +201,18 @@ struct ServerAPIHandler: APIProtocol {
         }
     }
 
-    private static func connections(_ connections: [ConnectionInfo]) -> Components.Schemas.Connections {
+    private static func connections(_ answers: ClusterAnswers) -> Components.Schemas.Connections {
         .init(
-            connections: connections.map {
-                .init(id: Int64(clamping: $0.id), client: $0.clientID, userAgent: $0.userAgent, remoteAddress: $0.remoteAddress)
-            }
+            connections: answers.connections.map {
+                .init(
+                    id: Int64(clamping: $0.connection.id),
+                    client: $0.connection.clientID,
+                    userAgent: $0.connection.userAgent,
+                    remoteAddress: $0.connection.remoteAddress,
+                    node: $0.node
+                )
+            },
+            unansweredNodes: answers.unanswered
         )
     }
 }

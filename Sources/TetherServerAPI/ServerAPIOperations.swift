@@ -76,16 +76,25 @@ struct ServerAPIOperations: Sendable {
         }
     }
 
-    /// A client id's connections, sorted by id.
-    func connections(of client: String) throws(APIFailure) -> [ConnectionInfo] {
+    /// A client id's connections on every node: this node's first, each node's sorted by id.
+    func connections(of client: String) async throws(APIFailure) -> ClusterAnswers {
         if let failure = APIFailure.length(of: client, "a client id") { throw failure }
-        return self.gateway.connections(of: client).sorted { $0.id < $1.id }
+        return try await self.inCluster(.connections(client: client))
     }
 
-    /// A room's members, sorted by connection id.
-    func members(of room: String) throws(APIFailure) -> [ConnectionInfo] {
+    /// A room's members on every node: this node's first, each node's sorted by connection id.
+    func members(of room: String) async throws(APIFailure) -> ClusterAnswers {
         if let failure = APIFailure.length(of: room, "a room name") { throw failure }
-        return self.gateway.members(of: room).sorted { $0.id < $1.id }
+        return try await self.inCluster(.members(room: room))
+    }
+
+    private func inCluster(_ question: ClusterQuestion) async throws(APIFailure) -> ClusterAnswers {
+        do {
+            return try await self.gateway.connectionsInCluster(question)
+        } catch {
+            let reason = (error as? MessageStoreError)?.message ?? "\(error)"
+            throw APIFailure(status: 503, code: "unavailable", message: "the other nodes cannot be asked: \(reason)")
+        }
     }
 
     /// Closes a client id's connections; how many.

@@ -227,6 +227,77 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "the server API's queries reach every node: a client's connections and a room's members on both nodes, each named by its node; a live node that does not answer is named"
+        )
+        func queriesAcrossNodes() async throws {
+            let url = try await TestPostgres.makeDatabase()
+            try await withHarness(timeLimit: .seconds(120)) { harness in
+                let network = LocalNetwork()
+                let a = try await harness.clusterNode(
+                    "a",
+                    url: url,
+                    network: network,
+                    configureCluster: { $0.queryTimeout = .milliseconds(800) }
+                )
+                let b = try await harness.clusterNode("b", url: url, network: network)
+                let api = APICaller(port: try await harness.serverAPI(a.gateway, keys: BackendTests.keys), key: BackendTests.keys[0])
+                // alice on both nodes (two devices), bob on B; alice's first device and bob in the room.
+                let aliceA = try harness.client([a.endpoint], clientID: "alice", transport: network.transport)
+                _ = try harness.client([b.endpoint], clientID: "alice", transport: network.transport)  // her second device
+                let bob = try harness.client([b.endpoint], clientID: "bob", transport: network.transport)
+                for client in [aliceA, bob] { _ = try await client.request("room.enter", body: ByteBuffer(string: "lobby")) }
+                try await eventually("alice is on both nodes") {
+                    a.gateway.connections(of: "alice").count == 1 && b.gateway.connections(of: "alice").count == 1
+                }
+                try await eventually("A knows B is alive", timeout: .seconds(5)) { a.cluster.alternateEndpoint != nil }
+
+                func nodes(_ json: [String: Any]) -> [String] {
+                    (json["connections"] as? [[String: Any]] ?? []).map {
+                        "\($0["node"] as? String ?? "-")/\($0["client"] as? String ?? "-")"
+                    }
+                }
+                let alice = try await api.call(.GET, "/v1/clients/alice/connections")
+                #expect(alice.status == 200)
+                #expect(nodes(alice.json) == ["a/alice", "b/alice"], "\(alice.json)")
+                #expect(alice.json["unanswered_nodes"] as? [String] == [])
+                let ids = (alice.json["connections"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? Int }
+                let expected = [a, b].compactMap { $0.gateway.connections(of: "alice").first.map { Int($0.id) } }
+                #expect(ids == expected)
+                let lobby = try await api.call(.GET, "/v1/rooms/lobby/members")
+                #expect(nodes(lobby.json) == ["a/alice", "b/bob"], "\(lobby.json)")
+                let nobody = try await api.call(.GET, "/v1/clients/carol/connections")
+                #expect(nobody.status == 200 && nodes(nobody.json).isEmpty)
+
+                // A node that is alive by the table but never answers (a node of an older version,
+                // or one that hangs): the answer comes after the timeout, naming it.
+                let store = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: url))
+                let running = Task { await store.run() }
+                defer { running.cancel() }
+                _ = try await store.query("INSERT INTO tether_nodes (name) VALUES ('mute')").collect()
+                let heartbeat = Task {
+                    while !Task.isCancelled {
+                        _ = try? await store.query("UPDATE tether_nodes SET seen_at = now() WHERE name = 'mute'").collect()
+                        try? await Task.sleep(for: .milliseconds(100))
+                    }
+                }
+                defer { heartbeat.cancel() }
+                try await eventually("A counts the mute node as alive") {
+                    let answers = try? await a.cluster.ask(.members(room: "x"))
+                    return answers?.unanswered == ["mute"]
+                }
+                let started = ContinuousClock.now
+                let partial = try await api.call(.GET, "/v1/clients/alice/connections")
+                let took = ContinuousClock.now - started
+                #expect(partial.status == 200 && nodes(partial.json) == ["a/alice", "b/alice"], "\(partial.json)")
+                #expect(partial.json["unanswered_nodes"] as? [String] == ["mute"])
+                #expect(took >= .milliseconds(700) && took < .seconds(5), "after the query timeout: \(took)")
+                try await eventually("the answers were deleted") {
+                    (try? await store.query("SELECT count(*) FROM tether_answers").collect().first?.decode(Int.self)) == 0
+                }
+            }
+        }
+
         @Test("a node that shuts down names another in its GOAWAY: its clients move there, and their messages go on once each")
         func gracefulLeave() async throws {
             let url = try await TestPostgres.makeDatabase()

@@ -75,6 +75,15 @@ public protocol GatewayCluster: Sendable {
     /// (``ClusterNode/apply(_:)``). Queue it, do not wait. By default, nothing: each node's
     /// orders reach its own connections only.
     func command(_ command: ClientCommand)
+
+    /// Asks the other live nodes a question about their connections (a client id's, a room's
+    /// members): their answers, and the nodes that did not answer in time. By default, none:
+    /// each node answers for its own connections only.
+    /// - Throws: When the question cannot be asked (the cluster's database is unreachable).
+    func ask(_ question: ClusterQuestion) async throws -> ClusterAnswers
+
+    /// This node's name among the nodes (in ``ClusterAnswers``); `nil` by default.
+    var nodeName: String? { get }
 }
 
 extension GatewayCluster {
@@ -91,6 +100,44 @@ extension GatewayCluster {
     public func channelMembersChanged(_ member: ClusterChannelMember) {}
 
     public func command(_ command: ClientCommand) {}
+
+    public func ask(_ question: ClusterQuestion) async throws -> ClusterAnswers { ClusterAnswers() }
+
+    public var nodeName: String? { nil }
+}
+
+/// A question a node asks the others about their connections (the server API's queries).
+public enum ClusterQuestion: Sendable, Hashable {
+    /// A client id's established connections.
+    case connections(client: String)
+    /// The connections joined to a room.
+    case members(room: String)
+}
+
+/// What the other nodes answered to a ``ClusterQuestion``.
+public struct ClusterAnswers: Sendable, Equatable {
+    /// Each node's connections that answer the question, by the node's name.
+    public var connections: [NodeConnection]
+    /// The names of the live nodes that did not answer in time: without them, the answer may be
+    /// incomplete.
+    public var unanswered: [String]
+
+    public init(connections: [NodeConnection] = [], unanswered: [String] = []) {
+        self.connections = connections
+        self.unanswered = unanswered
+    }
+}
+
+/// A connection and the node that holds it (`nil`: a gateway without a cluster, or a cluster
+/// that names no node).
+public struct NodeConnection: Sendable, Equatable {
+    public var node: String?
+    public var connection: ConnectionInfo
+
+    public init(node: String?, connection: ConnectionInfo) {
+        self.node = node
+        self.connection = connection
+    }
 }
 
 /// What one node has of a client in a channel that keeps presence: its connections
@@ -269,6 +316,14 @@ public struct ClusterNode: Sendable {
             }
         }
         return true
+    }
+
+    /// This node's connections that answer `question` (another node asked it).
+    public func answer(_ question: ClusterQuestion) -> [ConnectionInfo] {
+        switch question {
+        case .connections(let client): self.registry.established(ofClient: client)
+        case .members(let room): self.registry.members(of: room)
+        }
     }
 
     /// The client ids with a reliable connection on this node.
