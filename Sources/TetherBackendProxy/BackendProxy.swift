@@ -273,7 +273,10 @@ public final class BackendProxy: ClientAuthenticator, Service, Sendable {
     func message(_ message: ReliableMessage, _ connection: ConnectionInfo) async throws {
         let outcome: MessageOutcome
         if let batcher = self.batcher {
-            outcome = try await batcher.process(BatchedMessage(message: message, connection: connection)) { batch in
+            outcome = try await batcher.process(
+                BatchedMessage(message: message, connection: connection),
+                cancelled: .failure(BackendFailure(status: .cancelled, message: "cancelled while waiting for a batch call"))
+            ) { batch in
                 await self.send(batch)
             }.get()
         } else {

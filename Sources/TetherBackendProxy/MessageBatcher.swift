@@ -27,9 +27,11 @@ final class MessageBatcher<Item: Sendable, Outcome: Sendable>: Sendable {
     private struct State {
         var waiting: [Waiting] = []
         var leaders = 0
+        var nextID: UInt64 = 0
     }
 
     private struct Waiting {
+        var id: UInt64
         var item: Item
         var continuation: CheckedContinuation<Wake, Never>
     }
@@ -40,6 +42,8 @@ final class MessageBatcher<Item: Sendable, Outcome: Sendable>: Sendable {
         case lead
         /// Its call ended.
         case done(Outcome)
+        /// Its task was cancelled while it waited in line (it was in no call).
+        case cancelled
     }
 
     init(maxMessages: Int, maxCallsInFlight: Int = 2) {
@@ -53,21 +57,40 @@ final class MessageBatcher<Item: Sendable, Outcome: Sendable>: Sendable {
 
     /// Processes `item` in a call with the others waiting.
     ///
-    /// - Parameter send: makes one call for a batch and returns one outcome per message, in
-    ///   order (as many as it was given).
-    func process(_ item: Item, send: ([Item]) async -> [Outcome]) async -> Outcome {
-        let wake = await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
-            let leads = self.state.withLockedValue { state in
-                if state.leaders < self.maxCallsInFlight {
-                    state.leaders += 1
-                    return true
+    /// - Parameters:
+    ///   - cancelled: The outcome of a message whose task is cancelled while it waits in line:
+    ///     it leaves the line at once. (A message already in a call has that call's outcome.)
+    ///   - send: makes one call for a batch and returns one outcome per message, in order (as
+    ///     many as it was given).
+    func process(_ item: Item, cancelled: @autoclosure () -> Outcome, send: ([Item]) async -> [Outcome]) async -> Outcome {
+        let id = self.state.withLockedValue { state in
+            defer { state.nextID &+= 1 }
+            return state.nextID
+        }
+        let wake = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
+                let wake = self.state.withLockedValue { state -> Wake? in
+                    if state.leaders < self.maxCallsInFlight {
+                        state.leaders += 1
+                        return .lead
+                    }
+                    // Checked under the lock: a cancellation before this found nothing to take out.
+                    if Task.isCancelled { return .cancelled }
+                    state.waiting.append(Waiting(id: id, item: item, continuation: continuation))
+                    return nil
                 }
-                state.waiting.append(Waiting(item: item, continuation: continuation))
-                return false
+                if let wake { continuation.resume(returning: wake) }
             }
-            if leads { continuation.resume(returning: .lead) }
+        } onCancel: {
+            let waiting = self.state.withLockedValue { state -> Waiting? in
+                guard let index = state.waiting.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiting.remove(at: index)
+            }
+            waiting?.continuation.resume(returning: .cancelled)
         }
         switch wake {
+        case .cancelled:
+            return cancelled()
         case .done(let outcome):
             return outcome
         case .lead:

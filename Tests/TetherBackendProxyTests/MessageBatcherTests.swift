@@ -33,7 +33,7 @@ struct MessageBatcherTests {
         let backend = Backend()
         backend.state.withLockedValue { $0.released = true }
         let batcher = MessageBatcher<Int, String>(maxMessages: 8)
-        #expect(await batcher.process(7) { await backend.send($0) } == "outcome 7")
+        #expect(await batcher.process(7, cancelled: "cancelled") { await backend.send($0) } == "outcome 7")
         #expect(backend.state.withLockedValue { $0.batches } == [[7]])
     }
 
@@ -43,7 +43,7 @@ struct MessageBatcherTests {
         let batcher = MessageBatcher<Int, String>(maxMessages: 8, maxCallsInFlight: 2)
         try await withThrowingTaskGroup(of: (Int, String).self) { group in
             for item in 0..<50 {
-                group.addTask { (item, await batcher.process(item) { await backend.send($0) }) }
+                group.addTask { (item, await batcher.process(item, cancelled: "cancelled") { await backend.send($0) }) }
             }
             // Two calls are made at once; the other 48 wait in line for them.
             while batcher.waitingCount < 48 || backend.state.withLockedValue({ $0.batches.count }) < 2 {
@@ -67,5 +67,35 @@ struct MessageBatcherTests {
         // left at once: at most two calls there are not full.
         let sizes = state.batches.map(\.count)
         #expect(sizes.prefix(2) == [1, 1] && sizes.dropFirst(2).filter { $0 < 8 }.count <= 2, "\(sizes)")
+    }
+
+    @Test("a message whose task is cancelled while it waits in line leaves it at once; the others go on")
+    func cancelledInLine() async throws {
+        let backend = Backend()
+        let batcher = MessageBatcher<Int, String>(maxMessages: 8, maxCallsInFlight: 1)
+        let leader = Task { await batcher.process(0, cancelled: "cancelled") { await backend.send($0) } }
+        while backend.state.withLockedValue({ $0.batches.count }) < 1 { try await Task.sleep(for: .milliseconds(1)) }
+        let waiting = (1...3).map { item in Task { await batcher.process(item, cancelled: "cancelled") { await backend.send($0) } } }
+        while batcher.waitingCount < 3 { try await Task.sleep(for: .milliseconds(1)) }
+        waiting[1].cancel()
+        #expect(await waiting[1].value == "cancelled", "it returns while the call is still under way")
+        #expect(batcher.waitingCount == 2)
+        backend.state.withLockedValue { $0.released = true }
+        #expect(await leader.value == "outcome 0")
+        #expect(await waiting[0].value == "outcome 1")
+        #expect(await waiting[2].value == "outcome 3")
+        #expect(backend.state.withLockedValue { $0.batches } == [[0], [1, 3]], "the cancelled message is in no call")
+
+        // Cancelled before it joins the line: it does not wait either.
+        backend.state.withLockedValue { $0.released = false }
+        let busy = Task { await batcher.process(4, cancelled: "cancelled") { await backend.send($0) } }
+        while backend.state.withLockedValue({ $0.batches.count }) < 3 { try await Task.sleep(for: .milliseconds(1)) }
+        let late = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await batcher.process(5, cancelled: "cancelled") { await backend.send($0) }
+        }
+        #expect(await late.value == "cancelled")
+        backend.state.withLockedValue { $0.released = true }
+        #expect(await busy.value == "outcome 4")
     }
 }
