@@ -123,6 +123,19 @@ extension IntegrationTests {
                 for receipt in receipts {
                     #expect(states[receipt.id] == [.queued, .sent, .finished(.acknowledged)])
                 }
+
+                // The events end when the client stops (they did not, until the nemesis's worker
+                // waited for them to).
+                let ended = NIOLockedValueBox(false)
+                let reader = Task {
+                    for await _ in events {}
+                    ended.withLockedValue { $0 = true }
+                }
+                defer { reader.cancel() }
+                alice.shutdown()
+                try await eventually("alice's message events end when she stops", timeout: .seconds(5)) { ended.withLockedValue { $0 } }
+                var after = alice.messageEvents.makeAsyncIterator()
+                #expect(await after.next() == nil, "a subscription after the end ends at once")
             }
         }
 

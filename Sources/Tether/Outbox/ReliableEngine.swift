@@ -402,5 +402,6 @@ final class ReliableEngine: Sendable {
         for waiter in waiters { waiter.resume() }
         timer?.cancel()
         self.wakeup.continuation.finish()
+        self.events.finish()  // messageEvents end with the client
     }
 }
