@@ -361,6 +361,7 @@ let package = Package(
             name: "TetherLab",
             dependencies: [
                 "TetherCore",
+                "TetherHistory",
                 "TetherProcess",
                 "TetherNIO",
                 "Tether",

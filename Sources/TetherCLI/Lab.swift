@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import TetherCore
 import TetherLab
 
 struct Lab: AsyncParsableCommand {
@@ -13,7 +14,7 @@ struct Lab: AsyncParsableCommand {
             Without them those scenarios are skipped, with the reason in the report.
             Plots: python3 Lab/plot.py DIRECTORY (needs matplotlib).
             """,
-        subcommands: [List.self, Run.self, Report.self]
+        subcommands: [List.self, Run.self, Report.self, Nemesis.self, Worker.self]
     )
 
     struct List: ParsableCommand {
@@ -108,7 +109,7 @@ struct Lab: AsyncParsableCommand {
             guard status == 0 else { throw ExitCode(status) }
         }
 
-        private static func executable() -> String {
+        static func executable() -> String {
             #if os(Linux)
                 if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
             #endif
@@ -131,6 +132,101 @@ struct Lab: AsyncParsableCommand {
             let report = LabReport.markdown(results, machine: LabReport.machine(), command: self.command)
             try report.write(toFile: "\(self.directory)/REPORT.md", atomically: true, encoding: .utf8)
             print(report)
+        }
+    }
+
+    struct Nemesis: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Workers record a history while faults are injected at random; the history is then checked.",
+            discussion: """
+                Starts `tether serve` (SQLite store) and `tether lab worker` processes that send reliable
+                messages to each other and make requests, recording every invocation and outcome; kills
+                and pauses them and the gateway at moments drawn from the seed; then lets them finish
+                and checks the history (every acknowledged message delivered once, in order; nothing
+                delivered that was not sent or was refused; requests answered at most once). Writes
+                report.json (and anomalies.txt) to --output; exits 1 if there is an anomaly.
+                """
+        )
+
+        @Option(help: "The seed (the same seed draws the same faults at the same moments); random if absent.")
+        var seed: UInt64?
+
+        @Option(help: "Seconds of work with faults.")
+        var seconds: Double = 40
+
+        @Option(help: "Seconds of quiet after the faults, for the workers to receive what is left.")
+        var quiet: Double = 20
+
+        @Option(help: "Workload processes.")
+        var workers = 2
+
+        @Option(help: "Clients in each workload process.")
+        var clients = 3
+
+        @Option(
+            help:
+                "The kinds of fault, comma-separated (default: all of \(NemesisRun.Fault.allCases.map(\.rawValue).joined(separator: ", ")))."
+        )
+        var faults: String?
+
+        @Option(help: "Where the store, histories, logs and report go.")
+        var output = "nemesis"
+
+        func validate() throws {
+            guard self.seconds > 0, self.quiet > 0, self.workers > 0, self.clients > 0, self.workers * self.clients >= 2 else {
+                throw ValidationError("--seconds, --quiet, --workers and --clients must be positive, with at least two clients in all")
+            }
+            for name in self.faults?.split(separator: ",") ?? [] where NemesisRun.Fault(rawValue: String(name)) == nil {
+                throw ValidationError("--faults: unknown fault '\(name)'")
+            }
+        }
+
+        func run() async throws {
+            let seed = self.seed ?? UInt64.random(in: 0...UInt64.max)
+            var configuration = NemesisRun.Configuration(executable: Run.executable(), directory: self.output, seed: seed)
+            configuration.faultySeconds = self.seconds
+            configuration.quietSeconds = self.quiet
+            configuration.workers = self.workers
+            configuration.clientsPerWorker = self.clients
+            if let faults = self.faults {
+                configuration.faults = faults.split(separator: ",").compactMap { NemesisRun.Fault(rawValue: String($0)) }
+            }
+            let report = try await NemesisRun(configuration: configuration).run { print($0) }
+            for anomaly in report.anomalies.prefix(20) { print(anomaly) }
+            if !report.anomalies.isEmpty { throw ExitCode(1) }
+        }
+    }
+
+    struct Worker: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "A workload process of `tether lab nemesis`: clients that record a history.",
+            shouldDisplay: false
+        )
+
+        @Option var name: String
+        @Option(help: "Its client ids, comma-separated.") var clients: String
+        @Option(help: "Every client id of the run, comma-separated.") var everyone: String
+        @Option(help: "Gateway endpoints, comma-separated.") var endpoints: String
+        @Option var directory: String
+        @Option(help: "Stop sending at this wall time (ms since 1970).") var sendUntil: Int64
+        @Option(help: "Stop at this wall time (ms since 1970).") var stopAt: Int64
+        @Option var seed: UInt64 = 0
+        @Option(help: "Heartbeat interval in seconds.") var heartbeat: Double = 1
+
+        func run() async throws {
+            let endpoints = try self.endpoints.split(separator: ",").map { try Endpoint(parsing: String($0)) }
+            var configuration = HistoryWorker.Configuration(
+                name: self.name,
+                clients: self.clients.split(separator: ",").map(String.init),
+                everyone: self.everyone.split(separator: ",").map(String.init),
+                endpoints: endpoints,
+                directory: self.directory,
+                sendUntil: self.sendUntil,
+                stopAt: self.stopAt,
+                seed: self.seed
+            )
+            configuration.heartbeat = try duration(seconds: self.heartbeat, option: "heartbeat")
+            try await HistoryWorker(configuration: configuration).run()
         }
     }
 }

@@ -10,7 +10,8 @@
 ///   recipient;
 /// - **refused, yet delivered**: a delivery of a message whose `send` failed;
 /// - **out of order**: in a (sender, conversation, recipient), a message delivered for the first
-///   time after one its sender sent later, or whose sequence is not one more than the last.
+///   time after one its sender sent later; or a first delivery whose sequence (the recipient's
+///   stream of deliveries) is not one more than the recipient's last.
 ///
 /// - **not converged**: an acknowledged message first delivered later than the bound after the
 ///   nemesis's last act (or after its acknowledgement, if that came later).
@@ -128,7 +129,8 @@ public enum HistoryChecker {
 
         // Deliveries, per message and per (sender, conversation, recipient) in delivery order.
         var copies: [String: [HistoryRecord]] = [:]
-        var lastInStream: [String: (index: Int, sequence: UInt64?, record: HistoryRecord)] = [:]
+        var lastInStream: [String: (index: Int, record: HistoryRecord)] = [:]
+        var lastSequence: [String: (sequence: UInt64, record: HistoryRecord)] = [:]
         for delivery in history where delivery.kind == .delivery && delivery.phase == .ok {
             guard let send = sends[delivery.id] else {
                 result.anomalies.append(
@@ -174,20 +176,29 @@ public enum HistoryChecker {
             copies[delivery.id] = [delivery]
             result.delivered += 1
             let stream = "\(send.invoke.client ?? "")\u{0}\(send.invoke.conversation ?? "")\u{0}\(delivery.client ?? "")"
-            if let last = lastInStream[stream] {
-                let sequenceBroken = last.sequence.map { previous in delivery.sequence.map { $0 != previous + 1 } ?? false } ?? false
-                if send.index < last.index || sequenceBroken {
+            if let last = lastInStream[stream], send.index < last.index {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .outOfOrder,
+                        message: "\(delivery.id) (sent #\(send.index + 1)) came after \(last.record.id) (sent #\(last.index + 1))",
+                        records: [last.record, delivery]
+                    )
+                )
+            }
+            lastInStream[stream] = (send.index, delivery)
+            if let sequence = delivery.sequence, let recipient = delivery.client {
+                if let last = lastSequence[recipient], sequence != last.sequence + 1 {
                     result.anomalies.append(
                         Anomaly(
                             kind: .outOfOrder,
                             message:
-                                "\(delivery.id) (sent #\(send.index + 1), sequence \(delivery.sequence.map(String.init) ?? "-")) came after \(last.record.id) (sent #\(last.index + 1), sequence \(last.sequence.map(String.init) ?? "-"))",
+                                "\(recipient)'s delivery \(sequence) (\(delivery.id)) came after its delivery \(last.sequence) (\(last.record.id))",
                             records: [last.record, delivery]
                         )
                     )
                 }
+                lastSequence[recipient] = (sequence, delivery)
             }
-            lastInStream[stream] = (send.index, delivery.sequence, delivery)
         }
         for send in sends.values where send.outcome?.phase == .ok {
             guard let delivery = copies[send.invoke.id]?.first else {

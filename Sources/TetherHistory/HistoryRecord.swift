@@ -17,7 +17,8 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         /// recipient's client id), `conversation`.
         case send
         /// A reliable message the recipient's app processed: `id`, `client` (the recipient),
-        /// `peer` (the sender), `conversation`, `sequence`.
+        /// `peer` (the sender), `conversation`, `sequence` (its number in the recipient's
+        /// stream of deliveries, which every sender's messages share).
         case delivery
         /// A request: `id`, `client`.
         case request

@@ -97,6 +97,11 @@ final class GatewayProcess: @unchecked Sendable {
         return MetricsSamples(parsing: String(buffer: try await response.body.collect(upTo: 4 << 20)))
     }
 
+    /// Sends `signal` to the gateway (SIGSTOP, SIGCONT), if it runs.
+    func signal(_ signal: Int32) {
+        self.running.withLockedValue { $0.process }?.send(signal)
+    }
+
     /// Kills the gateway with SIGKILL (no goodbye to its clients) and waits for it to exit.
     func kill() {
         guard let process = self.running.withLockedValue({ $0.process }) else { return }

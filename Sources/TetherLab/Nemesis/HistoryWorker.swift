@@ -1,0 +1,262 @@
+import Foundation
+import Logging
+import NIOCore
+import Tether
+public import TetherCore
+import TetherHistory
+import TetherNIO
+
+/// One workload process of a nemesis run (`tether lab worker`): a few clients, each with its
+/// outbox in SQLite on disk, sending reliable messages to the run's other clients, receiving
+/// theirs and making requests, and recording every invocation and outcome to
+/// `history-NAME.jsonl` (``HistoryWriter``). Killed and started again with the same
+/// directory, it resumes: its clients' outboxes send what they had accepted, their checkpoints
+/// say which deliveries were processed, and it appends to the same history.
+///
+/// A message's body is its id in the history (`alice/bob/5f3a9c01/42`: sender, recipient, the
+/// process start's nonce, a counter), so that its deliveries name it. The conversation is the
+/// recipient's client id (the demo's `dm` handler delivers there). Which id the outbox gave a
+/// message is kept in `CLIENT.map`, so that a process started again records the outcomes of
+/// messages an earlier one sent; a message accepted just before a kill, whose line did not
+/// reach the file, keeps no outcome (`info` for the checker).
+public struct HistoryWorker: Sendable {
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public struct Configuration: Sendable {
+        /// The process's name in the history (`w1`); the same after a restart.
+        public var name: String
+        /// The client ids this process runs (each on one connection).
+        public var clients: [String]
+        /// Every client id of the run: the recipients to choose from.
+        public var everyone: [String]
+        /// The gateways, in the order a client tries them.
+        public var endpoints: [Endpoint]
+        /// Where the outboxes, the maps and the history are.
+        public var directory: String
+        /// When to stop sending (wall clock, milliseconds since 1970).
+        public var sendUntil: Int64
+        /// When to stop (wall clock): after `sendUntil`, the clients go on receiving.
+        public var stopAt: Int64
+        /// Between one client's operations.
+        public var interval: Duration = .milliseconds(25)
+        /// One operation in this many is an `echo` request, not a message.
+        public var requestEvery: Int = 5
+        public var requestTimeout: Duration = .seconds(2)
+        /// How long the gateway may stay silent before a client takes its connection for dead.
+        public var heartbeat: Duration = .seconds(1)
+        /// The longest a client waits between two attempts to connect (the default's 30 s would
+        /// make the convergence after the faults that long).
+        public var longestBackoff: Duration = .seconds(2)
+        /// Draws the recipients and the operations.
+        public var seed: UInt64
+
+        public init(
+            name: String,
+            clients: [String],
+            everyone: [String],
+            endpoints: [Endpoint],
+            directory: String,
+            sendUntil: Int64,
+            stopAt: Int64,
+            seed: UInt64
+        ) {
+            self.name = name
+            self.clients = clients
+            self.everyone = everyone
+            self.endpoints = endpoints
+            self.directory = directory
+            self.sendUntil = sendUntil
+            self.stopAt = stopAt
+            self.seed = seed
+        }
+    }
+
+    public let configuration: Configuration
+
+    public init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Runs the clients until ``Configuration-swift.struct/stopAt``.
+    public func run() async throws {
+        let history = try HistoryWriter(
+            path: "\(self.configuration.directory)/history-\(self.configuration.name).jsonl",
+            process: self.configuration.name
+        )
+        let nonce = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (index, client) in self.configuration.clients.enumerated() {
+                let worker = try ClientWorker(
+                    client: client,
+                    configuration: self.configuration,
+                    history: history,
+                    nonce: nonce,
+                    seed: self.configuration.seed &+ UInt64(index) &* 0x9E37_79B9_7F4A_7C15
+                )
+                group.addTask { try await worker.run() }
+            }
+            try await group.waitForAll()
+        }
+    }
+}
+
+/// One client of a worker process.
+private final class ClientWorker: Sendable {
+    let client: String
+    let configuration: HistoryWorker.Configuration
+    let history: HistoryWriter
+    let nonce: String
+    let seed: UInt64
+    let tether: TetherClient
+    let mapFile: String
+    /// The history ids of the messages the outbox holds, by the outbox's id; and outcomes that
+    /// came before `send` returned their id.
+    let messages = TetherLock<(ids: [UInt64: String], early: [UInt64: MessageOutcome])>(([:], [:]))
+
+    init(client: String, configuration: HistoryWorker.Configuration, history: HistoryWriter, nonce: String, seed: UInt64) throws {
+        self.client = client
+        self.configuration = configuration
+        self.history = history
+        self.nonce = nonce
+        self.seed = seed
+        var clientConfiguration = ClientConfiguration(endpoints: configuration.endpoints, clientID: client)
+        clientConfiguration.reliability = try .init(outbox: try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite"))
+        clientConfiguration.heartbeat.interval = configuration.heartbeat
+        clientConfiguration.reconnect.backoff = try Backoff(maximum: configuration.longestBackoff)
+        var logger = Logger(label: "tether.lab.worker.\(client)")
+        logger.logLevel = .critical
+        self.tether = try TetherClient(configuration: clientConfiguration, logger: logger)
+        self.mapFile = "\(configuration.directory)/\(client).map"
+        // Messages an earlier process of this worker sent: their outcomes may come now.
+        if let text = try? String(contentsOfFile: self.mapFile, encoding: .utf8) {
+            var ids: [UInt64: String] = [:]
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                if fields.count == 2, let id = UInt64(fields[0]) { ids[id] = String(fields[1]) }
+            }
+            self.messages.withLockedValue { $0.ids = ids }
+        }
+    }
+
+    func run() async throws {
+        let events = self.tether.messageEvents  // before run(): no outcome is missed
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.tether.run() }
+            group.addTask { await self.recordOutcomes(events) }  // ends when the client stops
+            group.addTask { await self.recordDeliveries() }
+            group.addTask {
+                await self.operate()
+                let rest = self.configuration.stopAt - HistoryWriter.now()
+                if rest > 0 { try? await Task.sleep(for: .milliseconds(rest)) }
+                self.tether.shutdown()
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// Messages and requests, one at a time, until `sendUntil`.
+    private func operate() async {
+        var generator = SplitMix64(seed: self.seed)
+        let peers = self.configuration.everyone.filter { $0 != self.client }
+        guard !peers.isEmpty else { return }
+        var counter = 0
+        while HistoryWriter.now() < self.configuration.sendUntil {
+            counter += 1
+            if counter % self.configuration.requestEvery == 0 {
+                await self.request("\(self.client)/req/\(self.nonce)/\(counter)")
+            } else {
+                let peer = peers[Int(generator.next() % UInt64(peers.count))]
+                await self.send("\(self.client)/\(peer)/\(self.nonce)/\(counter)", to: peer)
+            }
+            try? await Task.sleep(for: self.configuration.interval)
+        }
+    }
+
+    private func send(_ id: String, to peer: String) async {
+        self.history.record(.send, .invoke, id: id, client: self.client, peer: peer, conversation: peer)
+        let receipt: MessageReceipt
+        do {
+            receipt = try await self.tether.send("dm", body: ByteBuffer(string: id), conversation: peer)
+        } catch {
+            // Not accepted: it will never be sent.
+            self.history.record(.send, .fail, id: id, client: self.client, peer: peer, conversation: peer, detail: "\(error)")
+            return
+        }
+        self.appendToMap("\(receipt.id) \(id)\n")
+        let early = self.messages.withLockedValue { state -> MessageOutcome? in
+            if let outcome = state.early.removeValue(forKey: receipt.id) { return outcome }
+            state.ids[receipt.id] = id
+            return nil
+        }
+        if let early { self.recordOutcome(early, of: id) }
+    }
+
+    private func request(_ id: String) async {
+        self.history.record(.request, .invoke, id: id, client: self.client)
+        do {
+            let answer = try await self.tether.request("echo", body: ByteBuffer(string: id), timeout: self.configuration.requestTimeout)
+            let echoed = String(buffer: answer)
+            self.history.record(.request, .ok, id: id, client: self.client, detail: echoed == id ? nil : "echoed \(echoed)")
+        } catch {
+            // A timeout or a lost connection: it may have run.
+            self.history.record(.request, .info, id: id, client: self.client, detail: "\(error)")
+        }
+    }
+
+    private func recordOutcomes(_ events: AsyncStream<MessageEvent>) async {
+        for await event in events {
+            guard case .finished(let outcome) = event.state else { continue }
+            let id = self.messages.withLockedValue { state -> String? in
+                if let id = state.ids.removeValue(forKey: event.id) { return id }
+                state.early[event.id] = outcome
+                return nil
+            }
+            if let id { self.recordOutcome(outcome, of: id) }
+        }
+    }
+
+    private func recordOutcome(_ outcome: MessageOutcome, of id: String) {
+        let parts = id.split(separator: "/")
+        let peer = parts.count > 1 ? String(parts[1]) : nil
+        switch outcome {
+        case .acknowledged:
+            self.history.record(.send, .ok, id: id, client: self.client, peer: peer, conversation: peer)
+        case .refused, .expired:
+            self.history.record(.send, .fail, id: id, client: self.client, peer: peer, conversation: peer, detail: "\(outcome)")
+        }
+    }
+
+    /// Records each delivery as the app processes it: the record is written before the loop
+    /// asks for the next one, which is when the client stores its checkpoint.
+    private func recordDeliveries() async {
+        do {
+            for try await delivery in self.tether.deliveries() where delivery.topic == "dm" {
+                let id = String(buffer: delivery.body)
+                let sender = id.split(separator: "/").first.map(String.init)
+                self.history.record(
+                    .delivery,
+                    .ok,
+                    id: id,
+                    client: self.client,
+                    peer: sender,
+                    conversation: self.client,
+                    sequence: delivery.sequence
+                )
+            }
+        } catch {}
+    }
+
+    private func appendToMap(_ line: String) {
+        guard let handle = FileHandle(forWritingAtPath: self.mapFile) ?? Self.create(self.mapFile) else { return }
+        defer { try? handle.close() }
+        _ = try? handle.seekToEnd()
+        try? handle.write(contentsOf: Data(line.utf8))
+    }
+
+    private static func create(_ path: String) -> FileHandle? {
+        _ = FileManager.default.createFile(atPath: path, contents: nil)
+        return FileHandle(forWritingAtPath: path)
+    }
+}

@@ -1,0 +1,252 @@
+import Foundation
+import TetherCore
+import TetherHistory
+import TetherNIO
+import TetherProcess
+
+/// A run of the nemesis (issue 44, `Proposals/0003-nemesis-and-checker.md`): a gateway
+/// process (`tether serve` with its SQLite store), workload processes (`tether lab worker`,
+/// ``HistoryWorker``) recording a history, and faults drawn from a seed and injected at random
+/// moments while they work; then a quiet period, and ``HistoryChecker`` over every record.
+///
+/// The faults: SIGKILL of a worker (started again after a while, on the same files) or of the
+/// gateway (started again on the same store), and SIGSTOP of either (SIGCONT after a while).
+/// Each is logged in the history (`history-nemesis.jsonl`) when it starts and when it is
+/// healed. A process is the target of one fault at a time; faults on different processes
+/// overlap.
+///
+/// ```swift
+/// let report = try await NemesisRun(configuration: .init(executable: tether, directory: "nemesis", seed: 7)).run { print($0) }
+/// print(report.anomalies.isEmpty ? "no anomaly" : report.anomalies.joined(separator: "\n"))
+/// ```
+public struct NemesisRun: Sendable {
+    /// A kind of fault.
+    public enum Fault: String, CaseIterable, Codable, Sendable {
+        case killWorker = "kill-worker"
+        case pauseWorker = "pause-worker"
+        case killNode = "kill-node"
+        case pauseNode = "pause-node"
+    }
+
+    public struct Configuration: Sendable {
+        /// The `tether` executable (for `serve` and `lab worker`).
+        public var executable: String
+        /// Where the store, the outboxes, the histories, the logs and the report go.
+        public var directory: String
+        /// Draws the faults, their targets, moments and lengths, and the workers' operations.
+        public var seed: UInt64
+        /// How long the workers send while faults are injected.
+        public var faultySeconds: Double = 40
+        /// After the faults: the workers stop sending and go on receiving for this long.
+        public var quietSeconds: Double = 20
+        public var workers = 2
+        public var clientsPerWorker = 3
+        /// The kinds of fault drawn from.
+        public var faults: [Fault] = Fault.allCases
+        /// The mean time between the starts of two faults.
+        public var meanGap: Duration = .seconds(2)
+        /// The longest a fault lasts (each lasts 0.2 s to this).
+        public var longestFault: Duration = .seconds(3)
+        /// An acknowledged message must be delivered within this long after the last fault healed.
+        public var convergenceBound: Duration = .seconds(15)
+        /// The gateway's heartbeat (its idle timeout is three).
+        public var heartbeat: Duration = .seconds(1)
+
+        public init(executable: String, directory: String, seed: UInt64) {
+            self.executable = executable
+            self.directory = directory
+            self.seed = seed
+        }
+    }
+
+    /// What a run did and found (`report.json`).
+    public struct Report: Codable, Sendable {
+        public var seed: UInt64
+        public var seconds: Double
+        /// Operations invoked (messages sent, requests made).
+        public var operations: Int
+        /// Messages by outcome (`ok`, `fail`, `info`).
+        public var sends: [String: Int]
+        public var delivered: Int
+        public var repeatsAfterKills: Int
+        public var requestsAnswered: Int
+        /// Faults injected, by kind.
+        public var faults: [String: Int]
+        /// The longest an acknowledged message waited after the faults stopped, in milliseconds.
+        public var slowestConvergenceMs: Int64?
+        /// Each anomaly with the records that show it (also in `anomalies.txt`).
+        public var anomalies: [String]
+    }
+
+    public let configuration: Configuration
+
+    public init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Runs, checks the history, writes `report.json` (and `anomalies.txt` when there are any).
+    /// - Parameter say: Progress, one line at a time.
+    public func run(say: @escaping @Sendable (String) -> Void = { _ in }) async throws -> Report {
+        let configuration = self.configuration
+        let directory = configuration.directory
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let started = ContinuousClock.now
+        let nemesis = try HistoryWriter(path: "\(directory)/history-nemesis.jsonl", process: "nemesis")
+
+        let gateway = GatewayProcess(
+            executable: configuration.executable,
+            port: try await GatewayProcess.freePort(),
+            store: "\(directory)/gateway.sqlite",
+            heartbeat: configuration.heartbeat,
+            logFile: "\(directory)/gateway.log"
+        )
+        try await gateway.start()
+        defer { gateway.kill() }
+
+        let names = (1...configuration.workers).map { "w\($0)" }
+        let clients = names.map { name in (1...configuration.clientsPerWorker).map { "\(name)c\($0)" } }
+        let everyone = clients.flatMap { $0 }
+        let sendUntil = HistoryWriter.now() + Int64(configuration.faultySeconds * 1000)
+        let stopAt = sendUntil + Int64(configuration.quietSeconds * 1000)
+        let workers = names.enumerated().map { index, name in
+            WorkerProcess(
+                name: name,
+                arguments: [
+                    configuration.executable, "lab", "worker", "--name", name,
+                    "--clients", clients[index].joined(separator: ","), "--everyone", everyone.joined(separator: ","),
+                    "--endpoints", "tether://127.0.0.1:\(gateway.port)", "--directory", directory,
+                    "--send-until", "\(sendUntil)", "--stop-at", "\(stopAt)",
+                    "--seed", "\(configuration.seed &+ UInt64(index + 1))",
+                    "--heartbeat", "\(configuration.heartbeat.totalSeconds)",
+                ],
+                logFile: "\(directory)/worker-\(name).log"
+            )
+        }
+        for worker in workers { try worker.start() }
+        defer { for worker in workers { worker.kill() } }
+        say(
+            "gateway on port \(gateway.port); \(workers.count) workers, \(everyone.count) clients; faults until \(configuration.faultySeconds) s, seed \(configuration.seed)"
+        )
+
+        // The faults, until the workers stop sending.
+        let counts = TetherLock<[String: Int]>([:])
+        let busy = TetherLock<Set<String>>([])
+        var generator = SplitMix64(seed: configuration.seed)
+        let faults = configuration.faults
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            while true {
+                let mean = Double(configuration.meanGap.totalSeconds)
+                let gap = mean * (0.25 + 1.5 * generator.nextUnit())
+                let length = 0.2 + (configuration.longestFault.totalSeconds - 0.2) * generator.nextUnit()
+                let kind = faults.isEmpty ? nil : faults[Int(generator.next() % UInt64(faults.count))]
+                let worker = workers[Int(generator.next() % UInt64(workers.count))]
+                try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
+                guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
+                guard let kind else { continue }
+                let target = (kind == .killNode || kind == .pauseNode) ? "gateway" : worker.name
+                // One fault at a time on a process: a draw that finds it busy is skipped.
+                guard busy.withLockedValue({ $0.insert(target).inserted }) else { continue }
+                counts.withLockedValue { $0[kind.rawValue, default: 0] += 1 }
+                group.addTask {
+                    defer { busy.withLockedValue { _ = $0.remove(target) } }
+                    let detail = "\(kind.rawValue) \(target) for \(Int(length * 1000)) ms"
+                    nemesis.record(.fault, .invoke, detail: detail)
+                    switch kind {
+                    case .killWorker:
+                        worker.kill()
+                        nemesis.record(.kill, .ok, peer: worker.name)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try worker.start()
+                    case .pauseWorker:
+                        worker.signal(SIGSTOP)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        worker.signal(SIGCONT)
+                    case .killNode:
+                        gateway.kill()
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try await gateway.start()
+                    case .pauseNode:
+                        gateway.signal(SIGSTOP)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        gateway.signal(SIGCONT)
+                    }
+                    nemesis.record(.fault, .ok, detail: detail)
+                }
+            }
+            try await group.waitForAll()
+        }
+        say(
+            "faults over: \(counts.withLockedValue { $0 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
+        )
+
+        // The quiet period: the workers receive until they stop on their own.
+        for worker in workers {
+            let deadline = ContinuousClock.now + .seconds(configuration.quietSeconds + 30)
+            while worker.isRunning && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            if worker.isRunning { say("\(worker.name) did not stop on its own: killed") }
+        }
+
+        let records = try HistoryWriter.read(directory: directory)
+        let result = HistoryChecker.check(records, convergenceBound: configuration.convergenceBound)
+        var anomalies: [String] = []
+        for anomaly in result.anomalies {
+            let excerpt = anomaly.records.compactMap { try? String(decoding: JSONEncoder().encode($0), as: UTF8.self) }
+            anomalies.append(([anomaly.description] + excerpt.map { "    \($0)" }).joined(separator: "\n"))
+        }
+        let report = Report(
+            seed: configuration.seed,
+            seconds: (ContinuousClock.now - started).totalSeconds,
+            operations: records.filter { $0.phase == .invoke && ($0.kind == .send || $0.kind == .request) }.count,
+            sends: Dictionary(uniqueKeysWithValues: result.sends.map { ($0.key.rawValue, $0.value) }),
+            delivered: result.delivered,
+            repeatsAfterKills: result.repeatsAfterKills,
+            requestsAnswered: result.requestsAnswered,
+            faults: counts.withLockedValue { $0 },
+            slowestConvergenceMs: result.slowestConvergence,
+            anomalies: anomalies
+        )
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        try encoder.encode(report).write(to: URL(fileURLWithPath: "\(directory)/report.json"))
+        if !anomalies.isEmpty {
+            try anomalies.joined(separator: "\n\n").write(toFile: "\(directory)/anomalies.txt", atomically: true, encoding: .utf8)
+        }
+        say(
+            "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
+        )
+        return report
+    }
+}
+
+/// A `tether lab worker` process the nemesis can kill, pause and start again.
+final class WorkerProcess: Sendable {
+    let name: String
+    let arguments: [String]
+    let logFile: String
+    private let process = TetherLock<SpawnedProgram?>(nil)
+
+    init(name: String, arguments: [String], logFile: String) {
+        self.name = name
+        self.arguments = arguments
+        self.logFile = logFile
+    }
+
+    var isRunning: Bool { self.process.withLockedValue { $0 }?.isRunning ?? false }
+
+    func start() throws {
+        let process = try SpawnedProgram(self.arguments, output: .file(self.logFile, append: true))
+        self.process.withLockedValue { $0 = process }
+    }
+
+    func signal(_ signal: Int32) {
+        self.process.withLockedValue { $0 }?.send(signal)
+    }
+
+    /// SIGKILL, and waits for the process to exit.
+    func kill() {
+        guard let process = self.process.withLockedValue({ $0 }) else { return }
+        process.send(SIGKILL)
+        _ = process.waitUntilExit()
+        self.process.withLockedValue { $0 = nil }
+    }
+}
