@@ -163,18 +163,30 @@ struct Lab: AsyncParsableCommand {
         @Option(help: "Clients in each workload process.")
         var clients = 3
 
+        @Option(help: "Gateways: 1 with an SQLite store, or 2 and more on a private PostgreSQL server (needs PostgreSQL's binaries).")
+        var nodes = 1
+
         @Option(
             help:
                 "The kinds of fault, comma-separated (default: all of \(NemesisRun.Fault.allCases.map(\.rawValue).joined(separator: ", ")))."
         )
         var faults: String?
 
+        @Option(
+            help:
+                "Seconds after the last fault within which every acknowledged message must be delivered, and every message have its outcome."
+        )
+        var bound: Double = 15
+
         @Option(help: "Where the store, histories, logs and report go.")
         var output = "nemesis"
 
         func validate() throws {
-            guard self.seconds > 0, self.quiet > 0, self.workers > 0, self.clients > 0, self.workers * self.clients >= 2 else {
-                throw ValidationError("--seconds, --quiet, --workers and --clients must be positive, with at least two clients in all")
+            guard self.seconds > 0, self.quiet > 0, self.workers > 0, self.clients > 0, self.workers * self.clients >= 2, self.nodes > 0
+            else {
+                throw ValidationError(
+                    "--seconds, --quiet, --workers, --clients and --nodes must be positive, with at least two clients in all"
+                )
             }
             for name in self.faults?.split(separator: ",") ?? [] where NemesisRun.Fault(rawValue: String(name)) == nil {
                 throw ValidationError("--faults: unknown fault '\(name)'")
@@ -188,6 +200,8 @@ struct Lab: AsyncParsableCommand {
             configuration.quietSeconds = self.quiet
             configuration.workers = self.workers
             configuration.clientsPerWorker = self.clients
+            configuration.nodes = self.nodes
+            configuration.convergenceBound = try duration(seconds: self.bound, option: "bound")
             if let faults = self.faults {
                 configuration.faults = faults.split(separator: ",").compactMap { NemesisRun.Fault(rawValue: String($0)) }
             }

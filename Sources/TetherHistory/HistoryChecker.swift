@@ -14,7 +14,9 @@
 ///   stream of deliveries) is not one more than the recipient's last.
 ///
 /// - **not converged**: an acknowledged message first delivered later than the bound after the
-///   nemesis's last act (or after its acknowledgement, if that came later).
+///   nemesis's last act (or after its acknowledgement, if that came later); or a message still
+///   without an outcome when its process stopped (``HistoryRecord/pendingAtTheEnd``) later
+///   than the bound after the nemesis's last act.
 ///
 /// Requests: **answered twice**, or answered after it was reported failed.
 ///
@@ -198,6 +200,21 @@ public enum HistoryChecker {
                     )
                 }
                 lastSequence[recipient] = (sequence, delivery)
+            }
+        }
+        if let bound, let stopped = result.faultsStopped {
+            for send in sends.values {
+                guard let outcome = send.outcome, outcome.phase == .info, outcome.detail == HistoryRecord.pendingAtTheEnd,
+                    outcome.time - stopped > bound
+                else { continue }
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .notConverged,
+                        message:
+                            "\(send.invoke.id) still had no outcome \(outcome.time - stopped) ms after the faults stopped (the bound is \(bound) ms)",
+                        records: [send.invoke, outcome]
+                    )
+                )
             }
         }
         for send in sends.values where send.outcome?.phase == .ok {

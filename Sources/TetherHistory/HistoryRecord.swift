@@ -36,6 +36,11 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         case fault
     }
 
+    /// The `detail` of a send's `info` outcome recorded when its process stopped while the
+    /// message was accepted and still had no outcome: the checker counts it as not converged
+    /// (if the faults stopped long enough before).
+    public static let pendingAtTheEnd = "pending at the end"
+
     /// Where the record stands in its operation's life.
     public enum Phase: String, Codable, Sendable, Hashable {
         case invoke, ok, fail, info

@@ -123,6 +123,24 @@ public struct LocalPostgres: Sendable {
         return "postgres://tether@127.0.0.1:\(self.port)/\(name)?sslmode=disable"
     }
 
+    /// Ends every client's connection to the server but this call's own
+    /// (`pg_terminate_backend`), as an administrator or a failover would.
+    /// - Returns: How many connections were ended.
+    public func terminateConnections() async throws -> Int {
+        let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: self.url + "?sslmode=disable"))
+        return try await withThrowingTaskGroup { group in
+            group.addTask { await admin.run() }
+            defer { group.cancelAll() }
+            var ended = 0
+            for try await terminated in try await admin.query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).decode(Bool.self) where terminated {
+                ended += 1
+            }
+            return ended
+        }
+    }
+
     /// Stops the server (fast shutdown: open connections are closed).
     /// - Parameter immediately: Stops it as a crash would (`pg_ctl -m immediate`): recovery
     ///   runs at the next start.

@@ -255,6 +255,18 @@ struct HistoryCheckerTests {
         calm.send("m1")
         calm.deliver("m1", sequence: 1)
         #expect(HistoryChecker.check(calm.records, convergenceBound: .zero).slowestConvergence == nil)
+
+        // A message still without an outcome when its process stopped: not converged, if the
+        // faults stopped more than the bound before.
+        var stuck = Builder()
+        stuck.send("m1", outcome: nil)
+        stuck.add("nemesis", .fault, .ok) { $0.detail = "postgres restarted" }
+        stuck.time += 5_000
+        stuck.add("w1", .send, .info, "m1") { $0.detail = HistoryRecord.pendingAtTheEnd }
+        let stuckLong = HistoryChecker.check(stuck.records, convergenceBound: .seconds(2))
+        #expect(stuckLong.anomalies.map(\.kind) == [.notConverged] && stuckLong.anomalies.first?.message.contains("no outcome") == true)
+        #expect(HistoryChecker.check(stuck.records, convergenceBound: .seconds(10)).isValid, "within the bound: still converging")
+        #expect(HistoryChecker.check(stuck.records).isValid, "without a bound: only measured")
     }
 
     @Test("a record is one JSON line, as the workload writes it")

@@ -46,8 +46,9 @@ public struct HistoryWorker: Sendable {
         public var requestTimeout: Duration = .seconds(2)
         /// How long the gateway may stay silent before a client takes its connection for dead.
         public var heartbeat: Duration = .seconds(1)
-        /// The longest a client waits between two attempts to connect (the default's 30 s would
-        /// make the convergence after the faults that long).
+        /// The longest a client waits between two attempts to connect, and before it sends an
+        /// unacknowledged message again (the defaults, 30 s and 60 s, would make the
+        /// convergence after the faults that long).
         public var longestBackoff: Duration = .seconds(2)
         /// Draws the recipients and the operations.
         public var seed: UInt64
@@ -122,7 +123,10 @@ private final class ClientWorker: Sendable {
         self.nonce = nonce
         self.seed = seed
         var clientConfiguration = ClientConfiguration(endpoints: configuration.endpoints, clientID: client)
-        clientConfiguration.reliability = try .init(outbox: try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite"))
+        clientConfiguration.reliability = try .init(
+            outbox: try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite"),
+            retransmission: RTTEstimator(maximumTimeout: configuration.longestBackoff)
+        )
         clientConfiguration.heartbeat.interval = configuration.heartbeat
         clientConfiguration.reconnect.backoff = try Backoff(maximum: configuration.longestBackoff)
         var logger = Logger(label: "tether.lab.worker.\(client)")
@@ -141,6 +145,9 @@ private final class ClientWorker: Sendable {
     }
 
     func run() async throws {
+        // Of the messages an earlier process sent, those still in the outbox.
+        let pending = Set(try await self.tether.pendingMessages().map(\.id))
+        self.messages.withLockedValue { $0.ids = $0.ids.filter { pending.contains($0.key) } }
         let events = self.tether.messageEvents  // before run(): no outcome is missed
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await self.tether.run() }
@@ -150,6 +157,21 @@ private final class ClientWorker: Sendable {
                 await self.operate()
                 let rest = self.configuration.stopAt - HistoryWriter.now()
                 if rest > 0 { try? await Task.sleep(for: .milliseconds(rest)) }
+                // What has no outcome yet did not converge (the checker says so, if the faults
+                // stopped long enough before).
+                let pending = self.messages.withLockedValue { $0.ids }
+                for (_, id) in pending.sorted(by: { $0.key < $1.key }) {
+                    let peer = id.split(separator: "/").dropFirst().first.map(String.init)
+                    self.history.record(
+                        .send,
+                        .info,
+                        id: id,
+                        client: self.client,
+                        peer: peer,
+                        conversation: peer,
+                        detail: HistoryRecord.pendingAtTheEnd
+                    )
+                }
                 self.tether.shutdown()
             }
             try await group.waitForAll()

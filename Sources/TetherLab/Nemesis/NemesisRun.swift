@@ -2,18 +2,21 @@ import Foundation
 import TetherCore
 import TetherHistory
 import TetherNIO
+import TetherPostgres
 import TetherProcess
 
-/// A run of the nemesis (issue 44, `Proposals/0003-nemesis-and-checker.md`): a gateway
-/// process (`tether serve` with its SQLite store), workload processes (`tether lab worker`,
-/// ``HistoryWorker``) recording a history, and faults drawn from a seed and injected at random
-/// moments while they work; then a quiet period, and ``HistoryChecker`` over every record.
+/// A run of the nemesis (issue 44, `Proposals/0003-nemesis-and-checker.md`): gateway
+/// processes (`tether serve`: one with its SQLite store, or a cluster of nodes on a private
+/// PostgreSQL server), workload processes (`tether lab worker`, ``HistoryWorker``) recording a
+/// history, and faults drawn from a seed and injected at random moments while they work; then
+/// a quiet period, and ``HistoryChecker`` over every record.
 ///
-/// The faults: SIGKILL of a worker (started again after a while, on the same files) or of the
-/// gateway (started again on the same store), and SIGSTOP of either (SIGCONT after a while).
-/// Each is logged in the history (`history-nemesis.jsonl`) when it starts and when it is
-/// healed. A process is the target of one fault at a time; faults on different processes
-/// overlap.
+/// The faults: SIGKILL of a worker (started again after a while, on the same files) or of a
+/// gateway (started again on the same store), SIGSTOP of either (SIGCONT after a while); with a
+/// cluster, PostgreSQL crashed (`pg_ctl stop -m immediate`) and started again, and every
+/// connection to it ended (`pg_terminate_backend`). Each is logged in the history
+/// (`history-nemesis.jsonl`) when it starts and when it is healed. A process (PostgreSQL too)
+/// is the target of one fault at a time; faults on different processes overlap.
 ///
 /// ```swift
 /// let report = try await NemesisRun(configuration: .init(executable: tether, directory: "nemesis", seed: 7)).run { print($0) }
@@ -26,6 +29,13 @@ public struct NemesisRun: Sendable {
         case pauseWorker = "pause-worker"
         case killNode = "kill-node"
         case pauseNode = "pause-node"
+        /// PostgreSQL crashed and started again (a cluster only).
+        case restartPostgres = "restart-postgres"
+        /// Every connection to PostgreSQL ended (a cluster only).
+        case terminateConnections = "terminate-connections"
+
+        /// Whether the fault is PostgreSQL's (a cluster only).
+        public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections }
     }
 
     public struct Configuration: Sendable {
@@ -41,7 +51,9 @@ public struct NemesisRun: Sendable {
         public var quietSeconds: Double = 20
         public var workers = 2
         public var clientsPerWorker = 3
-        /// The kinds of fault drawn from.
+        /// Gateways: 1 with an SQLite store, or 2 and more on a private PostgreSQL server.
+        public var nodes = 1
+        /// The kinds of fault drawn from (PostgreSQL's only with a cluster).
         public var faults: [Fault] = Fault.allCases
         /// The mean time between the starts of two faults.
         public var meanGap: Duration = .seconds(2)
@@ -93,15 +105,42 @@ public struct NemesisRun: Sendable {
         let started = ContinuousClock.now
         let nemesis = try HistoryWriter(path: "\(directory)/history-nemesis.jsonl", process: "nemesis")
 
-        let gateway = GatewayProcess(
-            executable: configuration.executable,
-            port: try await GatewayProcess.freePort(),
-            store: "\(directory)/gateway.sqlite",
-            heartbeat: configuration.heartbeat,
-            logFile: "\(directory)/gateway.log"
-        )
-        try await gateway.start()
-        defer { gateway.kill() }
+        let postgres: LocalPostgres? =
+            configuration.nodes > 1
+            ? try LocalPostgres(directory: URL(fileURLWithPath: "\(directory)/postgres"), port: try LocalPostgres.freePort()) : nil
+        var gateways: [GatewayProcess] = []
+        if let server = postgres {
+            try server.start(fsync: false)  // a crash of the server's process loses nothing the OS holds
+            for index in 1...configuration.nodes {
+                gateways.append(
+                    GatewayProcess(
+                        executable: configuration.executable,
+                        port: try await GatewayProcess.freePort(),
+                        store: "",
+                        heartbeat: configuration.heartbeat,
+                        logFile: "\(directory)/node-\(index).log",
+                        postgres: (server.url + "?sslmode=disable", "node-\(index)")
+                    )
+                )
+            }
+        } else {
+            gateways.append(
+                GatewayProcess(
+                    executable: configuration.executable,
+                    port: try await GatewayProcess.freePort(),
+                    store: "\(directory)/gateway.sqlite",
+                    heartbeat: configuration.heartbeat,
+                    logFile: "\(directory)/gateway.log"
+                )
+            )
+        }
+        defer {
+            for gateway in gateways { gateway.kill() }
+            postgres?.destroy()
+        }
+        for gateway in gateways { try await gateway.start() }
+        let nodes = gateways.count
+        let faults = configuration.faults.filter { postgres != nil || !$0.needsPostgres }
 
         let names = (1...configuration.workers).map { "w\($0)" }
         let clients = names.map { name in (1...configuration.clientsPerWorker).map { "\(name)c\($0)" } }
@@ -114,7 +153,9 @@ public struct NemesisRun: Sendable {
                 arguments: [
                     configuration.executable, "lab", "worker", "--name", name,
                     "--clients", clients[index].joined(separator: ","), "--everyone", everyone.joined(separator: ","),
-                    "--endpoints", "tether://127.0.0.1:\(gateway.port)", "--directory", directory,
+                    // Every node, each worker's first a different one.
+                    "--endpoints", (0..<nodes).map { "tether://127.0.0.1:\(gateways[(index + $0) % nodes].port)" }.joined(separator: ","),
+                    "--directory", directory,
                     "--send-until", "\(sendUntil)", "--stop-at", "\(stopAt)",
                     "--seed", "\(configuration.seed &+ UInt64(index + 1))",
                     "--heartbeat", "\(configuration.heartbeat.totalSeconds)",
@@ -125,14 +166,13 @@ public struct NemesisRun: Sendable {
         for worker in workers { try worker.start() }
         defer { for worker in workers { worker.kill() } }
         say(
-            "gateway on port \(gateway.port); \(workers.count) workers, \(everyone.count) clients; faults until \(configuration.faultySeconds) s, seed \(configuration.seed)"
+            "\(nodes == 1 ? "a gateway on SQLite" : "\(nodes) nodes on PostgreSQL"); \(workers.count) workers, \(everyone.count) clients; faults until \(configuration.faultySeconds) s, seed \(configuration.seed)"
         )
 
         // The faults, until the workers stop sending.
         let counts = TetherLock<[String: Int]>([:])
         let busy = TetherLock<Set<String>>([])
         var generator = SplitMix64(seed: configuration.seed)
-        let faults = configuration.faults
         try await withThrowingTaskGroup(of: Void.self) { group in
             while true {
                 let mean = Double(configuration.meanGap.totalSeconds)
@@ -140,10 +180,17 @@ public struct NemesisRun: Sendable {
                 let length = 0.2 + (configuration.longestFault.totalSeconds - 0.2) * generator.nextUnit()
                 let kind = faults.isEmpty ? nil : faults[Int(generator.next() % UInt64(faults.count))]
                 let worker = workers[Int(generator.next() % UInt64(workers.count))]
+                let node = Int(generator.next() % UInt64(nodes))
+                let gateway = gateways[node]
                 try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
                 guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
                 guard let kind else { continue }
-                let target = (kind == .killNode || kind == .pauseNode) ? "gateway" : worker.name
+                let target: String
+                switch kind {
+                case .killWorker, .pauseWorker: target = worker.name
+                case .killNode, .pauseNode: target = nodes == 1 ? "gateway" : "node-\(node + 1)"
+                case .restartPostgres, .terminateConnections: target = "postgres"
+                }
                 // One fault at a time on a process: a draw that finds it busy is skipped.
                 guard busy.withLockedValue({ $0.insert(target).inserted }) else { continue }
                 counts.withLockedValue { $0[kind.rawValue, default: 0] += 1 }
@@ -169,6 +216,12 @@ public struct NemesisRun: Sendable {
                         gateway.signal(SIGSTOP)
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         gateway.signal(SIGCONT)
+                    case .restartPostgres:
+                        try postgres?.stop(immediately: true)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try postgres?.start(fsync: false)
+                    case .terminateConnections:
+                        _ = try await postgres?.terminateConnections()
                     }
                     nemesis.record(.fault, .ok, detail: detail)
                 }
