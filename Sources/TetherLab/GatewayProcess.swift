@@ -97,6 +97,9 @@ final class GatewayProcess: @unchecked Sendable {
         return MetricsSamples(parsing: String(buffer: try await response.body.collect(upTo: 4 << 20)))
     }
 
+    /// The running process's id.
+    var processIdentifier: Int32? { self.running.withLockedValue { $0.process?.processIdentifier } }
+
     /// Sends `signal` to the gateway (SIGSTOP, SIGCONT), if it runs.
     func signal(_ signal: Int32) {
         self.running.withLockedValue { $0.process }?.send(signal)

@@ -15,26 +15,15 @@ extension IntegrationTests {
         )
         func singleNode(seed fixed: UInt64?) async throws {
             let seed = fixed ?? UInt64.random(in: 0...UInt64.max)
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-nemesis-\(seed)-\(UUID().uuidString)")
-                .path
-            var configuration = NemesisRun.Configuration(executable: try ChildProcess.tetherExecutable(), directory: directory, seed: seed)
+            var configuration = NemesisRun.Configuration(executable: try ChildProcess.tetherExecutable(), directory: "", seed: seed)
             configuration.faultySeconds = 25
             configuration.quietSeconds = 15
-            let report = try await NemesisRun(configuration: configuration).run { print("nemesis \(seed): \($0)") }
-            #expect(
-                report.anomalies.isEmpty,
-                "seed \(seed) (tether lab nemesis --seed \(seed) --seconds 25 --quiet 15; its files: \(directory)):\n\(report.anomalies.prefix(5).joined(separator: "\n"))"
-            )
-            let acknowledged = report.sends["ok", default: 0]
-            #expect(acknowledged > 300, "the workers worked through the faults: \(report.sends)")
-            #expect(report.delivered >= acknowledged, "every acknowledged message delivered")
+            let report = try await Self.run(configuration, command: "--seconds 25 --quiet 15")
             #expect(report.requestsAnswered > 50)
-            #expect(report.faults.values.reduce(0, +) >= 5, "faults were injected: \(report.faults)")
             if fixed != nil {
                 let kinds = NemesisRun.Fault.allCases.filter { !$0.needsPostgres }.map(\.rawValue)
                 #expect(Set(report.faults.keys) == Set(kinds), "every kind: \(report.faults)")
             }
-            if report.anomalies.isEmpty { try? FileManager.default.removeItem(atPath: directory) }
         }
 
         @Test(
@@ -43,9 +32,11 @@ extension IntegrationTests {
         )
         func cluster() async throws {
             try OutsideTool.postgresql.require()
-            let seed = UInt64.random(in: 0...UInt64.max)
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-nemesis-cluster-\(seed)").path
-            var configuration = NemesisRun.Configuration(executable: try ChildProcess.tetherExecutable(), directory: directory, seed: seed)
+            var configuration = NemesisRun.Configuration(
+                executable: try ChildProcess.tetherExecutable(),
+                directory: "",
+                seed: UInt64.random(in: 0...UInt64.max)
+            )
             configuration.nodes = 2
             configuration.faultySeconds = 25
             // After PostgreSQL crashes, a query on a connection it dropped can hang until the
@@ -53,16 +44,38 @@ extension IntegrationTests {
             // 23.5 s after the last fault (seed 17638114970183012230). The bound says so.
             configuration.quietSeconds = 40
             configuration.convergenceBound = .seconds(30)
-            let report = try await NemesisRun(configuration: configuration).run { print("nemesis cluster \(seed): \($0)") }
+            _ = try await Self.run(configuration, command: "--nodes 2 --seconds 25 --quiet 40 --bound 30")
+        }
+
+        /// Runs the nemesis in a directory of its own, and expects no anomaly and work done; the
+        /// directory is kept when there is an anomaly. `command`: the options that run it again.
+        static func run(_ configuration: NemesisRun.Configuration, command: String) async throws -> NemesisRun.Report {
+            var configuration = configuration
+            let seed = configuration.seed
+            configuration.directory =
+                FileManager.default.temporaryDirectory
+                .appendingPathComponent("tether-nemesis-\(configuration.nodes)-\(seed)-\(UUID().uuidString)").path
+            let report = try await NemesisRun(configuration: configuration).run { print("nemesis \(seed): \($0)") }
             #expect(
                 report.anomalies.isEmpty,
-                "seed \(seed) (tether lab nemesis --nodes 2 --seed \(seed) --seconds 25 --quiet 40 --bound 30; its files: \(directory)):\n\(report.anomalies.prefix(5).joined(separator: "\n"))"
+                "seed \(seed) (tether lab nemesis --seed \(seed) \(command); its files: \(configuration.directory)):\n\(report.anomalies.prefix(5).joined(separator: "\n"))"
             )
             let acknowledged = report.sends["ok", default: 0]
             #expect(acknowledged > 300, "the workers worked through the faults: \(report.sends)")
-            #expect(report.delivered >= acknowledged)
+            #expect(report.delivered >= acknowledged, "every acknowledged message delivered")
             #expect(report.faults.values.reduce(0, +) >= 5, "faults were injected: \(report.faults)")
-            if report.anomalies.isEmpty { try? FileManager.default.removeItem(atPath: directory) }
+            // What the faults must not do either: memory beyond the gateway's budget (512 MiB of
+            // buffered bytes by default), descriptors left open once the workers stopped (a
+            // node keeps up to its PostgreSQL pool's connections more than when it started).
+            #expect(report.gateways.count == max(1, configuration.nodes))
+            for (name, figures) in report.gateways {
+                #expect(figures.peakResidentBytes < 768 << 20, "\(name): \(figures.peakResidentBytes >> 20) MiB at its peak")
+                if let first = figures.firstDescriptors, let last = figures.lastDescriptors {
+                    #expect(last <= first + 30, "\(name): \(first) descriptors at the start, \(last) at the end")
+                }
+            }
+            if report.anomalies.isEmpty { try? FileManager.default.removeItem(atPath: configuration.directory) }
+            return report
         }
     }
 }

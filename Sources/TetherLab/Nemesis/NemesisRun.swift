@@ -86,8 +86,20 @@ public struct NemesisRun: Sendable {
         public var faults: [String: Int]
         /// The longest an acknowledged message waited after the faults stopped, in milliseconds.
         public var slowestConvergenceMs: Int64?
+        /// Each gateway's (`gateway`, `node-1`…) resident memory at its peak and its descriptors
+        /// first and last, sampled every half second (a node started again counts as the same).
+        public var gateways: [String: ProcessFigures]
         /// Each anomaly with the records that show it (also in `anomalies.txt`).
         public var anomalies: [String]
+    }
+
+    /// A process's resident memory and descriptors in a run.
+    public struct ProcessFigures: Codable, Sendable {
+        public var peakResidentBytes: Int
+        /// Descriptors in the first sample, and in the last (after the workers stopped: the
+        /// clients' connections are closed, so a leak shows as more than in the first).
+        public var firstDescriptors: Int?
+        public var lastDescriptors: Int?
     }
 
     public let configuration: Configuration
@@ -139,6 +151,16 @@ public struct NemesisRun: Sendable {
             postgres?.destroy()
         }
         for gateway in gateways { try await gateway.start() }
+        let gatewayNames = gateways.count == 1 ? ["gateway"] : (1...gateways.count).map { "node-\($0)" }
+        let sampler = ProcessSampler()
+        let observed = gateways
+        let sampling = Task {
+            while !Task.isCancelled {
+                sampler.sample(zip(gatewayNames, observed).map { ($0, $1.processIdentifier) })
+                try? await Task.sleep(for: .milliseconds(500))
+            }
+        }
+        defer { sampling.cancel() }
         let nodes = gateways.count
         let faults = configuration.faults.filter { postgres != nil || !$0.needsPostgres }
 
@@ -239,6 +261,10 @@ public struct NemesisRun: Sendable {
             if worker.isRunning { say("\(worker.name) did not stop on its own: killed") }
         }
 
+        // The last sample: the workers have stopped and closed their connections.
+        try await Task.sleep(for: .seconds(1))
+        sampling.cancel()
+        sampler.sample(zip(gatewayNames, gateways).map { ($0, $1.processIdentifier) })
         let records = try HistoryWriter.read(directory: directory)
         let result = HistoryChecker.check(records, convergenceBound: configuration.convergenceBound)
         var anomalies: [String] = []
@@ -256,6 +282,13 @@ public struct NemesisRun: Sendable {
             requestsAnswered: result.requestsAnswered,
             faults: counts.withLockedValue { $0 },
             slowestConvergenceMs: result.slowestConvergence,
+            gateways: sampler.snapshot.mapValues {
+                ProcessFigures(
+                    peakResidentBytes: $0.peakResidentBytes,
+                    firstDescriptors: $0.firstDescriptors,
+                    lastDescriptors: $0.lastDescriptors
+                )
+            },
             anomalies: anomalies
         )
         let encoder = JSONEncoder()
@@ -267,6 +300,11 @@ public struct NemesisRun: Sendable {
         say(
             "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
         )
+        for (name, figures) in report.gateways.sorted(by: { $0.key < $1.key }) {
+            say(
+                "\(name): peak resident memory \(figures.peakResidentBytes >> 20) MiB; descriptors \(figures.firstDescriptors.map(String.init) ?? "-") at the start, \(figures.lastDescriptors.map(String.init) ?? "-") at the end"
+            )
+        }
         return report
     }
 }
