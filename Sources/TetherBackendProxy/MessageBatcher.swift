@@ -1,3 +1,4 @@
+import Atomics
 import NIOConcurrencyHelpers
 import TetherGateway
 
@@ -23,11 +24,13 @@ final class MessageBatcher<Item: Sendable, Outcome: Sendable>: Sendable {
     let maxCallsInFlight: Int
 
     private let state = NIOLockedValueBox(State())
+    /// Names each waiting message, so that its cancellation finds it in the line (an atomic:
+    /// no lock besides joining the line and taking from it).
+    private let nextID = ManagedAtomic<UInt64>(0)
 
     private struct State {
         var waiting: [Waiting] = []
         var leaders = 0
-        var nextID: UInt64 = 0
     }
 
     private struct Waiting {
@@ -63,10 +66,7 @@ final class MessageBatcher<Item: Sendable, Outcome: Sendable>: Sendable {
     ///   - send: makes one call for a batch and returns one outcome per message, in order (as
     ///     many as it was given).
     func process(_ item: Item, cancelled: @autoclosure () -> Outcome, send: ([Item]) async -> [Outcome]) async -> Outcome {
-        let id = self.state.withLockedValue { state in
-            defer { state.nextID &+= 1 }
-            return state.nextID
-        }
+        let id = self.nextID.loadThenWrappingIncrement(ordering: .relaxed)
         let wake = await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
                 let wake = self.state.withLockedValue { state -> Wake? in
