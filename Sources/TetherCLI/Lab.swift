@@ -14,7 +14,7 @@ struct Lab: AsyncParsableCommand {
             Without them those scenarios are skipped, with the reason in the report.
             Plots: python3 Lab/plot.py DIRECTORY (needs matplotlib).
             """,
-        subcommands: [List.self, Run.self, Report.self, Nemesis.self, Worker.self]
+        subcommands: [List.self, Run.self, Report.self, Nemesis.self, Restarts.self, Worker.self]
     )
 
     struct List: ParsableCommand {
@@ -145,6 +145,9 @@ struct Lab: AsyncParsableCommand {
                 and checks the history (every acknowledged message delivered once, in order; nothing
                 delivered that was not sent or was refused; requests answered at most once). Writes
                 report.json (and anomalies.txt) to --output; exits 1 if there is an anomaly.
+
+                As root, it runs in a network namespace of its own, which adds partitions and packet
+                loss (iptables) and a full disk under the SQLite store (a small tmpfs).
                 """
         )
 
@@ -181,7 +184,20 @@ struct Lab: AsyncParsableCommand {
         @Option(help: "Where the store, histories, logs and report go.")
         var output = "nemesis"
 
+        @Option(help: "The mean time between the starts of two faults, in seconds.")
+        var gap: Double = 2
+
+        @Option(help: "Seconds between one client's operations.")
+        var interval: Double = 0.025
+
+        @Flag(help: "Do not create a network namespace: no partitions, packet loss or full disk.")
+        var noNamespace = false
+
+        @Option(help: .hidden)
+        var insideNamespace: String?
+
         func validate() throws {
+            guard self.gap > 0 else { throw ValidationError("--gap must be positive") }
             guard self.seconds > 0, self.quiet > 0, self.workers > 0, self.clients > 0, self.workers * self.clients >= 2, self.nodes > 0
             else {
                 throw ValidationError(
@@ -195,7 +211,26 @@ struct Lab: AsyncParsableCommand {
 
         func run() async throws {
             let seed = self.seed ?? UInt64.random(in: 0...UInt64.max)
+            if self.insideNamespace == nil && !self.noNamespace {
+                if let unavailable = PacketFilter.unavailableReason() {
+                    print("note: \(unavailable); no partitions, packet loss or full disk in this run")
+                } else {
+                    // The same command, with the seed drawn here, in a namespace of its own.
+                    let namespace = try LabNamespace()
+                    defer { namespace.remove() }
+                    print("nemesis network namespace: \(namespace.name)")
+                    fflush(nil)
+                    var arguments = Array(CommandLine.arguments.dropFirst())
+                    if self.seed == nil { arguments += ["--seed", "\(seed)"] }
+                    let status = try namespace.run([Run.executable()] + arguments + ["--inside-namespace", namespace.name])
+                    guard status == 0 else { throw ExitCode(status) }
+                    return
+                }
+            }
             var configuration = NemesisRun.Configuration(executable: Run.executable(), directory: self.output, seed: seed)
+            configuration.namespace = self.insideNamespace != nil
+            configuration.meanGap = try duration(seconds: self.gap, option: "gap")
+            configuration.interval = try duration(seconds: self.interval, option: "interval")
             configuration.faultySeconds = self.seconds
             configuration.quietSeconds = self.quiet
             configuration.workers = self.workers
@@ -208,6 +243,41 @@ struct Lab: AsyncParsableCommand {
             let report = try await NemesisRun(configuration: configuration).run { print($0) }
             for anomaly in report.anomalies.prefix(20) { print(anomaly) }
             if !report.anomalies.isEmpty { throw ExitCode(1) }
+        }
+    }
+
+    struct Restarts: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Kills and restarts a gateway, cuts a client's connection again and again, and counts descriptors.",
+            discussion: """
+                Starts `tether serve` (SQLite store) and a client in this process behind a fault proxy;
+                kills the gateway and starts it again --gateway-restarts times, then cuts every
+                connection --cycles times, each time waiting until the client answers a request again.
+                Counts this process's descriptors and the gateway's after the first 20 cycles and at
+                the end, and writes restarts.json to --output.
+                """
+        )
+
+        @Option(help: "Connections cut (each followed by a reconnection and a request).")
+        var cycles = 1000
+
+        @Option(help: "Gateway processes killed and started again, before the cycles.")
+        var gatewayRestarts = 10
+
+        @Option(help: "Where the gateway's store and log, and restarts.json, go.")
+        var output = "restarts"
+
+        func validate() throws {
+            guard self.cycles >= 20, self.gatewayRestarts >= 0 else {
+                throw ValidationError("--cycles must be at least 20 (the warm-up), --gateway-restarts not negative")
+            }
+        }
+
+        func run() async throws {
+            var configuration = RestartsRun.Configuration(executable: Run.executable(), directory: self.output)
+            configuration.cycles = self.cycles
+            configuration.gatewayRestarts = self.gatewayRestarts
+            _ = try await RestartsRun(configuration: configuration).run { print($0) }
         }
     }
 
@@ -226,6 +296,7 @@ struct Lab: AsyncParsableCommand {
         @Option(help: "Stop at this wall time (ms since 1970).") var stopAt: Int64
         @Option var seed: UInt64 = 0
         @Option(help: "Heartbeat interval in seconds.") var heartbeat: Double = 1
+        @Option(help: "Seconds between one client's operations.") var interval: Double = 0.025
 
         func run() async throws {
             let endpoints = try self.endpoints.split(separator: ",").map { try Endpoint(parsing: String($0)) }
@@ -240,6 +311,7 @@ struct Lab: AsyncParsableCommand {
                 seed: self.seed
             )
             configuration.heartbeat = try duration(seconds: self.heartbeat, option: "heartbeat")
+            configuration.interval = try duration(seconds: self.interval, option: "interval")
             try await HistoryWorker(configuration: configuration).run()
         }
     }

@@ -97,6 +97,21 @@ final class GatewayProcess: @unchecked Sendable {
         return MetricsSamples(parsing: String(buffer: try await response.body.collect(upTo: 4 << 20)))
     }
 
+    /// What `GET /ready` on its admin listener answers: the status and the body; `nil` if it
+    /// does not answer within a second.
+    func readiness() async -> (status: UInt, body: String)? {
+        guard let port = self.adminPort else { return nil }
+        do {
+            let response = try await HTTPClient.shared.execute(
+                HTTPClientRequest(url: "http://127.0.0.1:\(port)/ready"),
+                timeout: .seconds(1)
+            )
+            return (response.status.code, String(buffer: try await response.body.collect(upTo: 64 << 10)))
+        } catch {
+            return nil
+        }
+    }
+
     /// The running process's id.
     var processIdentifier: Int32? { self.running.withLockedValue { $0.process?.processIdentifier } }
 

@@ -53,6 +53,27 @@ public struct PacketFilter: Sendable {
         }
     }
 
+    /// Drops TCP packets to and from `port` (on `address` only, if given) with probability
+    /// `probability`, beside the rules already there.
+    /// - Returns: The rules added, for ``remove(_:)``.
+    func block(port: Int, address: String? = nil, probability: Double = 1) throws -> [[String]] {
+        precondition(probability > 0 && probability <= 1, "a probability is in (0, 1]")
+        let statistic =
+            probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
+        // Towards the port (to the address), and back from it (from the address).
+        let rules = [
+            (address.map { ["-d", $0] } ?? []) + ["-p", "tcp", "--dport", "\(port)"] + statistic + ["-j", "DROP"],
+            (address.map { ["-s", $0] } ?? []) + ["-p", "tcp", "--sport", "\(port)"] + statistic + ["-j", "DROP"],
+        ]
+        for rule in rules { try Shell.run(["iptables", "-w", "-A", Self.chain] + rule) }
+        return rules
+    }
+
+    /// Removes rules ``block(port:address:probability:)`` added.
+    func remove(_ rules: [[String]]) throws {
+        for rule in rules { try Shell.run(["iptables", "-w", "-D", Self.chain] + rule) }
+    }
+
     /// Removes every lab rule: packets flow again.
     public func clear() throws {
         try Shell.run("iptables", "-w", "-F", Self.chain)

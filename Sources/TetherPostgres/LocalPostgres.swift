@@ -41,6 +41,9 @@ public struct LocalPostgres: Sendable {
     public let binaries: URL
     /// The user the server runs as when this process is root (`nil`: the current user).
     public let runAs: String?
+    /// The loopback addresses it listens on (`127.0.0.1` by default; the nemesis gives each
+    /// node an address of its own, so that it can cut one node off).
+    public var listenAddresses = ["127.0.0.1"]
 
     /// The URL that connects to it (role and database `tether`, no password).
     public var url: String { "postgres://tether@127.0.0.1:\(self.port)/tether" }
@@ -98,7 +101,8 @@ public struct LocalPostgres: Sendable {
             }
         }
         if self.isRunning { return }
-        let options = "-p \(self.port) -k \(self.directory.path) -c listen_addresses=127.0.0.1 -c fsync=\(fsync ? "on" : "off")"
+        let options =
+            "-p \(self.port) -k \(self.directory.path) -c listen_addresses=\(self.listenAddresses.joined(separator: ",")) -c fsync=\(fsync ? "on" : "off")"
         try self.run(
             "pg_ctl",
             ["-D", self.dataDirectory.path, "-l", self.logFile.path, "-o", options, "-w", "-t", "60", "start"],

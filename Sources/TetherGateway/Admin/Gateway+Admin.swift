@@ -12,7 +12,8 @@ extension Gateway {
     /// Whether the gateway should be sent clients now, and if not, why.
     public struct Readiness: Sendable, Hashable, Codable {
         public var ready: Bool
-        /// Why it is not ready: `starting`, `draining`, `store unreachable: …`.
+        /// Why it is not ready: `starting`, `draining`, `store unreachable: …`, `store failing: …`
+        /// (its last commit failed: a full disk, say).
         public var reasons: [String]
 
         public init(ready: Bool, reasons: [String]) {
@@ -42,7 +43,8 @@ extension Gateway {
     /// How long `/ready` waits for the message store to answer.
     static let storeProbeTimeout = Duration.seconds(2)
 
-    /// Whether the gateway accepts connections and its message store answers.
+    /// Whether the gateway accepts connections, its message store answers, and the store's last
+    /// commit did not fail.
     public func readiness() async -> Readiness {
         var reasons: [String] = []
         let (started, shuttingDown) = self.lifecycle.withLockedValue { ($0.accepting || $0.shuttingDown, $0.shuttingDown) }
@@ -63,6 +65,7 @@ extension Gateway {
             } catch {
                 reasons.append("store unreachable: \((error as? MessageStoreError)?.message ?? "\(error)")")
             }
+            if let failing = self.reliable?.writer.failing { reasons.append("store failing: \(failing)") }
         }
         for check in self.router.readinessChecks {
             if let reason = check() { reasons.append(reason) }

@@ -33,6 +33,9 @@ final class StoreWriter: Sendable {
         /// Rounds under way. Writes wait only while it is at ``StoreWriter/slots``.
         var leading = 0
         var waiting: [Waiting] = []
+        /// Why the last round failed as a whole (a full disk, the database unreachable); `nil`
+        /// once a round succeeds.
+        var failing: String?
     }
 
     private let state = TetherLock(State())
@@ -51,6 +54,11 @@ final class StoreWriter: Sendable {
 
     /// Writes waiting for the next round.
     var writesWaiting: Int { self.state.withLockedValue { $0.waiting.count } }
+
+    /// Why the store refused the last round as a whole, or `nil` if it took it (`/ready` says
+    /// so: a store that answers reads but cannot commit takes no reliable message). Kept in the
+    /// round's own turn of the lock: no lock of its own.
+    var failing: String? { self.state.withLockedValue { $0.failing } }
 
     /// Applies `write` atomically, with whatever other writes arrive meanwhile.
     /// - Returns: The receipts of its deliveries, in order.
@@ -89,6 +97,7 @@ final class StoreWriter: Sendable {
             } : []
         let writes = [own] + others.map(\.write)
         var results: [Result<[DeliveryReceipt], MessageStoreError>]
+        var failing: String?
         let started = self.clock.now
         defer {
             if let metrics = self.metrics {
@@ -105,9 +114,11 @@ final class StoreWriter: Sendable {
         } catch {
             let failure = error as? MessageStoreError ?? MessageStoreError(code: .storage, message: "\(error)")
             results = Array(repeating: .failure(failure), count: writes.count)
+            failing = failure.message
             self.metrics?.storeFailures.increment()
         }
         let next = self.state.withLockedValue { state -> Waiting? in
+            state.failing = failing
             guard !state.waiting.isEmpty else {
                 state.leading -= 1
                 return nil

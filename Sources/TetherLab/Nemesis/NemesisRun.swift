@@ -33,9 +33,34 @@ public struct NemesisRun: Sendable {
         case restartPostgres = "restart-postgres"
         /// Every connection to PostgreSQL ended (a cluster only).
         case terminateConnections = "terminate-connections"
+        /// A gateway cut off from every client: the packets to and from its port dropped
+        /// (iptables; in a namespace). Twice as long as the other faults, so that some outlast
+        /// the heartbeat's idle timeout.
+        case partitionNode = "partition-node"
+        /// A node cut off from PostgreSQL: the packets between them dropped, the connections
+        /// left open (a cluster in a namespace). Nodes talk to each other only through
+        /// PostgreSQL, so this is also the partition between nodes.
+        case partitionPostgres = "partition-postgres"
+        /// 30 % of the packets to and from a gateway's port dropped (in a namespace).
+        case losePackets = "lose-packets"
+        /// The disk under the gateway's SQLite store full (one gateway, in a namespace).
+        case fillDisk = "fill-disk"
 
         /// Whether the fault is PostgreSQL's (a cluster only).
-        public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections }
+        public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections || self == .partitionPostgres }
+
+        /// Whether the fault needs the run's own namespace (root): iptables rules or a mount.
+        public var needsNamespace: Bool {
+            self == .partitionNode || self == .partitionPostgres || self == .losePackets || self == .fillDisk
+        }
+
+        /// Whether the fault can be injected in a run with `nodes` gateways, in a namespace of
+        /// its own or not.
+        public func isAvailable(nodes: Int, namespace: Bool) -> Bool {
+            if self.needsNamespace && !namespace { return false }
+            if self == .fillDisk { return nodes == 1 }
+            return nodes > 1 || !self.needsPostgres
+        }
     }
 
     public struct Configuration: Sendable {
@@ -51,6 +76,8 @@ public struct NemesisRun: Sendable {
         public var quietSeconds: Double = 20
         public var workers = 2
         public var clientsPerWorker = 3
+        /// Between one client's operations.
+        public var interval: Duration = .milliseconds(25)
         /// Gateways: 1 with an SQLite store, or 2 and more on a private PostgreSQL server.
         public var nodes = 1
         /// The kinds of fault drawn from (PostgreSQL's only with a cluster).
@@ -63,6 +90,10 @@ public struct NemesisRun: Sendable {
         public var convergenceBound: Duration = .seconds(15)
         /// The gateway's heartbeat (its idle timeout is three).
         public var heartbeat: Duration = .seconds(1)
+        /// Whether this process runs in a network (and mount) namespace of its own, as root:
+        /// then its iptables rules and mounts touch nothing else, and the network and disk
+        /// faults can be injected. `tether lab nemesis` makes one when it can.
+        public var namespace = false
 
         public init(executable: String, directory: String, seed: UInt64) {
             self.executable = executable
@@ -84,6 +115,8 @@ public struct NemesisRun: Sendable {
         public var requestsAnswered: Int
         /// Faults injected, by kind.
         public var faults: [String: Int]
+        /// Faults of the disk during which the gateway's `/ready` said 503, the store failing.
+        public var readyRefusedWhileDiskFull: Int
         /// The longest an acknowledged message waited after the faults stopped, in milliseconds.
         public var slowestConvergenceMs: Int64?
         /// Each gateway's (`gateway`, `node-1`…) resident memory at its peak and its descriptors
@@ -108,7 +141,8 @@ public struct NemesisRun: Sendable {
         self.configuration = configuration
     }
 
-    /// Runs, checks the history, writes `report.json` (and `anomalies.txt` when there are any).
+    /// Runs, checks the history, writes `report.json`, `throughput.svg` (operations per second
+    /// with the faults marked) and `anomalies.txt` when there are any.
     /// - Parameter say: Progress, one line at a time.
     public func run(say: @escaping @Sendable (String) -> Void = { _ in }) async throws -> Report {
         let configuration = self.configuration
@@ -116,13 +150,20 @@ public struct NemesisRun: Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let started = ContinuousClock.now
         let nemesis = try HistoryWriter(path: "\(directory)/history-nemesis.jsonl", process: "nemesis")
+        // In the run's own namespace: its iptables rules, and a small disk for an SQLite store.
+        let filter = configuration.namespace ? try PacketFilter() : nil
+        defer { try? filter?.clear() }
+        let disk = configuration.namespace && configuration.nodes == 1 ? try SmallDisk(path: "\(directory)/disk", megabytes: 256) : nil
+        defer { disk?.unmount() }
 
-        let postgres: LocalPostgres? =
-            configuration.nodes > 1
-            ? try LocalPostgres(directory: URL(fileURLWithPath: "\(directory)/postgres"), port: try LocalPostgres.freePort()) : nil
+        var startedPostgres: LocalPostgres?
         var gateways: [GatewayProcess] = []
-        if let server = postgres {
+        if configuration.nodes > 1 {
+            var server = try LocalPostgres(directory: URL(fileURLWithPath: "\(directory)/postgres"), port: try LocalPostgres.freePort())
+            // Node N reaches it at 127.0.0.(N+1): one node's packets can be told from another's.
+            server.listenAddresses = ["127.0.0.1"] + (1...configuration.nodes).map { Self.postgresAddress(node: $0) }
             try server.start(fsync: false)  // a crash of the server's process loses nothing the OS holds
+            startedPostgres = server
             for index in 1...configuration.nodes {
                 gateways.append(
                     GatewayProcess(
@@ -131,7 +172,9 @@ public struct NemesisRun: Sendable {
                         store: "",
                         heartbeat: configuration.heartbeat,
                         logFile: "\(directory)/node-\(index).log",
-                        postgres: (server.url + "?sslmode=disable", "node-\(index)")
+                        postgres: (
+                            "postgres://tether@\(Self.postgresAddress(node: index)):\(server.port)/tether?sslmode=disable", "node-\(index)"
+                        )
                     )
                 )
             }
@@ -140,12 +183,14 @@ public struct NemesisRun: Sendable {
                 GatewayProcess(
                     executable: configuration.executable,
                     port: try await GatewayProcess.freePort(),
-                    store: "\(directory)/gateway.sqlite",
+                    store: "\(disk?.path ?? directory)/gateway.sqlite",
                     heartbeat: configuration.heartbeat,
-                    logFile: "\(directory)/gateway.log"
+                    logFile: "\(directory)/gateway.log",
+                    adminPort: disk == nil ? nil : try await GatewayProcess.freePort()  // /ready, while its disk is full
                 )
             )
         }
+        let postgres = startedPostgres
         defer {
             for gateway in gateways { gateway.kill() }
             postgres?.destroy()
@@ -162,7 +207,7 @@ public struct NemesisRun: Sendable {
         }
         defer { sampling.cancel() }
         let nodes = gateways.count
-        let faults = configuration.faults.filter { postgres != nil || !$0.needsPostgres }
+        let faults = configuration.faults.filter { $0.isAvailable(nodes: nodes, namespace: configuration.namespace) }
 
         let names = (1...configuration.workers).map { "w\($0)" }
         let clients = names.map { name in (1...configuration.clientsPerWorker).map { "\(name)c\($0)" } }
@@ -181,6 +226,7 @@ public struct NemesisRun: Sendable {
                     "--send-until", "\(sendUntil)", "--stop-at", "\(stopAt)",
                     "--seed", "\(configuration.seed &+ UInt64(index + 1))",
                     "--heartbeat", "\(configuration.heartbeat.totalSeconds)",
+                    "--interval", "\(configuration.interval.totalSeconds)",
                 ],
                 logFile: "\(directory)/worker-\(name).log"
             )
@@ -193,25 +239,33 @@ public struct NemesisRun: Sendable {
 
         // The faults, until the workers stop sending.
         let counts = TetherLock<[String: Int]>([:])
+        let readyRefusals = TetherLock(0)
         let busy = TetherLock<Set<String>>([])
         var generator = SplitMix64(seed: configuration.seed)
         try await withThrowingTaskGroup(of: Void.self) { group in
             while true {
                 let mean = Double(configuration.meanGap.totalSeconds)
                 let gap = mean * (0.25 + 1.5 * generator.nextUnit())
-                let length = 0.2 + (configuration.longestFault.totalSeconds - 0.2) * generator.nextUnit()
+                let drawn = 0.2 + (configuration.longestFault.totalSeconds - 0.2) * generator.nextUnit()
                 let kind = faults.isEmpty ? nil : faults[Int(generator.next() % UInt64(faults.count))]
                 let worker = workers[Int(generator.next() % UInt64(workers.count))]
                 let node = Int(generator.next() % UInt64(nodes))
                 let gateway = gateways[node]
                 try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
-                guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
                 guard let kind else { continue }
+                let length = kind == .partitionNode ? drawn * 2 : drawn
+                guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
+                let nodeName = nodes == 1 ? "gateway" : "node-\(node + 1)"
                 let target: String
                 switch kind {
                 case .killWorker, .pauseWorker: target = worker.name
-                case .killNode, .pauseNode: target = nodes == 1 ? "gateway" : "node-\(node + 1)"
+                case .killNode, .pauseNode: target = nodeName
                 case .restartPostgres, .terminateConnections: target = "postgres"
+                // A process's network is a target apart from the process: a node may be cut
+                // off and killed at once.
+                case .partitionNode, .losePackets: target = "network of \(nodeName)"
+                case .partitionPostgres: target = "\(nodeName) to postgres"
+                case .fillDisk: target = "disk"
                 }
                 // One fault at a time on a process: a draw that finds it busy is skipped.
                 guard busy.withLockedValue({ $0.insert(target).inserted }) else { continue }
@@ -244,6 +298,33 @@ public struct NemesisRun: Sendable {
                         try postgres?.start(fsync: false)
                     case .terminateConnections:
                         _ = try await postgres?.terminateConnections()
+                    case .partitionNode, .losePackets, .partitionPostgres:
+                        guard let filter else { break }
+                        let rules =
+                            kind == .partitionPostgres
+                            ? try filter.block(port: postgres?.port ?? 0, address: Self.postgresAddress(node: node + 1))
+                            : try filter.block(port: gateway.port, probability: kind == .losePackets ? 0.3 : 1)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try filter.remove(rules)
+                    case .fillDisk:
+                        guard let disk else { break }
+                        try disk.fill()
+                        // Whether /ready says the store is failing while the disk is full (if
+                        // a commit needed space meanwhile: SQLite reuses its log's space).
+                        let until = ContinuousClock.now + .milliseconds(Int64(length * 1000))
+                        var said: String?
+                        while ContinuousClock.now < until {
+                            if said == nil, let ready = await gateway.readiness(), ready.status == 503, ready.body.contains("store failing")
+                            {
+                                said = ready.body
+                            }
+                            try await Task.sleep(for: .milliseconds(100))
+                        }
+                        disk.free()
+                        if let said {
+                            readyRefusals.withLockedValue { $0 += 1 }
+                            nemesis.record(.fault, .info, detail: "while \(detail): /ready 503 \(said.prefix(200))")
+                        }
                     }
                     nemesis.record(.fault, .ok, detail: detail)
                 }
@@ -281,6 +362,7 @@ public struct NemesisRun: Sendable {
             repeatsAfterKills: result.repeatsAfterKills,
             requestsAnswered: result.requestsAnswered,
             faults: counts.withLockedValue { $0 },
+            readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0 },
             slowestConvergenceMs: result.slowestConvergence,
             gateways: sampler.snapshot.mapValues {
                 ProcessFigures(
@@ -294,6 +376,7 @@ public struct NemesisRun: Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try encoder.encode(report).write(to: URL(fileURLWithPath: "\(directory)/report.json"))
+        try ThroughputPlot(records: records).svg().write(toFile: "\(directory)/throughput.svg", atomically: true, encoding: .utf8)
         if !anomalies.isEmpty {
             try anomalies.joined(separator: "\n\n").write(toFile: "\(directory)/anomalies.txt", atomically: true, encoding: .utf8)
         }
@@ -307,6 +390,11 @@ public struct NemesisRun: Sendable {
         }
         return report
     }
+}
+
+extension NemesisRun {
+    /// The loopback address node `node` (from 1) reaches PostgreSQL at.
+    static func postgresAddress(node: Int) -> String { "127.0.0.\(node + 1)" }
 }
 
 /// A `tether lab worker` process the nemesis can kill, pause and start again.

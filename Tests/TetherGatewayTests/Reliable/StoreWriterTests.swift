@@ -137,13 +137,19 @@ struct StoreWriterTests {
         store.fail(with: nil, positions: [0])
         store.openOnce()
         await #expect(throws: MessageStoreError.self) { try await writer.commit(Self.write(1)) }
+        #expect(writer.failing == nil, "one write's conflict is not the store failing")
         store.fail(with: nil)
         store.openOnce()
         #expect(try await writer.commit(Self.write(1)).count == 1, "the writer goes on after a failed write")
-        store.fail(with: CancellationError())
+        store.fail(with: MessageStoreError(code: .storage, message: "database or disk is full"))
         store.openOnce()
         let error = await #expect(throws: MessageStoreError.self) { try await writer.commit(Self.write(2)) }
         #expect(error?.code == .storage)
+        #expect(writer.failing == "database or disk is full", "/ready says why until a round succeeds")
+        store.fail(with: nil)
+        store.openOnce()
+        #expect(try await writer.commit(Self.write(2)).count == 1)
+        #expect(writer.failing == nil)
     }
 
     @Test("a store that takes several rounds at once gets them at once; writes wait, and go together, only when every slot is busy")
