@@ -252,9 +252,9 @@ public struct NemesisRun: Sendable {
                 let node = Int(generator.next() % UInt64(nodes))
                 let gateway = gateways[node]
                 try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
-                guard let kind else { continue }
                 let length = kind == .partitionNode ? drawn * 2 : drawn
                 guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
+                guard let kind else { continue }  // no kind of fault: a run without faults
                 let nodeName = nodes == 1 ? "gateway" : "node-\(node + 1)"
                 let target: String
                 switch kind {
