@@ -287,7 +287,21 @@ public struct NemesisRun: Sendable {
                     case .killNode:
                         gateway.kill()
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
-                        try await gateway.start()
+                        // A node starting while PostgreSQL is away (crashed, cut off) waits for
+                        // it before it listens, and gives up after 15 s: slow, not a failure of
+                        // the run (seed 4403, three nodes, took more than 20 s once). Started
+                        // again until it listens, for up to 3 minutes.
+                        let restarting = ContinuousClock.now
+                        while true {
+                            do {
+                                try await gateway.start()
+                                break
+                            } catch where ContinuousClock.now - restarting < .seconds(180) {
+                                gateway.kill()
+                                nemesis.record(.fault, .info, detail: "\(target) did not start (\(error)); started again")
+                                try await Task.sleep(for: .seconds(1))
+                            }
+                        }
                     case .pauseNode:
                         gateway.signal(SIGSTOP)
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
