@@ -296,7 +296,8 @@ public struct NemesisRun: Sendable {
                             do {
                                 try await gateway.start()
                                 break
-                            } catch where ContinuousClock.now - restarting < .seconds(180) {
+                            } catch {
+                                guard ContinuousClock.now - restarting < .seconds(180) else { throw error }
                                 gateway.kill()
                                 nemesis.record(.fault, .info, detail: "\(target) did not start (\(error)); started again")
                                 try await Task.sleep(for: .seconds(1))
