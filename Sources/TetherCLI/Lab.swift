@@ -68,7 +68,7 @@ struct Lab: AsyncParsableCommand {
                 } else if let unavailable {
                     print("note: \(unavailable); the scenarios that drop packets are skipped")
                 } else {
-                    try self.runInNamespace(executable: executable)
+                    try self.runInNamespace()
                     return
                 }
             }
@@ -98,15 +98,10 @@ struct Lab: AsyncParsableCommand {
         }
 
         /// Runs this command again inside a new network namespace, then deletes the namespace.
-        private func runInNamespace(executable: String) throws {
-            let namespace = try LabNamespace()
-            defer { namespace.remove() }
-            print("lab network namespace: \(namespace.name)")
-            fflush(nil)
-            var arguments = ["lab", "run", "--output", self.output, "--inside-namespace", namespace.name] + self.scenarios
+        private func runInNamespace() throws {
+            var arguments = ["lab", "run", "--output", self.output] + self.scenarios
             if self.quick { arguments.append("--quick") }
-            let status = try namespace.run([executable] + arguments)
-            guard status == 0 else { throw ExitCode(status) }
+            try Lab.runInNamespace(arguments)
         }
 
         static func executable() -> String {
@@ -115,6 +110,17 @@ struct Lab: AsyncParsableCommand {
             #endif
             return Bundle.main.executablePath ?? CommandLine.arguments[0]
         }
+    }
+
+    /// Runs `tether` with `arguments` and `--inside-namespace NAME` inside a new network
+    /// namespace, then deletes the namespace; throws the command's exit status if it failed.
+    static func runInNamespace(_ arguments: [String]) throws {
+        let namespace = try LabNamespace()
+        defer { namespace.remove() }
+        print("lab network namespace: \(namespace.name)")
+        fflush(nil)
+        let status = try namespace.run([Run.executable()] + arguments + ["--inside-namespace", namespace.name])
+        guard status == 0 else { throw ExitCode(status) }
     }
 
     struct Report: ParsableCommand {
@@ -216,14 +222,9 @@ struct Lab: AsyncParsableCommand {
                     print("note: \(unavailable); no partitions, packet loss or full disk in this run")
                 } else {
                     // The same command, with the seed drawn here, in a namespace of its own.
-                    let namespace = try LabNamespace()
-                    defer { namespace.remove() }
-                    print("nemesis network namespace: \(namespace.name)")
-                    fflush(nil)
                     var arguments = Array(CommandLine.arguments.dropFirst())
                     if self.seed == nil { arguments += ["--seed", "\(seed)"] }
-                    let status = try namespace.run([Run.executable()] + arguments + ["--inside-namespace", namespace.name])
-                    guard status == 0 else { throw ExitCode(status) }
+                    try Lab.runInNamespace(arguments)
                     return
                 }
             }

@@ -44,13 +44,7 @@ public struct PacketFilter: Sendable {
         precondition((0...1).contains(probability), "a probability is between 0 and 1")
         try self.clear()
         guard probability > 0 else { return }
-        let statistic =
-            probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
-        for port in ports {
-            for direction in ["--dport", "--sport"] {
-                try Shell.run(["iptables", "-w", "-A", Self.chain, "-p", "tcp", direction, "\(port)"] + statistic + ["-j", "DROP"])
-            }
-        }
+        for port in ports { _ = try self.block(port: port, probability: probability) }
     }
 
     /// Drops TCP packets to and from `port` (on `address` only, if given) with probability
