@@ -146,10 +146,12 @@ struct Lab: AsyncParsableCommand {
             abstract: "Workers record a history while faults are injected at random; the history is then checked.",
             discussion: """
                 Starts `tether serve` (SQLite store) and `tether lab worker` processes that send reliable
-                messages to each other and make requests, recording every invocation and outcome; kills
-                and pauses them and the gateway at moments drawn from the seed; then lets them finish
-                and checks the history (every acknowledged message delivered once, in order; nothing
-                delivered that was not sent or was refused; requests answered at most once). Writes
+                messages to each other, make requests, and publish to channels they subscribe to,
+                recording every invocation and outcome; kills and pauses them and the gateway at moments
+                drawn from the seed; then lets them finish and checks the history (every acknowledged
+                message delivered once, in order; nothing delivered that was not sent or was refused;
+                requests answered at most once; every acknowledged publication received by each
+                subscriber once and in order, or inside a gap event). Writes
                 report.json (and anomalies.txt) to --output; exits 1 if there is an anomaly.
 
                 As root, it runs in a network namespace of its own, which adds partitions and packet
@@ -196,6 +198,12 @@ struct Lab: AsyncParsableCommand {
         @Option(help: "Seconds between one client's operations.")
         var interval: Double = 0.025
 
+        @Option(help: "Channels the clients subscribe to (each to one) and publish to (0: no channel operations).")
+        var channels = 2
+
+        @Flag(help: "Every client on TCP (by default, clients are spread over TCP, WebSocket and the HTTP stream).")
+        var tcpOnly = false
+
         @Flag(help: "Do not create a network namespace: no partitions, packet loss or full disk.")
         var noNamespace = false
 
@@ -204,6 +212,7 @@ struct Lab: AsyncParsableCommand {
 
         func validate() throws {
             guard self.gap > 0 else { throw ValidationError("--gap must be positive") }
+            guard self.channels >= 0 else { throw ValidationError("--channels must not be negative") }
             guard self.seconds > 0, self.quiet > 0, self.workers > 0, self.clients > 0, self.workers * self.clients >= 2, self.nodes > 0
             else {
                 throw ValidationError(
@@ -237,6 +246,8 @@ struct Lab: AsyncParsableCommand {
             configuration.workers = self.workers
             configuration.clientsPerWorker = self.clients
             configuration.nodes = self.nodes
+            configuration.channels = self.channels
+            configuration.everyTransport = !self.tcpOnly
             configuration.convergenceBound = try duration(seconds: self.bound, option: "bound")
             if let faults = self.faults {
                 configuration.faults = faults.split(separator: ",").compactMap { NemesisRun.Fault(rawValue: String($0)) }
@@ -292,12 +303,19 @@ struct Lab: AsyncParsableCommand {
         @Option(help: "Its client ids, comma-separated.") var clients: String
         @Option(help: "Every client id of the run, comma-separated.") var everyone: String
         @Option(help: "Gateway endpoints, comma-separated.") var endpoints: String
+        @Option(help: "The gateways' WebSocket and HTTP-stream ports, in the same order (none: every client on TCP).") var webPorts = ""
         @Option var directory: String
         @Option(help: "Stop sending at this wall time (ms since 1970).") var sendUntil: Int64
         @Option(help: "Stop at this wall time (ms since 1970).") var stopAt: Int64
         @Option var seed: UInt64 = 0
         @Option(help: "Heartbeat interval in seconds.") var heartbeat: Double = 1
         @Option(help: "Seconds between one client's operations.") var interval: Double = 0.025
+        @Option(help: "Channels to subscribe and publish to, comma-separated (none: no channel operations).") var channels = ""
+        @Option(help: "With channels, one operation in this many (not counting requests) is a publication.") var publishEvery = 4
+
+        func validate() throws {
+            guard self.publishEvery > 0 else { throw ValidationError("--publish-every must be positive") }
+        }
 
         func run() async throws {
             let endpoints = try self.endpoints.split(separator: ",").map { try Endpoint(parsing: String($0)) }
@@ -313,6 +331,15 @@ struct Lab: AsyncParsableCommand {
             )
             configuration.heartbeat = try duration(seconds: self.heartbeat, option: "heartbeat")
             configuration.interval = try duration(seconds: self.interval, option: "interval")
+            configuration.channels = self.channels.split(separator: ",").map(String.init)
+            configuration.webPorts = try self.webPorts.split(separator: ",").map {
+                guard let port = Int($0), (1...65_535).contains(port) else { throw ValidationError("--web-ports: '\($0)' is not a port") }
+                return port
+            }
+            guard configuration.webPorts.isEmpty || configuration.webPorts.count == endpoints.count else {
+                throw ValidationError("--web-ports needs one port per endpoint (\(endpoints.count)), got \(configuration.webPorts.count)")
+            }
+            configuration.publishEvery = self.publishEvery
             try await HistoryWorker(configuration: configuration).run()
         }
     }

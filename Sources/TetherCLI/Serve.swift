@@ -59,6 +59,13 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The SQLite file of reliable delivery (created if missing), or :memory: to keep it in memory.")
     var store = "tether-gateway.sqlite"
 
+    @Flag(
+        help: """
+            Flush every commit of the SQLite store to disk (synchronous = FULL): what it acknowledged survives a power loss,             or a disk the kernel stops writing to, too. Without it a commit survives the process being killed, and the last             ones may be lost with the machine.
+            """
+    )
+    var fullSync = false
+
     @Option(
         help: """
             A PostgreSQL URL (postgres://user[:password]@host[:port]/database): the gateway is a node of a cluster that \
@@ -246,7 +253,7 @@ struct Serve: AsyncParsableCommand {
             messageStore = InMemoryMessageStore()
         } else {
             do {
-                messageStore = try SQLiteMessageStore(path: self.store)
+                messageStore = try SQLiteMessageStore(path: self.store, fullSync: self.fullSync)
             } catch {
                 throw ValidationError("cannot open the store '\(self.store)': \(error)")
             }

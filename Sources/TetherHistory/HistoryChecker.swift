@@ -20,10 +20,21 @@
 ///
 /// Requests: **answered twice**, or answered after it was reported failed.
 ///
-/// Channels, per subscribing process and channel: **received twice** (the same position again,
-/// but across a kill of that process), **out of order**, **unaccounted**: a position between
-/// the first and the last it received that it neither received nor was told was missed (a
-/// gap), and **never published**: a publication no `publish` invoked.
+/// Channels (``HistoryRecord/Kind/publish``, ``HistoryRecord/Kind/receive``,
+/// ``HistoryRecord/Kind/gap``), per subscriber (a client) and channel:
+/// - **received twice** or **out of order**: a position at or before the one it received
+///   last, unless its process was killed in between (started again, it resumes from the
+///   position it kept, which may be older: those come again, in order, and are counted);
+/// - **neither received nor a gap**: a position after the first it accounted for that it
+///   neither received nor was told it missed (a gap event);
+/// - **published, never received**: an acknowledged publication at or after a subscriber's
+///   first position that it neither received nor was told it missed by the end;
+/// - **never published**: a publication no `publish` invoked; **refused, yet delivered**: one
+///   whose `publish` failed;
+/// - **two publications at one position** (from the acknowledgements and from what every
+///   subscriber received), and **published twice**: one publication at two positions;
+/// - **not converged**: an acknowledged publication received later than the bound after the
+///   faults stopped.
 ///
 /// ```swift
 /// let result = HistoryChecker.check(records)
@@ -41,9 +52,17 @@ public enum HistoryChecker {
         public var repeatsAfterKills: Int
         /// Requests answered.
         public var requestsAnswered: Int
+        /// Publications by their outcome (`ok`, `fail`, `info`).
+        public var publishes: [HistoryRecord.Phase: Int] = [:]
         /// Channel publications received (first time) and positions covered by gaps.
         public var received: Int
         public var gapPositions: UInt64
+        /// Publications received again by a process started again after a kill, from the
+        /// position it kept (allowed).
+        public var receivedAgainAfterKills = 0
+        /// The longest wait, after the faults stopped (or its acknowledgement, if later), for
+        /// an acknowledged publication to reach a subscriber, in milliseconds.
+        public var slowestChannelConvergence: Int64?
         /// When the nemesis's last act was (milliseconds since 1970), if it acted.
         public var faultsStopped: Int64?
         /// The longest wait, after the faults stopped (or after its acknowledgement, if later),
@@ -66,6 +85,9 @@ public enum HistoryChecker {
             case receivedTwice = "received twice"
             case unaccounted = "neither received nor a gap"
             case neverPublished = "never published"
+            case twoAtOnePosition = "two publications at one position"
+            case publishedTwice = "published twice"
+            case acknowledgedNotReceived = "published, never received"
             case notConverged = "not converged"
         }
 
@@ -99,7 +121,7 @@ public enum HistoryChecker {
         let bound = convergenceBound.map { $0.components.seconds * 1_000 + $0.components.attoseconds / 1_000_000_000_000_000 }
         Self.checkMessages(history, kills, bound: bound, &result)
         Self.checkRequests(history, &result)
-        Self.checkChannels(history, kills, &result)
+        Self.checkChannels(history, kills, bound: bound, &result)
         return result
     }
 
@@ -269,60 +291,194 @@ public enum HistoryChecker {
 
     // MARK: Channels
 
-    private static func checkChannels(_ history: [HistoryRecord], _ kills: Kills, _ result: inout Result) {
-        let published = Set(history.filter { $0.kind == .publish && $0.phase == .invoke }.map(\.id))
-        /// How far a subscriber's positions are accounted for (received or a gap), and the
-        /// record that took them there.
-        struct Subscriber {
-            var last: UInt64
-            var lastRecord: HistoryRecord
+    /// A place in a channel's stream.
+    private struct Place: Hashable {
+        var channel: String
+        var epoch: UInt64
+        var offset: UInt64
+    }
+
+    /// How far one subscriber (a client, on a channel) is accounted for.
+    private struct Subscriber {
+        /// The first position it accounted for (received or a gap): the publications before
+        /// were published before it subscribed.
+        var first: UInt64
+        /// The highest position it accounted for.
+        var last: UInt64
+        /// The position of its last record: a process started again after a kill may receive
+        /// from an older one than `last` (its kept position), in order again.
+        var cursor: UInt64
+        var epoch: UInt64?
+        var lastRecord: HistoryRecord
+    }
+
+    private static func checkChannels(_ history: [HistoryRecord], _ kills: Kills, bound: Int64?, _ result: inout Result) {
+        var publishes: [String: (invoke: HistoryRecord, outcome: HistoryRecord?)] = [:]
+        for record in history where record.kind == .publish {
+            if record.phase == .invoke {
+                publishes[record.id] = (record, nil)
+            } else if publishes[record.id] != nil, publishes[record.id]?.outcome == nil {
+                publishes[record.id]?.outcome = record
+            }
         }
+        for publish in publishes.values { result.publishes[publish.outcome?.phase ?? .info, default: 0] += 1 }
+
+        // What each position holds, and where each publication is: from the publishers'
+        // acknowledgements and from what the subscribers received.
+        var holder: [Place: HistoryRecord] = [:]
+        var placeOf: [String: (place: Place, record: HistoryRecord)] = [:]
+        func place(_ record: HistoryRecord, at place: Place) {
+            if let other = holder[place], other.id != record.id {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .twoAtOnePosition,
+                        message: "\(place.channel) \(place.epoch):\(place.offset) holds \(other.id) and \(record.id)",
+                        records: [other, record]
+                    )
+                )
+                return
+            }
+            holder[place] = record
+            if let other = placeOf[record.id], other.place != place {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .publishedTwice,
+                        message:
+                            "\(record.id) is at \(other.place.epoch):\(other.place.offset) and at \(place.epoch):\(place.offset) of \(place.channel)",
+                        records: [other.record, record]
+                    )
+                )
+                return
+            }
+            placeOf[record.id] = (place, record)
+        }
+        for publish in publishes.values {
+            guard let outcome = publish.outcome, outcome.phase == .ok, let offset = outcome.position else { continue }
+            place(outcome, at: Place(channel: publish.invoke.channel ?? "", epoch: outcome.epoch ?? 0, offset: offset))
+        }
+
         var subscribers: [String: Subscriber] = [:]
+        var slowest: (wait: Int64, records: [HistoryRecord])?
         for record in history where (record.kind == .receive || record.kind == .gap) && record.phase == .ok {
             guard let position = record.position else { continue }
             let end = record.kind == .gap ? max(record.end ?? position, position) : position
-            let key = "\(record.process)\u{0}\(record.channel ?? "")"
-            if record.kind == .receive && !published.contains(record.id) {
-                result.anomalies.append(
-                    Anomaly(kind: .neverPublished, message: "\(record.id) at \(position) on \(record.channel ?? "?")", records: [record])
-                )
+            let channel = record.channel ?? ""
+            let key = "\(record.client ?? record.process)\u{0}\(channel)"
+            if record.kind == .receive {
+                if let publish = publishes[record.id] {
+                    if publish.outcome?.phase == .fail {
+                        result.anomalies.append(
+                            Anomaly(
+                                kind: .refusedDelivered,
+                                message: "publication \(record.id) failed (\(publish.outcome?.detail ?? "-")) and was received",
+                                records: [publish.invoke, publish.outcome!, record]
+                            )
+                        )
+                    }
+                    if let stopped = result.faultsStopped, let outcome = publish.outcome, outcome.phase == .ok {
+                        let wait = record.time - max(stopped, outcome.time)
+                        if wait > 0, wait > slowest?.wait ?? 0 { slowest = (wait, [publish.invoke, outcome, record]) }
+                    }
+                } else {
+                    result.anomalies.append(
+                        Anomaly(kind: .neverPublished, message: "\(record.id) at \(position) on \(channel)", records: [record])
+                    )
+                }
+                place(record, at: Place(channel: channel, epoch: record.epoch ?? 0, offset: position))
             }
-            guard var subscriber = subscribers[key] else {
-                subscribers[key] = Subscriber(last: end, lastRecord: record)
+            // The first record, or the first of another epoch (after a gap that says so).
+            guard var subscriber = subscribers[key], record.epoch == subscriber.epoch || record.epoch == nil || subscriber.epoch == nil
+            else {
+                if let earlier = subscribers[key], record.kind != .gap {
+                    result.anomalies.append(
+                        Anomaly(
+                            kind: .unaccounted,
+                            message:
+                                "\(record.client ?? record.process) on \(channel): epoch \(record.epoch ?? 0) after \(earlier.epoch ?? 0) with no gap",
+                            records: [earlier.lastRecord, record]
+                        )
+                    )
+                }
+                subscribers[key] = Subscriber(first: position, last: end, cursor: end, epoch: record.epoch, lastRecord: record)
                 if record.kind == .receive { result.received += 1 } else { result.gapPositions += end - position + 1 }
                 continue
             }
-            if position <= subscriber.last {
-                // Again, or back: allowed after a kill of the subscribing process only.
-                if !kills.killed(record.process, after: subscriber.lastRecord.time, upTo: record.time) {
+            let who = record.client ?? record.process
+            if kills.killed(record.process, after: subscriber.lastRecord.time, upTo: record.time) {
+                // A process started again: from its kept position, at most where it was.
+                if position > subscriber.last + 1 {
                     result.anomalies.append(
                         Anomaly(
-                            kind: position == subscriber.last ? .receivedTwice : .outOfOrder,
-                            message:
-                                "\(record.process) on \(record.channel ?? "?"): position \(position) after \(subscriber.last), with no kill between",
+                            kind: .unaccounted,
+                            message: "\(who) on \(channel): positions \(subscriber.last + 1)…\(position - 1) neither received nor a gap",
                             records: [subscriber.lastRecord, record]
                         )
                     )
                 }
-                subscriber.last = max(subscriber.last, end)
-                subscriber.lastRecord = record
-                subscribers[key] = subscriber
-                continue
-            }
-            if position > subscriber.last + 1 {
+            } else if position <= subscriber.cursor {
+                result.anomalies.append(
+                    Anomaly(
+                        kind: position == subscriber.cursor ? .receivedTwice : .outOfOrder,
+                        message: "\(who) on \(channel): position \(position) after \(subscriber.cursor), with no kill between",
+                        records: [subscriber.lastRecord, record]
+                    )
+                )
+            } else if position > max(subscriber.cursor, subscriber.last) + 1 {
+                let from = max(subscriber.cursor, subscriber.last) + 1
                 result.anomalies.append(
                     Anomaly(
                         kind: .unaccounted,
-                        message:
-                            "\(record.process) on \(record.channel ?? "?"): positions \(subscriber.last + 1)…\(position - 1) neither received nor a gap",
+                        message: "\(who) on \(channel): positions \(from)…\(position - 1) neither received nor a gap",
                         records: [subscriber.lastRecord, record]
                     )
                 )
             }
-            if record.kind == .receive { result.received += 1 } else { result.gapPositions += end - position + 1 }
-            subscriber.last = end
+            if end > subscriber.last {
+                let new = end - max(position, subscriber.last + 1) + 1
+                if record.kind == .receive { result.received += 1 } else { result.gapPositions += new }
+            } else if record.kind == .receive {
+                result.receivedAgainAfterKills += 1
+            }
+            subscriber.last = max(subscriber.last, end)
+            subscriber.cursor = end
+            subscriber.epoch = record.epoch ?? subscriber.epoch
             subscriber.lastRecord = record
             subscribers[key] = subscriber
+        }
+
+        // Every acknowledged publication reached each subscriber of its channel that was
+        // there when it was published: received, or inside a gap.
+        var acknowledged: [String: [(offset: UInt64, epoch: UInt64, record: HistoryRecord)]] = [:]
+        for publish in publishes.values {
+            guard let outcome = publish.outcome, outcome.phase == .ok, let offset = outcome.position else { continue }
+            acknowledged[publish.invoke.channel ?? "", default: []].append((offset, outcome.epoch ?? 0, outcome))
+        }
+        for (key, subscriber) in subscribers.sorted(by: { $0.key < $1.key }) {
+            let parts = key.split(separator: "\u{0}", omittingEmptySubsequences: false)
+            let channel = String(parts.last ?? "")
+            let missing = (acknowledged[channel] ?? []).filter {
+                $0.epoch == (subscriber.epoch ?? $0.epoch) && $0.offset >= subscriber.first && $0.offset > subscriber.last
+            }.sorted { $0.offset < $1.offset }
+            guard let firstMissing = missing.first, let lastMissing = missing.last else { continue }
+            result.anomalies.append(
+                Anomaly(
+                    kind: .acknowledgedNotReceived,
+                    message:
+                        "\(parts.first ?? "") on \(channel) got to \(subscriber.last): \(missing.count) acknowledged publications (\(firstMissing.offset)…\(lastMissing.offset)) never received",
+                    records: [subscriber.lastRecord, firstMissing.record]
+                )
+            )
+        }
+        result.slowestChannelConvergence = slowest?.wait
+        if let bound, let slowest, slowest.wait > bound {
+            result.anomalies.append(
+                Anomaly(
+                    kind: .notConverged,
+                    message:
+                        "publication \(slowest.records[0].id) was received \(slowest.wait) ms after the faults stopped (the bound is \(bound) ms)",
+                    records: slowest.records
+                )
+            )
         }
     }
 }

@@ -22,12 +22,14 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         case delivery
         /// A request: `id`, `client`.
         case request
-        /// A channel publication: `id`, `channel`; `position` in its `ok`.
+        /// A channel publication: `id` (its body), `client` (the publisher), `channel`;
+        /// `position` and `epoch` in its `ok`.
         case publish
-        /// A channel publication a subscriber received: `id`, `client`, `channel`, `position`.
+        /// A channel publication a subscriber received: `id`, `client` (the subscriber),
+        /// `channel`, `position`, `epoch`.
         case receive
-        /// A gap a subscriber was told of: `channel`, `position` (the first missed) to `end`
-        /// (the last missed).
+        /// A gap a subscriber was told of: `client`, `channel`, `position` (the first missed) to
+        /// `end` (the last missed), `epoch` (the one it resumes in).
         case gap
         /// The nemesis killed (SIGKILL) a process of the run: `peer` names it.
         case kill
@@ -63,6 +65,8 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
     public var channel: String?
     public var position: UInt64?
     public var end: UInt64?
+    /// The epoch of a channel position (a channel's history started again has another).
+    public var epoch: UInt64?
     /// Why an operation failed, what a fault was.
     public var detail: String?
 
@@ -79,6 +83,7 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         channel: String? = nil,
         position: UInt64? = nil,
         end: UInt64? = nil,
+        epoch: UInt64? = nil,
         detail: String? = nil
     ) {
         self.time = time
@@ -93,6 +98,7 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         self.channel = channel
         self.position = position
         self.end = end
+        self.epoch = epoch
         self.detail = detail
     }
 }

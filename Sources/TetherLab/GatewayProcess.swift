@@ -25,6 +25,8 @@ final class GatewayProcess: @unchecked Sendable {
     let postgres: (url: String, node: String)?
     /// The admin listener's port (`/metrics`), if the lab reads the gateway's own view.
     let adminPort: Int?
+    /// The WebSocket and HTTP-stream listener's port beside TCP, if it has one.
+    let httpPort: Int?
     /// The running process, and how many times it was started.
     private let running = TetherLock<(process: SpawnedProgram?, starts: Int)>((nil, 0))
 
@@ -47,6 +49,7 @@ final class GatewayProcess: @unchecked Sendable {
     ) {
         self.postgres = postgres
         self.adminPort = adminPort
+        self.httpPort = httpPort
         self.executable = executable
         self.port = port
         self.store = store
@@ -80,7 +83,11 @@ final class GatewayProcess: @unchecked Sendable {
             guard process.isRunning else {
                 throw Failure(description: "the gateway exited (\(process.termination.map(\.description) ?? "-")); see \(self.logFile)")
             }
-            if await Self.accepts(port: self.port) { return }
+            // Accepted, and by this process: still running a moment after.
+            if await Self.accepts(port: self.port) {
+                try await Task.sleep(for: .milliseconds(50))
+                if process.isRunning { return }
+            }
             try await Task.sleep(for: .milliseconds(10))
         }
         throw Failure(description: "the gateway did not listen on port \(self.port) within 20 s; see \(self.logFile)")
@@ -134,15 +141,37 @@ final class GatewayProcess: @unchecked Sendable {
                 .connectTimeout(.milliseconds(200))
                 .connect(host: "127.0.0.1", port: port)
                 .get()
+            // A connection from the port to itself (TCP's simultaneous open, when the kernel
+            // picks the port it connects to as its own) is no listener.
+            let connectedToItself = channel.localAddress?.port == port
             try? await channel.close()
-            return true
+            return !connectedToItself
         } catch {
             return false
         }
     }
 
-    /// A TCP port nothing listens on now.
+    /// A TCP port nothing listens on now, below the ephemeral range: while a gateway the lab
+    /// killed is down, no outgoing connection (a client's, a node's to PostgreSQL, a probe's)
+    /// can take its port and keep it from listening again. (The three-node long run lost a
+    /// node that way: `bind … Address already in use`, and a probe that connected to itself
+    /// took the port for listening.)
     static func freePort() async throws -> Int {
+        let ephemeral =
+            (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { Int($0.split(whereSeparator: \.isWhitespace).first ?? "") } ?? 32_768
+        if ephemeral > 11_000 {
+            for _ in 0..<50 {
+                let port = Int.random(in: 10_000..<ephemeral)
+                guard
+                    let channel = try? await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                        .bind(host: "127.0.0.1", port: port)
+                        .get()
+                else { continue }
+                try await channel.close()
+                return port
+            }
+        }
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .bind(host: "127.0.0.1", port: 0)
             .get()

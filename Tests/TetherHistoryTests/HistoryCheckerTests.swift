@@ -63,6 +63,7 @@ struct HistoryCheckerTests {
 
         mutating func gap(from: UInt64, to: UInt64, process: String = "w3") {
             self.add(process, .gap, .ok) {
+                $0.client = "carol"
                 $0.channel = "news"
                 $0.position = from
                 $0.end = to
@@ -71,6 +72,16 @@ struct HistoryCheckerTests {
 
         mutating func publish(_ ids: String...) {
             for id in ids { self.add("w4", .publish, .invoke, id) { $0.channel = "news" } }
+        }
+
+        /// dave publishes `id` to news, acknowledged at `position` (`nil`: with `outcome`).
+        mutating func published(_ id: String, at position: UInt64?, outcome: HistoryRecord.Phase = .ok) {
+            self.add("w4", .publish, .invoke, id) { $0.channel = "news" }
+            self.add("w4", .publish, position == nil ? outcome : .ok, id) {
+                $0.channel = "news"
+                $0.position = position
+                $0.epoch = position == nil ? nil : 0
+            }
         }
     }
 
@@ -231,6 +242,81 @@ struct HistoryCheckerTests {
         var invented = Builder()
         invented.receive("p9", at: 1)
         #expect(self.kinds(invented) == [.neverPublished])
+    }
+
+    @Test("channels: a kept position replayed after a kill, in order; acknowledged publications every subscriber must account for")
+    func channelPublications() {
+        // Killed after 3, started again from its kept position 1: 2 and 3 again, then on.
+        var replay = Builder()
+        for position in 1...5 { replay.published("p\(position)", at: UInt64(position)) }
+        replay.receive("p1", at: 1)
+        replay.receive("p2", at: 2)
+        replay.receive("p3", at: 3)
+        replay.kill("w3")
+        replay.receive("p2", at: 2)
+        replay.receive("p3", at: 3)
+        replay.receive("p4", at: 4)
+        replay.gap(from: 5, to: 5)
+        let clean = HistoryChecker.check(replay.records)
+        #expect(clean.isValid, "\(clean.anomalies)")
+        #expect(clean.received == 4 && clean.receivedAgainAfterKills == 2 && clean.gapPositions == 1)
+        #expect(clean.publishes == [.ok: 5])
+
+        // The same replay going back within the process started again: out of order.
+        var back = Builder()
+        for position in 1...3 { back.published("p\(position)", at: UInt64(position)) }
+        back.receive("p1", at: 1)
+        back.receive("p2", at: 2)
+        back.kill("w3")
+        back.receive("p2", at: 2)
+        back.receive("p1", at: 1)
+        back.receive("p3", at: 3)
+        #expect(self.kinds(back) == [.outOfOrder])
+
+        // Acknowledged at 3 and 4; the subscriber stopped at 2.
+        var short = Builder()
+        for position in 1...4 { short.published("p\(position)", at: UInt64(position)) }
+        short.receive("p1", at: 1)
+        short.receive("p2", at: 2)
+        let missing = HistoryChecker.check(short.records).anomalies
+        #expect(missing.map(\.kind) == [.acknowledgedNotReceived])
+        #expect(missing.first?.message.contains("2 acknowledged publications (3…4)") == true, "\(missing)")
+
+        // A subscriber that came after 1 was published owes nothing before its first position.
+        var late = Builder()
+        for position in 1...3 { late.published("p\(position)", at: UInt64(position)) }
+        late.receive("p2", at: 2)
+        late.receive("p3", at: 3)
+        #expect(self.kinds(late).isEmpty)
+
+        // Two ids at one position (the acknowledgement says p1, a subscriber got p2 there),
+        // and one id at two positions.
+        var clash = Builder()
+        clash.published("p1", at: 1)
+        clash.publish("p2")
+        clash.receive("p2", at: 1)
+        #expect(self.kinds(clash) == [.twoAtOnePosition])
+        var twice = Builder()
+        twice.published("p1", at: 1)
+        twice.receive("p1", at: 1)
+        twice.receive("p1", at: 2)
+        #expect(self.kinds(twice) == [.publishedTwice])
+
+        // Refused, yet received.
+        var refused = Builder()
+        refused.published("p1", at: nil, outcome: .fail)
+        refused.receive("p1", at: 1)
+        #expect(self.kinds(refused) == [.refusedDelivered])
+
+        // Received long after the faults stopped.
+        var slow = Builder()
+        slow.published("p1", at: 1)
+        slow.kill("w9")
+        slow.time += 5_000
+        slow.receive("p1", at: 1)
+        let measured = HistoryChecker.check(slow.records)
+        #expect(measured.isValid && measured.slowestChannelConvergence == 5_001)
+        #expect(HistoryChecker.check(slow.records, convergenceBound: .seconds(2)).anomalies.map(\.kind) == [.notConverged])
     }
 
     @Test("convergence: measured from the nemesis's last act; later than the bound is an anomaly")

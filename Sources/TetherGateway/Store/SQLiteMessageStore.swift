@@ -23,17 +23,25 @@ public final class SQLiteMessageStore: MessageStore {
     ///   - fullSync: Whether every commit is flushed to disk (`synchronous = FULL`).
     /// - Throws: ``MessageStoreError`` if the file cannot be opened or migrated.
     public convenience init(path: String, fullSync: Bool = false) throws {
-        var configuration = Configuration()
-        configuration.prepareDatabase { db in
-            try db.execute(sql: fullSync ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
-        }
         let pool: DatabasePool
         do {
-            pool = try DatabasePool(path: path, configuration: configuration)
+            pool = try DatabasePool(path: path, configuration: Configuration())
+            // On the connection that writes, once the pool is open: GRDB sets `synchronous =
+            // NORMAL` when it turns the write-ahead log on, after `prepareDatabase` has run, so a
+            // setting made there does not last. (It did not: `fullSync` was lost that way until
+            // the nemesis's read-only disk lost acknowledged commits with it set.)
+            try pool.writeWithoutTransaction { db in
+                try db.execute(sql: fullSync ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
+            }
         } catch {
             throw MessageStoreError(code: .storage, message: "cannot open the message store at \(path): \(error)")
         }
         try self.init(writer: pool)
+    }
+
+    /// The writing connection's `synchronous` setting (1: NORMAL, 2: FULL), for tests.
+    package func synchronousSetting() throws -> Int {
+        try self.writer.writeWithoutTransaction { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
     }
 
     /// A store in a private in-memory SQLite database, for tests of the SQL code.

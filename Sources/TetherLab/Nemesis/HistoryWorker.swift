@@ -13,6 +13,11 @@ import TetherNIO
 /// directory, it resumes: its clients' outboxes send what they had accepted, their checkpoints
 /// say which deliveries were processed, and it appends to the same history.
 ///
+/// With channels, each client subscribes to one of them (its place among everyone, modulo
+/// their number), keeping its position in its outbox's file (``ClientConfiguration/Channels-swift.struct/positions``),
+/// and one operation in ``Configuration-swift.struct/publishEvery`` publishes to a channel
+/// drawn from them; receptions and gap events are recorded.
+///
 /// A message's body is its id in the history (`alice/bob/5f3a9c01/42`: sender, recipient, the
 /// process start's nonce, a counter), so that its deliveries name it. The conversation is the
 /// recipient's client id (the demo's `dm` handler delivers there). Which id the outbox gave a
@@ -31,8 +36,12 @@ public struct HistoryWorker: Sendable {
         public var clients: [String]
         /// Every client id of the run: the recipients to choose from.
         public var everyone: [String]
-        /// The gateways, in the order a client tries them.
+        /// The gateways, in the order a client tries them (TCP).
         public var endpoints: [Endpoint]
+        /// The gateways' WebSocket and HTTP-stream ports, in the same order: with them, the
+        /// clients are spread over the transports by their place among everyone (TCP,
+        /// WebSocket, the HTTP stream, TCP…); without, every client is on TCP.
+        public var webPorts: [Int] = []
         /// Where the outboxes, the maps and the history are.
         public var directory: String
         /// When to stop sending (wall clock, milliseconds since 1970).
@@ -43,6 +52,11 @@ public struct HistoryWorker: Sendable {
         public var interval: Duration = .milliseconds(25)
         /// One operation in this many is an `echo` request, not a message.
         public var requestEvery: Int = 5
+        /// The channels the clients subscribe to and publish to (none: no channel operations).
+        public var channels: [String] = []
+        /// With channels, one operation in this many (of those that are not requests) is a
+        /// publication.
+        public var publishEvery: Int = 4
         public var requestTimeout: Duration = .seconds(2)
         /// How long the gateway may stay silent before a client takes its connection for dead.
         public var heartbeat: Duration = .seconds(1)
@@ -80,6 +94,14 @@ public struct HistoryWorker: Sendable {
         self.configuration = configuration
     }
 
+    /// The gateways for the client at `place` among everyone, over its transport.
+    static func endpoints(place: Int, _ configuration: Configuration) -> [Endpoint] {
+        let transports: [Endpoint.Transport] = [.tcp, .webSocket, .httpStream]
+        let transport = transports[place % transports.count]
+        guard transport != .tcp, configuration.webPorts.count == configuration.endpoints.count else { return configuration.endpoints }
+        return zip(configuration.endpoints, configuration.webPorts).map { Endpoint(host: $0.host, port: $1, transport: transport) }
+    }
+
     /// Runs the clients until ``Configuration-swift.struct/stopAt``.
     public func run() async throws {
         let history = try HistoryWriter(
@@ -112,6 +134,8 @@ private final class ClientWorker: Sendable {
     let seed: UInt64
     let tether: TetherClient
     let mapFile: String
+    /// The channel it subscribes to, if the run has channels.
+    let channel: String?
     /// The history ids of the messages the outbox holds, by the outbox's id; and outcomes that
     /// came before `send` returned their id.
     let messages = TetherLock<(ids: [UInt64: String], early: [UInt64: MessageOutcome])>(([:], [:]))
@@ -122,17 +146,23 @@ private final class ClientWorker: Sendable {
         self.history = history
         self.nonce = nonce
         self.seed = seed
-        var clientConfiguration = ClientConfiguration(endpoints: configuration.endpoints, clientID: client)
+        let place = configuration.everyone.firstIndex(of: client) ?? 0
+        var clientConfiguration = ClientConfiguration(endpoints: HistoryWorker.endpoints(place: place, configuration), clientID: client)
+        let store = try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite")
         clientConfiguration.reliability = try .init(
-            outbox: try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite"),
+            outbox: store,
             retransmission: RTTEstimator(maximumTimeout: configuration.longestBackoff)
         )
+        // A worker started again after a kill resumes its subscription from the position kept
+        // here (what came in the last interval before the kill comes again).
+        clientConfiguration.channels = try .init(positions: store, saveInterval: .milliseconds(200))
         clientConfiguration.heartbeat.interval = configuration.heartbeat
         clientConfiguration.reconnect.backoff = try Backoff(maximum: configuration.longestBackoff)
         var logger = Logger(label: "tether.lab.worker.\(client)")
         logger.logLevel = .critical
         self.tether = try TetherClient(configuration: clientConfiguration, logger: logger)
         self.mapFile = "\(configuration.directory)/\(client).map"
+        self.channel = configuration.channels.isEmpty ? nil : configuration.channels[place % configuration.channels.count]
         // Messages an earlier process of this worker sent: their outcomes may come now.
         if let text = try? String(contentsOfFile: self.mapFile, encoding: .utf8) {
             var ids: [UInt64: String] = [:]
@@ -153,6 +183,7 @@ private final class ClientWorker: Sendable {
             group.addTask { try await self.tether.run() }
             group.addTask { await self.recordOutcomes(events) }  // ends when the client stops
             group.addTask { await self.recordDeliveries() }
+            if let channel = self.channel { group.addTask { await self.recordPublications(channel) } }
             group.addTask {
                 await self.operate()
                 let rest = self.configuration.stopAt - HistoryWriter.now()
@@ -184,10 +215,19 @@ private final class ClientWorker: Sendable {
         let peers = self.configuration.everyone.filter { $0 != self.client }
         guard !peers.isEmpty else { return }
         var counter = 0
+        var others = 0
+        let channels = self.configuration.channels
         while HistoryWriter.now() < self.configuration.sendUntil {
             counter += 1
             if counter % self.configuration.requestEvery == 0 {
                 await self.request("\(self.client)/req/\(self.nonce)/\(counter)")
+                try? await Task.sleep(for: self.configuration.interval)
+                continue
+            }
+            others += 1
+            if !channels.isEmpty, others % self.configuration.publishEvery == 0 {
+                let channel = channels[Int(generator.next() % UInt64(channels.count))]
+                await self.publish("\(self.client)/pub/\(self.nonce)/\(counter)", to: channel)
             } else {
                 let peer = peers[Int(generator.next() % UInt64(peers.count))]
                 await self.send("\(self.client)/\(peer)/\(self.nonce)/\(counter)", to: peer)
@@ -225,6 +265,89 @@ private final class ClientWorker: Sendable {
             // A timeout or a lost connection: it may have run.
             self.history.record(.request, .info, id: id, client: self.client, detail: "\(error)")
         }
+    }
+
+    private func publish(_ id: String, to channel: String) async {
+        self.history.write(self.record(.publish, .invoke, id: id, channel: channel))
+        do {
+            let position = try await self.tether.publish(
+                ByteBuffer(string: id),
+                toChannel: channel,
+                timeout: self.configuration.requestTimeout
+            )
+            self.history.write(self.record(.publish, .ok, id: id, channel: channel, position: position.offset, epoch: position.epoch))
+        } catch {
+            // Refused before it was sent: it is not published. Else (a timeout, a lost
+            // connection, the gateway's error) it may be.
+            let phase: HistoryRecord.Phase = error.code == .invalidArgument ? .fail : .info
+            self.history.write(self.record(.publish, phase, id: id, channel: channel, detail: "\(error)"))
+        }
+    }
+
+    /// Records what the subscription hears: each publication as the app handles it (its
+    /// position is kept once the loop asks for the next event), and gap events.
+    private func recordPublications(_ channel: String) async {
+        do {
+            for try await event in self.tether.subscribe(channel) {
+                switch event {
+                case .publication(let publication):
+                    let position = publication.position
+                    self.history.write(
+                        self.record(
+                            .receive,
+                            .ok,
+                            id: String(buffer: publication.body),
+                            channel: channel,
+                            position: position.offset,
+                            epoch: position.epoch
+                        )
+                    )
+                case .gap(let gap):
+                    // The positions missed, in the epoch it resumes in.
+                    let first = gap.after.epoch == gap.resumesAt.epoch ? gap.after.offset + 1 : 1
+                    self.history.write(
+                        self.record(
+                            .gap,
+                            .ok,
+                            channel: channel,
+                            position: first,
+                            end: max(first, gap.resumesAt.offset) - 1,
+                            epoch: gap.resumesAt.epoch,
+                            detail: "\(gap)"
+                        )
+                    )
+                case .subscribed, .joined, .left:
+                    break
+                }
+            }
+        } catch {
+            self.history.write(self.record(.gap, .info, channel: channel, detail: "the subscription ended: \(error)"))
+        }
+    }
+
+    private func record(
+        _ kind: HistoryRecord.Kind,
+        _ phase: HistoryRecord.Phase,
+        id: String = "",
+        channel: String,
+        position: UInt64? = nil,
+        end: UInt64? = nil,
+        epoch: UInt64? = nil,
+        detail: String? = nil
+    ) -> HistoryRecord {
+        HistoryRecord(
+            time: HistoryWriter.now(),
+            process: self.history.process,
+            kind: kind,
+            phase: phase,
+            id: id,
+            client: self.client,
+            channel: channel,
+            position: position,
+            end: end,
+            epoch: epoch,
+            detail: detail
+        )
     }
 
     private func recordOutcomes(_ events: AsyncStream<MessageEvent>) async {

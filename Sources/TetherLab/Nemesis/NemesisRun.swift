@@ -45,13 +45,18 @@ public struct NemesisRun: Sendable {
         case losePackets = "lose-packets"
         /// The disk under the gateway's SQLite store full (one gateway, in a namespace).
         case fillDisk = "fill-disk"
+        /// The disk under the gateway's SQLite store turned read-only by the kernel, as after
+        /// an I/O error (ext4's emergency read-only; one gateway, in a namespace, where loop
+        /// devices and `mkfs.ext4` are); then the repair: the gateway stopped (SIGKILL), the
+        /// disk checked and mounted again, the gateway started.
+        case readOnlyDisk = "read-only-disk"
 
         /// Whether the fault is PostgreSQL's (a cluster only).
         public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections || self == .partitionPostgres }
 
         /// Whether the fault needs the run's own namespace (root): iptables rules or a mount.
         public var needsNamespace: Bool {
-            self == .partitionNode || self == .partitionPostgres || self == .losePackets || self == .fillDisk
+            self == .partitionNode || self == .partitionPostgres || self == .losePackets || self == .fillDisk || self == .readOnlyDisk
         }
 
         /// Whether the fault can be injected in a run with `nodes` gateways, in a namespace of
@@ -59,6 +64,7 @@ public struct NemesisRun: Sendable {
         public func isAvailable(nodes: Int, namespace: Bool) -> Bool {
             if self.needsNamespace && !namespace { return false }
             if self == .fillDisk { return nodes == 1 }
+            if self == .readOnlyDisk { return nodes == 1 && SmallDisk.canBeExt4 }
             return nodes > 1 || !self.needsPostgres
         }
     }
@@ -80,6 +86,12 @@ public struct NemesisRun: Sendable {
         public var interval: Duration = .milliseconds(25)
         /// Gateways: 1 with an SQLite store, or 2 and more on a private PostgreSQL server.
         public var nodes = 1
+        /// Channels (`nemesis.room1`…): each client subscribes to one and publishes to any;
+        /// their history is in the store (10,000 publications, an hour). 0: no channels.
+        public var channels = 2
+        /// Whether the clients are spread over TCP, WebSocket and the HTTP stream (each gateway
+        /// listens for both on a second port); else all are on TCP.
+        public var everyTransport = true
         /// The kinds of fault drawn from (PostgreSQL's only with a cluster).
         public var faults: [Fault] = Fault.allCases
         /// The mean time between the starts of two faults.
@@ -106,17 +118,30 @@ public struct NemesisRun: Sendable {
     public struct Report: Codable, Sendable {
         public var seed: UInt64
         public var seconds: Double
-        /// Operations invoked (messages sent, requests made).
+        /// Operations invoked (messages sent, requests made, publications).
         public var operations: Int
         /// Messages by outcome (`ok`, `fail`, `info`).
         public var sends: [String: Int]
         public var delivered: Int
         public var repeatsAfterKills: Int
         public var requestsAnswered: Int
+        /// Publications by outcome (`ok`, `fail`, `info`).
+        public var publishes: [String: Int]
+        /// Publications received by subscribers (each subscriber's first time), received again
+        /// after a kill of the subscriber's process (from its kept position), and positions
+        /// subscribers were told they missed (gap events).
+        public var received: Int
+        public var receivedAgainAfterKills: Int
+        public var gapPositions: UInt64
+        /// The longest an acknowledged publication took to reach a subscriber after the faults
+        /// stopped, in milliseconds.
+        public var slowestChannelConvergenceMs: Int64?
         /// Faults injected, by kind.
         public var faults: [String: Int]
-        /// Faults of the disk during which the gateway's `/ready` said 503, the store failing.
+        /// Faults of the disk during which the gateway's `/ready` said 503, the store failing:
+        /// full, and read-only.
         public var readyRefusedWhileDiskFull: Int
+        public var readyRefusedWhileReadOnly: Int
         /// The longest an acknowledged message waited after the faults stopped, in milliseconds.
         public var slowestConvergenceMs: Int64?
         /// Each gateway's (`gateway`, `node-1`…) resident memory at its peak and its descriptors
@@ -159,7 +184,10 @@ public struct NemesisRun: Sendable {
         var startedPostgres: LocalPostgres?
         var gateways: [GatewayProcess] = []
         if configuration.nodes > 1 {
-            var server = try LocalPostgres(directory: URL(fileURLWithPath: "\(directory)/postgres"), port: try LocalPostgres.freePort())
+            var server = try LocalPostgres(
+                directory: URL(fileURLWithPath: "\(directory)/postgres"),
+                port: try await GatewayProcess.freePort()
+            )  // below the ephemeral range, as the gateways'
             // Node N reaches it at 127.0.0.(N+1): one node's packets can be told from another's.
             server.listenAddresses = ["127.0.0.1"] + (1...configuration.nodes).map { Self.postgresAddress(node: $0) }
             try server.start(fsync: false)  // a crash of the server's process loses nothing the OS holds
@@ -172,9 +200,11 @@ public struct NemesisRun: Sendable {
                         store: "",
                         heartbeat: configuration.heartbeat,
                         logFile: "\(directory)/node-\(index).log",
+                        httpPort: configuration.everyTransport ? try await GatewayProcess.freePort() : nil,
                         postgres: (
                             "postgres://tether@\(Self.postgresAddress(node: index)):\(server.port)/tether?sslmode=disable", "node-\(index)"
-                        )
+                        ),
+                        extraArguments: Self.channelArguments
                     )
                 )
             }
@@ -186,7 +216,11 @@ public struct NemesisRun: Sendable {
                     store: "\(disk?.path ?? directory)/gateway.sqlite",
                     heartbeat: configuration.heartbeat,
                     logFile: "\(directory)/gateway.log",
-                    adminPort: disk == nil ? nil : try await GatewayProcess.freePort()  // /ready, while its disk is full
+                    httpPort: configuration.everyTransport ? try await GatewayProcess.freePort() : nil,
+                    adminPort: disk == nil ? nil : try await GatewayProcess.freePort(),  // /ready, while its disk is full
+                    // A disk the kernel stops writing to drops what the page cache held, as a
+                    // power loss does: only commits flushed one by one survive it.
+                    extraArguments: Self.channelArguments + (disk?.canTurnReadOnly == true ? ["--full-sync"] : [])
                 )
             )
         }
@@ -196,6 +230,7 @@ public struct NemesisRun: Sendable {
             postgres?.destroy()
         }
         for gateway in gateways { try await gateway.start() }
+        disk?.flush()  // the store's file, as on a disk that has been up for a while
         let gatewayNames = gateways.count == 1 ? ["gateway"] : (1...gateways.count).map { "node-\($0)" }
         let sampler = ProcessSampler()
         let observed = gateways
@@ -207,7 +242,11 @@ public struct NemesisRun: Sendable {
         }
         defer { sampling.cancel() }
         let nodes = gateways.count
-        let faults = configuration.faults.filter { $0.isAvailable(nodes: nodes, namespace: configuration.namespace) }
+        var faults = configuration.faults.filter { $0.isAvailable(nodes: nodes, namespace: configuration.namespace) }
+        if faults.contains(.readOnlyDisk), disk?.canTurnReadOnly != true {
+            faults.removeAll { $0 == .readOnlyDisk }
+            say("no read-only-disk: the store's disk is not ext4 on a loop device (mkfs.ext4 and loop devices are needed)")
+        }
 
         let names = (1...configuration.workers).map { "w\($0)" }
         let clients = names.map { name in (1...configuration.clientsPerWorker).map { "\(name)c\($0)" } }
@@ -222,11 +261,14 @@ public struct NemesisRun: Sendable {
                     "--clients", clients[index].joined(separator: ","), "--everyone", everyone.joined(separator: ","),
                     // Every node, each worker's first a different one.
                     "--endpoints", (0..<nodes).map { "tether://127.0.0.1:\(gateways[(index + $0) % nodes].port)" }.joined(separator: ","),
+                    "--web-ports",
+                    (0..<nodes).compactMap { gateways[(index + $0) % nodes].httpPort.map(String.init) }.joined(separator: ","),
                     "--directory", directory,
                     "--send-until", "\(sendUntil)", "--stop-at", "\(stopAt)",
                     "--seed", "\(configuration.seed &+ UInt64(index + 1))",
                     "--heartbeat", "\(configuration.heartbeat.totalSeconds)",
                     "--interval", "\(configuration.interval.totalSeconds)",
+                    "--channels", (0..<configuration.channels).map { "nemesis.room\($0 + 1)" }.joined(separator: ","),
                 ],
                 logFile: "\(directory)/worker-\(name).log"
             )
@@ -234,12 +276,15 @@ public struct NemesisRun: Sendable {
         for worker in workers { try worker.start() }
         defer { for worker in workers { worker.kill() } }
         say(
-            "\(nodes == 1 ? "a gateway on SQLite" : "\(nodes) nodes on PostgreSQL"); \(workers.count) workers, \(everyone.count) clients; faults until \(configuration.faultySeconds) s, seed \(configuration.seed)"
+            "\(nodes == 1 ? "a gateway on SQLite" : "\(nodes) nodes on PostgreSQL"); \(workers.count) workers, \(everyone.count) clients"
+                + (configuration.everyTransport ? " over TCP, WebSocket and the HTTP stream" : " over TCP")
+                + (configuration.channels > 0 ? ", \(configuration.channels) channels" : "")
+                + "; faults until \(configuration.faultySeconds) s, seed \(configuration.seed)"
         )
 
         // The faults, until the workers stop sending.
         let counts = TetherLock<[String: Int]>([:])
-        let readyRefusals = TetherLock(0)
+        let readyRefusals = TetherLock<[String: Int]>([:])
         let busy = TetherLock<Set<String>>([])
         var generator = SplitMix64(seed: configuration.seed)
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -265,13 +310,20 @@ public struct NemesisRun: Sendable {
                 // off and killed at once.
                 case .partitionNode, .losePackets: target = "network of \(nodeName)"
                 case .partitionPostgres: target = "\(nodeName) to postgres"
-                case .fillDisk: target = "disk"
+                case .fillDisk, .readOnlyDisk: target = "disk"
                 }
-                // One fault at a time on a process: a draw that finds it busy is skipped.
-                guard busy.withLockedValue({ $0.insert(target).inserted }) else { continue }
+                // One fault at a time on a process: a draw that finds it busy is skipped. The
+                // read-only disk's repair stops and starts the gateway: it takes both.
+                let claims = kind == .readOnlyDisk ? [target, nodeName] : [target]
+                let claimed = busy.withLockedValue { busy in
+                    guard busy.isDisjoint(with: claims) else { return false }
+                    busy.formUnion(claims)
+                    return true
+                }
+                guard claimed else { continue }
                 counts.withLockedValue { $0[kind.rawValue, default: 0] += 1 }
                 group.addTask {
-                    defer { busy.withLockedValue { _ = $0.remove(target) } }
+                    defer { busy.withLockedValue { $0.subtract(claims) } }
                     let detail = "\(kind.rawValue) \(target) for \(Int(length * 1000)) ms"
                     nemesis.record(.fault, .invoke, detail: detail)
                     switch kind {
@@ -287,22 +339,7 @@ public struct NemesisRun: Sendable {
                     case .killNode:
                         gateway.kill()
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
-                        // A node starting while PostgreSQL is away (crashed, cut off) waits for
-                        // it before it listens, and gives up after 15 s: slow, not a failure of
-                        // the run (seed 4403, three nodes, took more than 20 s once). Started
-                        // again until it listens, for up to 3 minutes.
-                        let restarting = ContinuousClock.now
-                        while true {
-                            do {
-                                try await gateway.start()
-                                break
-                            } catch {
-                                guard ContinuousClock.now - restarting < .seconds(180) else { throw error }
-                                gateway.kill()
-                                nemesis.record(.fault, .info, detail: "\(target) did not start (\(error)); started again")
-                                try await Task.sleep(for: .seconds(1))
-                            }
-                        }
+                        try await Self.restart(gateway, named: target, nemesis)
                     case .pauseNode:
                         gateway.signal(SIGSTOP)
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
@@ -315,17 +352,19 @@ public struct NemesisRun: Sendable {
                         _ = try await postgres?.terminateConnections()
                     case .partitionNode, .losePackets, .partitionPostgres:
                         guard let filter else { break }
+                        // A gateway's ports: TCP, and WebSocket and the HTTP stream.
+                        let ports = [gateway.port] + (gateway.httpPort.map { [$0] } ?? [])
                         let rules =
                             kind == .partitionPostgres
                             ? try filter.block(port: postgres?.port ?? 0, address: Self.postgresAddress(node: node + 1))
-                            : try filter.block(port: gateway.port, probability: kind == .losePackets ? 0.3 : 1)
+                            : try ports.flatMap { try filter.block(port: $0, probability: kind == .losePackets ? 0.3 : 1) }
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         try filter.remove(rules)
-                    case .fillDisk:
+                    case .fillDisk, .readOnlyDisk:
                         guard let disk else { break }
-                        try disk.fill()
-                        // Whether /ready says the store is failing while the disk is full (if
-                        // a commit needed space meanwhile: SQLite reuses its log's space).
+                        if kind == .fillDisk { try disk.fill() } else { try disk.turnReadOnly() }
+                        // Whether /ready says the store is failing meanwhile (if a commit
+                        // needed the disk: SQLite reuses its log's space).
                         let until = ContinuousClock.now + .milliseconds(Int64(length * 1000))
                         var said: String?
                         while ContinuousClock.now < until {
@@ -335,9 +374,22 @@ public struct NemesisRun: Sendable {
                             }
                             try await Task.sleep(for: .milliseconds(100))
                         }
-                        disk.free()
+                        if kind == .fillDisk {
+                            disk.free()
+                        } else {
+                            gateway.kill()
+                            if let fixed = try disk.repair() {
+                                let lines = fixed.split(separator: "\n").filter { !$0.hasPrefix("Pass ") && !$0.hasPrefix("e2fsck ") }
+                                nemesis.record(
+                                    .fault,
+                                    .info,
+                                    detail: "e2fsck after \(detail): \(lines.joined(separator: "; ").prefix(600))"
+                                )
+                            }
+                            try await Self.restart(gateway, named: nodeName, nemesis)
+                        }
                         if let said {
-                            readyRefusals.withLockedValue { $0 += 1 }
+                            readyRefusals.withLockedValue { $0[kind.rawValue, default: 0] += 1 }
                             nemesis.record(.fault, .info, detail: "while \(detail): /ready 503 \(said.prefix(200))")
                         }
                     }
@@ -371,13 +423,19 @@ public struct NemesisRun: Sendable {
         let report = Report(
             seed: configuration.seed,
             seconds: (ContinuousClock.now - started).totalSeconds,
-            operations: records.filter { $0.phase == .invoke && ($0.kind == .send || $0.kind == .request) }.count,
+            operations: records.filter { $0.phase == .invoke && ($0.kind == .send || $0.kind == .request || $0.kind == .publish) }.count,
             sends: Dictionary(uniqueKeysWithValues: result.sends.map { ($0.key.rawValue, $0.value) }),
             delivered: result.delivered,
             repeatsAfterKills: result.repeatsAfterKills,
             requestsAnswered: result.requestsAnswered,
+            publishes: Dictionary(uniqueKeysWithValues: result.publishes.map { ($0.key.rawValue, $0.value) }),
+            received: result.received,
+            receivedAgainAfterKills: result.receivedAgainAfterKills,
+            gapPositions: result.gapPositions,
+            slowestChannelConvergenceMs: result.slowestChannelConvergence,
             faults: counts.withLockedValue { $0 },
-            readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0 },
+            readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0[Fault.fillDisk.rawValue] ?? 0 },
+            readyRefusedWhileReadOnly: readyRefusals.withLockedValue { $0[Fault.readOnlyDisk.rawValue] ?? 0 },
             slowestConvergenceMs: result.slowestConvergence,
             gateways: sampler.snapshot.mapValues {
                 ProcessFigures(
@@ -396,7 +454,7 @@ public struct NemesisRun: Sendable {
             try anomalies.joined(separator: "\n\n").write(toFile: "\(directory)/anomalies.txt", atomically: true, encoding: .utf8)
         }
         say(
-            "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
+            "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; publications \(report.publishes), \(report.received) received (\(report.receivedAgainAfterKills) again after a kill), \(report.gapPositions) in gaps; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
         )
         for (name, figures) in report.gateways.sorted(by: { $0.key < $1.key }) {
             say(
@@ -408,6 +466,29 @@ public struct NemesisRun: Sendable {
 }
 
 extension NemesisRun {
+    /// Starts a gateway the nemesis stopped. A node starting while PostgreSQL is away (crashed,
+    /// cut off) waits for it before it listens, and gives up after 15 s: slow, not a failure of
+    /// the run (seed 4403, three nodes, took more than 20 s once). Started again until it
+    /// listens, for up to 3 minutes, each failed attempt recorded.
+    static func restart(_ gateway: GatewayProcess, named name: String, _ nemesis: HistoryWriter) async throws {
+        let restarting = ContinuousClock.now
+        while true {
+            do {
+                try await gateway.start()
+                return
+            } catch {
+                guard ContinuousClock.now - restarting < .seconds(180) else { throw error }
+                gateway.kill()
+                nemesis.record(.fault, .info, detail: "\(name) did not start (\(error)); started again")
+                try await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// `tether serve`'s channels: history in the store, long enough that a subscriber away for
+    /// a fault's length misses nothing; clients may publish.
+    static let channelArguments = ["--channel-history", "10000", "--channel-history-age", "3600", "--channel-clients-publish"]
+
     /// The loopback address node `node` (from 1) reaches PostgreSQL at.
     static func postgresAddress(node: Int) -> String { "127.0.0.\(node + 1)" }
 }

@@ -40,7 +40,7 @@ struct ThroughputPlot {
         for record in records {
             let index = Int((record.time - start) / self.bucket)
             switch (record.kind, record.phase) {
-            case (.send, .invoke), (.request, .invoke): self.invoked[index] += 1
+            case (.send, .invoke), (.request, .invoke), (.publish, .invoke): self.invoked[index] += 1
             case (.send, .ok): self.acknowledged[index] += 1
             case (.delivery, .ok): self.delivered[index] += 1
             case (.fault, .invoke): open[record.detail ?? "", default: []].append(record.time)

@@ -40,6 +40,15 @@ struct MessageStoreTests {
         try await check.run(on: try self.make(kind) as! SQLiteMessageStore)
     }
 
+    @Test("fullSync flushes every commit (synchronous = FULL on the writing connection); the default is NORMAL")
+    func fullSync() throws {
+        // GRDB's pool sets NORMAL when it turns the write-ahead log on: a setting made in
+        // prepareDatabase was lost, and with it acknowledged commits on a disk that stopped
+        // (the nemesis's read-only disk, seed 18332).
+        #expect(try SQLiteMessageStore(path: Self.temporaryPath(), fullSync: true).synchronousSetting() == 2)
+        #expect(try SQLiteMessageStore(path: Self.temporaryPath()).synchronousSetting() == 1)
+    }
+
     @Test("a SQLite store keeps channels' streams and publications across a close and reopen")
     func channelPersistence() async throws {
         let path = Self.temporaryPath()
