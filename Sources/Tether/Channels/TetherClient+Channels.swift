@@ -155,7 +155,8 @@ extension TetherClient {
     /// - Throws: ``TetherError``: ``TetherError/Code/invalidArgument`` for a bad channel name,
     ///   ``TetherError/Code/serverError`` with `permission denied` where the client may not
     ///   publish, and the errors of a request. Like a request, a publication that timed out may
-    ///   still have been published.
+    ///   still have been published; so may one the gateway answered with `internal error` (its
+    ///   store failed while committing, as a disk does).
     @discardableResult
     public func publish(
         _ body: ByteBuffer,

@@ -137,7 +137,13 @@ final class ChannelWriter: Sendable {
             let counts = self.sends ? pusher.sendStored(publications) : publications.map { _ in 0 }
             results = zip(positions, counts).map { .success(($0, $1)) }
         } catch {
-            let failure = GatewayError(code: .storage, message: "the channel store failed; nothing was published: \(error)")
+            // Not "nothing was published": a commit that fails as the disk does may have reached
+            // it, and a restarted gateway then has the publication (the nemesis saw one, its
+            // publisher told "internal error", received by every subscriber after a repair).
+            let failure = GatewayError(
+                code: .storage,
+                message: "the channel store failed; the publication may not have been kept: \(error)"
+            )
             results = Array(repeating: .failure(failure), count: appends.count)
         }
         let next = self.state.withLockedValue { state -> Waiting? in

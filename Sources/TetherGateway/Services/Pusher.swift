@@ -58,7 +58,8 @@ struct Pusher: Sendable {
     ///   the number of connections it was sent to.
     /// - Throws: ``GatewayError`` with code ``GatewayError/Code/invalidArgument`` for a bad
     ///   channel name, ``GatewayError/Code/disabled`` when the gateway has no channels,
-    ///   ``GatewayError/Code/storage`` when the store failed (nothing was published).
+    ///   ``GatewayError/Code/storage`` when the store failed (nothing was sent; a commit that
+    ///   failed as the disk did may still have kept it, to be sent after a restart).
     func publish(_ body: ByteBuffer, to channel: String, publisher: String) async throws(GatewayError) -> (ChannelPosition, Int) {
         guard let hub = self.channels else {
             throw GatewayError(code: .disabled, message: "this gateway has no channels (its configuration's channels is nil)")
