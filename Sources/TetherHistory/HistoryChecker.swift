@@ -95,6 +95,8 @@ public enum HistoryChecker {
         public var message: String
         /// The records that show it, in the history's order.
         public var records: [HistoryRecord]
+        /// The nemesis's faults in force from its first record to its last (``FaultTimeline``).
+        public var faultsInForce: [String] = []
 
         public var description: String { "\(self.kind.rawValue): \(self.message)" }
     }
@@ -122,6 +124,12 @@ public enum HistoryChecker {
         Self.checkMessages(history, kills, bound: bound, &result)
         Self.checkRequests(history, &result)
         Self.checkChannels(history, kills, bound: bound, &result)
+        let timeline = FaultTimeline(history)
+        for index in result.anomalies.indices {
+            let times = result.anomalies[index].records.map(\.time)
+            guard let first = times.min(), let last = times.max() else { continue }
+            result.anomalies[index].faultsInForce = timeline.inForce(from: first, to: last).map(\.detail)
+        }
         return result
     }
 

@@ -319,6 +319,25 @@ struct HistoryCheckerTests {
         #expect(HistoryChecker.check(slow.records, convergenceBound: .seconds(2)).anomalies.map(\.kind) == [.notConverged])
     }
 
+    @Test("an anomaly names the faults in force from its first record to its last; a fault is paired with its heal by its detail")
+    func faultsInForce() {
+        var history = Builder()
+        history.add("nemesis", .fault, .invoke) { $0.detail = "partition-node network of gateway for 900 ms" }  // 1001
+        history.send("m1")  // 1002, acknowledged at 1003, never delivered
+        history.add("nemesis", .fault, .ok) { $0.detail = "partition-node network of gateway for 900 ms" }  // 1004
+        history.add("nemesis", .fault, .invoke) { $0.detail = "pause-node gateway for 300 ms" }  // 1005, never healed
+        history.kill("w9")  // 1006
+        let result = HistoryChecker.check(history.records)
+        #expect(result.anomalies.map(\.kind) == [.acknowledgedNotDelivered])
+        #expect(result.anomalies.first?.faultsInForce == ["partition-node network of gateway for 900 ms"])
+
+        let timeline = FaultTimeline(history.records.shuffled())
+        #expect(timeline.faults.map(\.kind) == ["partition-node", "pause-node", "SIGKILL"])
+        #expect(timeline.faults.map(\.end) == [1_004, nil, 1_006])
+        #expect(timeline.inForce(from: 1_005, to: 2_000).map(\.detail) == ["pause-node gateway for 300 ms", "SIGKILL of w9"])
+        #expect(timeline.inForce(from: 900, to: 1_000).isEmpty)
+    }
+
     @Test("convergence: measured from the nemesis's last act; later than the bound is an anomaly")
     func convergence() {
         var history = Builder()

@@ -418,7 +418,10 @@ public struct NemesisRun: Sendable {
         var anomalies: [String] = []
         for anomaly in result.anomalies {
             let excerpt = anomaly.records.compactMap { try? String(decoding: JSONEncoder().encode($0), as: UTF8.self) }
-            anomalies.append(([anomaly.description] + excerpt.map { "    \($0)" }).joined(separator: "\n"))
+            let faults = anomaly.faultsInForce.isEmpty ? "none" : anomaly.faultsInForce.joined(separator: "; ")
+            anomalies.append(
+                ([anomaly.description, "  faults in force: \(faults)"] + excerpt.map { "    \($0)" }).joined(separator: "\n")
+            )
         }
         let report = Report(
             seed: configuration.seed,

@@ -36,32 +36,21 @@ struct ThroughputPlot {
         self.invoked = Array(repeating: 0, count: count)
         self.acknowledged = self.invoked
         self.delivered = self.invoked
-        var open: [String: [Int64]] = [:]  // a fault's starts, by its detail
         for record in records {
             let index = Int((record.time - start) / self.bucket)
             switch (record.kind, record.phase) {
             case (.send, .invoke), (.request, .invoke), (.publish, .invoke): self.invoked[index] += 1
             case (.send, .ok): self.acknowledged[index] += 1
             case (.delivery, .ok): self.delivered[index] += 1
-            case (.fault, .invoke): open[record.detail ?? "", default: []].append(record.time)
-            case (.fault, .ok):
-                let detail = record.detail ?? ""
-                guard var starts = open[detail], !starts.isEmpty else { continue }
-                let began = starts.removeFirst()
-                open[detail] = starts
-                self.faults.append(FaultSpan(kind: Self.kind(of: detail), start: began, end: max(record.time, began + 1)))
             default: continue
             }
         }
-        // Faults never healed (the run stopped first) last until the end.
-        for (detail, starts) in open {
-            for began in starts { self.faults.append(FaultSpan(kind: Self.kind(of: detail), start: began, end: end)) }
+        // The faults from start to heal (kills are counted as their fault records, not twice);
+        // one never healed (the run stopped first) lasts until the end.
+        self.faults = FaultTimeline(records).faults.filter { !$0.detail.hasPrefix("SIGKILL of ") }.map { fault in
+            FaultSpan(kind: fault.kind, start: fault.start, end: fault.end.map { max($0, fault.start + 1) } ?? end)
         }
         self.faults.sort { ($0.kind, $0.start) < ($1.kind, $1.start) }
-    }
-
-    private static func kind(of detail: String) -> String {
-        String(detail.split(separator: " ").first ?? "fault")
     }
 
     /// The plot as an SVG document.
