@@ -360,9 +360,13 @@ public enum HistoryChecker {
             }
             placeOf[record.id] = (place, record)
         }
+        // The acknowledged publications, by channel: placed now, owed to subscribers at the end.
+        var acknowledged: [String: [(offset: UInt64, epoch: UInt64, record: HistoryRecord)]] = [:]
         for publish in publishes.values {
             guard let outcome = publish.outcome, outcome.phase == .ok, let offset = outcome.position else { continue }
-            place(outcome, at: Place(channel: publish.invoke.channel ?? "", epoch: outcome.epoch ?? 0, offset: offset))
+            let channel = publish.invoke.channel ?? ""
+            place(outcome, at: Place(channel: channel, epoch: outcome.epoch ?? 0, offset: offset))
+            acknowledged[channel, default: []].append((offset, outcome.epoch ?? 0, outcome))
         }
 
         var subscribers: [String: Subscriber] = [:]
@@ -456,11 +460,6 @@ public enum HistoryChecker {
 
         // Every acknowledged publication reached each subscriber of its channel that was
         // there when it was published: received, or inside a gap.
-        var acknowledged: [String: [(offset: UInt64, epoch: UInt64, record: HistoryRecord)]] = [:]
-        for publish in publishes.values {
-            guard let outcome = publish.outcome, outcome.phase == .ok, let offset = outcome.position else { continue }
-            acknowledged[publish.invoke.channel ?? "", default: []].append((offset, outcome.epoch ?? 0, outcome))
-        }
         for (key, subscriber) in subscribers.sorted(by: { $0.key < $1.key }) {
             let parts = key.split(separator: "\u{0}", omittingEmptySubsequences: false)
             let channel = String(parts.last ?? "")

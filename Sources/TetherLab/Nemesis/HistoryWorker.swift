@@ -268,19 +268,27 @@ private final class ClientWorker: Sendable {
     }
 
     private func publish(_ id: String, to channel: String) async {
-        self.history.write(self.record(.publish, .invoke, id: id, channel: channel))
+        self.history.record(.publish, .invoke, id: id, client: self.client, channel: channel)
         do {
             let position = try await self.tether.publish(
                 ByteBuffer(string: id),
                 toChannel: channel,
                 timeout: self.configuration.requestTimeout
             )
-            self.history.write(self.record(.publish, .ok, id: id, channel: channel, position: position.offset, epoch: position.epoch))
+            self.history.record(
+                .publish,
+                .ok,
+                id: id,
+                client: self.client,
+                channel: channel,
+                position: position.offset,
+                epoch: position.epoch
+            )
         } catch {
             // Refused before it was sent: it is not published. Else (a timeout, a lost
             // connection, the gateway's error) it may be.
             let phase: HistoryRecord.Phase = error.code == .invalidArgument ? .fail : .info
-            self.history.write(self.record(.publish, phase, id: id, channel: channel, detail: "\(error)"))
+            self.history.record(.publish, phase, id: id, client: self.client, channel: channel, detail: "\(error)")
         }
     }
 
@@ -292,62 +300,35 @@ private final class ClientWorker: Sendable {
                 switch event {
                 case .publication(let publication):
                     let position = publication.position
-                    self.history.write(
-                        self.record(
-                            .receive,
-                            .ok,
-                            id: String(buffer: publication.body),
-                            channel: channel,
-                            position: position.offset,
-                            epoch: position.epoch
-                        )
+                    self.history.record(
+                        .receive,
+                        .ok,
+                        id: String(buffer: publication.body),
+                        client: self.client,
+                        channel: channel,
+                        position: position.offset,
+                        epoch: position.epoch
                     )
                 case .gap(let gap):
                     // The positions missed, in the epoch it resumes in.
                     let first = gap.after.epoch == gap.resumesAt.epoch ? gap.after.offset + 1 : 1
-                    self.history.write(
-                        self.record(
-                            .gap,
-                            .ok,
-                            channel: channel,
-                            position: first,
-                            end: max(first, gap.resumesAt.offset) - 1,
-                            epoch: gap.resumesAt.epoch,
-                            detail: "\(gap)"
-                        )
+                    self.history.record(
+                        .gap,
+                        .ok,
+                        client: self.client,
+                        channel: channel,
+                        position: first,
+                        end: max(first, gap.resumesAt.offset) - 1,
+                        epoch: gap.resumesAt.epoch,
+                        detail: "\(gap)"
                     )
                 case .subscribed, .joined, .left:
                     break
                 }
             }
         } catch {
-            self.history.write(self.record(.gap, .info, channel: channel, detail: "the subscription ended: \(error)"))
+            self.history.record(.gap, .info, client: self.client, channel: channel, detail: "the subscription ended: \(error)")
         }
-    }
-
-    private func record(
-        _ kind: HistoryRecord.Kind,
-        _ phase: HistoryRecord.Phase,
-        id: String = "",
-        channel: String,
-        position: UInt64? = nil,
-        end: UInt64? = nil,
-        epoch: UInt64? = nil,
-        detail: String? = nil
-    ) -> HistoryRecord {
-        HistoryRecord(
-            time: HistoryWriter.now(),
-            process: self.history.process,
-            kind: kind,
-            phase: phase,
-            id: id,
-            client: self.client,
-            channel: channel,
-            position: position,
-            end: end,
-            epoch: epoch,
-            detail: detail
-        )
     }
 
     private func recordOutcomes(_ events: AsyncStream<MessageEvent>) async {

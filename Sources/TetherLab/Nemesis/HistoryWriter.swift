@@ -40,6 +40,10 @@ final class HistoryWriter: Sendable {
         peer: String? = nil,
         conversation: String? = nil,
         sequence: UInt64? = nil,
+        channel: String? = nil,
+        position: UInt64? = nil,
+        end: UInt64? = nil,
+        epoch: UInt64? = nil,
         detail: String? = nil
     ) {
         self.write(
@@ -53,6 +57,10 @@ final class HistoryWriter: Sendable {
                 peer: peer,
                 conversation: conversation,
                 sequence: sequence,
+                channel: channel,
+                position: position,
+                end: end,
+                epoch: epoch,
                 detail: detail
             )
         )
