@@ -36,6 +36,10 @@
 /// - **not converged**: an acknowledged publication received later than the bound after the
 ///   faults stopped.
 ///
+/// Connections (``HistoryRecord/Kind/connect``): **not back on its first endpoint**, a client
+/// whose process stopped, more than the bound after the faults stopped, connected to a
+/// fallback or another node (it should have moved back up), or not connected at all.
+///
 /// ```swift
 /// let result = HistoryChecker.check(records)
 /// for anomaly in result.anomalies { print(anomaly) }
@@ -68,6 +72,12 @@ public enum HistoryChecker {
         /// The longest wait, after the faults stopped (or after its acknowledgement, if later),
         /// for the first delivery of an acknowledged message, in milliseconds.
         public var slowestConvergence: Int64?
+        /// Connections that came up, by their endpoint's transport (`tether`, `ws`, `http`).
+        public var connections: [String: Int] = [:]
+        /// Connections to an endpoint that is not the client's first (a fallback, another node),
+        /// and connections to its first that followed one of those (moves back up).
+        public var connectionsElsewhere = 0
+        public var connectionsBackOnFirst = 0
 
         /// Whether the history holds no anomaly.
         public var isValid: Bool { self.anomalies.isEmpty }
@@ -89,6 +99,7 @@ public enum HistoryChecker {
             case publishedTwice = "published twice"
             case acknowledgedNotReceived = "published, never received"
             case notConverged = "not converged"
+            case notMovedUp = "not back on its first endpoint"
         }
 
         public var kind: Kind
@@ -124,6 +135,7 @@ public enum HistoryChecker {
         Self.checkMessages(history, kills, bound: bound, &result)
         Self.checkRequests(history, &result)
         Self.checkChannels(history, kills, bound: bound, &result)
+        Self.checkConnections(history, bound: bound, &result)
         let timeline = FaultTimeline(history)
         for index in result.anomalies.indices {
             let times = result.anomalies[index].records.map(\.time)
@@ -486,6 +498,39 @@ public enum HistoryChecker {
                     records: slowest.records
                 )
             )
+        }
+    }
+}
+
+extension HistoryChecker {
+    // MARK: Connections
+
+    private static func checkConnections(_ history: [HistoryRecord], bound: Int64?, _ result: inout Result) {
+        var last: [String: HistoryRecord] = [:]
+        for record in history where record.kind == .connect {
+            guard let client = record.client else { continue }
+            guard record.phase == .ok else {
+                // Where it was as its process stopped: on its first endpoint, once the faults
+                // stopped more than the bound before.
+                guard let bound, let stopped = result.faultsStopped, record.time - stopped > bound, record.position != 0 else { continue }
+                let place = record.position.map { "place \($0) in its list" } ?? "no connection"
+                result.anomalies.append(
+                    Anomaly(
+                        kind: .notMovedUp,
+                        message:
+                            "\(client) stopped \(record.time - stopped) ms after the faults stopped (the bound is \(bound) ms) \(record.detail ?? "") (\(place))",
+                        records: (last[client].map { [$0] } ?? []) + [record]
+                    )
+                )
+                continue
+            }
+            result.connections[record.peer ?? "?", default: 0] += 1
+            if record.position != 0 {
+                result.connectionsElsewhere += 1
+            } else if let previous = last[client], previous.position != 0 {
+                result.connectionsBackOnFirst += 1
+            }
+            last[client] = record
         }
     }
 }

@@ -31,6 +31,12 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         /// A gap a subscriber was told of: `client`, `channel`, `position` (the first missed) to
         /// `end` (the last missed), `epoch` (the one it resumes in).
         case gap
+        /// A client's connection came up: `id` (the connection's), `client`, `peer` (the
+        /// endpoint's transport: `tether`, `ws`, `http`…), `position` (the endpoint's place in the
+        /// client's list: 0, its first; more, a fallback or another node), `detail` (the
+        /// endpoint). Its `info`: where the client was connected as its process stopped, the same
+        /// fields (no `position` if it was not connected).
+        case connect
         /// The nemesis killed (SIGKILL) a process of the run: `peer` names it.
         case kill
         /// Any other fault of the nemesis, for the report: `detail` says which; `invoke` when

@@ -48,16 +48,20 @@ public struct PacketFilter: Sendable {
     }
 
     /// Drops TCP packets to and from `port` (on `address` only, if given) with probability
-    /// `probability`, beside the rules already there.
+    /// `probability`, beside the rules already there; or, with `reset`, answers each with a TCP
+    /// reset (a connection is refused at once, an open one cut at its next packet).
     /// - Returns: The rules added, for ``remove(_:)``.
-    func block(port: Int, address: String? = nil, probability: Double = 1) throws -> [[String]] {
+    func block(port: Int, address: String? = nil, probability: Double = 1, reset: Bool = false) throws -> [[String]] {
         precondition(probability > 0 && probability <= 1, "a probability is in (0, 1]")
         let statistic =
             probability >= 1 ? [] : ["-m", "statistic", "--mode", "random", "--probability", String(format: "%.4f", probability)]
+        // The reset REJECT sends comes back through these rules (it bears the port): it is let
+        // through, as is any reset.
+        let target = reset ? ["!", "--tcp-flags", "RST", "RST", "-j", "REJECT", "--reject-with", "tcp-reset"] : ["-j", "DROP"]
         // Towards the port (to the address), and back from it (from the address).
         let rules = [
-            (address.map { ["-d", $0] } ?? []) + ["-p", "tcp", "--dport", "\(port)"] + statistic + ["-j", "DROP"],
-            (address.map { ["-s", $0] } ?? []) + ["-p", "tcp", "--sport", "\(port)"] + statistic + ["-j", "DROP"],
+            (address.map { ["-d", $0] } ?? []) + ["-p", "tcp", "--dport", "\(port)"] + statistic + target,
+            (address.map { ["-s", $0] } ?? []) + ["-p", "tcp", "--sport", "\(port)"] + statistic + target,
         ]
         for rule in rules { try Shell.run(["iptables", "-w", "-A", Self.chain] + rule) }
         return rules

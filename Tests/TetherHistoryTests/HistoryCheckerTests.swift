@@ -374,6 +374,43 @@ struct HistoryCheckerTests {
         #expect(HistoryChecker.check(stuck.records).isValid, "without a bound: only measured")
     }
 
+    @Test(
+        "connections: counted by transport, those elsewhere than a client's first endpoint and those back on it; a client that stops elsewhere or unconnected, long after the faults, did not move back up"
+    )
+    func connections() {
+        func connect(_ history: inout Builder, _ client: String, _ transport: String, place: UInt64?, end: Bool = false) {
+            history.add("w1", .connect, end ? .info : .ok, end ? "" : "\(history.time)") {
+                $0.client = client
+                $0.peer = place == nil ? nil : transport
+                $0.position = place
+                $0.detail = end ? "at the end" : transport
+            }
+        }
+        var history = Builder()
+        connect(&history, "alice", "tether", place: 0)
+        connect(&history, "bob", "tether", place: 0)
+        history.add("nemesis", .fault, .invoke) { $0.detail = "block-tcp tcp for 900 ms" }
+        connect(&history, "alice", "ws", place: 1)  // fell back
+        connect(&history, "bob", "http", place: 1)
+        history.add("nemesis", .fault, .ok) { $0.detail = "block-tcp tcp for 900 ms" }  // 1006
+        connect(&history, "alice", "tether", place: 0)  // moved back up
+        history.time += 5_000
+        connect(&history, "alice", "tether", place: 0, end: true)
+        connect(&history, "bob", "http", place: 1, end: true)  // 6009: still on its fallback
+        connect(&history, "carol", "", place: nil, end: true)  // 6010: not connected
+        let result = HistoryChecker.check(history.records, convergenceBound: .seconds(2))
+        #expect(result.connections == ["tether": 3, "ws": 1, "http": 1])
+        #expect(result.connectionsElsewhere == 2 && result.connectionsBackOnFirst == 1)
+        #expect(result.anomalies.map(\.kind) == [.notMovedUp, .notMovedUp])
+        #expect(result.anomalies.first?.records.map(\.peer) == ["http", "http"], "bob's last connection, and where it was at the end")
+        #expect(
+            result.anomalies.last?.message.hasPrefix("carol") == true
+                && result.anomalies.last?.message.contains("no connection") == true
+        )
+        #expect(HistoryChecker.check(history.records, convergenceBound: .seconds(10)).isValid, "within the bound: still moving")
+        #expect(HistoryChecker.check(history.records).isValid, "without a bound: only counted")
+    }
+
     @Test("a record is one JSON line, as the workload writes it")
     func json() throws {
         let line =

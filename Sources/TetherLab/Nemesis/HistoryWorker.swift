@@ -64,6 +64,10 @@ public struct HistoryWorker: Sendable {
         /// unacknowledged message again (the defaults, 30 s and 60 s, would make the
         /// convergence after the faults that long).
         public var longestBackoff: Duration = .seconds(2)
+        /// While on an endpoint that is not a client's first (a fallback, another node), how
+        /// often it probes the ones before (the default, 10 s, would leave it there through
+        /// most of the faults that follow).
+        public var moveUpInterval: Duration = .seconds(2)
         /// Draws the recipients and the operations.
         public var seed: UInt64
 
@@ -94,12 +98,20 @@ public struct HistoryWorker: Sendable {
         self.configuration = configuration
     }
 
-    /// The gateways for the client at `place` among everyone, over its transport.
+    /// The gateways for the client at `place` among everyone, over its transport. A TCP client
+    /// lists a fallback after its TCP endpoints (WebSocket for every other one, the HTTP stream
+    /// for the rest): where TCP is blocked it connects there, and moves back up once TCP answers.
     static func endpoints(place: Int, _ configuration: Configuration) -> [Endpoint] {
+        guard !configuration.webPorts.isEmpty, configuration.webPorts.count == configuration.endpoints.count else {
+            return configuration.endpoints
+        }
+        func web(_ transport: Endpoint.Transport) -> [Endpoint] {
+            zip(configuration.endpoints, configuration.webPorts).map { Endpoint(host: $0.host, port: $1, transport: transport) }
+        }
         let transports: [Endpoint.Transport] = [.tcp, .webSocket, .httpStream]
         let transport = transports[place % transports.count]
-        guard transport != .tcp, configuration.webPorts.count == configuration.endpoints.count else { return configuration.endpoints }
-        return zip(configuration.endpoints, configuration.webPorts).map { Endpoint(host: $0.host, port: $1, transport: transport) }
+        guard transport == .tcp else { return web(transport) }
+        return configuration.endpoints + web((place / transports.count) % 2 == 0 ? .webSocket : .httpStream)
     }
 
     /// Runs the clients until ``Configuration-swift.struct/stopAt``.
@@ -158,6 +170,7 @@ private final class ClientWorker: Sendable {
         clientConfiguration.channels = try .init(positions: store, saveInterval: .milliseconds(200))
         clientConfiguration.heartbeat.interval = configuration.heartbeat
         clientConfiguration.reconnect.backoff = try Backoff(maximum: configuration.longestBackoff)
+        clientConfiguration.connection.moveUpInterval = configuration.moveUpInterval
         var logger = Logger(label: "tether.lab.worker.\(client)")
         logger.logLevel = .critical
         self.tether = try TetherClient(configuration: clientConfiguration, logger: logger)
@@ -179,9 +192,11 @@ private final class ClientWorker: Sendable {
         let pending = Set(try await self.tether.pendingMessages().map(\.id))
         self.messages.withLockedValue { $0.ids = $0.ids.filter { pending.contains($0.key) } }
         let events = self.tether.messageEvents  // before run(): no outcome is missed
+        let connections = self.tether.events
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await self.tether.run() }
             group.addTask { await self.recordOutcomes(events) }  // ends when the client stops
+            group.addTask { await self.recordConnections(connections) }  // this one too
             group.addTask { await self.recordDeliveries() }
             if let channel = self.channel { group.addTask { await self.recordPublications(channel) } }
             group.addTask {
@@ -190,6 +205,7 @@ private final class ClientWorker: Sendable {
                 if rest > 0 { try? await Task.sleep(for: .milliseconds(rest)) }
                 // What has no outcome yet did not converge (the checker says so, if the faults
                 // stopped long enough before).
+                self.recordWhereConnected()
                 let pending = self.messages.withLockedValue { $0.ids }
                 for (_, id) in pending.sorted(by: { $0.key < $1.key }) {
                     let peer = id.split(separator: "/").dropFirst().first.map(String.init)
@@ -329,6 +345,42 @@ private final class ClientWorker: Sendable {
         } catch {
             self.history.record(.gap, .info, client: self.client, channel: channel, detail: "the subscription ended: \(error)")
         }
+    }
+
+    /// Records each connection that comes up: its endpoint's transport, and its place in the
+    /// client's list (0: the first; more: a fallback or another node).
+    private func recordConnections(_ events: AsyncStream<ConnectionEvent>) async {
+        let endpoints = self.tether.configuration.endpoints
+        for await event in events {
+            guard case .connected(let endpoint, _, let connection) = event else { continue }
+            self.history.record(
+                .connect,
+                .ok,
+                id: "\(connection)",
+                client: self.client,
+                peer: endpoint.transport.rawValue,
+                position: endpoints.firstIndex(of: endpoint).map(UInt64.init),
+                detail: "\(endpoint)"
+            )
+        }
+    }
+
+    /// Records where the client is connected as it stops (after the quiet period, it should be
+    /// on its first endpoint).
+    private func recordWhereConnected() {
+        let state = self.tether.connectionState
+        guard case .connected(let endpoint) = state else {
+            self.history.record(.connect, .info, client: self.client, detail: "at the end: not connected (\(state))")
+            return
+        }
+        self.history.record(
+            .connect,
+            .info,
+            client: self.client,
+            peer: endpoint.transport.rawValue,
+            position: self.tether.configuration.endpoints.firstIndex(of: endpoint).map(UInt64.init),
+            detail: "at the end: connected to \(endpoint)"
+        )
     }
 
     private func recordOutcomes(_ events: AsyncStream<MessageEvent>) async {

@@ -30,6 +30,13 @@ extension NemesisRun {
         /// devices and `mkfs.ext4` are); then the repair: the gateway stopped (SIGKILL), the
         /// disk checked and mounted again, the gateway started.
         case readOnlyDisk = "read-only-disk"
+        /// TCP blocked, as by a middlebox that lets only HTTP through: every packet to or from
+        /// any gateway's TCP port answered with a reset (iptables; in a namespace), open
+        /// connections cut and new ones refused. Clients that list a WebSocket or HTTP-stream
+        /// endpoint after their TCP ones fall back to it, and move back up to TCP once the
+        /// block lifts; their reliable messages and subscriptions resume on each switch. Twice
+        /// as long as the other faults; a run over every transport only.
+        case blockTCP = "block-tcp"
 
         /// Whether the fault is PostgreSQL's (a cluster only).
         public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections || self == .partitionPostgres }
@@ -37,12 +44,14 @@ extension NemesisRun {
         /// Whether the fault needs the run's own namespace (root): iptables rules or a mount.
         public var needsNamespace: Bool {
             self == .partitionNode || self == .partitionPostgres || self == .losePackets || self == .fillDisk || self == .readOnlyDisk
+                || self == .blockTCP
         }
 
         /// Whether the fault can be injected in a run with `nodes` gateways, in a namespace of
-        /// its own or not.
-        public func isAvailable(nodes: Int, namespace: Bool) -> Bool {
+        /// its own or not, with clients over every transport or over TCP only.
+        public func isAvailable(nodes: Int, namespace: Bool, everyTransport: Bool = true) -> Bool {
             if self.needsNamespace && !namespace { return false }
+            if self == .blockTCP { return everyTransport }
             if self == .fillDisk { return nodes == 1 }
             if self == .readOnlyDisk { return nodes == 1 && SmallDisk.canBeExt4 }
             return nodes > 1 || !self.needsPostgres
@@ -116,6 +125,12 @@ extension NemesisRun {
         /// The longest an acknowledged publication took to reach a subscriber after the faults
         /// stopped, in milliseconds.
         public var slowestChannelConvergenceMs: Int64?
+        /// Client connections that came up, by transport (`tether`, `ws`, `http`); those to an
+        /// endpoint other than the client's first (a fallback, another node); and those back on
+        /// its first after one elsewhere (moves back up).
+        public var connections: [String: Int]
+        public var connectionsElsewhere: Int
+        public var connectionsBackOnFirst: Int
         /// Faults injected, by kind.
         public var faults: [String: Int]
         /// Faults of the disk during which the gateway's `/ready` said 503, the store failing:

@@ -105,7 +105,9 @@ public struct NemesisRun: Sendable {
         }
         defer { sampling.cancel() }
         let nodes = gateways.count
-        var faults = configuration.faults.filter { $0.isAvailable(nodes: nodes, namespace: configuration.namespace) }
+        var faults = configuration.faults.filter {
+            $0.isAvailable(nodes: nodes, namespace: configuration.namespace, everyTransport: configuration.everyTransport)
+        }
         if faults.contains(.readOnlyDisk), disk?.canTurnReadOnly != true {
             faults.removeAll { $0 == .readOnlyDisk }
             say("no read-only-disk: the store's disk is not ext4 on a loop device (mkfs.ext4 and loop devices are needed)")
@@ -160,7 +162,7 @@ public struct NemesisRun: Sendable {
                 let node = Int(generator.next() % UInt64(nodes))
                 let gateway = gateways[node]
                 try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
-                let length = kind == .partitionNode ? drawn * 2 : drawn
+                let length = kind == .partitionNode || kind == .blockTCP ? drawn * 2 : drawn
                 guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
                 guard let kind else { continue }  // no kind of fault: a run without faults
                 let nodeName = nodes == 1 ? "gateway" : "node-\(node + 1)"
@@ -174,6 +176,7 @@ public struct NemesisRun: Sendable {
                 case .partitionNode, .losePackets: target = "network of \(nodeName)"
                 case .partitionPostgres: target = "\(nodeName) to postgres"
                 case .fillDisk, .readOnlyDisk: target = "disk"
+                case .blockTCP: target = "tcp"
                 }
                 // One fault at a time on a process: a draw that finds it busy is skipped. The
                 // read-only disk's repair stops and starts the gateway: it takes both.
@@ -221,6 +224,11 @@ public struct NemesisRun: Sendable {
                             kind == .partitionPostgres
                             ? try filter.block(port: postgres?.port ?? 0, address: Self.postgresAddress(node: node + 1))
                             : try ports.flatMap { try filter.block(port: $0, probability: kind == .losePackets ? 0.3 : 1) }
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try filter.remove(rules)
+                    case .blockTCP:
+                        guard let filter else { break }
+                        let rules = try observed.flatMap { try filter.block(port: $0.port, reset: true) }
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         try filter.remove(rules)
                     case .fillDisk, .readOnlyDisk:
@@ -299,6 +307,9 @@ public struct NemesisRun: Sendable {
             receivedAgainAfterKills: result.receivedAgainAfterKills,
             gapPositions: result.gapPositions,
             slowestChannelConvergenceMs: result.slowestChannelConvergence,
+            connections: result.connections,
+            connectionsElsewhere: result.connectionsElsewhere,
+            connectionsBackOnFirst: result.connectionsBackOnFirst,
             faults: counts.withLockedValue { $0 },
             readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0[Fault.fillDisk.rawValue] ?? 0 },
             readyRefusedWhileReadOnly: readyRefusals.withLockedValue { $0[Fault.readOnlyDisk.rawValue] ?? 0 },
@@ -321,6 +332,9 @@ public struct NemesisRun: Sendable {
         }
         say(
             "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; publications \(report.publishes), \(report.received) received (\(report.receivedAgainAfterKills) again after a kill), \(report.gapPositions) in gaps; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
+        )
+        say(
+            "connections: \(report.connections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")); \(report.connectionsElsewhere) to a fallback or another node, \(report.connectionsBackOnFirst) back on the first"
         )
         for (name, figures) in report.gateways.sorted(by: { $0.key < $1.key }) {
             say(
