@@ -302,6 +302,8 @@ struct Lab: AsyncParsableCommand {
         @Option var name: String
         @Option(help: "Its client ids, comma-separated.") var clients: String
         @Option(help: "Every client id of the run, comma-separated.") var everyone: String
+        @Option(help: "Client ids of other workers to run a second device of (its own outbox; sends, no deliveries), comma-separated.")
+        var twins = ""
         @Option(help: "Gateway endpoints, comma-separated.") var endpoints: String
         @Option(help: "The gateways' WebSocket and HTTP-stream ports, in the same order (none: every client on TCP).") var webPorts = ""
         @Option var directory: String
@@ -332,6 +334,7 @@ struct Lab: AsyncParsableCommand {
             configuration.heartbeat = try duration(seconds: self.heartbeat, option: "heartbeat")
             configuration.interval = try duration(seconds: self.interval, option: "interval")
             configuration.channels = self.channels.split(separator: ",").map(String.init)
+            configuration.twins = self.twins.split(separator: ",").map(String.init)
             configuration.webPorts = try self.webPorts.split(separator: ",").map {
                 guard let port = Int($0), (1...65_535).contains(port) else { throw ValidationError("--web-ports: '\($0)' is not a port") }
                 return port

@@ -9,8 +9,9 @@
 /// - **never sent**: a delivery of an id no `send` invoked, or to another client than its
 ///   recipient;
 /// - **refused, yet delivered**: a delivery of a message whose `send` failed;
-/// - **out of order**: in a (sender, conversation, recipient), a message delivered for the first
-///   time after one its sender sent later; or a first delivery whose sequence (the recipient's
+/// - **out of order**: in a (sender's outbox, conversation, recipient), a message delivered for
+///   the first time after one its outbox sent later (an outbox is a process's client: a client id
+///   run by two processes has two, each numbering its conversations, PROTOCOL.md 9.1); or a first delivery whose sequence (the recipient's
 ///   stream of deliveries) is not one more than the recipient's last.
 ///
 /// - **not converged**: an acknowledged message first delivered later than the bound after the
@@ -159,7 +160,7 @@ public enum HistoryChecker {
         var sendsPerConversation: [String: Int] = [:]
         for record in history where record.kind == .send {
             if record.phase == .invoke {
-                let key = "\(record.client ?? "")\u{0}\(record.conversation ?? "")"
+                let key = "\(record.process)\u{0}\(record.client ?? "")\u{0}\(record.conversation ?? "")"
                 let index = sendsPerConversation[key, default: 0]
                 sendsPerConversation[key] = index + 1
                 sends[record.id] = Send(invoke: record, index: index)
@@ -171,7 +172,7 @@ public enum HistoryChecker {
             result.sends[send.outcome?.phase ?? .info, default: 0] += 1
         }
 
-        // Deliveries, per message and per (sender, conversation, recipient) in delivery order.
+        // Deliveries, per message and per (sender's outbox, conversation, recipient) in delivery order.
         var copies: [String: [HistoryRecord]] = [:]
         var lastInStream: [String: (index: Int, record: HistoryRecord)] = [:]
         var lastSequence: [String: (sequence: UInt64, record: HistoryRecord)] = [:]
@@ -219,7 +220,8 @@ public enum HistoryChecker {
             }
             copies[delivery.id] = [delivery]
             result.delivered += 1
-            let stream = "\(send.invoke.client ?? "")\u{0}\(send.invoke.conversation ?? "")\u{0}\(delivery.client ?? "")"
+            let stream =
+                "\(send.invoke.process)\u{0}\(send.invoke.client ?? "")\u{0}\(send.invoke.conversation ?? "")\u{0}\(delivery.client ?? "")"
             if let last = lastInStream[stream], send.index < last.index {
                 result.anomalies.append(
                     Anomaly(
@@ -509,6 +511,7 @@ extension HistoryChecker {
         var last: [String: HistoryRecord] = [:]
         for record in history where record.kind == .connect {
             guard let client = record.client else { continue }
+            let device = "\(record.process)\u{0}\(client)"  // a client id may run in two processes
             guard record.phase == .ok else {
                 // Where it was as its process stopped: on its first endpoint, once the faults
                 // stopped more than the bound before.
@@ -518,8 +521,8 @@ extension HistoryChecker {
                     Anomaly(
                         kind: .notMovedUp,
                         message:
-                            "\(client) stopped \(record.time - stopped) ms after the faults stopped (the bound is \(bound) ms) \(record.detail ?? "") (\(place))",
-                        records: (last[client].map { [$0] } ?? []) + [record]
+                            "\(client) (in \(record.process)) stopped \(record.time - stopped) ms after the faults stopped (the bound is \(bound) ms) \(record.detail ?? "") (\(place))",
+                        records: (last[device].map { [$0] } ?? []) + [record]
                     )
                 )
                 continue
@@ -527,10 +530,10 @@ extension HistoryChecker {
             result.connections[record.peer ?? "?", default: 0] += 1
             if record.position != 0 {
                 result.connectionsElsewhere += 1
-            } else if let previous = last[client], previous.position != 0 {
+            } else if let previous = last[device], previous.position != 0 {
                 result.connectionsBackOnFirst += 1
             }
-            last[client] = record
+            last[device] = record
         }
     }
 }

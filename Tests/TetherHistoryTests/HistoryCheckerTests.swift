@@ -201,6 +201,30 @@ struct HistoryCheckerTests {
         #expect(self.kinds(sharedStream) == [.outOfOrder])
     }
 
+    @Test("two processes of one client id are two outboxes: each one's sends in order, the two interleaved in any way")
+    func twoOutboxes() {
+        var history = Builder()
+        history.send("a1")  // alice's outbox in w1
+        history.add("w4", .send, .invoke, "b1") {  // alice's second device, in w4
+            $0.client = "alice"
+            $0.peer = "bob"
+            $0.conversation = "c1"
+        }
+        history.add("w4", .send, .ok, "b1")
+        history.send("a2")
+        history.deliver("b1", sequence: 1)
+        history.deliver("a1", sequence: 2)
+        history.deliver("a2", sequence: 3)
+        #expect(HistoryChecker.check(history.records).isValid, "b1 before a1: another outbox")
+        var reordered = Builder()
+        reordered.records = Array(history.records.prefix(5))
+        reordered.time = history.time
+        reordered.deliver("a2", sequence: 1)
+        reordered.deliver("a1", sequence: 2)
+        reordered.deliver("b1", sequence: 3)
+        #expect(kinds(reordered) == [.outOfOrder], "a2 before a1: the same outbox")
+    }
+
     @Test("a request answered twice, or answered after it was reported failed")
     func requests() {
         var history = Builder()

@@ -34,6 +34,11 @@ public struct HistoryWorker: Sendable {
         public var name: String
         /// The client ids this process runs (each on one connection).
         public var clients: [String]
+        /// Client ids another process runs that this one runs a second device of: with an outbox
+        /// of its own (`CLIENT.twin-NAME.sqlite`), on another transport, sending messages,
+        /// making requests and publishing, but neither processing deliveries (a client id's
+        /// deliveries are one stream, PROTOCOL.md 9.2) nor subscribing.
+        public var twins: [String] = []
         /// Every client id of the run: the recipients to choose from.
         public var everyone: [String]
         /// The gateways, in the order a client tries them (TCP).
@@ -122,9 +127,11 @@ public struct HistoryWorker: Sendable {
         )
         let nonce = String(UInt32.random(in: 0...UInt32.max), radix: 16)
         try await withThrowingTaskGroup(of: Void.self) { group in
-            for (index, client) in self.configuration.clients.enumerated() {
+            let clients = self.configuration.clients.map { ($0, false) } + self.configuration.twins.map { ($0, true) }
+            for (index, (client, twin)) in clients.enumerated() {
                 let worker = try ClientWorker(
                     client: client,
+                    twin: twin,
                     configuration: self.configuration,
                     history: history,
                     nonce: nonce,
@@ -140,6 +147,8 @@ public struct HistoryWorker: Sendable {
 /// One client of a worker process.
 private final class ClientWorker: Sendable {
     let client: String
+    /// Whether it is a second device of a client another process runs.
+    let twin: Bool
     let configuration: HistoryWorker.Configuration
     let history: HistoryWriter
     let nonce: String
@@ -152,15 +161,22 @@ private final class ClientWorker: Sendable {
     /// came before `send` returned their id.
     let messages = TetherLock<(ids: [UInt64: String], early: [UInt64: MessageOutcome])>(([:], [:]))
 
-    init(client: String, configuration: HistoryWorker.Configuration, history: HistoryWriter, nonce: String, seed: UInt64) throws {
+    init(client: String, twin: Bool, configuration: HistoryWorker.Configuration, history: HistoryWriter, nonce: String, seed: UInt64) throws
+    {
         self.client = client
+        self.twin = twin
         self.configuration = configuration
         self.history = history
         self.nonce = nonce
         self.seed = seed
         let place = configuration.everyone.firstIndex(of: client) ?? 0
-        var clientConfiguration = ClientConfiguration(endpoints: HistoryWorker.endpoints(place: place, configuration), clientID: client)
-        let store = try SQLiteOutboxStore(path: "\(configuration.directory)/\(client).sqlite")
+        // A twin on the next place's transport, with files of its own.
+        let files = "\(configuration.directory)/\(client)" + (twin ? ".twin-\(configuration.name)" : "")
+        var clientConfiguration = ClientConfiguration(
+            endpoints: HistoryWorker.endpoints(place: twin ? place + 1 : place, configuration),
+            clientID: client
+        )
+        let store = try SQLiteOutboxStore(path: "\(files).sqlite")
         clientConfiguration.reliability = try .init(
             outbox: store,
             retransmission: RTTEstimator(maximumTimeout: configuration.longestBackoff)
@@ -174,8 +190,8 @@ private final class ClientWorker: Sendable {
         var logger = Logger(label: "tether.lab.worker.\(client)")
         logger.logLevel = .critical
         self.tether = try TetherClient(configuration: clientConfiguration, logger: logger)
-        self.mapFile = "\(configuration.directory)/\(client).map"
-        self.channel = configuration.channels.isEmpty ? nil : configuration.channels[place % configuration.channels.count]
+        self.mapFile = "\(files).map"
+        self.channel = configuration.channels.isEmpty || twin ? nil : configuration.channels[place % configuration.channels.count]
         // Messages an earlier process of this worker sent: their outcomes may come now.
         if let text = try? String(contentsOfFile: self.mapFile, encoding: .utf8) {
             var ids: [UInt64: String] = [:]
@@ -197,7 +213,7 @@ private final class ClientWorker: Sendable {
             group.addTask { try await self.tether.run() }
             group.addTask { await self.recordOutcomes(events) }  // ends when the client stops
             group.addTask { await self.recordConnections(connections) }  // this one too
-            group.addTask { await self.recordDeliveries() }
+            if !self.twin { group.addTask { await self.recordDeliveries() } }
             if let channel = self.channel { group.addTask { await self.recordPublications(channel) } }
             group.addTask {
                 await self.operate()

@@ -124,6 +124,8 @@ public struct NemesisRun: Sendable {
                 arguments: [
                     configuration.executable, "lab", "worker", "--name", name,
                     "--clients", clients[index].joined(separator: ","), "--everyone", everyone.joined(separator: ","),
+                    // A second device of the next worker's first client (its own outbox).
+                    "--twins", names.count > 1 ? clients[(index + 1) % names.count][0] : "",
                     // Every node, each worker's first a different one.
                     "--endpoints", (0..<nodes).map { "tether://127.0.0.1:\(gateways[(index + $0) % nodes].port)" }.joined(separator: ","),
                     "--web-ports",
