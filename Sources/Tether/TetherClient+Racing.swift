@@ -160,7 +160,7 @@ extension TetherClient {
         if !probe { hello.features.insert(.channels) }
         if !probe, let reliable = self.reliable {
             let fields = try await reliable.helloFields()
-            hello.features.formUnion([.reliableDelivery, .messageAnswers])
+            hello.features.formUnion([.reliableDelivery, .messageAnswers, .sharedDeliveries])
             hello.outboxEpoch = fields.outboxEpoch
             hello.resume = fields.resume
         }

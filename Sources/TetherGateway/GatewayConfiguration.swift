@@ -292,7 +292,7 @@ public struct GatewayConfiguration: Sendable, Hashable {
         if self.compression != nil { features.insert(.compression) }
         features.insert(.traceContext)
         if self.channels != nil { features.insert(.channels) }
-        if deliveryEpoch != nil { features.formUnion([.reliableDelivery, .messageAnswers]) }
+        if deliveryEpoch != nil { features.formUnion([.reliableDelivery, .messageAnswers, .sharedDeliveries]) }
         return Handshake.GatewayPolicy(
             features: features,
             requiredFeatures: self.checksums == .required ? .checksum : [],

@@ -39,7 +39,9 @@
 ///
 /// Connections (``HistoryRecord/Kind/connect``): **not back on its first endpoint**, a client
 /// whose process stopped, more than the bound after the faults stopped, connected to a
-/// fallback or another node (it should have moved back up), or not connected at all.
+/// fallback or another node (it should have moved back up), or not connected at all; and a
+/// **protocol violation**, a connection a client closed because the gateway broke the protocol
+/// (PROTOCOL.md: never, whatever the faults).
 ///
 /// ```swift
 /// let result = HistoryChecker.check(records)
@@ -79,6 +81,8 @@ public enum HistoryChecker {
         /// and connections to its first that followed one of those (moves back up).
         public var connectionsElsewhere = 0
         public var connectionsBackOnFirst = 0
+        /// Connections that ended (for any reason: faults, moves, the end).
+        public var disconnects = 0
 
         /// Whether the history holds no anomaly.
         public var isValid: Bool { self.anomalies.isEmpty }
@@ -101,6 +105,7 @@ public enum HistoryChecker {
             case acknowledgedNotReceived = "published, never received"
             case notConverged = "not converged"
             case notMovedUp = "not back on its first endpoint"
+            case protocolViolation = "protocol violation"
         }
 
         public var kind: Kind
@@ -507,11 +512,24 @@ public enum HistoryChecker {
 extension HistoryChecker {
     // MARK: Connections
 
+    /// What a disconnect's reason says when the gateway broke the protocol
+    /// (`DisconnectReason.protocolViolation`).
+    static let protocolViolation = "protocol violation by the gateway"
+
     private static func checkConnections(_ history: [HistoryRecord], bound: Int64?, _ result: inout Result) {
         var last: [String: HistoryRecord] = [:]
         for record in history where record.kind == .connect {
             guard let client = record.client else { continue }
             let device = "\(record.process)\u{0}\(client)"  // a client id may run in two processes
+            if record.phase == .fail {  // a connection that ended, and why
+                result.disconnects += 1
+                if let why = record.detail, why.contains(Self.protocolViolation) {
+                    result.anomalies.append(
+                        Anomaly(kind: .protocolViolation, message: "\(client) (in \(record.process)) \(why)", records: [record])
+                    )
+                }
+                continue
+            }
             guard record.phase == .ok else {
                 // Where it was as its process stopped: on its first endpoint, once the faults
                 // stopped more than the bound before.

@@ -34,8 +34,9 @@ public struct HistoryRecord: Codable, Sendable, Hashable {
         /// A client's connection came up: `id` (the connection's), `client`, `peer` (the
         /// endpoint's transport: `tether`, `ws`, `http`…), `position` (the endpoint's place in the
         /// client's list: 0, its first; more, a fallback or another node), `detail` (the
-        /// endpoint). Its `info`: where the client was connected as its process stopped, the same
-        /// fields (no `position` if it was not connected).
+        /// endpoint). Its `fail`: a connection ended, `detail` says why. Its `info`: where the
+        /// client was connected as its process stopped, the same fields as `ok` (no `position`
+        /// if it was not connected).
         case connect
         /// The nemesis killed (SIGKILL) a process of the run: `peer` names it.
         case kill

@@ -1,4 +1,5 @@
 public import Foundation
+import Logging
 import PostgresNIO
 import TetherProcess
 
@@ -142,6 +143,27 @@ public struct LocalPostgres: Sendable {
                 ended += 1
             }
             return ended
+        }
+    }
+
+    /// Makes every transaction read-only, in every session, open or new, or undoes it:
+    /// `ALTER SYSTEM SET default_transaction_read_only`, then a reload — as a server left a
+    /// standby by a failover, or put read-only by a guard against a full disk, refuses writes
+    /// (`cannot execute INSERT in a read-only transaction`).
+    public func setReadOnly(_ readOnly: Bool) async throws {
+        let admin = PostgresClient(configuration: try PostgresMessageStore.clientConfiguration(url: self.url + "?sslmode=disable"))
+        try await withThrowingTaskGroup { group in
+            group.addTask { await admin.run() }
+            defer { group.cancelAll() }
+            let logger = Logger(label: "tether.postgres.local")
+            try await admin.withConnection { connection in
+                // (This session's own transactions must be allowed to write the setting back.)
+                try await connection.query("SET default_transaction_read_only = off", logger: logger)
+                let change =
+                    readOnly ? "ALTER SYSTEM SET default_transaction_read_only = on" : "ALTER SYSTEM RESET default_transaction_read_only"
+                try await connection.query(PostgresQuery(unsafeSQL: change), logger: logger)
+                try await connection.query("SELECT pg_reload_conf()", logger: logger)
+            }
         }
     }
 

@@ -432,6 +432,21 @@ struct HistoryCheckerTests {
                 && result.anomalies.last?.message.contains("no connection") == true
         )
         #expect(HistoryChecker.check(history.records, convergenceBound: .seconds(10)).isValid, "within the bound: still moving")
+        #expect(result.disconnects == 0)
+
+        // A connection a client closed because the gateway broke the protocol: an anomaly,
+        // whatever the faults; any other reason is only counted.
+        var broken = Builder()
+        for reason in [
+            "disconnected: heartbeat timeout", "disconnected: protocol violation by the gateway: protocol error: delivery 2 skips 1",
+        ] {
+            broken.add("w2", .connect, .fail) {
+                $0.client = "bob"
+                $0.detail = reason
+            }
+        }
+        let violated = HistoryChecker.check(broken.records)
+        #expect(violated.disconnects == 2 && violated.anomalies.map(\.kind) == [.protocolViolation])
         #expect(HistoryChecker.check(history.records).isValid, "without a bound: only counted")
     }
 

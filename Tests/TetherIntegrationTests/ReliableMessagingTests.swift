@@ -342,6 +342,52 @@ extension IntegrationTests {
             }
         }
 
+        @Test(
+            "two devices of one client id, each with its own outbox, both processing deliveries: what one acknowledged the other is not sent, and it takes the next one for what it is, not for a gap (ACKED_ELSEWHERE; the nemesis found the loop of protocol errors)"
+        )
+        func twoDevicesProcessDeliveries() async throws {
+            try await withHarness { harness in
+                let network = LocalNetwork()
+                let endpoint = Endpoint(host: "gateway", port: 1)
+                let store = InMemoryMessageStore()
+                let (gateway, _) = try harness.messagingGateway(at: endpoint, on: network, store: store)
+                /// Each device's deliveries, as processed.
+                func device(_ client: TetherClient) -> NIOLockedValueBox<[UInt64]> {
+                    let sequences = NIOLockedValueBox<[UInt64]>([])
+                    harness.spawn {
+                        do {
+                            for try await delivery in client.deliveries() { sequences.withLockedValue { $0.append(delivery.sequence) } }
+                        } catch {}
+                    }
+                    return sequences
+                }
+                let phone = try harness.messagingClient(network: network, endpoint: endpoint, id: "bob")
+                let onPhone = device(phone)
+                for index in 1...20 { try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "\(index)")) }
+                // The phone processed them, and acknowledged them: the store forgot them.
+                try await eventually("the phone processed them") { onPhone.withLockedValue { $0.count } == 20 }
+                let forgetting = ContinuousClock.now
+                while try await !store.deliveries(for: "bob", after: 0, limit: 100).isEmpty {
+                    try #require(ContinuousClock.now - forgetting < .seconds(10), "the store forgets what the phone acknowledged")
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+
+                let tablet = try harness.messagingClient(network: network, endpoint: endpoint, id: "bob")
+                let tabletEvents = harness.events(of: tablet)
+                let onTablet = device(tablet)
+                try await eventually("the tablet is connected") { tablet.connectionState == .connected(endpoint) }
+                for index in 21...40 { try await gateway.deliver(to: "bob", topic: "t", body: ByteBuffer(string: "\(index)")) }
+                try await eventually("both devices have the last one") {
+                    onPhone.withLockedValue { $0.last } == 40 && onTablet.withLockedValue { $0.last } == 40
+                }
+                #expect(onPhone.withLockedValue { $0 } == Array(1...40))
+                let tabletSequences = onTablet.withLockedValue { $0 }
+                #expect(tabletSequences.allSatisfy { $0 > 20 }, "1...20 were acknowledged by the phone: \(tabletSequences)")
+                #expect(tabletSequences == tabletSequences.sorted() && Set(tabletSequences).count == tabletSequences.count)
+                #expect(tabletEvents.disconnectReasons.isEmpty, "no protocol error: \(tabletEvents.disconnectReasons)")
+            }
+        }
+
         @Test("without reliability configured, send fails clearly")
         func notConfigured() async throws {
             let client = try TetherClient(configuration: .init(endpoints: [Endpoint(host: "x", port: 1)], clientID: "c"))

@@ -175,6 +175,7 @@ final class ClientConnectionHandler: ChannelInboundHandler, NIOScheduledCallback
             break
         case .established(let negotiated):
             self.io.maxInboundBodySize = self.maxInboundBodySize
+            self.io.acceptsSharedDeliveries = negotiated.features.contains(.sharedDeliveries)
             if negotiated.features.contains(.compression) {
                 do {
                     self.io.compression = try (self.compression ?? .defaults).makeCodecs()

@@ -22,6 +22,10 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
     /// Whether REQUEST and MESSAGE may carry a trace context (``Features/traceContext`` was
     /// negotiated); without it, the TRACE_CONTEXT flag is a `protocol error`.
     public var acceptsTraceContext = false
+    /// Whether a DELIVERY may say it follows deliveries acknowledged elsewhere
+    /// (``Features/sharedDeliveries`` was negotiated); without it, the ACKED_ELSEWHERE flag is a
+    /// `protocol error`.
+    public var acceptsSharedDeliveries = false
 
     /// Creates a decoder.
     /// - Parameter maxBodySize: The largest body accepted, at most
@@ -69,6 +73,7 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         var allowed: FrameFlags = type == .message ? [.checksum, .expired] : .checksum
         if inflater != nil, type.mayCompress { allowed.insert(.compressed) }
         if self.acceptsTraceContext, type == .request || type == .message { allowed.insert(.traceContext) }
+        if self.acceptsSharedDeliveries, type == .delivery { allowed.insert(.ackedElsewhere) }
         guard allowed.isSuperset(of: flags) else {
             throw ProtocolError(
                 code: .protocolError,
@@ -105,6 +110,10 @@ public struct FrameDecoder: NIOSingleStepByteToMessageDecoder, Sendable {
         if flags.contains(.expired), case .message(var message) = payload {
             message.expired = true
             payload = .message(message)
+        }
+        if flags.contains(.ackedElsewhere), case .delivery(var delivery) = payload {
+            delivery.afterAcknowledged = true
+            payload = .delivery(delivery)
         }
         buffer.moveReaderIndex(forwardBy: FrameHeader.size + length)
         return Frame(payload, stream: stream, flags: flags.intersection(.checksum))

@@ -59,6 +59,8 @@ public struct FrameEncoder: Sendable {
             if message.traceContext != nil { flags.insert(.traceContext) }
         case .request(let request) where request.traceContext != nil:
             flags.insert(.traceContext)
+        case .delivery(let delivery) where delivery.afterAcknowledged:
+            flags.insert(.ackedElsewhere)
         default:
             break
         }

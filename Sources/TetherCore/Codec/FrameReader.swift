@@ -53,6 +53,12 @@ public struct FrameReader: Sendable {
         set { self.decoder.acceptsTraceContext = newValue }
     }
 
+    /// Whether a DELIVERY may carry the ACKED_ELSEWHERE flag (negotiated).
+    public var acceptsSharedDeliveries: Bool {
+        get { self.decoder.acceptsSharedDeliveries }
+        set { self.decoder.acceptsSharedDeliveries = newValue }
+    }
+
     /// Whether bytes of a frame not yet complete are held.
     public var hasPartialFrame: Bool { (self.cumulation?.readableBytes ?? 0) > 0 }
 

@@ -176,7 +176,11 @@ extension GatewayConnectionStateMachine {
         )
         var start: DeliveryPump.Actions?
         if let resume = established.resume {
-            var pump = DeliveryPump(resume: resume, window: self.configuration.deliveryWindow)
+            var pump = DeliveryPump(
+                resume: resume,
+                window: self.configuration.deliveryWindow,
+                sharedDeliveries: established.negotiated.features.contains(.sharedDeliveries)
+            )
             start = pump.start()
             active.reliable = Reliable(
                 inbox: MessageInbox(limits: self.configuration.inbox, now: now),

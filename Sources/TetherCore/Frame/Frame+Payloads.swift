@@ -341,11 +341,16 @@ extension Frame {
         public var topic: String
         /// The delivery's content.
         public var body: ByteBuffer
+        /// Whether the deliveries between the last one sent on this connection and this one
+        /// were acknowledged on another connection of the client id (the ACKED_ELSEWHERE flag,
+        /// with ``Features/sharedDeliveries``): then this one is the next, not a gap.
+        public var afterAcknowledged: Bool
 
-        public init(sequence: UInt64, topic: String, body: ByteBuffer = ByteBuffer()) {
+        public init(sequence: UInt64, topic: String, body: ByteBuffer = ByteBuffer(), afterAcknowledged: Bool = false) {
             self.sequence = sequence
             self.topic = topic
             self.body = body
+            self.afterAcknowledged = afterAcknowledged
         }
     }
 
@@ -395,7 +400,13 @@ public struct Features: OptionSet, Hashable, Sendable {
     /// SUBSCRIBE, SUBSCRIBED, PUBLICATION and UNSUBSCRIBE may be used: channels with history
     /// and recovery (PROTOCOL.md, section 12).
     public static let channels = Features(rawValue: 1 << 5)
+    /// With reliable delivery: a DELIVERY that follows deliveries another connection of the
+    /// same client id acknowledged says so (the ACKED_ELSEWHERE flag), and the client takes it
+    /// as the next rather than as a gap (PROTOCOL.md, section 9.2).
+    public static let sharedDeliveries = Features(rawValue: 1 << 6)
 
     /// The features this implementation knows.
-    public static let known: Features = [.checksum, .reliableDelivery, .messageAnswers, .compression, .traceContext, .channels]
+    public static let known: Features = [
+        .checksum, .reliableDelivery, .messageAnswers, .compression, .traceContext, .channels, .sharedDeliveries,
+    ]
 }

@@ -174,6 +174,13 @@ public struct FrameFlags: OptionSet, Hashable, Sendable {
     /// in ``Frame/flags``.
     public static let traceContext = FrameFlags(rawValue: 0x0008)
 
+    /// On DELIVERY only, once ``Features/sharedDeliveries`` was negotiated: the deliveries
+    /// between the last one sent on this connection (or the HELLO's resume point) and this one
+    /// were acknowledged on another connection of the same client id, so the client takes this
+    /// one as the next. Set and read through ``Frame/Delivery/afterAcknowledged``; it never
+    /// appears in ``Frame/flags``.
+    public static let ackedElsewhere = FrameFlags(rawValue: 0x0010)
+
     /// Every flag this implementation knows.
-    public static let known: FrameFlags = [.checksum, .expired, .compressed, .traceContext]
+    public static let known: FrameFlags = [.checksum, .expired, .compressed, .traceContext, .ackedElsewhere]
 }

@@ -86,7 +86,7 @@ public enum Handshake {
         }
         var features = hello.features.intersection(policy.features).intersection(.known)
         if policy.deliveryEpoch == nil { features.remove(.reliableDelivery) }  // cannot offer it without an epoch
-        if !features.contains(.reliableDelivery) { features.remove(.messageAnswers) }  // answers to MESSAGEs
+        if !features.contains(.reliableDelivery) { features.subtract([.messageAnswers, .sharedDeliveries]) }  // both need it
         guard features.isSuperset(of: policy.requiredFeatures) else {
             let missing = policy.requiredFeatures.subtracting(features)
             return .failure(

@@ -21,6 +21,9 @@ package struct DeliveryPump: Sendable, Hashable {
         package var fetch: (after: UInt64, limit: Int)?
         /// Send these deliveries, in order.
         package var send: [StoredDelivery] = []
+        /// Whether the first of ``send`` follows deliveries that were acknowledged on another
+        /// connection of the client id (the store forgot them): it goes with ACKED_ELSEWHERE.
+        package var afterAcknowledged = false
         /// Write that every delivery up to this one is acknowledged, then call ``recordFinished(_:)``.
         package var record: UInt64?
         /// How many deliveries sent on this connection a DELIVERY_ACK acknowledged for the first
@@ -29,13 +32,15 @@ package struct DeliveryPump: Sendable, Hashable {
 
         package static func == (lhs: Actions, rhs: Actions) -> Bool {
             lhs.fetch?.after == rhs.fetch?.after && lhs.fetch?.limit == rhs.fetch?.limit && lhs.send == rhs.send
-                && lhs.record == rhs.record && lhs.newlyAcknowledged == rhs.newlyAcknowledged
+                && lhs.afterAcknowledged == rhs.afterAcknowledged && lhs.record == rhs.record
+                && lhs.newlyAcknowledged == rhs.newlyAcknowledged
         }
 
         package func hash(into hasher: inout Hasher) {
             hasher.combine(self.fetch?.after)
             hasher.combine(self.fetch?.limit)
             hasher.combine(self.send)
+            hasher.combine(self.afterAcknowledged)
             hasher.combine(self.record)
             hasher.combine(self.newlyAcknowledged)
         }
@@ -47,6 +52,8 @@ package struct DeliveryPump: Sendable, Hashable {
     package static let retryDelay: Duration = .seconds(1)
 
     package let window: Int
+    /// Whether the client takes ``Actions/afterAcknowledged`` (``Features/sharedDeliveries``).
+    package let sharedDeliveries: Bool
     /// The last delivery sent (or that the client already had).
     package private(set) var lastSent: UInt64
     /// The last delivery the client acknowledged.
@@ -69,8 +76,12 @@ package struct DeliveryPump: Sendable, Hashable {
     ///   - resume: The last delivery the client has (its HELLO's resume point in this store's
     ///     epoch, 0 otherwise).
     ///   - window: Deliveries sent and not acknowledged at most.
-    package init(resume: UInt64, window: Int) {
+    ///   - sharedDeliveries: Whether the client negotiated ``Features/sharedDeliveries``: a
+    ///     delivery that follows some acknowledged on another connection then says so (without
+    ///     it, the client sees a gap).
+    package init(resume: UInt64, window: Int, sharedDeliveries: Bool = false) {
         self.window = max(1, window)
+        self.sharedDeliveries = sharedDeliveries
         self.lastSent = resume
         self.acknowledged = resume
     }
@@ -92,7 +103,15 @@ package struct DeliveryPump: Sendable, Hashable {
         self.mayHaveMore = deliveries.count >= limit || self.offeredWhileFetching
         self.offeredWhileFetching = false
         var actions = Actions()
-        if let last = fresh.last {
+        if let first = fresh.first, let last = fresh.last {
+            // The store keeps every delivery until it is acknowledged: those it no longer has
+            // before the first were acknowledged, on another connection of the client id. They
+            // are not in flight here.
+            if first.sequence > self.lastSent + 1 {
+                actions.afterAcknowledged = self.sharedDeliveries
+                self.acknowledged = max(self.acknowledged, first.sequence - 1)
+                self.recorded = max(self.recorded, first.sequence - 1)
+            }
             self.lastSent = last.sequence
             actions.send = fresh
         }

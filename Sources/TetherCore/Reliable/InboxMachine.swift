@@ -31,7 +31,8 @@ package struct InboxMachine: Sendable {
         case accepted
         /// Already received: drop it.
         case duplicate
-        /// A sequence was skipped: a protocol error.
+        /// A sequence was skipped (and the DELIVERY did not say another connection of the client
+        /// id acknowledged it): a protocol error.
         case gap(expected: UInt64)
     }
 
@@ -76,7 +77,10 @@ package struct InboxMachine: Sendable {
     package mutating func received(_ delivery: Frame.Delivery, epoch: UInt64) -> Verdict {
         self.adopt(epoch)
         if delivery.sequence <= self.lastReceived { return .duplicate }
-        guard delivery.sequence == self.lastReceived + 1 else { return .gap(expected: self.lastReceived + 1) }
+        // Those skipped were processed on another connection of the client id (PROTOCOL.md 9.2).
+        guard delivery.sequence == self.lastReceived + 1 || delivery.afterAcknowledged else {
+            return .gap(expected: self.lastReceived + 1)
+        }
         self.lastReceived = delivery.sequence
         self.waiting.append(delivery)
         return .accepted

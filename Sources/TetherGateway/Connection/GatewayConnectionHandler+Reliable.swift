@@ -87,10 +87,17 @@ extension GatewayConnectionHandler {
 
     /// Writes a stored delivery: a compressed payload as it is (COMPRESSED) to a client that
     /// negotiated compression, inflated for one that did not.
+    /// - Parameter afterAcknowledged: It follows deliveries acknowledged on another connection
+    ///   of the client id (ACKED_ELSEWHERE).
     /// - Returns: `false` if a compressed payload cannot be inflated (the store holds what the
     ///   gateway never wrote): the connection is then closed, as on any failure of the store.
-    func write(_ delivery: StoredDelivery) -> Bool {
-        let frame = Frame.Delivery(sequence: delivery.sequence, topic: delivery.topic, body: delivery.body)
+    func write(_ delivery: StoredDelivery, afterAcknowledged: Bool = false) -> Bool {
+        let frame = Frame.Delivery(
+            sequence: delivery.sequence,
+            topic: delivery.topic,
+            body: delivery.body,
+            afterAcknowledged: afterAcknowledged
+        )
         guard delivery.compressed else {
             self.write(.delivery(frame))
             return true
@@ -103,7 +110,9 @@ extension GatewayConnectionHandler {
             if self.deliveryInflater == nil { self.deliveryInflater = try PayloadInflater() }
             let limit = self.machine.peerMaxBodySize ?? FrameHeader.absoluteMaximumBodySize
             let body = try self.deliveryInflater!.inflate(delivery.body, limit: limit, of: .delivery)
-            self.write(.delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: body)))
+            self.write(
+                .delivery(.init(sequence: delivery.sequence, topic: delivery.topic, body: body, afterAcknowledged: afterAcknowledged))
+            )
             return true
         } catch {
             self.logger.error("a stored delivery cannot be inflated", metadata: ["sequence": "\(delivery.sequence)", "error": "\(error)"])
@@ -117,7 +126,8 @@ extension GatewayConnectionHandler {
         if !actions.send.isEmpty {
             self.services.metrics.deliveriesSent.increment(by: actions.send.count)
             self.pushes?.drain()
-            for delivery in actions.send where self.write(delivery) == false {
+            for (index, delivery) in actions.send.enumerated()
+            where self.write(delivery, afterAcknowledged: index == 0 && actions.afterAcknowledged) == false {
                 return  // a stored payload that cannot be inflated: the connection is closing
             }
             self.flushSoon()

@@ -364,10 +364,14 @@ private final class ClientWorker: Sendable {
     }
 
     /// Records each connection that comes up: its endpoint's transport, and its place in the
-    /// client's list (0: the first; more: a fallback or another node).
+    /// client's list (0: the first; more: a fallback or another node); and why each ended.
     private func recordConnections(_ events: AsyncStream<ConnectionEvent>) async {
         let endpoints = self.tether.configuration.endpoints
         for await event in events {
+            if case .disconnected(let reason) = event {
+                self.history.record(.connect, .fail, client: self.client, detail: "disconnected: \(reason)")
+                continue
+            }
             guard case .connected(let endpoint, _, let connection) = event else { continue }
             self.history.record(
                 .connect,

@@ -17,6 +17,9 @@ extension NemesisRun {
         /// (iptables; in a namespace). Twice as long as the other faults, so that some outlast
         /// the heartbeat's idle timeout.
         case partitionNode = "partition-node"
+        /// Every transaction on PostgreSQL read-only, in open sessions and new ones
+        /// (``LocalPostgres/setReadOnly(_:)``), undone at the heal (a cluster only).
+        case readOnlyPostgres = "read-only-postgres"
         /// A node cut off from PostgreSQL: the packets between them dropped, the connections
         /// left open (a cluster in a namespace). Nodes talk to each other only through
         /// PostgreSQL, so this is also the partition between nodes.
@@ -39,7 +42,9 @@ extension NemesisRun {
         case blockTCP = "block-tcp"
 
         /// Whether the fault is PostgreSQL's (a cluster only).
-        public var needsPostgres: Bool { self == .restartPostgres || self == .terminateConnections || self == .partitionPostgres }
+        public var needsPostgres: Bool {
+            self == .restartPostgres || self == .terminateConnections || self == .partitionPostgres || self == .readOnlyPostgres
+        }
 
         /// Whether the fault needs the run's own namespace (root): iptables rules or a mount.
         public var needsNamespace: Bool {
@@ -131,6 +136,8 @@ extension NemesisRun {
         public var connections: [String: Int]
         public var connectionsElsewhere: Int
         public var connectionsBackOnFirst: Int
+        /// Client connections that ended, for any reason.
+        public var disconnects: Int
         /// Faults injected, by kind.
         public var faults: [String: Int]
         /// Faults of the disk during which the gateway's `/ready` said 503, the store failing:

@@ -172,7 +172,7 @@ public struct NemesisRun: Sendable {
                 switch kind {
                 case .killWorker, .pauseWorker: target = worker.name
                 case .killNode, .pauseNode: target = nodeName
-                case .restartPostgres, .terminateConnections: target = "postgres"
+                case .restartPostgres, .terminateConnections, .readOnlyPostgres: target = "postgres"
                 // A process's network is a target apart from the process: a node may be cut
                 // off and killed at once.
                 case .partitionNode, .losePackets: target = "network of \(nodeName)"
@@ -218,6 +218,10 @@ public struct NemesisRun: Sendable {
                         try postgres?.start(fsync: false)
                     case .terminateConnections:
                         _ = try await postgres?.terminateConnections()
+                    case .readOnlyPostgres:
+                        try await postgres?.setReadOnly(true)
+                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                        try await postgres?.setReadOnly(false)
                     case .partitionNode, .losePackets, .partitionPostgres:
                         guard let filter else { break }
                         // A gateway's ports: TCP, and WebSocket and the HTTP stream.
@@ -312,6 +316,7 @@ public struct NemesisRun: Sendable {
             connections: result.connections,
             connectionsElsewhere: result.connectionsElsewhere,
             connectionsBackOnFirst: result.connectionsBackOnFirst,
+            disconnects: result.disconnects,
             faults: counts.withLockedValue { $0 },
             readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0[Fault.fillDisk.rawValue] ?? 0 },
             readyRefusedWhileReadOnly: readyRefusals.withLockedValue { $0[Fault.readOnlyDisk.rawValue] ?? 0 },
@@ -336,7 +341,7 @@ public struct NemesisRun: Sendable {
             "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; publications \(report.publishes), \(report.received) received (\(report.receivedAgainAfterKills) again after a kill), \(report.gapPositions) in gaps; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
         )
         say(
-            "connections: \(report.connections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")); \(report.connectionsElsewhere) to a fallback or another node, \(report.connectionsBackOnFirst) back on the first"
+            "connections: \(report.connections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")); \(report.connectionsElsewhere) to a fallback or another node, \(report.connectionsBackOnFirst) back on the first; \(report.disconnects) ended"
         )
         for (name, figures) in report.gateways.sorted(by: { $0.key < $1.key }) {
             say(

@@ -84,6 +84,12 @@ package final class FrameConnection {
         set { self.reader.acceptsTraceContext = newValue }
     }
 
+    /// Whether a DELIVERY may carry the ACKED_ELSEWHERE flag (negotiated).
+    package var acceptsSharedDeliveries: Bool {
+        get { self.reader.acceptsSharedDeliveries }
+        set { self.reader.acceptsSharedDeliveries = newValue }
+    }
+
     /// The largest frame body accepted; raised once the handshake is done.
     package var maxInboundBodySize: Int {
         get { self.reader.maxBodySize }

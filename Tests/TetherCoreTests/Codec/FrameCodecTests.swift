@@ -290,6 +290,30 @@ struct FrameCodecTests {
         #expect(Self.code { try other.decodeFrame(from: &ping) } == .protocolError)
     }
 
+    @Test(
+        "a DELIVERY after deliveries acknowledged elsewhere carries ACKED_ELSEWHERE; a decoder takes it only once shared deliveries were negotiated, and only on DELIVERY"
+    )
+    func ackedElsewhereFlag() throws {
+        let delivery = Frame(
+            .delivery(.init(sequence: 9, topic: "t", body: ByteBuffer(string: "x"), afterAcknowledged: true)),
+            flags: .checksum
+        )
+        var buffer = try SampleFrames.encode(delivery)
+        #expect(buffer.getInteger(at: 4, as: UInt16.self) == 0x0011)
+        var unaware = FrameDecoder(maxBodySize: 1024)
+        var copy = buffer
+        #expect(Self.code { try unaware.decodeFrame(from: &copy) } == .protocolError, "not negotiated: a reserved bit")
+        var decoder = FrameDecoder(maxBodySize: 1024)
+        decoder.acceptsSharedDeliveries = true
+        let decoded = try decoder.decodeFrame(from: &buffer)
+        #expect(decoded == delivery)
+        #expect(decoded?.flags == .checksum, "ACKED_ELSEWHERE lives in the payload, not in Frame.flags")
+
+        var push = try SampleFrames.encode(Frame(.push(.init(topic: "t", body: ByteBuffer(string: "x")))))
+        push.setInteger(UInt16(0x0010), at: 4)
+        #expect(Self.code { try decoder.decodeFrame(from: &push) } == .protocolError, "on DELIVERY only")
+    }
+
     @Test("request timeouts are rounded up to whole milliseconds, never down to 'no limit'")
     func timeoutRounding() throws {
         for (timeout, expected) in [(Duration.microseconds(1), UInt32(1)), (.microseconds(1500), 2), (.milliseconds(200), 200)] {

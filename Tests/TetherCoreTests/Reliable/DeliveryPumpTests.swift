@@ -38,6 +38,23 @@ struct DeliveryPumpTests {
         #expect(pump.acknowledged(upTo: 99).newlyAcknowledged == 0, "nothing beyond what was sent")
     }
 
+    @Test(
+        "what the store forgot before the first delivery read (acknowledged on another connection of the client id) is said with the first, and is not in flight here"
+    )
+    func afterAcknowledgedElsewhere() {
+        var shared = DeliveryPump(resume: 2, window: 4, sharedDeliveries: true)
+        _ = shared.start()
+        let jumped = shared.fetched(Self.deliveries(10...11), limit: 4)
+        #expect(jumped.send.map(\.sequence) == [10, 11] && jumped.afterAcknowledged)
+        #expect(shared.acknowledged == 9, "3...9 were acknowledged elsewhere: two in flight, not nine")
+        let more = shared.offered(Self.deliveries(12...13))
+        #expect(more.send.map(\.sequence) == [12, 13] && !more.afterAcknowledged, "the window of four holds them")
+
+        var unaware = DeliveryPump(resume: 2, window: 4)
+        _ = unaware.start()
+        #expect(!unaware.fetched(Self.deliveries(10...11), limit: 4).afterAcknowledged, "a client without the feature is not told")
+    }
+
     @Test("a gap, or an offer while a read is under way, makes it read from the store instead")
     func gapsAndRaces() {
         var pump = DeliveryPump(resume: 0, window: 10)

@@ -30,6 +30,22 @@ struct InboxMachineTests {
         #expect(inbox.lastReceived == 2 && inbox.waitingCount == 2)
     }
 
+    @Test("a delivery that says those before it were acknowledged on another connection of the client id is the next, not a gap")
+    func afterAcknowledgedElsewhere() {
+        var inbox = InboxMachine(checkpoint: nil)
+        #expect(inbox.received(self.delivery(1), epoch: 7) == .accepted)
+        var jump = self.delivery(5)
+        jump.afterAcknowledged = true
+        #expect(inbox.received(jump, epoch: 7) == .accepted)
+        #expect(inbox.received(self.delivery(6), epoch: 7) == .accepted)
+        #expect(inbox.received(self.delivery(8), epoch: 7) == .gap(expected: 7), "without the flag, a gap is still a gap")
+        #expect(inbox.next()?.sequence == 1 && inbox.next()?.sequence == 5 && inbox.next()?.sequence == 6)
+        #expect(inbox.processed == 5)
+        var stale = self.delivery(4)
+        stale.afterAcknowledged = true
+        #expect(inbox.received(stale, epoch: 7) == .duplicate, "the flag never takes the stream back")
+    }
+
     @Test("a delivery is processed when the app asks for the next one, not when it is handed out")
     func processedOnNext() {
         var inbox = self.inbox(received: 2)
