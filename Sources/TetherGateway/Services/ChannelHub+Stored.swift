@@ -15,11 +15,12 @@ extension ChannelHub {
         generation: UInt64
     ) -> Continuation? {
         // The node may have sent publications the store appended after it answered (a later
-        // top), or not yet those it answered with (they are on their way, and go to the
-        // subscriber live once it is).
-        if let stream = channel.stream, stream.epoch == head.epoch {
-            channel.stream!.offset = max(stream.offset, head.top)
-        } else {
+        // top), or not yet those it answered with: they are on their way (``sendStored(_:)``),
+        // and go to every live subscriber, this one too once it is. So what this node sent
+        // stays as it is: raising it to the store's top made `sendStored` skip them, and the
+        // subscribers live already never got them (seed 4412 of the nemesis: the last
+        // publication of a channel lost to two subscribers after a gateway restart).
+        if channel.stream?.epoch != head.epoch {
             channel.stream = head.position
         }
         let top = channel.stream!.offset

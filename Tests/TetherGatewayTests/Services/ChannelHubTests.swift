@@ -95,6 +95,39 @@ struct ChannelHubTests {
         #expect(sent[0].map { $0.sequence > next.liveAfter! } == true)
     }
 
+    @Test(
+        "a subscription that reads a head past what this node sent (appended, not sent yet) leaves what was sent as it was: the next publication still goes to those live (the nemesis's seed 4412)"
+    )
+    func storedHeadAheadOfWhatWasSent() throws {
+        let fixture = try GatewayHandlerFixture()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        let hub = try Self.storedHub()
+        // Connection 1 is live after 5.
+        let live = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 5))
+        let (_, livePage) = try Self.subscribed(hub, handler, live, head: ChannelStreamHead(epoch: 7, top: 5, oldest: 1))
+        #expect(livePage.next == nil && livePage.liveAfter != nil)
+        // The store appends 6; before this node sends it, connection 2 subscribes and reads the
+        // head: top 6.
+        let late = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 3))
+        guard
+            case .subscribed(let subscribed, let page) = hub.subscribe(
+                connection: 2,
+                handler: handler,
+                member: Self.member,
+                to: late,
+                head: ChannelStreamHead(epoch: 7, top: 6, oldest: 1)
+            )
+        else { throw Refused(status: .internalError) }
+        #expect(subscribed.startingAfter == 3)
+        let continuation = try #require(page.next)
+        let recovered = try #require(hub.continueRecovery(connection: 2, continuation, read: Self.stored(4...6)))
+        #expect(recovered.publications.map(\.position.offset) == [4, 5], "6 is on its way: it comes live")
+        #expect(recovered.liveAfter != nil)
+        let sent = hub.sendStored([Self.publication(6)])
+        #expect(sent.count == 1 && sent[0] != nil, "6 goes to both, live; it was lost to connection 1")
+        #expect(sent[0]?.recipients.reduce(0) { $0 + $1.handlers.count } == 2)
+    }
+
     @Test("a subscription to a stored channel is told of the gap before the oldest the store keeps, or of another epoch")
     func storedGaps() throws {
         let fixture = try GatewayHandlerFixture()
