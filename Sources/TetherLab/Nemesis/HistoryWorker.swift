@@ -366,22 +366,13 @@ private final class ClientWorker: Sendable {
     /// Records each connection that comes up: its endpoint's transport, and its place in the
     /// client's list (0: the first; more: a fallback or another node); and why each ended.
     private func recordConnections(_ events: AsyncStream<ConnectionEvent>) async {
-        let endpoints = self.tether.configuration.endpoints
         for await event in events {
             if case .disconnected(let reason) = event {
                 self.history.record(.connect, .fail, client: self.client, detail: "disconnected: \(reason)")
                 continue
             }
             guard case .connected(let endpoint, _, let connection) = event else { continue }
-            self.history.record(
-                .connect,
-                .ok,
-                id: "\(connection)",
-                client: self.client,
-                peer: endpoint.transport.rawValue,
-                position: endpoints.firstIndex(of: endpoint).map(UInt64.init),
-                detail: "\(endpoint)"
-            )
+            self.recordConnection(to: endpoint, .ok, id: "\(connection)", detail: "\(endpoint)")
         }
     }
 
@@ -393,13 +384,20 @@ private final class ClientWorker: Sendable {
             self.history.record(.connect, .info, client: self.client, detail: "at the end: not connected (\(state))")
             return
         }
+        self.recordConnection(to: endpoint, .info, detail: "at the end: connected to \(endpoint)")
+    }
+
+    /// A `connect` record of a connection to `endpoint`: its transport, and its place in the
+    /// client's list.
+    private func recordConnection(to endpoint: Endpoint, _ phase: HistoryRecord.Phase, id: String = "", detail: String) {
         self.history.record(
             .connect,
-            .info,
+            phase,
+            id: id,
             client: self.client,
             peer: endpoint.transport.rawValue,
             position: self.tether.configuration.endpoints.firstIndex(of: endpoint).map(UInt64.init),
-            detail: "at the end: connected to \(endpoint)"
+            detail: detail
         )
     }
 

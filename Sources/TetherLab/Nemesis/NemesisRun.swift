@@ -222,19 +222,17 @@ public struct NemesisRun: Sendable {
                         try await postgres?.setReadOnly(true)
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         try await postgres?.setReadOnly(false)
-                    case .partitionNode, .losePackets, .partitionPostgres:
+                    case .partitionNode, .losePackets, .partitionPostgres, .blockTCP:
                         guard let filter else { break }
                         // A gateway's ports: TCP, and WebSocket and the HTTP stream.
                         let ports = [gateway.port] + (gateway.httpPort.map { [$0] } ?? [])
                         let rules =
-                            kind == .partitionPostgres
-                            ? try filter.block(port: postgres?.port ?? 0, address: Self.postgresAddress(node: node + 1))
-                            : try ports.flatMap { try filter.block(port: $0, probability: kind == .losePackets ? 0.3 : 1) }
-                        try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
-                        try filter.remove(rules)
-                    case .blockTCP:
-                        guard let filter else { break }
-                        let rules = try observed.flatMap { try filter.block(port: $0.port, reset: true) }
+                            switch kind {
+                            case .partitionPostgres:
+                                try filter.block(port: postgres?.port ?? 0, address: Self.postgresAddress(node: node + 1))
+                            case .blockTCP: try observed.flatMap { try filter.block(port: $0.port, reset: true) }  // every gateway's
+                            default: try ports.flatMap { try filter.block(port: $0, probability: kind == .losePackets ? 0.3 : 1) }
+                            }
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         try filter.remove(rules)
                     case .fillDisk, .readOnlyDisk:
