@@ -2,13 +2,18 @@ import Foundation
 import TetherProcess
 
 /// Drops packets on the loopback interface of the lab's network namespace with iptables, by
-/// port: real loss that the kernel's TCP must recover from (there is no `tc netem` here).
+/// port: real loss that the kernel's TCP must recover from (there is no `tc netem` here); and
+/// hands packets to a queue that ``PacketDelay`` holds them in (delay and reordering).
 ///
-/// The rules live in a chain of their own, `TETHER_LAB`, jumped to from `INPUT` for `lo`, so
-/// clearing the lab's rules never touches anything else.
+/// The rules live in chains of their own, `TETHER_LAB` jumped to from `INPUT` for `lo` (drops
+/// and resets) and `TETHER_LAB_DELAY` from `OUTPUT` for `lo` (queues: a packet goes out before
+/// it comes in, so it is delayed first and then dropped or not), so clearing the lab's rules
+/// never touches anything else.
 public struct PacketFilter: Sendable {
-    /// The chain holding the lab's rules.
+    /// The chain holding the lab's drops and resets.
     static let chain = "TETHER_LAB"
+    /// The chain holding the lab's queues.
+    static let delayChain = "TETHER_LAB_DELAY"
 
     /// Why packet loss cannot be injected here, or `nil` if it can: the lab needs root and iptables.
     public static func unavailableReason() -> String? {
@@ -30,12 +35,14 @@ public struct PacketFilter: Sendable {
         return nil
     }
 
-    /// Creates the lab's chain in the current network namespace (the lab's own).
+    /// Creates the lab's chains in the current network namespace (the lab's own).
     public init() throws {
-        _ = try? Shell.run("iptables", "-w", "-N", Self.chain)
-        try Shell.run("iptables", "-w", "-F", Self.chain)
-        if (try? Shell.run("iptables", "-w", "-C", "INPUT", "-i", "lo", "-j", Self.chain)) == nil {
-            try Shell.run("iptables", "-w", "-I", "INPUT", "-i", "lo", "-j", Self.chain)
+        for (chain, jump) in [(Self.chain, ["INPUT", "-i", "lo"]), (Self.delayChain, ["OUTPUT", "-o", "lo"])] {
+            _ = try? Shell.run("iptables", "-w", "-N", chain)
+            try Shell.run("iptables", "-w", "-F", chain)
+            if (try? Shell.run(["iptables", "-w", "-C"] + jump + ["-j", chain])) == nil {
+                try Shell.run(["iptables", "-w", "-I"] + jump + ["-j", chain])
+            }
         }
     }
 
@@ -50,7 +57,7 @@ public struct PacketFilter: Sendable {
     /// Drops TCP packets to and from `port` (on `address` only, if given) with probability
     /// `probability`, beside the rules already there; or, with `reset`, answers each with a TCP
     /// reset (a connection is refused at once, an open one cut at its next packet).
-    /// - Returns: The rules added, for ``remove(_:)``.
+    /// - Returns: The rules added (each its chain and its match), for ``remove(_:)``.
     func block(port: Int, address: String? = nil, probability: Double = 1, reset: Bool = false) throws -> [[String]] {
         precondition(probability > 0 && probability <= 1, "a probability is in (0, 1]")
         let statistic =
@@ -60,21 +67,36 @@ public struct PacketFilter: Sendable {
         let target = reset ? ["!", "--tcp-flags", "RST", "RST", "-j", "REJECT", "--reject-with", "tcp-reset"] : ["-j", "DROP"]
         // Towards the port (to the address), and back from it (from the address).
         let rules = [
-            (address.map { ["-d", $0] } ?? []) + ["-p", "tcp", "--dport", "\(port)"] + statistic + target,
-            (address.map { ["-s", $0] } ?? []) + ["-p", "tcp", "--sport", "\(port)"] + statistic + target,
+            [Self.chain] + (address.map { ["-d", $0] } ?? []) + ["-p", "tcp", "--dport", "\(port)"] + statistic + target,
+            [Self.chain] + (address.map { ["-s", $0] } ?? []) + ["-p", "tcp", "--sport", "\(port)"] + statistic + target,
         ]
-        for rule in rules { try Shell.run(["iptables", "-w", "-A", Self.chain] + rule) }
+        for rule in rules { try Shell.run(["iptables", "-w", "-A"] + rule) }
         return rules
     }
 
-    /// Removes rules ``block(port:address:probability:)`` added.
+    /// Hands every TCP packet to and from `port` to NFQUEUE queue `queue`, where a
+    /// ``PacketDelay`` holds it; while no process has the queue bound, packets pass
+    /// (`--queue-bypass`).
+    /// - Returns: The rules added, for ``remove(_:)``.
+    func queue(port: Int, queue: Int) throws -> [[String]] {
+        let target = ["-j", "NFQUEUE", "--queue-num", "\(queue)", "--queue-bypass"]
+        let rules = [
+            [Self.delayChain, "-p", "tcp", "--dport", "\(port)"] + target,
+            [Self.delayChain, "-p", "tcp", "--sport", "\(port)"] + target,
+        ]
+        for rule in rules { try Shell.run(["iptables", "-w", "-A"] + rule) }
+        return rules
+    }
+
+    /// Removes rules ``block(port:address:probability:reset:)`` or ``queue(port:queue:)`` added.
     func remove(_ rules: [[String]]) throws {
-        for rule in rules { try Shell.run(["iptables", "-w", "-D", Self.chain] + rule) }
+        for rule in rules { try Shell.run(["iptables", "-w", "-D"] + rule) }
     }
 
     /// Removes every lab rule: packets flow again.
     public func clear() throws {
         try Shell.run("iptables", "-w", "-F", Self.chain)
+        try Shell.run("iptables", "-w", "-F", Self.delayChain)
     }
 }
 

@@ -13,25 +13,34 @@ extension IntegrationTests {
         static let namespaceUnavailable = PacketFilter.unavailableReason()
 
         @Test(
-            "one gateway on SQLite, two workers of three clients over TCP, WebSocket and the HTTP stream, with channels: 25 s of SIGKILLs and SIGSTOPs of the gateway and the workers, and (as root) partitions, packet loss, a full or read-only disk under the store, and TCP blocked (TCP clients fall back to WebSocket or the HTTP stream, and move back up); then no anomaly in the history (a fixed seed, and one drawn for this run)",
-            arguments: [UInt64(26_477), nil]
+            "one gateway on SQLite, two workers of three clients over TCP, WebSocket and the HTTP stream, with channels: 30 s of SIGKILLs and SIGSTOPs of the gateway and the workers, and (as root) partitions, packet loss, packets delayed and reordered, a full or read-only disk under the store, and TCP blocked (TCP clients fall back to WebSocket or the HTTP stream, and move back up); then no anomaly in the history (a fixed seed, and one drawn for this run)",
+            arguments: [UInt64(864), nil]
         )
-        // Seed 26477 draws each of the nine kinds (four without a namespace) at least twice in
-        // 25 s, so that a draw skipped because its target is busy still leaves one (checked
-        // with a simulation of the draws, with no delay per fault and with a second's per kill
-        // and three per read-only spell).
+        // Seed 864 draws each of the ten kinds (four without a namespace) at least twice in
+        // 30 s, so that a draw skipped because its target is busy still leaves one (checked
+        // with a simulation of the draws, with a second per kill and three per read-only spell,
+        // and again with 0.1 s more per draw).
         func singleNode(seed fixed: UInt64?) async throws {
             let seed = fixed ?? UInt64.random(in: 0...UInt64.max)
-            let report = try await Self.run(seed: seed, nodes: 1, ["--seconds", "25", "--quiet", "15", "--bound", "15", "--gap", "1"])
+            let namespace = Self.namespaceUnavailable == nil
+            if namespace, let reason = PacketDelay.unavailableReason, OutsideTool.isCI {
+                Issue.record("CI: the nemesis cannot delay packets here: \(reason)")
+            }
+            let report = try await Self.run(seed: seed, nodes: 1, ["--seconds", "30", "--quiet", "15", "--bound", "15", "--gap", "1"])
             #expect(report.requestsAnswered > 50)
-            if fixed != nil {
-                let kinds = NemesisRun.Fault.allCases.filter { $0.isAvailable(nodes: 1, namespace: Self.namespaceUnavailable == nil) }
+            // The seed was chosen for the ten kinds, and for the four without a namespace; with
+            // nine (no NetfilterQueue, outside CI) the draws differ.
+            if fixed != nil, !namespace || PacketDelay.unavailableReason == nil {
+                let kinds = NemesisRun.Fault.allCases.filter { $0.isAvailable(nodes: 1, namespace: namespace) }
                 #expect(Set(report.faults.keys) == Set(kinds.map(\.rawValue)), "every kind: \(report.faults)")
+                if namespace {
+                    #expect(report.packetsReordered > 0, "delayed packets overtook each other: \(report.packetsDelayed) delayed")
+                }
             }
         }
 
         @Test(
-            "two nodes on a private PostgreSQL, two workers listing both: 25 s of SIGKILLs and SIGSTOPs of the nodes and the workers, PostgreSQL crashed and started again, its connections ended, and (as root) partitions between the clients and a node and between a node and PostgreSQL, packet loss; then no anomaly, and every message finished within 40 s of the last fault (a seed drawn for this run)",
+            "two nodes on a private PostgreSQL, two workers listing both: 25 s of SIGKILLs and SIGSTOPs of the nodes and the workers, PostgreSQL crashed and started again, its connections ended, and (as root) partitions between the clients and a node and between a node and PostgreSQL, packet loss, packets delayed and reordered; then no anomaly, and every message finished within 40 s of the last fault (a seed drawn for this run)",
             .requires(.postgresql)
         )
         func cluster() async throws {

@@ -26,6 +26,11 @@ extension NemesisRun {
         case partitionPostgres = "partition-postgres"
         /// 30 % of the packets to and from a gateway's port dropped (in a namespace).
         case losePackets = "lose-packets"
+        /// Every packet to and from a gateway's ports held for a delay drawn around a mean (20
+        /// to 250 ms, drawn per fault) with a jitter up to the mean, so that packets overtake
+        /// each other: delay and reordering, as netem would (``PacketDelay``; in a namespace,
+        /// with NetfilterQueue).
+        case delayPackets = "delay-packets"
         /// The disk under the gateway's SQLite store full (one gateway, in a namespace).
         case fillDisk = "fill-disk"
         /// The disk under the gateway's SQLite store turned read-only by the kernel, as after
@@ -49,7 +54,7 @@ extension NemesisRun {
         /// Whether the fault needs the run's own namespace (root): iptables rules or a mount.
         public var needsNamespace: Bool {
             self == .partitionNode || self == .partitionPostgres || self == .losePackets || self == .fillDisk || self == .readOnlyDisk
-                || self == .blockTCP
+                || self == .blockTCP || self == .delayPackets
         }
 
         /// Whether the fault can be injected in a run with `nodes` gateways, in a namespace of
@@ -57,6 +62,7 @@ extension NemesisRun {
         public func isAvailable(nodes: Int, namespace: Bool, everyTransport: Bool = true) -> Bool {
             if self.needsNamespace && !namespace { return false }
             if self == .blockTCP { return everyTransport }
+            if self == .delayPackets { return PacketDelay.unavailableReason == nil }
             if self == .fillDisk { return nodes == 1 }
             if self == .readOnlyDisk { return nodes == 1 && SmallDisk.canBeExt4 }
             return nodes > 1 || !self.needsPostgres
@@ -140,6 +146,10 @@ extension NemesisRun {
         public var disconnects: Int
         /// Faults injected, by kind.
         public var faults: [String: Int]
+        /// Packets held by the `delay-packets` faults, and those of them let go before one that
+        /// arrived earlier (reordered).
+        public var packetsDelayed: Int
+        public var packetsReordered: Int
         /// Faults of the disk during which the gateway's `/ready` said 503, the store failing:
         /// full, and read-only.
         public var readyRefusedWhileDiskFull: Int

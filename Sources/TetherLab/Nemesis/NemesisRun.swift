@@ -108,6 +108,9 @@ public struct NemesisRun: Sendable {
         var faults = configuration.faults.filter {
             $0.isAvailable(nodes: nodes, namespace: configuration.namespace, everyTransport: configuration.everyTransport)
         }
+        if configuration.namespace, configuration.faults.contains(.delayPackets), let reason = PacketDelay.unavailableReason {
+            say("no delay-packets: \(reason)")
+        }
         if faults.contains(.readOnlyDisk), disk?.canTurnReadOnly != true {
             faults.removeAll { $0 == .readOnlyDisk }
             say("no read-only-disk: the store's disk is not ext4 on a loop device (mkfs.ext4 and loop devices are needed)")
@@ -152,6 +155,7 @@ public struct NemesisRun: Sendable {
         // The faults, until the workers stop sending.
         let counts = TetherLock<[String: Int]>([:])
         let readyRefusals = TetherLock<[String: Int]>([:])
+        let delayed = TetherLock<(packets: Int, reordered: Int)>((0, 0))
         let busy = TetherLock<Set<String>>([])
         var generator = SplitMix64(seed: configuration.seed)
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -165,6 +169,10 @@ public struct NemesisRun: Sendable {
                 let gateway = gateways[node]
                 try await Task.sleep(for: .milliseconds(Int64(gap * 1000)))
                 let length = kind == .partitionNode || kind == .blockTCP ? drawn * 2 : drawn
+                // A delay's mean, jitter and seed (drawn for a delay only).
+                let delay = kind == .delayPackets ? 0.02 + 0.23 * generator.nextUnit() : 0
+                let jitter = kind == .delayPackets ? delay * generator.nextUnit() : 0
+                let delaySeed = kind == .delayPackets ? generator.next() : 0
                 guard HistoryWriter.now() + Int64(length * 1000) < sendUntil else { break }
                 guard let kind else { continue }  // no kind of fault: a run without faults
                 let nodeName = nodes == 1 ? "gateway" : "node-\(node + 1)"
@@ -175,7 +183,7 @@ public struct NemesisRun: Sendable {
                 case .restartPostgres, .terminateConnections, .readOnlyPostgres: target = "postgres"
                 // A process's network is a target apart from the process: a node may be cut
                 // off and killed at once.
-                case .partitionNode, .losePackets: target = "network of \(nodeName)"
+                case .partitionNode, .losePackets, .delayPackets: target = "network of \(nodeName)"
                 case .partitionPostgres: target = "\(nodeName) to postgres"
                 case .fillDisk, .readOnlyDisk: target = "disk"
                 case .blockTCP: target = "tcp"
@@ -192,7 +200,9 @@ public struct NemesisRun: Sendable {
                 counts.withLockedValue { $0[kind.rawValue, default: 0] += 1 }
                 group.addTask {
                     defer { busy.withLockedValue { $0.subtract(claims) } }
-                    let detail = "\(kind.rawValue) \(target) for \(Int(length * 1000)) ms"
+                    let detail =
+                        "\(kind.rawValue) \(target) for \(Int(length * 1000)) ms"
+                        + (kind == .delayPackets ? " (\(Int(delay * 1000)) ± \(Int(jitter * 1000)) ms a packet)" : "")
                     nemesis.record(.fault, .invoke, detail: detail)
                     switch kind {
                     case .killWorker:
@@ -235,6 +245,37 @@ public struct NemesisRun: Sendable {
                             }
                         try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
                         try filter.remove(rules)
+                    case .delayPackets:
+                        guard let filter else { break }
+                        // A queue per node: one fault at a time on a node's network.
+                        let queue = node + 1
+                        let holder = try PacketDelay.start(
+                            queue: queue,
+                            mean: .milliseconds(Int64(delay * 1000)),
+                            jitter: .milliseconds(Int64(jitter * 1000)),
+                            seed: delaySeed,
+                            directory: directory
+                        )
+                        do {
+                            let ports = [gateway.port] + (gateway.httpPort.map { [$0] } ?? [])
+                            let rules = try ports.flatMap { try filter.queue(port: $0, queue: queue) }
+                            try await Task.sleep(for: .milliseconds(Int64(length * 1000)))
+                            try filter.remove(rules)
+                        } catch {
+                            _ = try? await holder.stop()  // SIGTERM: it lets its packets go and ends
+                            throw error
+                        }
+                        do {
+                            let summary = try await holder.stop()
+                            delayed.withLockedValue { $0 = ($0.packets + summary.delayed, $0.reordered + summary.reordered) }
+                            nemesis.record(.fault, .info, detail: "\(detail): \(summary)")
+                        } catch is CancellationError {
+                            throw CancellationError()
+                        } catch {
+                            // The lab's program, not Tether, failed: said, and the run goes on.
+                            nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
+                            say("delay-packets: the delaying program failed: \(error)")
+                        }
                     case .fillDisk, .readOnlyDisk:
                         guard let disk else { break }
                         if kind == .fillDisk { try disk.fill() } else { try disk.turnReadOnly() }
@@ -316,6 +357,8 @@ public struct NemesisRun: Sendable {
             connectionsBackOnFirst: result.connectionsBackOnFirst,
             disconnects: result.disconnects,
             faults: counts.withLockedValue { $0 },
+            packetsDelayed: delayed.withLockedValue { $0.packets },
+            packetsReordered: delayed.withLockedValue { $0.reordered },
             readyRefusedWhileDiskFull: readyRefusals.withLockedValue { $0[Fault.fillDisk.rawValue] ?? 0 },
             readyRefusedWhileReadOnly: readyRefusals.withLockedValue { $0[Fault.readOnlyDisk.rawValue] ?? 0 },
             slowestConvergenceMs: result.slowestConvergence,
@@ -338,6 +381,9 @@ public struct NemesisRun: Sendable {
         say(
             "\(report.operations) operations: messages \(report.sends), \(report.delivered) delivered (\(report.repeatsAfterKills) again after a kill), \(report.requestsAnswered) requests answered; publications \(report.publishes), \(report.received) received (\(report.receivedAgainAfterKills) again after a kill), \(report.gapPositions) in gaps; slowest convergence \(report.slowestConvergenceMs.map { "\($0) ms" } ?? "-"); \(anomalies.count) anomalies"
         )
+        if report.faults[Fault.delayPackets.rawValue] != nil {
+            say("packets delayed: \(report.packetsDelayed), \(report.packetsReordered) of them reordered")
+        }
         say(
             "connections: \(report.connections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")); \(report.connectionsElsewhere) to a fallback or another node, \(report.connectionsBackOnFirst) back on the first; \(report.disconnects) ended"
         )
