@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import TetherCore
 import TetherLab
+import UnixSignals
 
 struct Lab: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -154,8 +155,10 @@ struct Lab: AsyncParsableCommand {
                 subscriber once and in order, or inside a gap event). Writes
                 report.json (and anomalies.txt) to --output; exits 1 if there is an anomaly.
 
-                As root, it runs in a network namespace of its own, which adds partitions and packet
-                loss (iptables) and a full disk under the SQLite store (a small tmpfs).
+                As root, it runs in a network namespace of its own, which adds partitions, packet
+                loss and TCP blocked (iptables), packets delayed and reordered (NFQUEUE, with the
+                NetfilterQueue package), and a full or read-only disk under the SQLite store. SIGTERM
+                or SIGINT stops the run and everything it started.
                 """
         )
 
@@ -204,7 +207,7 @@ struct Lab: AsyncParsableCommand {
         @Flag(help: "Every client on TCP (by default, clients are spread over TCP, WebSocket and the HTTP stream).")
         var tcpOnly = false
 
-        @Flag(help: "Do not create a network namespace: no partitions, packet loss or full disk.")
+        @Flag(help: "Do not create a network namespace: no partitions, packet loss, delays or disk faults.")
         var noNamespace = false
 
         @Option(help: .hidden)
@@ -252,7 +255,23 @@ struct Lab: AsyncParsableCommand {
             if let faults = self.faults {
                 configuration.faults = faults.split(separator: ",").compactMap { NemesisRun.Fault(rawValue: String($0)) }
             }
-            let report = try await NemesisRun(configuration: configuration).run { print($0) }
+            let run = NemesisRun(configuration: configuration)
+            // SIGTERM or SIGINT cancels the run: on its way out it kills its workers and gateways
+            // (and PostgreSQL), lets paused ones go, and removes its rules and its disk; the
+            // process that made the namespace then deletes it.
+            let finished = try await withThrowingTaskGroup(of: NemesisRun.Report?.self) { group in
+                group.addTask { try await run.run { print($0) } }
+                group.addTask {
+                    for await signal in await UnixSignalsSequence(trapping: .sigterm, .sigint) {
+                        print("\(signal): stopping the run, its processes and its faults")
+                        return nil
+                    }
+                    return nil  // the run ended first
+                }
+                defer { group.cancelAll() }
+                return try await group.next() ?? nil
+            }
+            guard let report = finished else { throw ExitCode(130) }
             for anomaly in report.anomalies.prefix(20) { print(anomaly) }
             if !report.anomalies.isEmpty { throw ExitCode(1) }
         }

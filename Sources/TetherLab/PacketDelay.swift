@@ -10,7 +10,7 @@ import TetherProcess
 ///
 /// ```swift
 /// let rules = try filter.queue(port: gateway.port, queue: 1)
-/// let delay = try PacketDelay.start(queue: 1, mean: .milliseconds(80), jitter: .milliseconds(60), seed: 7, directory: run)
+/// let delay = try await PacketDelay.start(queue: 1, mean: .milliseconds(80), jitter: .milliseconds(60), seed: 7, directory: run)
 /// try await Task.sleep(for: .seconds(2))
 /// try filter.remove(rules)
 /// print(try await delay.stop())  // "delayed 412, reordered 97"
@@ -40,27 +40,45 @@ public struct PacketDelay: Sendable {
         return nil
     }()
 
-    /// Starts holding the packets of queue `queue` (its rules may be added before or after:
-    /// until the program has bound the queue, packets pass).
+    /// Starts holding the packets of queue `queue`, and returns once the program has bound the
+    /// queue (Python takes about a tenth of a second to start; packets pass meanwhile).
     ///
     /// - Parameters:
     ///   - queue: the NFQUEUE queue's number, as in the rules.
     ///   - mean: a packet's delay is drawn from `mean - jitter` to `mean + jitter` (at least 0).
     ///   - seed: draws the delays.
     ///   - directory: where the program and its log are written (`packet-delay-QUEUE.log`).
-    static func start(queue: Int, mean: Duration, jitter: Duration, seed: UInt64, directory: String) throws -> PacketDelay {
+    /// - Throws: If the program could not bind the queue within 10 s (its log's last lines say why).
+    static func start(queue: Int, mean: Duration, jitter: Duration, seed: UInt64, directory: String) async throws -> PacketDelay {
         let script = "\(directory)/packet-delay.py"
         if !FileManager.default.fileExists(atPath: script) {
             try Self.script.write(toFile: script, atomically: true, encoding: .utf8)
         }
         let log = "\(directory)/packet-delay-\(queue).log"
+        let before = FileManager.default.contents(atPath: log)?.count ?? 0  // earlier faults' lines
         let program = try SpawnedProgram(
             [
                 "python3", script, "\(queue)", "\(Self.milliseconds(mean))", "\(Self.milliseconds(jitter))", "\(seed % (1 << 62))",
             ],
             output: .file(log, append: true)
         )
-        return PacketDelay(program: program, log: log)
+        let holder = PacketDelay(program: program, log: log)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while true {
+            let written = FileManager.default.contents(atPath: log)?.dropFirst(before) ?? Data()
+            if String(decoding: written, as: UTF8.self).contains("bound \(queue)") { return holder }
+            guard program.isRunning, ContinuousClock.now < deadline else {
+                program.send(SIGKILL)
+                _ = try? await program.exit()
+                let lines = String(decoding: written, as: UTF8.self).split(separator: "\n").suffix(5)
+                throw Shell.Failure(
+                    command: program.arguments,
+                    status: -1,
+                    output: "did not bind its queue: " + lines.joined(separator: "\n")
+                )
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
     }
 
     /// Lets every packet held go (at once), stops the program, and returns what it did; remove
@@ -136,6 +154,7 @@ public struct PacketDelay: Sendable {
         signal.signal(signal.SIGINT, stop)
         nfqueue = NetfilterQueue()
         nfqueue.bind(queue, arrived, max_len=65536, mode=COPY_PACKET, range=64)  # the headers only
+        print("bound", queue, flush=True)
         try:
             while not stopping:
                 # Short enough that SIGTERM (select is retried after a handler) is seen soon.

@@ -118,9 +118,24 @@ public struct LabNamespace: Sendable {
     }
 
     /// Runs `arguments` inside the namespace, sharing this process's standard output and
-    /// error, and returns its exit status.
+    /// error, and returns its exit status. SIGINT and SIGTERM sent to this process meanwhile
+    /// go to the command (`ip netns exec` runs it in its own place, the same process), so that
+    /// it can stop what it started before this process deletes the namespace.
     public func run(_ arguments: [String]) throws -> Int32 {
-        try Shell.runAttached(["ip", "netns", "exec", self.name] + arguments)
+        let program = try SpawnedProgram(try Shell.resolved(["ip", "netns", "exec", self.name] + arguments))
+        let forwarded = [SIGINT, SIGTERM]
+        let sources = forwarded.map { number in
+            signal(number, SIG_IGN)  // a source sees the signal only if its default action does not run first
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { program.send(number) }
+            source.resume()
+            return source
+        }
+        defer {
+            for source in sources { source.cancel() }
+            for number in forwarded { signal(number, SIG_DFL) }
+        }
+        return program.waitUntilExit().status
     }
 
     /// Deletes the namespace (and with it the lab's iptables rules).
@@ -163,14 +178,8 @@ enum Shell {
         return completed.output
     }
 
-    /// Runs the command to completion with this process's standard output and error; returns
-    /// its exit status.
-    static func runAttached(_ arguments: [String]) throws -> Int32 {
-        try SpawnedProgram(try Self.resolved(arguments)).waitUntilExit().status
-    }
-
     /// `arguments` with the program's path found by ``which(_:)``.
-    private static func resolved(_ arguments: [String]) throws -> [String] {
+    static func resolved(_ arguments: [String]) throws -> [String] {
         guard let executable = Self.which(arguments[0]) else {
             throw Failure(command: arguments, status: 127, output: "\(arguments[0]) not found")
         }

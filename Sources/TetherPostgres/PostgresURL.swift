@@ -54,8 +54,19 @@ struct PostgresURL {
             tls: tls
         )
         configuration.options.maximumConnections = 16
+        configuration.options.additionalStartupParameters = Self.startupParameters
         return configuration
     }
+
+    /// Set on every connection as it starts. `client_min_messages = error`: the server sends no
+    /// warning or notice. PostgresNIO (1.33.2) crashes the process (a precondition in
+    /// `RowStreamStateMachine.channelReadComplete`) when a read brings a notice and no row while
+    /// a query's rows stream — and PostgreSQL sends every session a warning as it goes down
+    /// ("terminating connection due to immediate shutdown command", or "because of crash of
+    /// another server process"), so a PostgreSQL crash took down the gateway nodes that were
+    /// reading a channel's history (the nemesis, seed 4420, three nodes, `restart-postgres`).
+    /// Tether reads no notice; errors still come.
+    static let startupParameters = [("client_min_messages", "error")]
 
     var connectionConfiguration: PostgresConnection.Configuration {
         get throws(MessageStoreError) {
@@ -69,7 +80,7 @@ struct PostgresURL {
             } catch {
                 throw MessageStoreError(code: .invalidArgument, message: "cannot make a TLS context for PostgreSQL: \(error)")
             }
-            return PostgresConnection.Configuration(
+            var configuration = PostgresConnection.Configuration(
                 host: self.host,
                 port: self.port,
                 username: self.username,
@@ -77,6 +88,8 @@ struct PostgresURL {
                 database: self.database,
                 tls: tls
             )
+            configuration.options.additionalStartupParameters = Self.startupParameters
+            return configuration
         }
     }
 }

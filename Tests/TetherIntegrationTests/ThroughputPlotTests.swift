@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 import TetherHistory
 
@@ -45,5 +46,55 @@ struct ThroughputPlotTests {
         let plot = ThroughputPlot(records: records, buckets: 600)
         #expect(plot.bucket == 6_000)
         #expect(plot.invoked.count == 600 && plot.invoked.allSatisfy { $0 == 6 })
+    }
+}
+
+/// The nemesis reads each process's log for crashes: the nemesis only kills with SIGKILL, so a
+/// backtrace or a fatal error is a crash of Tether's (or a library's) own.
+@Suite("The nemesis's crash finder")
+struct NemesisCrashTests {
+    @Test(
+        "a backtrace is one crash, with what failed and the crashed thread's first frames; a fatal error alone is one; a log without either has none"
+    )
+    func crashesInLogs() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-crashes-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let backtrace = """
+            2026-12-02T02:28:47+0000 warning tether.gateway: error=storage: PostgreSQL: serverClosedConnection
+            Fatal error: How can we receive a body part, after a channelReadComplete
+            *** Signal 4: Backtracing from 0x556bb3d0cb9c... done ***
+
+            *** Swift runtime failure: precondition failure ***
+
+            Thread 0 "tether":
+
+              0      0x00007fa2d505a301 sigsuspend + 65 in libc.so.6
+
+            Thread 4 crashed:
+
+              0 [inlined] [system] 0x0000556bb3d0cb9c Swift runtime failure: precondition failure in tether
+              1                    0x0000556bb3d0cb9c RowStreamStateMachine.channelReadComplete() + 172 in tether
+              2 [ra]               0x0000556bb3c49bde ExtendedQueryStateMachine.channelReadComplete() + 253 in tether
+
+            Backtrace took 0.52s
+            2026-12-02T02:29:07+0000 warning tether.serve: [TetherCLI] no --jwt-key
+            """
+        let fatal = "starting\nTether/Outbox.swift:88: Fatal error: the outbox's file vanished\n"
+        let files = [("backtrace.log", backtrace), ("fatal.log", fatal), ("clean.log", "warning: a gateway restarted\n")]
+        for (name, text) in files { try text.write(to: directory.appendingPathComponent(name), atomically: true, encoding: .utf8) }
+
+        let crashes = NemesisRun.crashes(inLog: directory.appendingPathComponent("backtrace.log").path)
+        try #require(crashes.count == 1, "the fatal error and its backtrace are one crash: \(crashes)")
+        #expect(crashes[0].first?.hasPrefix("*** Signal 4") == true)
+        #expect(crashes[0].contains("*** Swift runtime failure: precondition failure ***"))
+        #expect(crashes[0].contains { $0.contains("RowStreamStateMachine.channelReadComplete()") })
+        #expect(
+            NemesisRun.crashes(inLog: directory.appendingPathComponent("fatal.log").path).map(\.first) == [
+                "Tether/Outbox.swift:88: Fatal error: the outbox's file vanished"
+            ]
+        )
+        #expect(NemesisRun.crashes(inLog: directory.appendingPathComponent("clean.log").path).isEmpty)
+        #expect(NemesisRun.crashes(inLog: directory.appendingPathComponent("missing.log").path).isEmpty)
     }
 }

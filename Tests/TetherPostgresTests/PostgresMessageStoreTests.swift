@@ -10,6 +10,19 @@ import TetherTestSupport
 
 @Suite("PostgresMessageStore", .requires(.postgresql))
 struct PostgresMessageStoreTests {
+    /// PostgresNIO 1.33.2 crashes the process when a read brings a notice and no row while a
+    /// query's rows stream, and PostgreSQL warns every session as it goes down ("terminating
+    /// connection due to immediate shutdown command"): the nemesis saw a node crash as
+    /// PostgreSQL was stopped (`-m immediate`) while the node read a channel's history. The
+    /// store's connections ask for no warnings or notices.
+    @Test("the store's connections ask PostgreSQL for no warnings or notices (client_min_messages = error)")
+    func noNotices() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let rows = try await client.query("SHOW client_min_messages")
+            #expect(try await rows.collect().first?.decode(String.self) == "error")
+        }
+    }
+
     @Test("passes the store contract", arguments: MessageStoreContract.checks)
     func contract(_ check: MessageStoreContract.Check) async throws {
         try await TestPostgres.withDatabase { client, _ in

@@ -249,13 +249,23 @@ public struct NemesisRun: Sendable {
                         guard let filter else { break }
                         // A queue per node: one fault at a time on a node's network.
                         let queue = node + 1
-                        let holder = try PacketDelay.start(
-                            queue: queue,
-                            mean: .milliseconds(Int64(delay * 1000)),
-                            jitter: .milliseconds(Int64(jitter * 1000)),
-                            seed: delaySeed,
-                            directory: directory
-                        )
+                        let holder: PacketDelay
+                        do {
+                            holder = try await PacketDelay.start(
+                                queue: queue,
+                                mean: .milliseconds(Int64(delay * 1000)),
+                                jitter: .milliseconds(Int64(jitter * 1000)),
+                                seed: delaySeed,
+                                directory: directory
+                            )
+                        } catch is CancellationError {
+                            throw CancellationError()
+                        } catch {
+                            // The lab's program, not Tether, failed: said, and the run goes on.
+                            nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
+                            say("delay-packets: the delaying program failed: \(error)")
+                            break
+                        }
                         do {
                             let ports = [gateway.port] + (gateway.httpPort.map { [$0] } ?? [])
                             let rules = try ports.flatMap { try filter.queue(port: $0, queue: queue) }
@@ -272,7 +282,6 @@ public struct NemesisRun: Sendable {
                         } catch is CancellationError {
                             throw CancellationError()
                         } catch {
-                            // The lab's program, not Tether, failed: said, and the run goes on.
                             nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
                             say("delay-packets: the delaying program failed: \(error)")
                         }
@@ -338,6 +347,14 @@ public struct NemesisRun: Sendable {
             anomalies.append(
                 ([anomaly.description, "  faults in force: \(faults)"] + excerpt.map { "    \($0)" }).joined(separator: "\n")
             )
+        }
+        // A process that crashed (the nemesis only kills with SIGKILL, which leaves no trace in
+        // a log): an anomaly even when the others covered for it and nothing was lost.
+        let logs = zip(gatewayNames, gateways.map(\.logFile)) + workers.map { ($0.name, $0.logFile) }
+        for (name, log) in logs {
+            for crash in Self.crashes(inLog: log) {
+                anomalies.append("\(name) crashed (\(log)):\n" + crash.map { "    \($0)" }.joined(separator: "\n"))
+            }
         }
         let report = Report(
             seed: configuration.seed,
@@ -419,6 +436,30 @@ extension NemesisRun {
     /// `tether serve`'s channels: history in the store, long enough that a subscriber away for
     /// a fault's length misses nothing; clients may publish.
     static let channelArguments = ["--channel-history", "10000", "--channel-history-age", "3600", "--channel-clients-publish"]
+
+    /// The crashes a process's log shows: each the Swift runtime's backtrace header (`*** Signal
+    /// 4: Backtracing from …`) or, without the backtracer, its `Fatal error:` line, with the
+    /// lines that say what failed and where (the crashed thread's first frames).
+    static func crashes(inLog path: String) -> [[String]] {
+        guard let data = FileManager.default.contents(atPath: path) else { return [] }
+        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        func isBacktrace(_ line: String) -> Bool { line.contains("*** Signal ") && line.contains("Backtracing") }
+        var crashes: [[String]] = []
+        for (index, line) in lines.enumerated() {
+            // A fatal error is followed by its backtrace where the backtracer runs: one crash.
+            let fatal = line.contains("Fatal error:") && !lines[(index + 1)..<min(lines.count, index + 6)].contains(where: isBacktrace)
+            guard isBacktrace(line) || fatal else { continue }
+            var excerpt = [line]
+            // What failed, and the crashed thread's first frames, within the next 200 lines.
+            let window = lines[(index + 1)..<min(lines.count, index + 200)]
+            excerpt += window.filter { $0.contains("runtime failure") }.prefix(1)
+            if let thread = window.firstIndex(where: { $0.hasSuffix(" crashed:") }) {
+                excerpt += lines[thread..<min(lines.count, thread + 6)].filter { !$0.isEmpty }
+            }
+            crashes.append(excerpt)
+        }
+        return crashes
+    }
 
     /// The loopback address node `node` (from 1) reaches PostgreSQL at.
     static func postgresAddress(node: Int) -> String { "127.0.0.\(node + 1)" }
