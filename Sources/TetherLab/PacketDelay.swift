@@ -77,7 +77,12 @@ public struct PacketDelay: Sendable {
                     output: "did not bind its queue: " + lines.joined(separator: "\n")
                 )
             }
-            try await Task.sleep(for: .milliseconds(10))
+            do {
+                try await Task.sleep(for: .milliseconds(10))
+            } catch {
+                program.send(SIGKILL)  // cancelled: no program left holding a queue
+                throw error
+            }
         }
     }
 
