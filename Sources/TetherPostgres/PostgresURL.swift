@@ -65,7 +65,11 @@ struct PostgresURL {
     /// ("terminating connection due to immediate shutdown command", or "because of crash of
     /// another server process"), so a PostgreSQL crash took down the gateway nodes that were
     /// reading a channel's history (the nemesis, seed 4420, three nodes, `restart-postgres`).
-    /// Tether reads no notice; errors still come.
+    /// Tether reads no notice; errors still come. This closes one way in, not the bug: the same
+    /// precondition fails when the server's end of a connection closes while rows wait for a
+    /// reader that has not asked for them (NIO reads a closed socket to its end unasked) — the
+    /// nemesis saw it twice in 45 minutes after this change (seed 4421); only a PostgresNIO
+    /// release can fix it.
     static let startupParameters = [("client_min_messages", "error")]
 
     var connectionConfiguration: PostgresConnection.Configuration {
