@@ -314,7 +314,7 @@ extension GatewayConnectionHandler {
             self.write(.publication(publication))
         }
         if !page.publications.isEmpty { self.services.metrics.recovered.increment(by: page.publications.count) }
-        if let liveAfter = page.liveAfter { self.liveChannels[channel] = liveAfter }
+        if let liveAfter = page.liveAfter { self.liveChannels[channel] = LiveChannel(after: liveAfter, skipThrough: page.skipThrough) }
         guard let next = page.next else { return }
         self.recoveries.append(next)
         if scheduling { self.scheduleRecoveries() }
@@ -329,8 +329,9 @@ extension GatewayConnectionHandler {
     /// Whether `message` is a push, or a publication this connection's subscription gets.
     func takes(_ message: EncodedPush.Message) -> Bool {
         guard case .publication(let publication, let sequence) = message else { return true }
-        guard let liveAfter = self.liveChannels[publication.channel] else { return false }
-        return sequence > liveAfter
+        guard let live = self.liveChannels[publication.channel], sequence > live.after else { return false }
+        guard let skip = live.skipThrough else { return true }
+        return publication.position.epoch != skip.epoch || publication.position.offset > skip.offset
     }
 
     /// Schedules ``continueRecoveries()`` if the connection is writable; otherwise
@@ -413,4 +414,12 @@ extension GatewayConnectionHandler {
             return ChannelPublishRequest.encode(position)
         }
     }
+}
+
+/// A subscription of this connection that gets live publications: those published after
+/// `after` (the channel's sequence on this node when it went live), but for those at or before
+/// `skipThrough` (a position the subscriber had from another node, for a channel in the store).
+struct LiveChannel {
+    var after: UInt64
+    var skipThrough: ChannelPosition?
 }

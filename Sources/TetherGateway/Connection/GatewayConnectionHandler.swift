@@ -86,8 +86,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, NIOScheduledCallback
     /// The connection subscribed to a channel once: it leaves the hub when it closes.
     var subscribesToChannels = false
     /// The channels whose live publications this connection writes: those published after
-    /// the sequence given (see ``ChannelHub``).
-    var liveChannels: [String: UInt64] = [:]
+    /// the sequence given, but for those up to a position the subscriber had already (see
+    /// ``ChannelHub``).
+    var liveChannels: [String: LiveChannel] = [:]
     /// Channel recoveries whose next page waits for the connection to drain.
     var recoveries: [ChannelHub.Continuation] = []
     var recoveryScheduled = false

@@ -48,6 +48,10 @@ final class ChannelHub: Sendable {
         /// When the subscription went live with this page: the sequence of the channel's last
         /// publication, after which the connection writes the live ones.
         var liveAfter: UInt64?
+        /// With ``liveAfter``, for a channel in the store: the live publications up to this
+        /// position are left out — the subscriber had them from another node before this one
+        /// sent them (its tail of the shared stream behind the store's head).
+        var skipThrough: ChannelPosition?
         /// Whether the subscription is the channel's first on this node (none was before it).
         var occupied = false
         /// The subscription's generation: its presence events carry it.
@@ -201,7 +205,14 @@ final class ChannelHub: Sendable {
                 // Live publications only: nothing recovered, and a subscriber that asked knows it.
                 subscribed.gap = request.recoverFrom != nil
             }
-            if page.next == nil { page.liveAfter = channel.sequence }
+            if page.next == nil {
+                page.liveAfter = channel.sequence
+                // A subscriber past what this node sent (within the store's head): live now,
+                // without what it has, which is still on its way here.
+                if head != nil, let stream = channel.stream, subscribed.startingAfter > stream.offset {
+                    page.skipThrough = ChannelPosition(epoch: stream.epoch, offset: subscribed.startingAfter)
+                }
+            }
             page.occupied = channel.subscribers.isEmpty
             page.generation = generation
             if page.occupied { state.occupancy.append((request.channel, true)) }

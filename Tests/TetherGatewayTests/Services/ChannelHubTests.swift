@@ -128,6 +128,54 @@ struct ChannelHubTests {
         #expect(sent[0]?.recipients.reduce(0) { $0 + $1.handlers.count } == 2)
     }
 
+    /// The nemesis, seed 4421, three nodes (542 anomalies): in a cluster a node's "sent up to"
+    /// offset follows its tail of the shared stream and can lag the store's head (a node just
+    /// started, PostgreSQL away). A subscriber whose position was past it, yet within the store,
+    /// was taken for one ahead of a lost history: told of a gap it did not have and resumed from
+    /// the oldest kept.
+    @Test(
+        "a subscriber past what this node sent, within the store's head, is told of no gap, goes live, and skips what it has as it comes (the nemesis's seed 4421)"
+    )
+    func subscriberAheadOfWhatWasSent() throws {
+        let fixture = try GatewayHandlerFixture()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        let hub = try Self.storedHub()
+        // This node has sent up to 5 (connection 1 is live after it); the store holds up to 10.
+        let live = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 5))
+        _ = try Self.subscribed(hub, handler, live, head: ChannelStreamHead(epoch: 7, top: 5, oldest: 1))
+        // Connection 2 had 8 from another node.
+        let ahead = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 8))
+        guard
+            case .subscribed(let subscribed, let page) = hub.subscribe(
+                connection: 2,
+                handler: handler,
+                member: Self.member,
+                to: ahead,
+                head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1)
+            )
+        else { throw Refused(status: .internalError) }
+        #expect(!subscribed.gap, "it missed nothing")
+        #expect(subscribed.startingAfter == 8)
+        #expect(page.next == nil && page.liveAfter != nil, "live at once: nothing to recover")
+        #expect(page.skipThrough == ChannelPosition(epoch: 7, offset: 8), "6 to 8 are on their way here; it has them")
+        // 6 to 10 come through this node to both live subscribers; the connection leaves out
+        // those up to 8 for connection 2 (GatewayConnectionHandler.takes).
+        let sent = hub.sendStored((6...10).map { Self.publication($0) })
+        #expect(sent.allSatisfy { $0?.recipients.reduce(0) { $0 + $1.handlers.count } == 2 })
+        // Ahead of the store itself (its history lost): still a gap.
+        let lost = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 50))
+        guard
+            case .subscribed(let told, _) = hub.subscribe(
+                connection: 3,
+                handler: handler,
+                member: Self.member,
+                to: lost,
+                head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1)
+            )
+        else { throw Refused(status: .internalError) }
+        #expect(told.gap)
+    }
+
     @Test("a subscription to a stored channel is told of the gap before the oldest the store keeps, or of another epoch")
     func storedGaps() throws {
         let fixture = try GatewayHandlerFixture()
