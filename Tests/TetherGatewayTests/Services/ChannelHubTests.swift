@@ -52,17 +52,29 @@ struct ChannelHubTests {
 
     struct Refused: Error { var status: StatusCode }
 
-    /// Subscribes connection 1 to a stored channel whose head the store answered.
+    /// Subscribes a connection (1 unless told) to a stored channel whose head the store answered.
     static func subscribed(
         _ hub: ChannelHub,
         _ handler: NIOLoopBound<GatewayConnectionHandler>,
         _ request: Frame.Subscribe,
-        head: ChannelStreamHead
+        head: ChannelStreamHead,
+        connection: UInt64 = 1
     ) throws -> (Frame.Subscribed, ChannelHub.Page) {
-        switch hub.subscribe(connection: 1, handler: handler, member: Self.member, to: request, head: head) {
+        switch hub.subscribe(connection: connection, handler: handler, member: Self.member, to: request, head: head) {
         case .subscribed(let subscribed, let page): return (subscribed, page)
         case .refused(let status, _): throw Refused(status: status)
         }
+    }
+
+    /// A stored channel's hub on which connection 1 is live after 5 (epoch 7): this node has
+    /// sent up to 5. The fixture holds the handler's channel.
+    static func liveAfterFive() throws -> (GatewayHandlerFixture, ChannelHub, ChannelHub.Page) {
+        let fixture = try GatewayHandlerFixture()
+        let hub = try Self.storedHub()
+        let live = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 5))
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
+        let (_, page) = try Self.subscribed(hub, handler, live, head: ChannelStreamHead(epoch: 7, top: 5, oldest: 1))
+        return (fixture, hub, page)
     }
 
     static func stored(_ offsets: ClosedRange<UInt64>) -> [StoredPublication] {
@@ -99,25 +111,19 @@ struct ChannelHubTests {
         "a subscription that reads a head past what this node sent (appended, not sent yet) leaves what was sent as it was: the next publication still goes to those live (the nemesis's seed 4412)"
     )
     func storedHeadAheadOfWhatWasSent() throws {
-        let fixture = try GatewayHandlerFixture()
+        let (fixture, hub, livePage) = try Self.liveAfterFive()
         let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
-        let hub = try Self.storedHub()
-        // Connection 1 is live after 5.
-        let live = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 5))
-        let (_, livePage) = try Self.subscribed(hub, handler, live, head: ChannelStreamHead(epoch: 7, top: 5, oldest: 1))
         #expect(livePage.next == nil && livePage.liveAfter != nil)
         // The store appends 6; before this node sends it, connection 2 subscribes and reads the
         // head: top 6.
         let late = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 3))
-        guard
-            case .subscribed(let subscribed, let page) = hub.subscribe(
-                connection: 2,
-                handler: handler,
-                member: Self.member,
-                to: late,
-                head: ChannelStreamHead(epoch: 7, top: 6, oldest: 1)
-            )
-        else { throw Refused(status: .internalError) }
+        let (subscribed, page) = try Self.subscribed(
+            hub,
+            handler,
+            late,
+            head: ChannelStreamHead(epoch: 7, top: 6, oldest: 1),
+            connection: 2
+        )
         #expect(subscribed.startingAfter == 3)
         let continuation = try #require(page.next)
         let recovered = try #require(hub.continueRecovery(connection: 2, continuation, read: Self.stored(4...6)))
@@ -137,23 +143,18 @@ struct ChannelHubTests {
         "a subscriber past what this node sent, within the store's head, is told of no gap, goes live, and skips what it has as it comes (the nemesis's seed 4421)"
     )
     func subscriberAheadOfWhatWasSent() throws {
-        let fixture = try GatewayHandlerFixture()
-        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
-        let hub = try Self.storedHub()
         // This node has sent up to 5 (connection 1 is live after it); the store holds up to 10.
-        let live = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 5))
-        _ = try Self.subscribed(hub, handler, live, head: ChannelStreamHead(epoch: 7, top: 5, oldest: 1))
+        let (fixture, hub, _) = try Self.liveAfterFive()
+        let handler = NIOLoopBound(fixture.handler, eventLoop: fixture.loop)
         // Connection 2 had 8 from another node.
         let ahead = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 8))
-        guard
-            case .subscribed(let subscribed, let page) = hub.subscribe(
-                connection: 2,
-                handler: handler,
-                member: Self.member,
-                to: ahead,
-                head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1)
-            )
-        else { throw Refused(status: .internalError) }
+        let (subscribed, page) = try Self.subscribed(
+            hub,
+            handler,
+            ahead,
+            head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1),
+            connection: 2
+        )
         #expect(!subscribed.gap, "it missed nothing")
         #expect(subscribed.startingAfter == 8)
         #expect(page.next == nil && page.liveAfter != nil, "live at once: nothing to recover")
@@ -164,15 +165,7 @@ struct ChannelHubTests {
         #expect(sent.allSatisfy { $0?.recipients.reduce(0) { $0 + $1.handlers.count } == 2 })
         // Ahead of the store itself (its history lost): still a gap.
         let lost = Frame.Subscribe(id: 1, channel: "room", recoverFrom: ChannelPosition(epoch: 7, offset: 50))
-        guard
-            case .subscribed(let told, _) = hub.subscribe(
-                connection: 3,
-                handler: handler,
-                member: Self.member,
-                to: lost,
-                head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1)
-            )
-        else { throw Refused(status: .internalError) }
+        let (told, _) = try Self.subscribed(hub, handler, lost, head: ChannelStreamHead(epoch: 7, top: 10, oldest: 1), connection: 3)
         #expect(told.gap)
     }
 
