@@ -247,6 +247,11 @@ public struct NemesisRun: Sendable {
                         try filter.remove(rules)
                     case .delayPackets:
                         guard let filter else { break }
+                        // The lab's program, not Tether, failed: said, and the run goes on.
+                        func programFailed(_ error: any Error) {
+                            nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
+                            say("delay-packets: the delaying program failed: \(error)")
+                        }
                         // A queue per node: one fault at a time on a node's network.
                         let queue = node + 1
                         let holder: PacketDelay
@@ -261,9 +266,7 @@ public struct NemesisRun: Sendable {
                         } catch is CancellationError {
                             throw CancellationError()
                         } catch {
-                            // The lab's program, not Tether, failed: said, and the run goes on.
-                            nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
-                            say("delay-packets: the delaying program failed: \(error)")
+                            programFailed(error)
                             break
                         }
                         do {
@@ -282,8 +285,7 @@ public struct NemesisRun: Sendable {
                         } catch is CancellationError {
                             throw CancellationError()
                         } catch {
-                            nemesis.record(.fault, .info, detail: "\(detail): the delaying program failed: \(error)")
-                            say("delay-packets: the delaying program failed: \(error)")
+                            programFailed(error)
                         }
                     case .fillDisk, .readOnlyDisk:
                         guard let disk else { break }
