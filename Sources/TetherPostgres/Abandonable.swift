@@ -11,7 +11,7 @@ import TetherNIO
 ///
 /// ```swift
 /// let rows = try await abandonable(timeout: .seconds(5), timedOut: { StoreTimeout() }) {
-///     try await client.query("SELECT 1", logger: logger).collect()
+///     try await client.rows("SELECT 1", logger: logger)
 /// }
 /// ```
 ///

@@ -10,6 +10,8 @@ import TetherGateway
 struct GroupCommit {
     let writes: [StoreWrite]
     let node: Int64?
+    /// The group statements prepared on the store's connections.
+    let prepared: PreparedStatements
     let logger: Logger
 
     private struct ConversationKey: Hashable {
@@ -49,7 +51,7 @@ struct GroupCommit {
         // which numbers what it received, drops them. Processed messages and deliveries always
         // wait (the gateway answers MESSAGE_ACK only once they are durable).
         if self.writes.allSatisfy({ $0.processed.isEmpty && $0.deliveries.isEmpty }) {
-            try await connection.query("SET LOCAL synchronous_commit TO off", logger: self.logger)
+            _ = try await connection.rows("SET LOCAL synchronous_commit TO off", logger: self.logger)
         }
         // 1. The state the writes depend on, locked until the transaction ends.
         var conversationKeys: Set<ConversationKey> = []
@@ -75,7 +77,7 @@ struct GroupCommit {
                 laneClients: lanes.map(\.client),
                 laneEpochs: lanes.map(\.epoch)
             )
-            for try await row in try await connection.execute(read, logger: self.logger) {
+            for row in try await self.prepared.rows(read, on: connection) {
                 if row.isLane {
                     fences[OutboxKey(client: row.client, epoch: row.epoch)] = UInt64(bitPattern: row.value)
                 } else {
@@ -200,9 +202,8 @@ struct GroupCommit {
         statement.deliveryBodies = deliveries.map(\.body)
         statement.deliveryCompressed = deliveries.map(\.compressed)
         statement.node = self.node ?? 0
-        let rows = try await connection.execute(statement, logger: self.logger)
         var firsts: [String: UInt64] = [:]
-        for try await row in rows where !row.isNotification {
+        for row in try await self.prepared.rows(statement, on: connection) where !row.isNotification {
             firsts[row.recipient] = UInt64(bitPattern: row.first)
         }
         guard firsts.count == ordinal.count else {
@@ -220,7 +221,7 @@ struct GroupCommit {
     /// Removes acknowledged deliveries, and counts them out of their streams.
     private func acknowledge(_ acknowledgements: [String: UInt64], on connection: PostgresConnection) async throws {
         let recipients = Array(acknowledgements.keys)
-        try await connection.query(
+        _ = try await connection.rows(
             """
             WITH d AS (
                 DELETE FROM tether_deliveries d

@@ -9,8 +9,7 @@ import TetherGateway
 /// Reads and locks what a group's writes depend on: the conversations they advance (for
 /// update) and the fences of the lanes they commit under (for share, so that a takeover waits
 /// for this commit).
-struct GroupReadStatement: PostgresPreparedStatement {
-    static let name = "tether_group_read_v1"
+struct GroupReadStatement: PreparedStatement {
     static let sql = """
         WITH c AS (
             SELECT c.client, c.epoch, c.conversation, c.last_sequence FROM tether_conversations c
@@ -36,18 +35,18 @@ struct GroupReadStatement: PostgresPreparedStatement {
     var laneClients: [String]
     var laneEpochs: [Int64]
 
-    func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 5)
-        bindings.append(self.conversationClients)
-        bindings.append(self.conversationEpochs)
-        bindings.append(self.conversations)
-        bindings.append(self.laneClients)
-        bindings.append(self.laneEpochs)
-        return bindings
+    func binds() throws -> [PostgresData] {
+        [
+            try PostgresData(encoding: self.conversationClients),
+            try PostgresData(encoding: self.conversationEpochs),
+            try PostgresData(encoding: self.conversations),
+            try PostgresData(encoding: self.laneClients),
+            try PostgresData(encoding: self.laneEpochs),
+        ]
     }
 
     func decodeRow(_ row: PostgresRow) throws -> Row {
-        try row.decode((Bool, String, Int64, String, Int64).self)
+        try row.decodeBinary((Bool, String, Int64, String, Int64).self)
     }
 }
 
@@ -68,8 +67,7 @@ struct GroupReadStatement: PostgresPreparedStatement {
 /// presence then waits on the same row (`PostgresCluster.flushWrites`), so a commit
 /// either sees the presence and signals, or had the row first and is committed before that node
 /// reads the recipient's deliveries again.
-struct GroupWriteStatement: PostgresPreparedStatement {
-    static let name = "tether_group_write_v2"
+struct GroupWriteStatement: PreparedStatement {
     static let sql = """
         WITH o AS (
             INSERT INTO tether_outcomes (client, epoch, conversation, sequence, status, message_id)
@@ -158,33 +156,33 @@ struct GroupWriteStatement: PostgresPreparedStatement {
     /// This node's id in the cluster; 0 outside one (no signals).
     var node: Int64 = 0
 
-    func makeBindings() throws -> PostgresBindings {
-        var bindings = PostgresBindings(capacity: 21)
-        bindings.append(self.outcomeClients)
-        bindings.append(self.outcomeEpochs)
-        bindings.append(self.outcomeConversations)
-        bindings.append(self.outcomeSequences)
-        bindings.append(self.outcomeStatuses)
-        bindings.append(self.outcomeMessageIDs)
-        bindings.append(self.outcomeHasID)
-        bindings.append(self.conversationClients)
-        bindings.append(self.conversationEpochs)
-        bindings.append(self.conversations)
-        bindings.append(self.lastSequences)
-        bindings.append(self.newConversations)
-        bindings.append(self.trimmedUpTo)
-        bindings.append(self.acknowledgedRecipients)
-        bindings.append(self.acknowledgedUpTo)
-        bindings.append(self.deliveryRecipients)
-        bindings.append(self.deliveryOrdinals)
-        bindings.append(self.deliveryTopics)
-        bindings.append(self.deliveryBodies)
-        bindings.append(self.node)
-        bindings.append(self.deliveryCompressed)
-        return bindings
+    func binds() throws -> [PostgresData] {
+        [
+            try PostgresData(encoding: self.outcomeClients),
+            try PostgresData(encoding: self.outcomeEpochs),
+            try PostgresData(encoding: self.outcomeConversations),
+            try PostgresData(encoding: self.outcomeSequences),
+            try PostgresData(encoding: self.outcomeStatuses),
+            try PostgresData(encoding: self.outcomeMessageIDs),
+            try PostgresData(encoding: self.outcomeHasID),
+            try PostgresData(encoding: self.conversationClients),
+            try PostgresData(encoding: self.conversationEpochs),
+            try PostgresData(encoding: self.conversations),
+            try PostgresData(encoding: self.lastSequences),
+            try PostgresData(encoding: self.newConversations),
+            try PostgresData(encoding: self.trimmedUpTo),
+            try PostgresData(encoding: self.acknowledgedRecipients),
+            try PostgresData(encoding: self.acknowledgedUpTo),
+            try PostgresData(encoding: self.deliveryRecipients),
+            try PostgresData(encoding: self.deliveryOrdinals),
+            try PostgresData(encoding: self.deliveryTopics),
+            try PostgresData(encoding: self.deliveryBodies),
+            try PostgresData(encoding: self.node),
+            try PostgresData(encoding: self.deliveryCompressed),
+        ]
     }
 
     func decodeRow(_ row: PostgresRow) throws -> Row {
-        try row.decode((Bool, String, Int64).self)
+        try row.decodeBinary((Bool, String, Int64).self)
     }
 }

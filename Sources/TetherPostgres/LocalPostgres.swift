@@ -34,6 +34,9 @@ public struct LocalPostgres: Sendable {
         public var description: String { self.message }
     }
 
+    /// Where the administrative queries log.
+    private static let logger = Logger(label: "tether.postgres.local")
+
     /// Where the server keeps its data, socket and log.
     public let directory: URL
     /// The loopback port it listens on.
@@ -123,7 +126,7 @@ public struct LocalPostgres: Sendable {
         try await withThrowingTaskGroup { group in
             group.addTask { await admin.run() }
             defer { group.cancelAll() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"))
+            try await admin.rows(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: Self.logger)
         }
         return "postgres://tether@127.0.0.1:\(self.port)/\(name)?sslmode=disable"
     }
@@ -136,13 +139,10 @@ public struct LocalPostgres: Sendable {
         return try await withThrowingTaskGroup { group in
             group.addTask { await admin.run() }
             defer { group.cancelAll() }
-            var ended = 0
-            for try await terminated in try await admin.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
-            ).decode(Bool.self) where terminated {
-                ended += 1
-            }
-            return ended
+            return try await admin.rows(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                logger: Self.logger
+            ).count(where: { try $0.decode(Bool.self) })
         }
     }
 
@@ -155,14 +155,14 @@ public struct LocalPostgres: Sendable {
         try await withThrowingTaskGroup { group in
             group.addTask { await admin.run() }
             defer { group.cancelAll() }
-            let logger = Logger(label: "tether.postgres.local")
+            let logger = Self.logger
             try await admin.withConnection { connection in
                 // (This session's own transactions must be allowed to write the setting back.)
-                try await connection.query("SET default_transaction_read_only = off", logger: logger)
+                try await connection.rows("SET default_transaction_read_only = off", logger: logger)
                 let change =
                     readOnly ? "ALTER SYSTEM SET default_transaction_read_only = on" : "ALTER SYSTEM RESET default_transaction_read_only"
-                try await connection.query(PostgresQuery(unsafeSQL: change), logger: logger)
-                try await connection.query("SELECT pg_reload_conf()", logger: logger)
+                try await connection.rows(PostgresQuery(unsafeSQL: change), logger: logger)
+                try await connection.rows("SELECT pg_reload_conf()", logger: logger)
             }
         }
     }

@@ -26,7 +26,7 @@ extension PostgresCluster {
                 // end on its own if it does not.
                 let (failed, established) = (failures, TetherLock(false))
                 let session: @Sendable () async throws -> Void = {
-                    try await connection.query(
+                    try await connection.rows(
                         "SELECT pg_advisory_lock(\(PostgresSchema.lockSpace), \(Int32(truncatingIfNeeded: id)))",
                         logger: self.logger
                     )
@@ -261,11 +261,11 @@ extension PostgresCluster {
         let (kinds, targets) = (pushes.map(\.kind), pushes.map(\.target))
         try await self.store.withDeadline { [client = self.client, logger = self.logger] in
             try await client.withTransaction(logger: logger) { connection in
-                try await connection.query(
+                try await connection.rows(
                     "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
                     logger: self.logger
                 )
-                try await connection.query(
+                try await connection.rows(
                     """
                     INSERT INTO tether_pushes (origin, kind, target, topic, body)
                     SELECT \(id), kind, target, topic, body
@@ -274,7 +274,7 @@ extension PostgresCluster {
                     """,
                     logger: self.logger
                 )
-                try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+                try await connection.rows("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
             }
         }
     }
@@ -291,14 +291,14 @@ extension PostgresCluster {
         let bodies = members.map(StoredChannelMember.body(of:))
         try await self.store.withDeadline { [client = self.client, logger = self.logger] in
             try await client.withTransaction(logger: logger) { connection in
-                try await connection.query(
+                try await connection.rows(
                     "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.pushLock))",
                     logger: self.logger
                 )
                 if replacing {
-                    try await connection.query("DELETE FROM tether_channel_members WHERE node = \(id)", logger: self.logger)
+                    try await connection.rows("DELETE FROM tether_channel_members WHERE node = \(id)", logger: self.logger)
                 } else {
-                    try await connection.query(
+                    try await connection.rows(
                         """
                         DELETE FROM tether_channel_members m USING unnest(\(channels), \(clients)) AS d(channel, client)
                         WHERE m.node = \(id) AND m.channel = d.channel AND m.client = d.client
@@ -306,7 +306,7 @@ extension PostgresCluster {
                         logger: self.logger
                     )
                 }
-                try await connection.query(
+                try await connection.rows(
                     """
                     INSERT INTO tether_channel_members (channel, client, node, connections, info)
                     SELECT channel, client, \(id), connections, info
@@ -315,7 +315,7 @@ extension PostgresCluster {
                     """,
                     logger: self.logger
                 )
-                try await connection.query(
+                try await connection.rows(
                     """
                     INSERT INTO tether_pushes (origin, kind, target, topic, body)
                     SELECT \(id), \(StoredChannelMember.kind), channel, client, body
@@ -324,7 +324,7 @@ extension PostgresCluster {
                     """,
                     logger: self.logger
                 )
-                try await connection.query("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
+                try await connection.rows("SELECT pg_notify('tether_pushes', '')", logger: self.logger)
             }
         }
     }

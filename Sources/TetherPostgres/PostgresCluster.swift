@@ -473,7 +473,7 @@ public final class PostgresCluster: GatewayCluster {
     @discardableResult
     func query(_ query: PostgresQuery) async throws -> [PostgresRow] {
         try await self.store.withDeadline { [client = self.client, logger = self.logger] in
-            try await client.query(query, logger: logger).collect()
+            try await client.rows(query, logger: logger)
         }
     }
 

@@ -15,11 +15,11 @@ extension PostgresMessageStore: ChannelHistoryStore {
         let epochs = channels.map { Int64(bitPattern: self.streamEpoch(of: $0)) }
         return try await self.storage { [client = self.client, logger = self.logger] in
             try await client.withTransaction(logger: logger) { connection in
-                try await connection.query(
+                try await connection.rows(
                     "SELECT pg_advisory_xact_lock(\(PostgresSchema.otherLocks), \(PostgresSchema.channelLock))",
                     logger: logger
                 )
-                try await connection.query(
+                try await connection.rows(
                     """
                     INSERT INTO tether_channel_streams (channel, epoch, top)
                     SELECT c, e, 0 FROM unnest(\(channels), \(epochs)) AS s(c, e) ON CONFLICT (channel) DO NOTHING
@@ -27,11 +27,11 @@ extension PostgresMessageStore: ChannelHistoryStore {
                     logger: logger
                 )
                 var heads: [String: (epoch: UInt64, top: UInt64, maxCount: Int)] = [:]
-                let rows = try await connection.query(
+                let rows = try await connection.rows(
                     "SELECT channel, epoch, top FROM tether_channel_streams WHERE channel = ANY(\(channels))",
                     logger: logger
                 )
-                for try await (channel, epoch, top) in rows.decode((String, Int64, Int64).self) {
+                for (channel, epoch, top) in try rows.decode((String, Int64, Int64).self) {
                     heads[channel] = (UInt64(bitPattern: epoch), UInt64(bitPattern: top), 1)
                 }
                 var positions: [ChannelPosition] = []
@@ -45,7 +45,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
                     heads[publication.channel] = head
                     positions.append(ChannelPosition(epoch: head.epoch, offset: head.top))
                 }
-                try await connection.query(
+                try await connection.rows(
                     """
                     INSERT INTO tether_channel_publications (channel, position, time, publisher, body)
                     SELECT channel, position, time, publisher, body
@@ -62,14 +62,14 @@ extension PostgresMessageStore: ChannelHistoryStore {
                     let head = heads[name]!
                     return Int64(bitPattern: head.top > UInt64(head.maxCount) ? head.top - UInt64(head.maxCount) : 0)
                 }
-                try await connection.query(
+                try await connection.rows(
                     """
                     UPDATE tether_channel_streams s SET top = t.top
                     FROM unnest(\(names), \(tops)) AS t(channel, top) WHERE s.channel = t.channel
                     """,
                     logger: logger
                 )
-                try await connection.query(
+                try await connection.rows(
                     """
                     DELETE FROM tether_channel_publications p
                     USING unnest(\(names), \(cutoffs)) AS d(channel, cutoff)
@@ -77,7 +77,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
                     """,
                     logger: logger
                 )
-                try await connection.query("SELECT pg_notify('tether_channels', '')", logger: logger)
+                try await connection.rows("SELECT pg_notify('tether_channels', '')", logger: logger)
                 return positions
             }
         }
@@ -87,7 +87,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
         let derived = self.streamEpoch(of: channel)
         return try await self.storage { [client = self.client, logger = self.logger] in
             var head = ChannelStreamHead(epoch: derived, top: 0, oldest: nil)
-            let rows = try await client.query(
+            let rows = try await client.rows(
                 """
                 SELECT s.epoch, s.top, (SELECT min(position) FROM tether_channel_publications
                     WHERE channel = s.channel AND time >= \(Self.milliseconds(notBefore)))
@@ -95,7 +95,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
                 """,
                 logger: logger
             )
-            for try await (epoch, top, oldest) in rows.decode((Int64, Int64, Int64?).self) {
+            for (epoch, top, oldest) in try rows.decode((Int64, Int64, Int64?).self) {
                 head = ChannelStreamHead(
                     epoch: UInt64(bitPattern: epoch),
                     top: UInt64(bitPattern: top),
@@ -116,7 +116,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
         let derived = self.streamEpoch(of: channel)
         return try await self.storage { [client = self.client, logger = self.logger] in
             var stored: UInt64?
-            for try await value in try await client.query(
+            for value in try await client.rows(
                 "SELECT epoch FROM tether_channel_streams WHERE channel = \(channel)",
                 logger: logger
             ).decode(Int64.self) {
@@ -124,7 +124,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
             }
             guard (stored ?? derived) == epoch else { return nil }
             var publications: [StoredPublication] = []
-            let rows = try await client.query(
+            let rows = try await client.rows(
                 """
                 SELECT position, time, publisher, body FROM tether_channel_publications
                 WHERE channel = \(channel) AND position > \(Int64(bitPattern: offset)) AND time >= \(Self.milliseconds(notBefore))
@@ -132,7 +132,7 @@ extension PostgresMessageStore: ChannelHistoryStore {
                 """,
                 logger: logger
             )
-            for try await (position, time, publisher, body) in rows.decode((Int64, Int64, String, ByteBuffer).self) {
+            for (position, time, publisher, body) in try rows.decode((Int64, Int64, String, ByteBuffer).self) {
                 publications.append(
                     StoredPublication(
                         offset: UInt64(bitPattern: position),
@@ -148,14 +148,10 @@ extension PostgresMessageStore: ChannelHistoryStore {
 
     public func trimPublications(before time: Date) async throws -> Int {
         try await self.storage { [client = self.client, logger = self.logger] in
-            var count = 0
-            for try await _ in try await client.query(
+            try await client.rows(
                 "DELETE FROM tether_channel_publications WHERE time < \(Self.milliseconds(time)) RETURNING 1",
                 logger: logger
-            ).decode(Int32.self) {
-                count += 1
-            }
-            return count
+            ).count
         }
     }
 

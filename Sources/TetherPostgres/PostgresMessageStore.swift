@@ -33,6 +33,8 @@ public final class PostgresMessageStore: MessageStore {
     /// The node this store's gateway is, once its ``PostgresCluster`` registered it: deliveries
     /// for recipients connected to other nodes then wake those nodes.
     let node = TetherLock<Int64?>(nil)
+    /// The group commit's statements, prepared on each connection at its first group.
+    let prepared = PreparedStatements()
 
     /// Opens the store: migrates the schema and reads (or creates) the store's epoch.
     /// - Parameters:
@@ -56,15 +58,13 @@ public final class PostgresMessageStore: MessageStore {
         do {
             try await PostgresSchema.migrate(client, logger: logger)
             let candidate = Int64(bitPattern: UInt64.random(in: 1...UInt64.max))
-            try await client.query(
+            _ = try await client.rows(
                 "INSERT INTO tether_meta (key, value) VALUES ('epoch', \(candidate)) ON CONFLICT (key) DO NOTHING",
                 logger: logger
             )
             var epoch: Int64 = 0
-            for try await value in try await client.query("SELECT value FROM tether_meta WHERE key = 'epoch'", logger: logger)
-                .decode(Int64.self)
-            {
-                epoch = value
+            for row in try await client.rows("SELECT value FROM tether_meta WHERE key = 'epoch'", logger: logger) {
+                epoch = try row.decode(Int64.self)
             }
             self.epoch = UInt64(bitPattern: epoch)
         } catch {
@@ -85,7 +85,7 @@ public final class PostgresMessageStore: MessageStore {
     /// Runs `SELECT 1` (under the operation timeout).
     public func checkReachable() async throws {
         try await self.storage {
-            _ = try await self.client.query("SELECT 1", logger: self.logger).collect()
+            _ = try await self.client.rows("SELECT 1", logger: self.logger)
         }
     }
 
@@ -96,19 +96,19 @@ public final class PostgresMessageStore: MessageStore {
             if !conversations.isEmpty {
                 for conversation in conversations { state.lastProcessed[conversation] = 0 }
                 let names = Array(conversations)
-                let rows = try await self.client.query(
+                let rows = try await self.client.rows(
                     """
                     SELECT conversation, last_sequence FROM tether_conversations
                     WHERE client = \(outbox.client) AND epoch = \(epoch) AND conversation = ANY(\(names))
                     """,
                     logger: self.logger
                 )
-                for try await (conversation, last) in rows.decode((String, Int64).self) {
+                for (conversation, last) in try rows.decode((String, Int64).self) {
                     state.lastProcessed[conversation] = UInt64(bitPattern: last)
                 }
             }
             if !outcomes.isEmpty {
-                let rows = try await self.client.query(
+                let rows = try await self.client.rows(
                     """
                     SELECT o.conversation, o.sequence, o.status, o.message_id FROM tether_outcomes o
                     JOIN unnest(\(outcomes.map(\.conversation)), \(outcomes.map { Int64(bitPattern: $0.sequence) })) AS w(conversation, sequence)
@@ -117,7 +117,7 @@ public final class PostgresMessageStore: MessageStore {
                     """,
                     logger: self.logger
                 )
-                for try await (conversation, sequence, status, messageID) in rows.decode((String, Int64, Int32, Int64?).self) {
+                for (conversation, sequence, status, messageID) in try rows.decode((String, Int64, Int32, Int64?).self) {
                     state.outcomes[ConversationSequence(conversation: conversation, sequence: UInt64(bitPattern: sequence))] =
                         RecordedOutcome(
                             status: StatusCode(rawValue: UInt16(truncatingIfNeeded: status)),
@@ -131,7 +131,7 @@ public final class PostgresMessageStore: MessageStore {
 
     public func deliveries(for recipient: String, after sequence: UInt64, limit: Int) async throws -> [StoredDelivery] {
         try await self.storage {
-            let rows = try await self.client.query(
+            let rows = try await self.client.rows(
                 """
                 SELECT sequence, topic, body, compressed FROM tether_deliveries
                 WHERE recipient = \(recipient) AND sequence > \(Int64(bitPattern: sequence))
@@ -140,7 +140,7 @@ public final class PostgresMessageStore: MessageStore {
                 logger: self.logger
             )
             var deliveries: [StoredDelivery] = []
-            for try await (sequence, topic, body, compressed) in rows.decode((Int64, String, ByteBuffer, Bool).self) {
+            for (sequence, topic, body, compressed) in try rows.decode((Int64, String, ByteBuffer, Bool).self) {
                 deliveries.append(StoredDelivery(sequence: UInt64(bitPattern: sequence), topic: topic, body: body, compressed: compressed))
             }
             return deliveries
@@ -150,12 +150,12 @@ public final class PostgresMessageStore: MessageStore {
     public func totalUsage() async throws -> StreamUsage? {
         try await self.storage {
             // The stream rows keep their counts: a row per recipient, not per delivery.
-            let rows = try await self.client.query(
+            let rows = try await self.client.rows(
                 "SELECT coalesce(sum(waiting), 0)::int8, coalesce(sum(waiting_bytes), 0)::int8 FROM tether_streams",
                 logger: self.logger
             )
             var total = StreamUsage(deliveries: 0, bytes: 0)
-            for try await (count, bytes) in rows.decode((Int64, Int64).self) {
+            for (count, bytes) in try rows.decode((Int64, Int64).self) {
                 total = StreamUsage(deliveries: Int(count), bytes: Int(bytes))
             }
             return total
@@ -169,11 +169,11 @@ public final class PostgresMessageStore: MessageStore {
             guard !recipients.isEmpty else { return usage }
             // The stream row keeps the counts, updated by every append and acknowledgement: no
             // scan of the waiting deliveries.
-            let rows = try await self.client.query(
+            let rows = try await self.client.rows(
                 "SELECT recipient, waiting, waiting_bytes FROM tether_streams WHERE recipient = ANY(\(recipients))",
                 logger: self.logger
             )
-            for try await (recipient, count, bytes) in rows.decode((String, Int64, Int64).self) {
+            for (recipient, count, bytes) in try rows.decode((String, Int64, Int64).self) {
                 usage[recipient] = StreamUsage(deliveries: Int(count), bytes: Int(bytes))
             }
             return usage
@@ -187,7 +187,7 @@ public final class PostgresMessageStore: MessageStore {
         guard !unique.isEmpty else { return }
         let seen = Int64(time.timeIntervalSince1970.rounded(.down))
         _ = try await self.storage {
-            try await self.client.query(
+            try await self.client.rows(
                 """
                 INSERT INTO tether_outboxes (client, epoch, last_seen)
                 SELECT client, epoch, \(seen) FROM unnest(\(unique.map(\.client)), \(unique.map { Int64(bitPattern: $0.epoch) })) AS o(client, epoch)
@@ -206,19 +206,15 @@ public final class PostgresMessageStore: MessageStore {
                 var bindings = PostgresBindings()
                 bindings.append(before)
                 for table in ["tether_conversations", "tether_outcomes"] {
-                    try await connection.query(
+                    try await connection.rows(
                         PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE (client, epoch) IN (\(stale))", binds: bindings),
                         logger: self.logger
                     )
                 }
-                var forgotten = 0
-                for try await _ in try await connection.query(
+                return try await connection.rows(
                     "DELETE FROM tether_outboxes WHERE last_seen < \(before) RETURNING 1",
                     logger: self.logger
-                ) {
-                    forgotten += 1
-                }
-                return forgotten
+                ).count
             }
         }
     }
@@ -241,7 +237,7 @@ public final class PostgresMessageStore: MessageStore {
         if !storable.isEmpty {
             applied = try await self.storage {
                 try await self.client.withTransaction(logger: self.logger) { connection in
-                    try await GroupCommit(writes: storable, node: node, logger: self.logger).run(on: connection)
+                    try await GroupCommit(writes: storable, node: node, prepared: self.prepared, logger: self.logger).run(on: connection)
                 }
             }
         }

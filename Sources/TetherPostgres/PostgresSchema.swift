@@ -112,14 +112,14 @@ enum PostgresSchema {
     /// Brings the database's schema up to date.
     static func migrate(_ client: PostgresClient, logger: Logger) async throws {
         try await client.withTransaction(logger: logger) { connection in
-            try await connection.query("SELECT pg_advisory_xact_lock(\(Self.otherLocks), \(Self.migrationLock))", logger: logger)
-            try await connection.query("CREATE TABLE IF NOT EXISTS tether_schema (version integer NOT NULL)", logger: logger)
+            try await connection.rows("SELECT pg_advisory_xact_lock(\(Self.otherLocks), \(Self.migrationLock))", logger: logger)
+            try await connection.rows("CREATE TABLE IF NOT EXISTS tether_schema (version integer NOT NULL)", logger: logger)
             var version = 0
-            for try await (value) in try await connection.query("SELECT version FROM tether_schema", logger: logger).decode(Int.self) {
+            for value in try await connection.rows("SELECT version FROM tether_schema", logger: logger).decode(Int.self) {
                 version = value
             }
             if version == 0 {
-                try await connection.query("INSERT INTO tether_schema (version) VALUES (0)", logger: logger)
+                try await connection.rows("INSERT INTO tether_schema (version) VALUES (0)", logger: logger)
             }
             guard version <= Self.migrations.count else {
                 throw PostgresStoreError(
@@ -129,9 +129,9 @@ enum PostgresSchema {
             for (index, migration) in Self.migrations.enumerated().dropFirst(version) {
                 for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) })
                 where !statement.isEmpty {
-                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                    try await connection.rows(PostgresQuery(unsafeSQL: statement), logger: logger)
                 }
-                try await connection.query("UPDATE tether_schema SET version = \(index + 1)", logger: logger)
+                try await connection.rows("UPDATE tether_schema SET version = \(index + 1)", logger: logger)
             }
         }
     }
