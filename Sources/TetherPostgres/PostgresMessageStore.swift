@@ -301,6 +301,8 @@ public final class PostgresMessageStore: MessageStore {
             if let message = error.serverInfo?[.message] { return message }
             return "\(error.code)"
         }
+        // The group commit's prepared statements fail with PostgresNIO's older error type.
+        if case .server(let server) = error as? PostgresError, let message = server.fields[.message] { return message }
         if let error = error as? MessageStoreError { return error.message }
         return "\(error)"
     }

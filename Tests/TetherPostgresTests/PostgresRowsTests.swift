@@ -95,6 +95,36 @@ struct PostgresRowsTests {
         }
     }
 
+    struct DivideStatement: PreparedStatement {
+        static let sql = "SELECT 1 / $1::int8"
+        var divisor: Int64
+        func binds() throws -> [PostgresData] { [try PostgresData(encoding: self.divisor)] }
+        func decodeRow(_ row: PostgresRow) throws -> Int64 { try row.decodeBinary(Int64.self) }
+    }
+
+    @Test("a prepared statement that fails is described by PostgreSQL's message, as every other query is")
+    func preparedFailureDescribed() async throws {
+        try await TestPostgres.withDatabase { client, _ in
+            let prepared = PreparedStatements()
+            try await client.withConnection { connection in
+                let quarter = try await prepared.rows(DivideStatement(divisor: 4), on: connection)
+                #expect(quarter == [0])
+                do {
+                    _ = try await prepared.rows(DivideStatement(divisor: 0), on: connection)
+                    Issue.record("1 / 0 did not fail")
+                } catch {
+                    #expect(PostgresMessageStore.describe(error) == "division by zero")
+                }
+                do {
+                    try await connection.rows("SELECT 1 / 0", logger: self.logger)
+                    Issue.record("1 / 0 did not fail")
+                } catch {
+                    #expect(PostgresMessageStore.describe(error) == "division by zero")
+                }
+            }
+        }
+    }
+
     @Test("no query of TetherPostgres goes around PostgresRows.swift (PostgresNIO's async row sequences crash on a connection's end)")
     func noQueryAroundRows() throws {
         let sources = URL(fileURLWithPath: #filePath)
