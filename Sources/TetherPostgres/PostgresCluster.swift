@@ -287,6 +287,17 @@ public final class PostgresCluster: GatewayCluster {
         guard let node = self.nodeID else {
             throw MessageStoreError(code: .storage, message: "the node has not joined its cluster yet")
         }
+        do {
+            return try await self.claimLane(outbox, as: node)
+        } catch let error as MessageStoreError {
+            throw error
+        } catch {
+            // PostgreSQL's own words in the gateway's log, not PSQLError's generic description.
+            throw MessageStoreError(code: .storage, message: "PostgreSQL: \(PostgresMessageStore.describe(error))")
+        }
+    }
+
+    private func claimLane(_ outbox: OutboxID, as node: Int64) async throws -> LaneFence {
         let start = ContinuousClock.now
         var pause = Duration.milliseconds(20)
         var asked: Int64?
