@@ -100,7 +100,7 @@ struct ClusterBench: AsyncParsableCommand {
             let url = try await server.createDatabase("reliable\(nodes)")
             let reliable = try Reliable.parse([
                 "--messages", "\(self.messages)", "--senders", "\(self.senders)", "--limits", "off",
-                "--postgres", url, "--nodes", "\(nodes)", "--output", self.output,
+                "--postgres", url, "--nodes", "\(nodes)", "--output", self.output, "--peers", "tether",
             ])
             try await reliable.run()
             try FileManager.default.moveItem(atPath: "\(self.output)/reliable.json", toPath: "\(self.output)/reliable-\(nodes)-nodes.json")
