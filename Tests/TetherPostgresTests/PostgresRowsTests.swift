@@ -18,7 +18,7 @@ import TetherTestSupport
 struct PostgresRowsTests {
     let logger = Logger(label: "test")
 
-    @Test("a connection terminated while a query's rows stream fails the query; the process and the pool go on")
+    @Test("a connection terminated while a query's rows stream fails the query; the process and the pool go on", .requires(.postgresql))
     func terminatedMidQuery() async throws {
         try await TestPostgres.withDatabase { client, _ in
             try await client.withConnection { connection in
@@ -71,7 +71,10 @@ struct PostgresRowsTests {
         }
     }
 
-    @Test("a prepared statement is prepared once per connection, binds arrays of text, int8, bytea and bool, and decodes its rows")
+    @Test(
+        "a prepared statement is prepared once per connection, binds arrays of text, int8, bytea and bool, and decodes its rows",
+        .requires(.postgresql)
+    )
     func preparedOncePerConnection() async throws {
         try await TestPostgres.withDatabase { client, _ in
             let prepared = PreparedStatements()
@@ -102,7 +105,7 @@ struct PostgresRowsTests {
         func decodeRow(_ row: PostgresRow) throws -> Int64 { try row.decodeBinary(Int64.self) }
     }
 
-    @Test("a prepared statement that fails is described by PostgreSQL's message, as every other query is")
+    @Test("a prepared statement that fails is described by PostgreSQL's message, as every other query is", .requires(.postgresql))
     func preparedFailureDescribed() async throws {
         try await TestPostgres.withDatabase { client, _ in
             let prepared = PreparedStatements()
