@@ -266,11 +266,15 @@ public final class PostgresMessageStore: MessageStore {
     func storage<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws(MessageStoreError) -> T {
         do {
             return try await self.withDeadline(body)
-        } catch let error as MessageStoreError {
-            throw error
         } catch {
-            throw MessageStoreError(code: .storage, message: "PostgreSQL: \(Self.describe(error))")
+            throw Self.storageError(error)
         }
+    }
+
+    /// `error` as a ``MessageStoreError``: itself if it is one, else a
+    /// ``MessageStoreError/Code/storage`` in PostgreSQL's words (see ``describe(_:)``).
+    static func storageError(_ error: any Error) -> MessageStoreError {
+        error as? MessageStoreError ?? MessageStoreError(code: .storage, message: "PostgreSQL: \(Self.describe(error))")
     }
 
     /// Runs `body`, or fails with ``MessageStoreError/Code/storage`` once the operation timeout

@@ -1,7 +1,7 @@
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 package import PostgresNIO
+import TetherNIO
 
 // Every query of this module collects its rows on the connection's event loop, through these.
 //
@@ -74,7 +74,7 @@ final class PreparedStatements: Sendable {
     /// and a closed one's entries would otherwise stay).
     static let limit = 256
 
-    private let prepared = NIOLockedValueBox<[Key: PreparedQuery]>([:])
+    private let prepared = TetherLock<[Key: PreparedQuery]>([:])
 
     init() {}
 
